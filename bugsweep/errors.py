@@ -1,0 +1,63 @@
+"""The failures bugsweep tells apart.
+
+Three families, because each is handled differently:
+- ConfigError: the user must change something (bad arguments, missing settings, a rejected API key). Never retried.
+- InfraError: the machinery failed (sandbox, network, model endpoint outage, S3). Retried by the Prefect layer,
+  and never graded as the model's failure.
+- TaskError: the task itself cannot be run (setup failed, tests already pass). Not retried; reported.
+
+An honest "not resolved" is not an error at all: it is a Grade with resolved=False.
+"""
+
+from __future__ import annotations
+
+
+class BugsweepError(Exception):
+    """Base class. `kind` names the family for reports and grade.json."""
+
+    kind = "error"
+
+
+class ConfigError(BugsweepError):
+    kind = "config"
+
+
+class InfraError(BugsweepError):
+    kind = "infra"
+
+
+class SandboxError(InfraError):
+    """A sandbox could not be created, or a command could not be started in it."""
+
+
+class SandboxGone(SandboxError):
+    """The sandbox vanished mid-task (deleted, crashed, out of memory at the VM level)."""
+
+
+class ModelUnavailable(InfraError):
+    """The model endpoint could not be reached or kept failing after retries (429, 5xx, timeouts)."""
+
+
+class StorageError(InfraError):
+    """The artifact store (S3 or a local folder) failed."""
+
+
+class TaskError(BugsweepError):
+    kind = "task"
+
+
+class SetupFailed(TaskError):
+    """The setup command exited non-zero."""
+
+
+class NotARealTask(TaskError):
+    """The tests already pass before the agent starts, so there is no bug to fix."""
+
+
+class BadTaskFile(ConfigError):
+    """A tasks.jsonl line that does not parse or does not validate."""
+
+
+def failure_kind(exc: BaseException) -> str:
+    """'config', 'infra', 'task' or 'crash' (a bug in bugsweep itself, or an unexpected exception)."""
+    return exc.kind if isinstance(exc, BugsweepError) else "crash"

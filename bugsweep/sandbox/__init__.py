@@ -1,0 +1,23 @@
+"""Sandbox backends. `get_provider(name)` returns one by name: 'local' (default) or 'runtime'."""
+
+from __future__ import annotations
+
+from bugsweep.errors import ConfigError
+from bugsweep.sandbox.base import ExecResult, RepoSource, Sandbox, SandboxFiles, SandboxProvider
+from bugsweep.settings import SandboxSettings
+
+__all__ = ["ExecResult", "RepoSource", "Sandbox", "SandboxFiles", "SandboxProvider", "get_provider"]
+
+
+def get_provider(name: str | None = None, settings: SandboxSettings | None = None) -> SandboxProvider:
+    settings = settings or SandboxSettings()
+    name = name or settings.backend
+    if name == "local":
+        from bugsweep.sandbox.local import LocalProvider
+
+        return LocalProvider(settings)
+    if name == "runtime":
+        from bugsweep.sandbox.runtime import RuntimeProvider
+
+        return RuntimeProvider(settings)
+    raise ConfigError(f"unknown sandbox backend {name!r}: choose 'local' or 'runtime'")

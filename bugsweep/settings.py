@@ -1,0 +1,88 @@
+"""Settings, read from the environment (and a .env file) with pydantic-settings.
+
+The model comes from the seed's three variables LLM_BASE_URL, LLM_MODEL and LLM_API_KEY. When LLM_BASE_URL is unset,
+bugsweep starts the embedded open model (see bugsweep.embedded). Every field here is documented: the settings are
+the documentation.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEFAULT_TEST_GLOBS = ["tests/**", "test/**", "**/test_*.py", "**/*_test.py", "**/conftest.py", "test_*.py", "*_test.py", "conftest.py"]
+
+
+class ModelSettings(BaseSettings):
+    """Which OpenAI-compatible endpoint the agent talks to, and what its tokens cost."""
+
+    model_config = SettingsConfigDict(env_prefix="LLM_", env_file=".env", extra="ignore")
+
+    base_url: str | None = None
+    """OpenAI-compatible base URL, e.g. https://api.deepseek.com/v1. Unset: the embedded model is started."""
+    model: str = "qwen2.5-coder-1.5b-instruct"
+    """Model name sent with every request."""
+    api_key: SecretStr = SecretStr("")
+    """API key. Never logged, never written to a trajectory, never put into a sandbox."""
+    price_prompt_per_mtok: float = 0.0
+    """USD per million prompt tokens (0 for self-hosted models)."""
+    price_completion_per_mtok: float = 0.0
+    """USD per million completion tokens."""
+    price_cached_prompt_per_mtok: float | None = None
+    """USD per million cached prompt tokens; unset: same as prompt tokens."""
+    request_timeout_s: float = 600.0
+    """Seconds to wait for one reply (small local models on 2 cores are slow)."""
+    max_retries: int = 6
+    """Retries for 429, 5xx, timeouts and dropped connections (with backoff, honouring Retry-After)."""
+    max_tokens_per_reply: int = 1024
+    """Cap on completion tokens per reply, so a rambling model cannot stall a turn."""
+    temperature: float = 0.0
+    """Sampling temperature."""
+
+    def cost_usd(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> float:
+        cached_price = self.price_prompt_per_mtok if self.price_cached_prompt_per_mtok is None else self.price_cached_prompt_per_mtok
+        uncached = max(prompt_tokens - cached_tokens, 0)
+        return (uncached * self.price_prompt_per_mtok + cached_tokens * cached_price
+                + completion_tokens * self.price_completion_per_mtok) / 1e6
+
+
+class AgentSettings(BaseSettings):
+    """Limits and knobs of the agent loop."""
+
+    model_config = SettingsConfigDict(env_prefix="BUGSWEEP_", env_file=".env", extra="ignore")
+
+    max_turns: int = 40
+    """Model replies before the run stops with stop_reason 'max_turns'."""
+    max_total_tokens: int | None = None
+    """Prompt plus completion tokens over the whole run; unset: no limit."""
+    max_cost_usd: float | None = None
+    """Cost over the whole run, from the model's prices; unset: no limit."""
+    max_wall_s: float | None = 3600.0
+    """Wall-clock seconds for the agent loop."""
+    command_timeout_s: float = 300.0
+    """Timeout of one `run` tool call."""
+    output_tail_chars: int = 6000
+    """How much of a command's output the model sees (the last N characters)."""
+    read_file_max_chars: int = 20000
+    """How much of a file `read_file` returns."""
+    protected_globs: list[str] = Field(default_factory=lambda: list(DEFAULT_TEST_GLOBS))
+    """Files `edit_file` refuses to change (test files): the model must fix the code, not the test."""
+    max_consecutive_format_errors: int = 5
+    """Replies in a row without a usable tool call before the run stops with 'format_errors'."""
+
+
+class SandboxSettings(BaseSettings):
+    """Which sandbox backend runs the commands, and its limits."""
+
+    model_config = SettingsConfigDict(env_prefix="BUGSWEEP_SANDBOX_", env_file=".env", extra="ignore")
+
+    backend: str = "local"
+    """'local' (bubblewrap + overlayfs, the default) or 'runtime' (Runtime cloud microVMs)."""
+    memory_mib: int = 4096
+    """Memory limit of a sandbox."""
+    max_processes: int = 512
+    """Process limit inside a sandbox (stops fork bombs)."""
+    setup_network: bool = True
+    """Whether the setup command may reach the network (e.g. pip install). Agent commands never may on 'local'."""
+    workdir: str = "/workspace/repo"
+    """Where the repository lives inside the sandbox."""

@@ -1,0 +1,85 @@
+"""TaskSpec: what one bug-fix task is, and the tasks.jsonl file that holds many.
+
+Field names follow SWE-bench where they fit (instance_id, repo, base_commit, problem_statement, test_patch,
+FAIL_TO_PASS, PASS_TO_PASS), so task sets can travel between tools.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from pathlib import Path
+
+from pydantic import BaseModel, Field, ValidationError
+
+from bugsweep.errors import BadTaskFile
+
+
+class TaskSpec(BaseModel):
+    """One bug to fix: a repository state, a task text, and how to test it."""
+
+    instance_id: str = ""
+    """Stable name of the task (unique within a task file). Derived from repo, commit and text when empty."""
+    repo: str
+    """A local path or a git URL."""
+    base_commit: str | None = None
+    """Commit, branch or tag to start from; unset: the working tree of a local path as it is."""
+    problem_statement: str
+    """The task text given to the model."""
+    test_command: str
+    """Runs the tests; exit code 0 means they pass."""
+    setup_command: str | None = None
+    """Runs once before the baseline, with network access (e.g. `pip install -e .`)."""
+    test_patch: str | None = None
+    """A diff applied before the baseline (for mined tasks: the fix commit's test files)."""
+    test_files: list[str] = Field(default_factory=list)
+    """Test files that must stay untouched, besides those matched by the protected globs."""
+    FAIL_TO_PASS: list[str] = Field(default_factory=list)
+    """Test ids that fail before the fix and must pass after it."""
+    PASS_TO_PASS: list[str] = Field(default_factory=list)
+    """Test ids that pass before and must still pass after."""
+    fix_commit: str | None = None
+    """For mined tasks: the commit that fixed the bug (never shown to the model)."""
+    created_at: str | None = None
+    """For mined tasks: the fix commit's date."""
+
+    def model_post_init(self, __context: object) -> None:
+        if not self.instance_id:
+            digest = hashlib.sha256(f"{self.repo}\0{self.base_commit}\0{self.problem_statement}".encode()).hexdigest()
+            stem = re.sub(r"[^A-Za-z0-9]+", "-", Path(self.repo.rstrip("/")).name).strip("-") or "repo"
+            self.instance_id = f"{stem}-{digest[:10]}"
+
+
+def load_tasks(path: str | Path) -> list[TaskSpec]:
+    """Read a tasks.jsonl file. A bad line is a BadTaskFile error naming the line; nothing is half-loaded."""
+    text = Path(path).read_text(encoding="utf-8")
+    return parse_tasks(text, source=str(path))
+
+
+def parse_tasks(text: str, source: str = "tasks.jsonl") -> list[TaskSpec]:
+    tasks: list[TaskSpec] = []
+    seen: set[str] = set()
+    for lineno, line in enumerate(text.splitlines(), 1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        try:
+            task = TaskSpec.model_validate(json.loads(line))
+        except json.JSONDecodeError as exc:
+            raise BadTaskFile(f"{source}:{lineno}: not valid JSON ({exc.msg} at column {exc.colno})") from exc
+        except ValidationError as exc:
+            problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'line'}: {e['msg']}" for e in exc.errors())
+            raise BadTaskFile(f"{source}:{lineno}: not a valid task ({problems})") from exc
+        if task.instance_id in seen:
+            raise BadTaskFile(f"{source}:{lineno}: duplicate instance_id {task.instance_id!r}")
+        seen.add(task.instance_id)
+        tasks.append(task)
+    return tasks
+
+
+def dump_tasks(tasks: list[TaskSpec], path: str | Path) -> None:
+    """Write tasks as JSON Lines, atomically (a crash never leaves half a file)."""
+    path = Path(path)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text("".join(t.model_dump_json(exclude_none=True) + "\n" for t in tasks), encoding="utf-8")
+    tmp.replace(path)

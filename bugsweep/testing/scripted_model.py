@@ -1,0 +1,152 @@
+"""A scripted OpenAI-compatible chat server: real HTTP on 127.0.0.1, replaying a list of replies in order.
+
+This is NOT a model. It makes agent-loop tests deterministic: each POST /v1/chat/completions takes the next
+scripted step. A step is one of
+- a reply: {"content": str | None, "tool_calls": [{"name": str, "arguments": dict | str, "id": str?}],
+            "reasoning_content": str?, "usage": {...}?}
+- an HTTP error: {"status": 429, "headers": {"Retry-After": "0"}, "body": {...}?}
+- a stall: {"sleep": seconds} followed by the rest of the step (for timeout tests)
+- a drop: {"drop": True} closes the connection without answering
+- a callable taking the request body (dict) and returning one of the above (to react to what the agent sent).
+When the script runs out, the server answers with a `finish` tool call, so a loop never hangs on a short script.
+Every request body is recorded in `server.requests`.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+Step = dict[str, Any] | Callable[[dict[str, Any]], dict[str, Any]]
+
+
+def tool_call(name: str, **arguments: Any) -> dict[str, Any]:
+    """A scripted reply with one tool call: tool_call("run", command="pytest -q")."""
+    return {"content": None, "tool_calls": [{"name": name, "arguments": arguments}]}
+
+
+def text_reply(content: str) -> dict[str, Any]:
+    return {"content": content, "tool_calls": []}
+
+
+class ScriptedModelServer:
+    def __init__(self, steps: Iterable[Step] = (), model: str = "scripted-model") -> None:
+        self.steps: list[Step] = list(steps)
+        self.model = model
+        self.requests: list[dict[str, Any]] = []
+        self.request_headers: list[dict[str, str]] = []
+        self._lock = threading.Lock()
+        self._httpd: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------------------------
+    def start(self) -> ScriptedModelServer:
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+            disable_nagle_algorithm = True  # otherwise each keep-alive reply stalls ~44 ms
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                if self.path.rstrip("/").endswith("/models"):
+                    self._send(200, {"object": "list", "data": [{"id": server.model, "object": "model"}]})
+                else:
+                    self._send(404, {"error": {"message": "not found"}})
+
+            def do_POST(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = json.loads(self.rfile.read(length) or b"{}")
+                with server._lock:
+                    server.requests.append(body)
+                    server.request_headers.append({k.lower(): v for k, v in self.headers.items()})
+                    step: Step | None = server.steps.pop(0) if server.steps else None
+                if callable(step):
+                    step = step(body)
+                if step is None:
+                    step = tool_call("finish", summary="(script ended)")
+                if step.get("sleep"):
+                    time.sleep(float(step["sleep"]))
+                if step.get("drop"):
+                    self.close_connection = True
+                    self.connection.shutdown(2)
+                    return
+                if "status" in step:
+                    err = step.get("body") or {"error": {"message": f"scripted error {step['status']}", "type": "scripted"}}
+                    self._send(int(step["status"]), err, step.get("headers") or {})
+                    return
+                self._send(200, server._completion(body, step))
+
+            def _send(self, status: int, payload: dict[str, Any], headers: dict[str, str] | None = None) -> None:
+                data = json.dumps(payload).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                for k, v in (headers or {}).items():
+                    self.send_header(k, v)
+                self.end_headers()
+                self.wfile.write(data)
+
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._httpd.daemon_threads = True
+        self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        if self._httpd:
+            self._httpd.shutdown()
+            self._httpd.server_close()
+            self._httpd = None
+
+    def __enter__(self) -> ScriptedModelServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def base_url(self) -> str:
+        assert self._httpd is not None, "server not started"
+        return f"http://127.0.0.1:{self._httpd.server_address[1]}/v1"
+
+    def add(self, *steps: Step) -> None:
+        with self._lock:
+            self.steps.extend(steps)
+
+    # -- replies ---------------------------------------------------------------------------------------------
+    def _completion(self, request: dict[str, Any], step: dict[str, Any]) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": "assistant", "content": step.get("content")}
+        if step.get("reasoning_content"):
+            message["reasoning_content"] = step["reasoning_content"]
+        calls = []
+        for call in step.get("tool_calls") or []:
+            args = call.get("arguments", {})
+            calls.append({
+                "id": call.get("id") or f"call_{uuid.uuid4().hex[:12]}",
+                "type": "function",
+                "function": {"name": call["name"], "arguments": args if isinstance(args, str) else json.dumps(args)},
+            })
+        if calls:
+            message["tool_calls"] = calls
+        prompt_chars = len(json.dumps(request.get("messages", [])))
+        usage = step.get("usage") or {
+            "prompt_tokens": prompt_chars // 4,
+            "completion_tokens": max(1, len(json.dumps(message)) // 4),
+        }
+        usage.setdefault("total_tokens", usage["prompt_tokens"] + usage["completion_tokens"])
+        return {
+            "id": f"chatcmpl-{uuid.uuid4().hex[:12]}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": request.get("model", self.model),
+            "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls" if calls else "stop"}],
+            "usage": usage,
+        }
