@@ -1,0 +1,52 @@
+"""Small git repositories with a real bug and a failing test, built on demand for tests and benchmarks."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+BUGGY_CALC = {
+    "calc.py": "def add(a, b):\n    return a - b\n\n\ndef mul(a, b):\n    return a * b\n",
+    "tests/test_calc.py": (
+        "from calc import add, mul\n\n\n"
+        "def test_add():\n    assert add(2, 3) == 5\n\n\n"
+        "def test_mul():\n    assert mul(2, 3) == 6\n"
+    ),
+    "pyproject.toml": '[tool.pytest.ini_options]\npythonpath = ["."]\n',
+}
+
+#: The one-line fix for BUGGY_CALC, as (path, old, new).
+CALC_FIX = ("calc.py", "return a - b", "return a + b")
+
+
+def git(repo: Path, *args: str) -> str:
+    env = {
+        "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.com",
+        "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.com",
+        "GIT_AUTHOR_DATE": "2026-01-01T00:00:00Z", "GIT_COMMITTER_DATE": "2026-01-01T00:00:00Z",
+        "PATH": "/usr/bin:/bin:/usr/local/bin", "HOME": str(repo),
+    }
+    out = subprocess.run(["git", *args], cwd=repo, env=env, check=True, capture_output=True, text=True)
+    return out.stdout.strip()
+
+
+def write_files(root: Path, files: dict[str, str]) -> None:
+    for rel, text in files.items():
+        p = root / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text)
+
+
+def make_repo(path: Path, files: dict[str, str] | None = None, message: str = "initial") -> Path:
+    """A git repository at `path` holding `files` (default: BUGGY_CALC) in one commit on branch main."""
+    path.mkdir(parents=True, exist_ok=True)
+    git(path, "init", "-q", "-b", "main")
+    write_files(path, BUGGY_CALC if files is None else files)
+    commit_all(path, message)
+    return path
+
+
+def commit_all(repo: Path, message: str) -> str:
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", message)
+    return git(repo, "rev-parse", "HEAD")
