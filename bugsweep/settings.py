@@ -10,7 +10,8 @@ from __future__ import annotations
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-DEFAULT_TEST_GLOBS = ["tests/**", "test/**", "**/test_*.py", "**/*_test.py", "**/conftest.py", "test_*.py", "*_test.py", "conftest.py"]
+#: Test files, in .gitignore syntax (see bugsweep/testfiles.py): the issue's defaults plus tests/ folders at any depth.
+DEFAULT_TEST_GLOBS = ["tests/**", "**/tests/**", "test_*.py", "*_test.py", "conftest.py"]
 
 
 class ModelSettings(BaseSettings):
