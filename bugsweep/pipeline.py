@@ -1,0 +1,279 @@
+"""One task end to end, as plain functions: prepare -> setup -> baseline -> solve -> regrade -> write_run_dir.
+
+The command line calls `solve_task`, which runs them all and always releases the sandbox. The Prefect layer
+(tasks/steps.py) calls the steps one by one, to give each its own retries, timeout and artifacts.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from bugsweep.errors import BugsweepError, NotARealTask, SetupFailed, TaskError, failure_kind
+from bugsweep.grading import (
+    Grade,
+    TestRun,
+    changed_files,
+    commit_task_state,
+    compute_patch,
+    grade,
+    restore_test_files,
+    run_tests,
+    touched_test_files,
+)
+from bugsweep.sandbox.base import RepoSource, Sandbox, SandboxProvider
+from bugsweep.settings import AgentSettings, ModelSettings
+from bugsweep.spec import TaskSpec
+
+if TYPE_CHECKING:
+    from bugsweep.agent.loop import AgentEvent, AgentResult
+    from bugsweep.agent.model import ChatModel
+
+log = logging.getLogger(__name__)
+
+TEST_PATCH_PATH = "/tmp/bugsweep-test.patch"
+
+
+@dataclass
+class PreparedTask:
+    """A task whose sandbox exists and holds the repository in its task state."""
+
+    spec: TaskSpec
+    sandbox: Sandbox
+    task_state: str
+    """The git commit (inside the sandbox) that records exactly what the agent is given."""
+    started: float = field(default_factory=time.monotonic)
+    setup_log: str = ""
+
+
+def prepare(spec: TaskSpec, provider: SandboxProvider, labels: dict[str, str] | None = None) -> PreparedTask:
+    """Create the sandbox, apply the task's test patch, and record the task state. Releases the sandbox on failure."""
+    started = time.monotonic()
+    sandbox = provider.create(RepoSource(spec.repo, spec.base_commit), labels=labels)
+    try:
+        if spec.test_patch:
+            sandbox.files.write(TEST_PATCH_PATH, spec.test_patch)
+            applied = sandbox.exec(f"git apply --whitespace=nowarn {TEST_PATCH_PATH}", timeout=120)
+            if not applied.ok:
+                raise TaskError(
+                    f"the task's test_patch does not apply at {spec.base_commit}: {applied.output.strip()[-800:]}"
+                )
+        task_state = commit_task_state(sandbox)
+    except BaseException:
+        sandbox.release()
+        raise
+    return PreparedTask(spec=spec, sandbox=sandbox, task_state=task_state, started=started)
+
+
+def setup(prepared: PreparedTask, timeout: float = 1800.0, network: bool = True) -> None:
+    """Run the setup command (with network, if allowed), then record the task state again.
+
+    Files the setup creates (build output, egg-info) become part of the task state, so they never show up in the
+    agent's patch.
+    """
+    command = prepared.spec.setup_command
+    if not command:
+        return
+    result = prepared.sandbox.exec(command, timeout=timeout, network=network, full_output=True)
+    prepared.setup_log = result.output
+    if not result.ok:
+        why = "timed out" if result.timed_out else f"exited with {result.exit_code}"
+        raise SetupFailed(f"the setup command {command!r} {why}:\n{result.output.strip()[-2000:]}")
+    prepared.task_state = commit_task_state(prepared.sandbox, "bugsweep: task state after setup")
+
+
+def baseline(prepared: PreparedTask, timeout: float = 1800.0) -> TestRun:
+    """Run the tests before the agent starts. They must fail, or there is no bug to fix."""
+    before = run_tests(prepared.sandbox, prepared.spec.test_command, timeout=timeout)
+    if before.passed:
+        raise NotARealTask(
+            f"the tests already pass before any change ({prepared.spec.test_command!r} exited 0), so there is no bug "
+            "to fix: check --test-command, or point --ref at the commit that has the bug"
+        )
+    return before
+
+
+def solve(
+    prepared: PreparedTask,
+    model: ChatModel,
+    agent_settings: AgentSettings,
+    *,
+    on_event: Callable[[AgentEvent], None] | None = None,
+    out_dir: Path | None = None,
+) -> AgentResult:
+    """Run the agent loop on the task in the prepared sandbox."""
+    from bugsweep.agent.loop import run_agent
+
+    return run_agent(
+        task=prepared.spec.problem_statement,
+        sandbox=prepared.sandbox,
+        model=model,
+        settings=agent_settings,
+        on_event=on_event,
+        trajectory_path=(out_dir / "trajectory.json") if out_dir else None,
+        test_command=prepared.spec.test_command,
+    )
+
+
+def regrade(
+    prepared: PreparedTask,
+    before: TestRun,
+    agent_result: AgentResult | None,
+    *,
+    model_name: str = "",
+    agent_settings: AgentSettings | None = None,
+    timeout: float = 1800.0,
+) -> tuple[Grade, TestRun, str]:
+    """Take the patch, put the test files back, rerun the tests and grade. Returns (grade, after-run, patch)."""
+    settings = agent_settings or AgentSettings()
+    sandbox, spec = prepared.sandbox, prepared.spec
+    patch = compute_patch(sandbox, prepared.task_state)
+    touched = touched_test_files(
+        changed_files(sandbox, prepared.task_state), settings.protected_globs, spec.test_files
+    )
+    restore_test_files(sandbox, prepared.task_state, touched)
+    after = run_tests(sandbox, spec.test_command, timeout=timeout)
+    verdict = grade(
+        instance_id=spec.instance_id,
+        before=before,
+        after=after,
+        touched=touched,
+        expected_fail_to_pass=spec.FAIL_TO_PASS,
+        expected_pass_to_pass=spec.PASS_TO_PASS,
+    )
+    verdict.model = model_name
+    if agent_result is not None:
+        verdict.stop_reason = agent_result.stop_reason
+        verdict.summary = agent_result.summary
+        verdict.turns = agent_result.turns
+        verdict.prompt_tokens = agent_result.usage.prompt_tokens
+        verdict.completion_tokens = agent_result.usage.completion_tokens
+        verdict.cached_tokens = agent_result.usage.cached_tokens
+        verdict.cost_usd = agent_result.cost_usd
+        verdict.agent_wall_s = agent_result.wall_s
+    verdict.sandbox_cost_usd = sandbox_cost(sandbox)
+    verdict.wall_s = time.monotonic() - prepared.started
+    return verdict, after, patch
+
+
+def sandbox_cost(sandbox: Sandbox) -> float | None:
+    """The sandbox's cost where its backend bills for it (Runtime); None for the local sandbox."""
+    cost = getattr(sandbox, "cost_usd", None)
+    try:
+        return float(cost()) if callable(cost) else None
+    except Exception:  # a cost estimate must never sink a grade
+        log.warning("could not compute the sandbox cost", exc_info=True)
+        return None
+
+
+def write_run_dir(
+    out_dir: Path,
+    verdict: Grade,
+    *,
+    patch: str | None = None,
+    before: TestRun | None = None,
+    after: TestRun | None = None,
+    setup_log: str | None = None,
+    spec: TaskSpec | None = None,
+) -> Path:
+    """Write what a run produced: grade.json, patch.diff, test logs (trajectory.json is written by the loop)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if patch is not None:
+        (out_dir / "patch.diff").write_text(patch, encoding="utf-8")
+    for name, run in (("tests_before.log", before), ("tests_after.log", after)):
+        if run is not None:
+            (out_dir / name).write_text(_test_log(run), encoding="utf-8")
+    if setup_log:
+        (out_dir / "setup.log").write_text(setup_log, encoding="utf-8")
+    if spec is not None:
+        (out_dir / "task.json").write_text(
+            spec.model_dump_json(indent=2, exclude_none=True), encoding="utf-8"
+        )
+    tmp = out_dir / "grade.json.tmp"
+    tmp.write_text(verdict.model_dump_json(indent=2), encoding="utf-8")
+    tmp.replace(out_dir / "grade.json")
+    return out_dir
+
+
+def _test_log(run: TestRun) -> str:
+    status = "timed out" if run.timed_out else f"exit code {run.exit_code}"
+    header = f"$ {run.command}\n# {status}, {run.duration_s:.1f} s\n"
+    return header + run.log
+
+
+def solve_task(
+    spec: TaskSpec,
+    *,
+    provider: SandboxProvider,
+    model_settings: ModelSettings,
+    agent_settings: AgentSettings | None = None,
+    out_dir: Path,
+    on_event: Callable[[AgentEvent], None] | None = None,
+    on_step: Callable[[str, dict[str, Any]], None] | None = None,
+    labels: dict[str, str] | None = None,
+    setup_network: bool = True,
+) -> Grade:
+    """Everything for one task, writing `out_dir`. The sandbox is always released.
+
+    Returns the Grade (resolved or not). When the task cannot be run (config, infra or task error), grade.json is
+    still written with `error` and `failure_kind`, and the exception is raised again for the caller to classify.
+    """
+    from bugsweep.agent.model import ChatModel
+
+    agent_settings = agent_settings or AgentSettings()
+    step = on_step or (lambda name, info: None)
+    started = time.monotonic()
+    prepared: PreparedTask | None = None
+    before: TestRun | None = None
+    try:
+        step("sandbox", {"backend": getattr(provider, "name", "?")})
+        prepared = prepare(spec, provider, labels=labels)
+        if spec.setup_command:
+            step("setup", {"command": spec.setup_command})
+            setup(prepared, network=setup_network)
+        step("baseline", {"command": spec.test_command})
+        before = baseline(prepared)
+        step("agent", {"model": model_settings.model, "failing": sorted(before.ids("failed", "error"))})
+        agent_result = solve(
+            prepared, ChatModel(model_settings), agent_settings, on_event=on_event, out_dir=out_dir
+        )
+        step("regrade", {"stop_reason": agent_result.stop_reason})
+        verdict, after, patch = regrade(
+            prepared, before, agent_result, model_name=model_settings.model, agent_settings=agent_settings
+        )
+        verdict.wall_s = time.monotonic() - started
+        write_run_dir(
+            out_dir, verdict, patch=patch, before=before, after=after, setup_log=prepared.setup_log, spec=spec
+        )
+        return verdict
+    except BaseException as exc:
+        failed = Grade(
+            instance_id=spec.instance_id,
+            model=model_settings.model,
+            failed_before=before is not None,
+            error=_describe(exc),
+            failure_kind=failure_kind(exc) if isinstance(exc, Exception) else "cancelled",
+            wall_s=time.monotonic() - started,
+        )
+        write_run_dir(
+            out_dir, failed, before=before, setup_log=prepared.setup_log if prepared else None, spec=spec
+        )
+        raise
+    finally:
+        if prepared is not None:
+            prepared.sandbox.release()
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, BugsweepError):
+        return str(exc)
+    return f"{type(exc).__name__}: {exc}"
+
+
+def load_grade(path: Path) -> Grade:
+    return Grade.model_validate(json.loads(path.read_text(encoding="utf-8")))
