@@ -1,9 +1,285 @@
-"""Command-line commands (placeholder: filled in by the issue that owns this group)."""
+"""`bugsweep solve` and `bugsweep demo`: one task, end to end, with live progress and a one-screen summary.
+
+Exit codes: 0 resolved, 1 not resolved, 2 could not run (bad arguments, model unreachable, setup failed, tests
+already passing, sandbox failure).
+"""
 
 from __future__ import annotations
 
+import contextlib
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import Annotated, Any
+
 import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.syntax import Syntax
+
+EXIT_RESOLVED, EXIT_NOT_RESOLVED, EXIT_COULD_NOT_RUN = 0, 1, 2
+
+DEMO_TASK = "tests/test_dates.py fails on leap years. Fix the code."
+DEMO_TEST_COMMAND = "python -m pytest -q"
+
+console = Console(highlight=False)
+err = Console(stderr=True, highlight=False)
 
 
 def register(app: typer.Typer) -> None:
-    """Add this module's commands to the main app."""
+    app.command("solve")(solve_command)
+    app.command("demo")(demo_command)
+
+
+def solve_command(
+    repo: Annotated[str, typer.Option(help="Local path or git URL of the repository with the bug.")],
+    task: Annotated[str, typer.Option(help="What is wrong, in words, as you would tell a colleague.")],
+    test_command: Annotated[
+        str,
+        typer.Option(
+            help="Runs the tests; must fail before the fix and pass after (e.g. 'python -m pytest -q')."
+        ),
+    ],
+    ref: Annotated[
+        str | None, typer.Option(help="Commit, branch or tag to start from (default: as it is).")
+    ] = None,
+    setup_command: Annotated[
+        str | None, typer.Option(help="Runs once before the tests, with network (e.g. 'pip install -e .').")
+    ] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option(help="Folder for grade.json, patch.diff, trajectory.json and the test logs."),
+    ] = None,
+    max_turns: Annotated[
+        int | None, typer.Option(help="Model replies before the agent stops (default 40).")
+    ] = None,
+    sandbox: Annotated[
+        str, typer.Option(help="Sandbox backend: 'local' (bubblewrap) or 'runtime'.")
+    ] = "local",
+    max_cost: Annotated[
+        float | None, typer.Option(help="Stop when the token cost passes this many USD.")
+    ] = None,
+) -> None:
+    """Fix a bug in a sandbox and grade the fix: tests must fail before, pass after, with test files untouched.
+
+    The model is LLM_BASE_URL / LLM_MODEL / LLM_API_KEY; with no LLM_BASE_URL the embedded open model is used.
+    """
+    from bugsweep.spec import TaskSpec
+
+    if not _looks_like_url(repo) and not Path(repo).expanduser().is_dir():
+        _fail(f"--repo {repo!r} is neither a folder nor a git URL")
+    repo_arg = repo if _looks_like_url(repo) else str(Path(repo).expanduser().resolve())
+    spec = TaskSpec(
+        repo=repo_arg,
+        base_commit=ref,
+        problem_statement=task,
+        test_command=test_command,
+        setup_command=setup_command,
+    )
+    raise typer.Exit(run_one(spec, out=out, max_turns=max_turns, backend=sandbox, max_cost=max_cost))
+
+
+def demo_command(
+    out: Annotated[
+        Path | None, typer.Option(help="Folder for the run's outputs (default: ./runs/demo-...).")
+    ] = None,
+    max_turns: Annotated[int | None, typer.Option(help="Model replies before the agent stops.")] = None,
+) -> None:
+    """Solve the bundled example: a calendar module whose leap-year rule is wrong, with a failing test.
+
+    Runs exactly the `solve` path, on the embedded open model unless LLM_BASE_URL is set.
+    """
+    from bugsweep.spec import TaskSpec
+
+    repo = materialise_demo_repo(Path(tempfile.mkdtemp(prefix="bugsweep-demo-")))
+    console.print(f"[bold]demo[/]: {DEMO_TASK}  (repository copied to {repo})")
+    spec = TaskSpec(
+        instance_id="demo-leap-year",
+        repo=str(repo),
+        problem_statement=DEMO_TASK,
+        test_command=DEMO_TEST_COMMAND,
+    )
+    try:
+        code = run_one(
+            spec, out=out, max_turns=max_turns, backend="local", show_patch=True, out_prefix="demo"
+        )
+    finally:
+        shutil.rmtree(repo, ignore_errors=True)
+    raise typer.Exit(code)
+
+
+def materialise_demo_repo(dest: Path) -> Path:
+    """Copy the bundled demo project to `dest` and make it a git repository with one commit."""
+    source = Path(__file__).resolve().parent.parent / "demo_repo"
+    shutil.copytree(
+        source, dest, dirs_exist_ok=True, ignore=shutil.ignore_patterns("__pycache__", ".pytest_cache")
+    )
+    env = {
+        "GIT_AUTHOR_NAME": "demo",
+        "GIT_AUTHOR_EMAIL": "demo@localhost",
+        "GIT_COMMITTER_NAME": "demo",
+        "GIT_COMMITTER_EMAIL": "demo@localhost",
+        "PATH": "/usr/bin:/bin:/usr/local/bin",
+        "HOME": str(dest),
+    }
+    for args in (["init", "-q", "-b", "main"], ["add", "-A"], ["commit", "-q", "-m", "billing-dates 0.1.0"]):
+        subprocess.run(["git", *args], cwd=dest, env=env, check=True, capture_output=True)
+    return dest
+
+
+def run_one(
+    spec: Any,
+    *,
+    out: Path | None,
+    max_turns: int | None,
+    backend: str,
+    max_cost: float | None = None,
+    show_patch: bool = False,
+    out_prefix: str | None = None,
+) -> int:
+    """Solve one task with progress output; returns the exit code."""
+    from bugsweep.errors import BugsweepError, ConfigError
+    from bugsweep.pipeline import solve_task
+    from bugsweep.sandbox import get_provider
+    from bugsweep.settings import AgentSettings, ModelSettings
+
+    out_dir = out or default_out_dir(out_prefix or spec.instance_id)
+    agent_settings = AgentSettings()
+    if max_turns is not None:
+        agent_settings.max_turns = max_turns
+    if max_cost is not None:
+        agent_settings.max_cost_usd = max_cost
+    try:
+        model_settings = ModelSettings()
+        provider = get_provider(backend)
+        with model_endpoint(model_settings) as model_settings:
+            console.print(f"[bold]model[/] {model_settings.model} at {model_settings.base_url}")
+            printer = ProgressPrinter()
+            verdict = solve_task(
+                spec,
+                provider=provider,
+                model_settings=model_settings,
+                agent_settings=agent_settings,
+                out_dir=out_dir,
+                on_event=printer.event,
+                on_step=printer.step,
+            )
+    except BugsweepError as exc:
+        kind = "configuration" if isinstance(exc, ConfigError) else exc.kind
+        err.print(f"[red bold]could not run[/] ({kind}): {escape(str(exc))}")
+        if (out_dir / "grade.json").exists():
+            err.print(f"details: {out_dir}")
+        return EXIT_COULD_NOT_RUN
+    except KeyboardInterrupt:
+        err.print("[red]interrupted[/]: the sandbox was released")
+        return 130
+    print_summary(verdict, out_dir, show_patch=show_patch)
+    return EXIT_RESOLVED if verdict.resolved else EXIT_NOT_RESOLVED
+
+
+@contextlib.contextmanager
+def model_endpoint(settings: Any) -> Iterator[Any]:
+    """The configured endpoint, or the embedded model (started on demand, stopped after if we started it)."""
+    if settings.base_url:
+        yield settings
+        return
+    from bugsweep.embedded import ensure_embedded_model
+
+    console.print("[dim]LLM_BASE_URL is not set: using the embedded open model (bugsweep model serve)[/]")
+    with ensure_embedded_model(progress=lambda msg: console.print(f"[dim]{escape(msg)}[/]")) as endpoint:
+        yield settings.model_copy(update={"base_url": endpoint.base_url, "model": endpoint.model})
+
+
+def default_out_dir(name: str) -> Path:
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "-", name)[:60]
+    return Path("runs") / f"{stamp}-{safe}"
+
+
+class ProgressPrinter:
+    """One line per pipeline step and per tool call."""
+
+    def __init__(self) -> None:
+        self.started = time.monotonic()
+
+    def step(self, name: str, info: dict[str, Any]) -> None:
+        detail = ", ".join(f"{k}={v}" for k, v in info.items() if v not in (None, [], ""))
+        console.print(f"[bold cyan]▸ {name}[/] [dim]{escape(detail)}[/]")
+
+    def event(self, event: Any) -> None:
+        kind = getattr(event, "kind", "")
+        turn = getattr(event, "turn", "?")
+        tokens = getattr(event, "tokens", None)
+        tok = f"{tokens / 1000:.1f}k tok" if isinstance(tokens, int | float) else ""
+        elapsed = f"{time.monotonic() - self.started:5.0f}s"
+        if kind == "tool":
+            tool = getattr(event, "tool", "?")
+            arg = escape(str(getattr(event, "short_arg", "") or ""))
+            code = getattr(event, "exit_code", None)
+            status = (
+                "" if code is None else (f"[green]exit {code}[/]" if code == 0 else f"[yellow]exit {code}[/]")
+            )
+            error = getattr(event, "error", None)
+            if error:
+                status = f"[red]{escape(str(error))[:60]}[/]"
+            console.print(
+                f"  [dim]{elapsed} turn {turn:>2}[/] [bold]{tool:<9}[/] {arg[:70]:<70} {status} [dim]{tok}[/]"
+            )
+        elif kind in ("nudge", "error", "stop"):
+            message = escape(str(getattr(event, "message", "") or getattr(event, "short_arg", "") or ""))
+            console.print(
+                f"  [dim]{elapsed} turn {turn:>2}[/] [magenta]{kind:<9}[/] {message[:90]} [dim]{tok}[/]"
+            )
+
+
+def print_summary(verdict: Any, out_dir: Path, *, show_patch: bool = False) -> None:
+    def mark(ok: bool) -> str:
+        return "[green]yes[/]" if ok else "[red]no[/]"
+
+    head = "[bold green]RESOLVED[/]" if verdict.resolved else "[bold red]NOT RESOLVED[/]"
+    console.print()
+    console.print(f"{head}  {verdict.instance_id}  ({verdict.model})")
+    console.print(
+        f"  failed before: {mark(verdict.failed_before)}   passes after: {mark(verdict.passes_after)}   "
+        f"tests untouched: {mark(verdict.tests_untouched)}"
+    )
+    if verdict.touched_test_files:
+        console.print(
+            f"  test files the agent changed (restored before grading): {', '.join(verdict.touched_test_files)}"
+        )
+    if verdict.FAIL_TO_PASS:
+        console.print(
+            f"  fixed tests: {len(verdict.FAIL_TO_PASS)}   still passing: {len(verdict.PASS_TO_PASS)}   "
+            f"broken: {len(verdict.PASS_TO_FAIL)}"
+        )
+    cost = f"${verdict.cost_usd:.4f}" + (
+        f" + sandbox ${verdict.sandbox_cost_usd:.4f}" if verdict.sandbox_cost_usd else ""
+    )
+    console.print(
+        f"  stop: {verdict.stop_reason}   turns: {verdict.turns}   tokens: {verdict.prompt_tokens} prompt + "
+        f"{verdict.completion_tokens} completion   cost: {cost}   time: {verdict.wall_s:.0f}s"
+    )
+    if verdict.summary:
+        console.print(
+            f"  agent's summary (not trusted for grading): [italic]{escape(verdict.summary[:300])}[/]"
+        )
+    patch_path = out_dir / "patch.diff"
+    if show_patch and patch_path.exists() and patch_path.read_text().strip():
+        console.print(Syntax(patch_path.read_text(), "diff", theme="ansi_dark"))
+    console.print(
+        f"  outputs: {out_dir}/ (grade.json, patch.diff, trajectory.json, tests_before.log, tests_after.log)"
+    )
+
+
+def _looks_like_url(repo: str) -> bool:
+    return bool(re.match(r"^(https?|ssh|git|file)://", repo)) or bool(re.match(r"^[\w.-]+@[\w.-]+:", repo))
+
+
+def _fail(message: str) -> None:
+    err.print(f"[red bold]could not run[/]: {escape(message)}")
+    raise typer.Exit(EXIT_COULD_NOT_RUN)
