@@ -1,0 +1,504 @@
+"""The model comparison report: statistics over many graded runs, rendered as markdown, JSON and one HTML page.
+
+A comparison is every model x task x run, each graded on its own. From those runs this module computes, per model,
+the resolve rate with a 95% Wilson interval (it behaves at 0% and 100%, where the normal approximation gives
+nonsense), and for every pair of models the paired per-task difference: tasks are the unit that varies, so two
+models are compared on the same tasks (bootstrap CI over tasks, and an exact sign test over the tasks where they
+differ, which is McNemar's exact test when there is one run per task).
+
+Runs that failed because of the machinery (failure_kind 'infra', e.g. the endpoint was down) are counted but left
+out of the rates: they say nothing about the model.
+
+Plain standard library on purpose: two formulas and a resampling loop do not justify scipy.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+import random
+import statistics
+from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime
+from itertools import combinations
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+#: z for a two-sided 95% interval.
+Z95 = 1.959963984540054
+
+
+class RunRecord(BaseModel):
+    """One graded run of one model on one task (the part of a Grade a comparison needs, plus the run number)."""
+
+    model: str
+    instance_id: str
+    run: int = 0
+    resolved: bool = False
+    turns: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    cost_usd: float = 0.0
+    wall_s: float = 0.0
+    stop_reason: str | None = None
+    error: str | None = None
+    failure_kind: str | None = None
+    """'infra' runs are excluded from rates; 'task' / 'config' / 'crash' count as not resolved."""
+
+    @classmethod
+    def from_grade(cls, grade: Any, *, model: str, run: int) -> RunRecord:
+        """Take the fields a comparison needs from a bugsweep.grading.Grade (or anything with those attributes)."""
+        data = grade.model_dump() if hasattr(grade, "model_dump") else dict(vars(grade))
+        fields = {k: data[k] for k in cls.model_fields if k in data and data[k] is not None}
+        fields.update(model=model, run=run)
+        return cls.model_validate(fields)
+
+    @property
+    def counted(self) -> bool:
+        """Whether this run says something about the model (infrastructure failures do not)."""
+        return self.failure_kind != "infra"
+
+
+# -- statistics ------------------------------------------------------------------------------------------------
+
+
+def wilson_interval(successes: int, n: int, z: float = Z95) -> tuple[float, float]:
+    """Wilson score interval for a binomial proportion; (0, 1) when there is no data."""
+    if n <= 0:
+        return 0.0, 1.0
+    p = successes / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    low = 0.0 if successes == 0 else max(0.0, centre - half)
+    high = 1.0 if successes == n else min(1.0, centre + half)
+    return low, high
+
+
+def sign_test_p(wins: int, losses: int) -> float:
+    """Two-sided exact sign test (binomial, p=0.5) over the non-tied pairs; 1.0 when there are none."""
+    n = wins + losses
+    if n == 0:
+        return 1.0
+    k = min(wins, losses)
+    tail = sum(math.comb(n, i) for i in range(k + 1)) / 2**n
+    return min(1.0, 2 * tail)
+
+
+def bootstrap_mean_ci(
+    values: Sequence[float], *, resamples: int = 10_000, seed: int = 0, level: float = 0.95
+) -> tuple[float, float]:
+    """Percentile bootstrap CI of the mean (seeded, so a report is reproducible). One value: that value twice."""
+    if not values:
+        return 0.0, 0.0
+    if len(values) == 1 or min(values) == max(values):
+        return float(values[0]), float(values[0])
+    rng = random.Random(seed)
+    n = len(values)
+    means = sorted(sum(rng.choices(values, k=n)) / n for _ in range(resamples))
+    lo_idx = math.floor((1 - level) / 2 * resamples)
+    hi_idx = math.ceil((1 + level) / 2 * resamples) - 1
+    return means[lo_idx], means[min(hi_idx, resamples - 1)]
+
+
+# -- the report ------------------------------------------------------------------------------------------------
+
+
+class ModelSummary(BaseModel):
+    model: str
+    runs: int
+    """All runs, including those lost to infrastructure failures."""
+    graded: int
+    """Runs that count towards the rate."""
+    resolved: int
+    rate: float
+    ci_low: float
+    ci_high: float
+    infra_failures: int
+    mean_turns: float
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    cost_usd: float
+    mean_wall_s: float
+    total_wall_s: float
+    stop_reasons: dict[str, int] = Field(default_factory=dict)
+
+
+class PairedDifference(BaseModel):
+    """Model a minus model b over the tasks both have graded runs on (per-task resolve rates)."""
+
+    a: str
+    b: str
+    tasks: int
+    mean_diff: float
+    ci_low: float
+    ci_high: float
+    a_better: int
+    """Tasks where a's per-task resolve rate is higher."""
+    b_better: int
+    ties: int
+    sign_test_p: float
+
+
+class TaskCell(BaseModel):
+    resolved: int
+    graded: int
+    runs: int
+    rate: float | None
+    mean_turns: float
+    mean_wall_s: float
+
+
+class TaskRow(BaseModel):
+    instance_id: str
+    cells: dict[str, TaskCell]
+
+
+class ComparisonReport(BaseModel):
+    generated_at: str
+    models: list[ModelSummary]
+    pairs: list[PairedDifference]
+    tasks: list[TaskRow]
+    runs_per_task: int
+    wall_s: float | None = None
+    """Wall time of the whole comparison (all runs at once, within the concurrency limit)."""
+    sum_run_wall_s: float
+    """What the runs would have taken one after another."""
+    records: list[RunRecord]
+
+
+def _mean(values: Iterable[float]) -> float:
+    vals = list(values)
+    return statistics.fmean(vals) if vals else 0.0
+
+
+def build_report(records: Sequence[RunRecord], *, wall_s: float | None = None) -> ComparisonReport:
+    """All the statistics of a comparison, from its graded runs. Models and tasks keep their first-seen order."""
+    models = list(dict.fromkeys(r.model for r in records))
+    task_ids = list(dict.fromkeys(r.instance_id for r in records))
+    by_cell: dict[tuple[str, str], list[RunRecord]] = {}
+    for r in records:
+        by_cell.setdefault((r.model, r.instance_id), []).append(r)
+
+    summaries: list[ModelSummary] = []
+    for m in models:
+        mine = [r for r in records if r.model == m]
+        counted = [r for r in mine if r.counted]
+        k = sum(r.resolved for r in counted)
+        lo, hi = wilson_interval(k, len(counted))
+        reasons: dict[str, int] = {}
+        for r in mine:
+            key = r.stop_reason or (f"error:{r.failure_kind}" if r.failure_kind else "none")
+            reasons[key] = reasons.get(key, 0) + 1
+        summaries.append(
+            ModelSummary(
+                model=m,
+                runs=len(mine),
+                graded=len(counted),
+                resolved=k,
+                rate=k / len(counted) if counted else 0.0,
+                ci_low=lo,
+                ci_high=hi,
+                infra_failures=len(mine) - len(counted),
+                mean_turns=_mean(r.turns for r in counted),
+                prompt_tokens=sum(r.prompt_tokens for r in mine),
+                completion_tokens=sum(r.completion_tokens for r in mine),
+                cached_tokens=sum(r.cached_tokens for r in mine),
+                cost_usd=sum(r.cost_usd for r in mine),
+                mean_wall_s=_mean(r.wall_s for r in mine),
+                total_wall_s=sum(r.wall_s for r in mine),
+                stop_reasons=dict(sorted(reasons.items())),
+            )
+        )
+
+    rows: list[TaskRow] = []
+    for t in task_ids:
+        cells: dict[str, TaskCell] = {}
+        for m in models:
+            runs = by_cell.get((m, t), [])
+            counted = [r for r in runs if r.counted]
+            k = sum(r.resolved for r in counted)
+            cells[m] = TaskCell(
+                resolved=k,
+                graded=len(counted),
+                runs=len(runs),
+                rate=k / len(counted) if counted else None,
+                mean_turns=_mean(r.turns for r in counted),
+                mean_wall_s=_mean(r.wall_s for r in runs),
+            )
+        rows.append(TaskRow(instance_id=t, cells=cells))
+
+    pairs: list[PairedDifference] = []
+    for a, b in combinations(models, 2):
+        diffs = []
+        for row in rows:
+            ra, rb = row.cells[a].rate, row.cells[b].rate
+            if ra is not None and rb is not None:
+                diffs.append(ra - rb)
+        lo, hi = bootstrap_mean_ci(diffs)
+        wins = sum(d > 0 for d in diffs)
+        losses = sum(d < 0 for d in diffs)
+        pairs.append(
+            PairedDifference(
+                a=a,
+                b=b,
+                tasks=len(diffs),
+                mean_diff=_mean(diffs),
+                ci_low=lo,
+                ci_high=hi,
+                a_better=wins,
+                b_better=losses,
+                ties=len(diffs) - wins - losses,
+                sign_test_p=sign_test_p(wins, losses),
+            )
+        )
+
+    runs_per_task = max((len(v) for v in by_cell.values()), default=0)
+    return ComparisonReport(
+        generated_at=datetime.now(UTC).isoformat(timespec="seconds"),
+        models=summaries,
+        pairs=pairs,
+        tasks=rows,
+        runs_per_task=runs_per_task,
+        wall_s=wall_s,
+        sum_run_wall_s=sum(r.wall_s for r in records),
+        records=list(records),
+    )
+
+
+# -- rendering -------------------------------------------------------------------------------------------------
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.0f}%"
+
+
+def _md_table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
+    lines += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def summary_rows(report: ComparisonReport) -> tuple[list[str], list[list[str]]]:
+    """The per-model table (shared by markdown, HTML and the Prefect artifact)."""
+    header = [
+        "model", "resolved", "rate", "95% CI", "mean turns", "prompt tok", "completion tok", "cached tok",
+        "cost USD", "mean wall s", "infra failures",
+    ]  # fmt: skip
+    rows = [
+        [
+            s.model,
+            f"{s.resolved}/{s.graded}",
+            _pct(s.rate),
+            f"{_pct(s.ci_low)}-{_pct(s.ci_high)}",
+            f"{s.mean_turns:.1f}",
+            str(s.prompt_tokens),
+            str(s.completion_tokens),
+            str(s.cached_tokens),
+            f"{s.cost_usd:.4f}",
+            f"{s.mean_wall_s:.1f}",
+            str(s.infra_failures),
+        ]
+        for s in report.models
+    ]
+    return header, rows
+
+
+def pair_rows(report: ComparisonReport) -> tuple[list[str], list[list[str]]]:
+    header = [
+        "a - b",
+        "tasks",
+        "mean diff",
+        "95% CI (bootstrap)",
+        "a better",
+        "b better",
+        "ties",
+        "sign test p",
+    ]
+    rows = [
+        [
+            f"{p.a} - {p.b}",
+            str(p.tasks),
+            f"{100 * p.mean_diff:+.0f} pts",
+            f"{100 * p.ci_low:+.0f} to {100 * p.ci_high:+.0f}",
+            str(p.a_better),
+            str(p.b_better),
+            str(p.ties),
+            f"{p.sign_test_p:.3g}",
+        ]
+        for p in report.pairs
+    ]
+    return header, rows
+
+
+def task_rows(report: ComparisonReport) -> tuple[list[str], list[list[str]]]:
+    models = [s.model for s in report.models]
+    header = ["task", *models]
+    rows = []
+    for row in report.tasks:
+        cells = []
+        for m in models:
+            c = row.cells[m]
+            cells.append(
+                f"{c.resolved}/{c.graded}" + (f" (+{c.runs - c.graded} infra)" if c.runs > c.graded else "")
+            )
+        rows.append([row.instance_id, *cells])
+    return header, rows
+
+
+def render_markdown(report: ComparisonReport) -> str:
+    parts = [
+        "# Model comparison",
+        "",
+        f"{len(report.tasks)} tasks, {report.runs_per_task} run(s) per task and model, generated {report.generated_at}.",
+    ]
+    if report.wall_s is not None:
+        parts.append(
+            f"Wall time {report.wall_s:.1f} s for runs that add up to {report.sum_run_wall_s:.1f} s one after another."
+        )
+    parts += ["", "## Per model", "", _md_table(*summary_rows(report)), ""]
+    parts.append(
+        "Rate: resolved runs over graded runs (runs lost to infrastructure failures are left out); "
+        "95% Wilson interval."
+    )
+    if report.pairs:
+        parts += ["", "## Paired differences (per task)", "", _md_table(*pair_rows(report)), ""]
+        parts.append(
+            "Per task, the difference of the two models' resolve rates; mean over tasks with a percentile "
+            "bootstrap CI over tasks; exact two-sided sign test over the tasks where they differ."
+        )
+    parts += ["", "## Per task (resolved/graded runs)", "", _md_table(*task_rows(report)), ""]
+    return "\n".join(parts)
+
+
+def render_json(report: ComparisonReport) -> str:
+    return report.model_dump_json(indent=2)
+
+
+_CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:2rem auto;max-width:70rem;color:#1b1f24;padding:0 1rem}
+table{border-collapse:collapse;margin:1rem 0;font-size:.9rem}
+th,td{border:1px solid #d0d7de;padding:.3rem .6rem;text-align:right}
+th:first-child,td:first-child{text-align:left}
+th{background:#f6f8fa}
+td.ok{background:#dafbe1}td.part{background:#fff8c5}td.no{background:#ffebe9}
+.note{color:#57606a;font-size:.85rem}
+"""
+
+
+def _html_table(header: list[str], rows: list[list[str]], classes: list[list[str]] | None = None) -> str:
+    out = ["<table><thead><tr>", *(f"<th>{html.escape(h)}</th>" for h in header), "</tr></thead><tbody>"]
+    for i, row in enumerate(rows):
+        out.append("<tr>")
+        for j, cell in enumerate(row):
+            cls = classes[i][j] if classes else ""
+            out.append(
+                f'<td class="{cls}">{html.escape(cell)}</td>' if cls else f"<td>{html.escape(cell)}</td>"
+            )
+        out.append("</tr>")
+    out.append("</tbody></table>")
+    return "".join(out)
+
+
+def render_chart_svg(report: ComparisonReport) -> str:
+    """Horizontal bars: each model's resolve rate with its 95% interval as a whisker. Inline SVG, no scripts."""
+    bar_h, gap, label_w, plot_w = 26, 14, 200, 520
+    height = 40 + len(report.models) * (bar_h + gap) + 30
+    width = label_w + plot_w + 60
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img" '
+        f'aria-label="Resolve rate per model with 95% confidence interval" font-family="sans-serif" font-size="13">'
+    ]
+    x0 = label_w
+    top = 30
+    for pct in (0, 25, 50, 75, 100):
+        x = x0 + plot_w * pct / 100
+        parts.append(f'<line x1="{x:.1f}" y1="{top - 8}" x2="{x:.1f}" y2="{height - 30}" stroke="#d0d7de"/>')
+        parts.append(f'<text x="{x:.1f}" y="{height - 12}" text-anchor="middle" fill="#57606a">{pct}%</text>')
+    for i, s in enumerate(report.models):
+        y = top + i * (bar_h + gap)
+        parts.append(
+            f'<text x="{x0 - 10}" y="{y + bar_h * 0.68:.1f}" text-anchor="end">{html.escape(s.model[:28])}</text>'
+        )
+        parts.append(
+            f'<rect x="{x0}" y="{y}" width="{plot_w * s.rate:.1f}" height="{bar_h}" fill="#54aeff">'
+            f"<title>{html.escape(s.model)}: {s.resolved}/{s.graded} resolved</title></rect>"
+        )
+        lo, hi = x0 + plot_w * s.ci_low, x0 + plot_w * s.ci_high
+        mid = y + bar_h / 2
+        parts.append(
+            f'<line x1="{lo:.1f}" y1="{mid}" x2="{hi:.1f}" y2="{mid}" stroke="#1b1f24" stroke-width="2"/>'
+        )
+        for x in (lo, hi):
+            parts.append(
+                f'<line x1="{x:.1f}" y1="{y + 5}" x2="{x:.1f}" y2="{y + bar_h - 5}" stroke="#1b1f24" stroke-width="2"/>'
+            )
+        parts.append(
+            f'<text x="{x0 + plot_w + 8}" y="{y + bar_h * 0.68:.1f}">{_pct(s.rate)} ({_pct(s.ci_low)}-{_pct(s.ci_high)})</text>'
+        )
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def _rate_class(resolved: int, graded: int) -> str:
+    if graded == 0:
+        return ""
+    return "ok" if resolved == graded else "no" if resolved == 0 else "part"
+
+
+def render_html(report: ComparisonReport) -> str:
+    """One self-contained page: inline CSS and an inline SVG chart; nothing is loaded from anywhere."""
+    th, tr = task_rows(report)
+    models = [s.model for s in report.models]
+    classes = [
+        ["", *(_rate_class(row.cells[m].resolved, row.cells[m].graded) for m in models)]
+        for row in report.tasks
+    ]
+    body = [
+        "<h1>Model comparison</h1>",
+        f'<p class="note">{len(report.tasks)} tasks, {report.runs_per_task} run(s) per task and model, '
+        f"generated {html.escape(report.generated_at)}."
+        + (
+            f" Wall time {report.wall_s:.1f} s for runs that add up to {report.sum_run_wall_s:.1f} s."
+            if report.wall_s is not None
+            else ""
+        )
+        + "</p>",
+        "<h2>Resolve rate</h2>",
+        render_chart_svg(report),
+        _html_table(*summary_rows(report)),
+        '<p class="note">Rate: resolved over graded runs (infrastructure failures left out); 95% Wilson interval.</p>',
+    ]
+    if report.pairs:
+        body += [
+            "<h2>Paired differences (per task)</h2>",
+            _html_table(*pair_rows(report)),
+            '<p class="note">Per task, the difference of the two resolve rates; mean over tasks, percentile '
+            "bootstrap CI over tasks, exact two-sided sign test over the tasks where the models differ.</p>",
+        ]
+    body += ["<h2>Per task (resolved/graded runs)</h2>", _html_table(th, tr, classes)]
+    return (
+        '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>bugsweep model comparison</title>'
+        f"<style>{_CSS}</style></head><body>{''.join(body)}</body></html>\n"
+    )
+
+
+def artifact_table(report: ComparisonReport) -> list[dict[str, Any]]:
+    """Rows for a Prefect table artifact: one per model."""
+    header, rows = summary_rows(report)
+    return [dict(zip(header, row, strict=True)) for row in rows]
+
+
+def write_report(report: ComparisonReport, out_dir: str | Path) -> dict[str, Path]:
+    """Write report.md, report.json and report.html into `out_dir`; returns the paths by format."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"markdown": out / "report.md", "json": out / "report.json", "html": out / "report.html"}
+    paths["markdown"].write_text(render_markdown(report), encoding="utf-8")
+    paths["json"].write_text(render_json(report), encoding="utf-8")
+    paths["html"].write_text(render_html(report), encoding="utf-8")
+    return paths

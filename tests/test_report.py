@@ -1,0 +1,155 @@
+"""Comparison statistics and rendering (bugsweep.report). Pure computation: no stand-ins needed."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from bugsweep.report import (
+    RunRecord,
+    bootstrap_mean_ci,
+    build_report,
+    render_html,
+    render_json,
+    render_markdown,
+    sign_test_p,
+    wilson_interval,
+    write_report,
+)
+
+
+@pytest.mark.parametrize(
+    ("k", "n", "low", "high"),
+    [
+        # Known values (Newcombe 1998, Table I; and the textbook 5/10 example).
+        (81, 263, 0.2553, 0.3662),
+        (15, 148, 0.0624, 0.1605),
+        (0, 20, 0.0, 0.1611),
+        (1, 29, 0.0061, 0.1718),
+        (5, 10, 0.2366, 0.7634),
+        (10, 10, 0.7225, 1.0),
+    ],
+)
+def test_wilson_interval_matches_published_values(k: int, n: int, low: float, high: float) -> None:
+    lo, hi = wilson_interval(k, n)
+    assert lo == pytest.approx(low, abs=5e-5)
+    assert hi == pytest.approx(high, abs=5e-5)
+
+
+def test_wilson_interval_without_data_is_uninformative() -> None:
+    assert wilson_interval(0, 0) == (0.0, 1.0)
+
+
+def test_sign_test_exact_values() -> None:
+    # 8 wins, 2 losses: 2 * P(X <= 2 | n=10, p=.5) = 2 * 56/1024
+    assert sign_test_p(8, 2) == pytest.approx(112 / 1024)
+    assert sign_test_p(5, 0) == pytest.approx(2 / 32)
+    assert sign_test_p(3, 3) == 1.0
+    assert sign_test_p(0, 0) == 1.0
+
+
+def test_bootstrap_ci_brackets_the_mean_and_is_reproducible() -> None:
+    values = [1.0, 0.0, 1.0, 1.0, 0.5, 0.0, 1.0, 1.0]
+    lo, hi = bootstrap_mean_ci(values)
+    assert lo < sum(values) / len(values) < hi
+    assert (lo, hi) == bootstrap_mean_ci(values)
+    assert bootstrap_mean_ci([0.25, 0.25]) == (0.25, 0.25)
+
+
+def _records() -> list[RunRecord]:
+    """Model A resolves every task; B only t0; C's runs on t2 were lost to an endpoint outage."""
+    recs = []
+    for t in range(4):
+        for r in range(2):
+            recs.append(
+                RunRecord(
+                    model="A",
+                    instance_id=f"t{t}",
+                    run=r,
+                    resolved=True,
+                    turns=4,
+                    wall_s=2.0,
+                    prompt_tokens=100,
+                    completion_tokens=10,
+                    cached_tokens=5,
+                    cost_usd=0.01,
+                )
+            )
+            recs.append(
+                RunRecord(model="B", instance_id=f"t{t}", run=r, resolved=t == 0, turns=1, wall_s=1.0)
+            )
+            infra = t == 2
+            recs.append(
+                RunRecord(
+                    model="C",
+                    instance_id=f"t{t}",
+                    run=r,
+                    resolved=not infra and r == 0,
+                    failure_kind="infra" if infra else None,
+                    error="down" if infra else None,
+                )
+            )
+    return recs
+
+
+def test_report_rates_pairs_and_per_task_cells() -> None:
+    report = build_report(_records(), wall_s=3.0)
+    by_model = {s.model: s for s in report.models}
+    assert (by_model["A"].resolved, by_model["A"].graded, by_model["A"].rate) == (8, 8, 1.0)
+    assert (by_model["B"].resolved, by_model["B"].graded) == (2, 8)
+    assert by_model["B"].rate == 0.25
+    # infra failures are counted but not graded
+    assert (by_model["C"].graded, by_model["C"].infra_failures, by_model["C"].resolved) == (6, 2, 3)
+    assert by_model["A"].prompt_tokens == 800 and by_model["A"].cached_tokens == 40
+    assert by_model["A"].cost_usd == pytest.approx(0.08)
+    assert by_model["A"].mean_turns == 4.0
+
+    ab = next(p for p in report.pairs if (p.a, p.b) == ("A", "B"))
+    assert (ab.tasks, ab.a_better, ab.b_better, ab.ties) == (4, 3, 0, 1)
+    assert ab.mean_diff == pytest.approx(0.75)
+    assert ab.ci_low <= 0.75 <= ab.ci_high
+    assert ab.sign_test_p == pytest.approx(0.25)
+    # the pair with C only uses the tasks C has graded runs on
+    ac = next(p for p in report.pairs if (p.a, p.b) == ("A", "C"))
+    assert ac.tasks == 3
+    assert ac.mean_diff == pytest.approx(0.5)
+
+    row = next(r for r in report.tasks if r.instance_id == "t2")
+    assert row.cells["C"].rate is None and row.cells["C"].runs == 2
+    assert report.sum_run_wall_s == pytest.approx(8 * 2.0 + 8 * 1.0)
+    assert report.runs_per_task == 2
+
+
+def test_markdown_and_json_carry_the_numbers() -> None:
+    report = build_report(_records(), wall_s=3.0)
+    md = render_markdown(report)
+    assert "| A | 8/8 | 100% | 68%-100% |" in md
+    assert "| B | 2/8 | 25% |" in md
+    assert "| t2 | 2/2 | 0/2 | 0/0 (+2 infra) |" in md
+    data = json.loads(render_json(report))
+    assert [m["model"] for m in data["models"]] == ["A", "B", "C"]
+    assert data["models"][1]["rate"] == 0.25
+    assert len(data["records"]) == 24
+
+
+def test_html_is_self_contained_with_an_inline_chart(tmp_path) -> None:
+    report = build_report(_records(), wall_s=3.0)
+    page = render_html(report)
+    assert page.startswith("<!DOCTYPE html>")
+    assert "<svg" in page and "</svg>" in page
+    # nothing fetched from anywhere: no external scripts, styles, images or fonts
+    assert not re.search(r"<script[^>]*\bsrc=", page)
+    assert not re.search(r"<link\b", page)
+    assert not re.search(r"""(src|href)=["']?(https?:)?//""", page)
+    assert "@import" not in page and "url(" not in page
+    paths = write_report(report, tmp_path / "out")
+    assert {p.name for p in paths.values()} == {"report.md", "report.json", "report.html"}
+    assert all(p.stat().st_size > 0 for p in paths.values())
+
+
+def test_model_names_are_escaped_in_html() -> None:
+    recs = [RunRecord(model="<script>alert(1)</script>", instance_id="t", resolved=True)]
+    page = render_html(build_report(recs))
+    assert "<script>" not in page
