@@ -14,7 +14,7 @@ import pathspec
 
 @lru_cache(maxsize=64)
 def _spec(patterns: tuple[str, ...]) -> pathspec.PathSpec:
-    return pathspec.PathSpec.from_lines("gitwildmatch", patterns)
+    return pathspec.GitIgnoreSpec.from_lines(patterns)
 
 
 def is_test_file(path: str, patterns: Iterable[str], extra: Iterable[str] = ()) -> bool:
