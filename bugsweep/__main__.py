@@ -1,0 +1,3 @@
+from bugsweep.cli import main
+
+main()

@@ -1,0 +1,183 @@
+"""`bugsweep solve` end to end, as a user runs it: the real command line, the real local sandbox (bubblewrap +
+overlayfs), real pytest. The model is a scripted OpenAI-compatible HTTP server (a stand-in, not a model), so each
+run is deterministic.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bugsweep.testing.scripted_model import tool_call
+
+SOLVE = [sys.executable, "-m", "bugsweep.cli"]
+
+
+def solve(
+    repo: Path, out: Path, base_url: str, *extra: str, task: str = "test_add fails: add() is wrong. Fix it."
+) -> subprocess.CompletedProcess:
+    env = {
+        **os.environ,
+        "LLM_BASE_URL": base_url,
+        "LLM_MODEL": "scripted",
+        "LLM_API_KEY": "sk-test-SECRET-do-not-leak",
+        "COLUMNS": "200",
+    }
+    args = [
+        *SOLVE,
+        "solve",
+        "--repo",
+        str(repo),
+        "--task",
+        task,
+        "--test-command",
+        "python -m pytest -q",
+        "--out",
+        str(out),
+        *extra,
+    ]
+    return subprocess.run(args, env=env, capture_output=True, text=True, timeout=300)
+
+
+def read_grade(out: Path) -> dict:
+    return json.loads((out / "grade.json").read_text())
+
+
+def test_a_model_that_fixes_the_bug_is_resolved(buggy_repo: Path, tmp_path: Path, scripted_model) -> None:
+    server = scripted_model(
+        [
+            tool_call("run", command="python -m pytest -q"),
+            tool_call("read_file", path="calc.py"),
+            tool_call("edit_file", path="calc.py", old="return a - b", new="return a + b"),
+            tool_call("run", command="python -m pytest -q"),
+            tool_call("finish", summary="add() subtracted; it adds now."),
+        ]
+    )
+    out = tmp_path / "out"
+    proc = solve(buggy_repo, out, server.base_url)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    grade = read_grade(out)
+    assert grade["resolved"] and grade["failed_before"] and grade["passes_after"] and grade["tests_untouched"]
+    assert grade["stop_reason"] == "finished" and grade["turns"] == 5
+    assert grade["prompt_tokens"] > 0 and grade["completion_tokens"] > 0
+    assert grade["FAIL_TO_PASS"] == ["tests/test_calc.py::test_add"]
+    assert "+    return a + b" in (out / "patch.diff").read_text()
+    trajectory = (out / "trajectory.json").read_text()
+    assert "edit_file" in trajectory and "sk-test-SECRET" not in trajectory
+    assert "1 failed" in (out / "tests_before.log").read_text()
+    assert "2 passed" in (out / "tests_after.log").read_text()
+    # progress: one line per tool call, then the summary
+    assert proc.stdout.count("edit_file") >= 1 and "RESOLVED" in proc.stdout
+    assert "sk-test-SECRET" not in proc.stdout + proc.stderr
+    assert "return a - b" in (buggy_repo / "calc.py").read_text(), "the user's checkout is untouched"
+
+
+def test_a_model_that_edits_the_test_is_not_resolved(
+    buggy_repo: Path, tmp_path: Path, scripted_model
+) -> None:
+    """edit_file refuses test files, so the model writes it with a shell command; the grader restores it."""
+    server = scripted_model(
+        [
+            tool_call("edit_file", path="tests/test_calc.py", old="== 5", new="== -1"),
+            tool_call("run", command="sed -i 's/== 5/== -1/' tests/test_calc.py && python -m pytest -q"),
+            tool_call("finish", summary="tests pass"),
+        ]
+    )
+    out = tmp_path / "out"
+    proc = solve(buggy_repo, out, server.base_url)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    grade = read_grade(out)
+    assert not grade["resolved"] and not grade["tests_untouched"] and not grade["passes_after"]
+    assert grade["touched_test_files"] == ["tests/test_calc.py"]
+    refusal = json.dumps(json.loads((out / "trajectory.json").read_text()))
+    assert "test file" in refusal.lower()
+    assert "NOT RESOLVED" in proc.stdout
+
+
+def test_a_model_that_finishes_at_once_is_not_resolved(
+    buggy_repo: Path, tmp_path: Path, scripted_model
+) -> None:
+    server = scripted_model([tool_call("finish", summary="All done, trust me.")])
+    out = tmp_path / "out"
+    proc = solve(buggy_repo, out, server.base_url)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    grade = read_grade(out)
+    assert not grade["resolved"] and grade["failed_before"] and not grade["passes_after"]
+    assert (out / "patch.diff").read_text() == ""
+
+
+def test_tests_that_already_pass_could_not_run(buggy_repo: Path, tmp_path: Path, scripted_model) -> None:
+    server = scripted_model([])
+    out = tmp_path / "out"
+    # the test command names only the passing test
+    proc = subprocess.run(
+        [
+            *SOLVE,
+            "solve",
+            "--repo",
+            str(buggy_repo),
+            "--task",
+            "x",
+            "--out",
+            str(out),
+            "--test-command",
+            "python -m pytest -q tests/test_calc.py::test_mul",
+        ],
+        env={**os.environ, "LLM_BASE_URL": server.base_url},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 2
+    assert "already pass" in proc.stderr
+    assert read_grade(out)["failure_kind"] == "task"
+    assert server.requests == [], "the model is never called for a task that is not real"
+
+
+def test_an_unreachable_model_could_not_run(buggy_repo: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    env_url = "http://127.0.0.1:9/v1"  # discard port: nothing listens
+    proc = subprocess.run(
+        [
+            *SOLVE,
+            "solve",
+            "--repo",
+            str(buggy_repo),
+            "--task",
+            "x",
+            "--out",
+            str(out),
+            "--test-command",
+            "python -m pytest -q",
+        ],
+        env={**os.environ, "LLM_BASE_URL": env_url, "LLM_MAX_RETRIES": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "could not run" in proc.stderr
+    assert read_grade(out)["failure_kind"] == "infra"
+
+
+def test_a_missing_repo_is_a_clear_error(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [*SOLVE, "solve", "--repo", str(tmp_path / "nope"), "--task", "x", "--test-command", "true"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2 and "neither a folder nor a git URL" in proc.stderr
+
+
+@pytest.mark.parametrize("args", [["--help"], ["solve", "--help"], ["demo", "--help"]])
+def test_help_explains(args: list[str]) -> None:
+    proc = subprocess.run(
+        [*SOLVE, *args], capture_output=True, text=True, timeout=60, env={**os.environ, "COLUMNS": "200"}
+    )
+    assert proc.returncode == 0 and "Usage" in proc.stdout
