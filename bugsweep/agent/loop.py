@@ -1,0 +1,418 @@
+"""The agent loop: ask the model, run the tool calls it makes, feed the results back, until it calls finish or a
+budget runs out.
+
+One turn is one model reply. Before each turn the budgets are checked (turns, total tokens, cost, wall time); after
+each reply its tool calls run in order. A reply without a usable tool call is a format error: the model gets the nudge
+or the error text, and after `max_consecutive_format_errors` of them in a row the run stops. The history only ever
+grows at its end, so a server's prompt cache (llama.cpp) reuses the whole previous prompt every turn; the single
+exception is the context-length shortening, which replaces the oldest tool outputs when the endpoint says the
+conversation no longer fits.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+from bugsweep.agent import prompts
+from bugsweep.agent.model import ChatModel, ContextLengthExceeded, ModelReply, ToolCall, Usage
+from bugsweep.agent.tools import Toolbox, ToolOutcome, short
+from bugsweep.agent.trajectory import Trajectory
+from bugsweep.sandbox.base import Sandbox
+from bugsweep.settings import AgentSettings
+
+StopReason = Literal["finished", "max_turns", "max_tokens", "max_cost", "max_wall", "format_errors"]
+
+
+class Model(Protocol):
+    """What the loop needs of a model client (ChatModel is the real one)."""
+
+    @property
+    def name(self) -> str: ...
+
+    def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> ModelReply: ...
+
+    def cost_usd(self, usage: Usage) -> float: ...
+
+
+@dataclass
+class AgentEvent:
+    """One line of progress for the command line or the Prefect logs."""
+
+    kind: str
+    """"model" (a reply arrived), "tool" (a tool call ran), "nudge" (a reply had no tool call), "error" (a format
+    error, a model retry, a shortened context) or "stop" (the run ended)."""
+    turn: int
+    tool: str | None = None
+    short_arg: str | None = None
+    """The command cut to ~80 characters, or the path."""
+    exit_code: int | None = None
+    """Exit code of `run`; None for other tools or a command that timed out."""
+    ok: bool | None = None
+    tokens: int = 0
+    """Prompt plus completion tokens so far."""
+    cost_usd: float = 0.0
+    elapsed_s: float = 0.0
+    detail: str | None = None
+    """The first line of an error, the stop reason, or the finish summary."""
+    recovered: bool = False
+    """True for a tool call the model wrote as text."""
+
+
+@dataclass
+class AgentResult:
+    stop_reason: StopReason
+    summary: str
+    """The model's finish summary ("" when it never called finish)."""
+    turns: int
+    usage: Usage
+    cost_usd: float
+    wall_s: float
+    trajectory: list[dict[str, Any]]
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    """The final conversation as last sent to the model."""
+    detail: str = ""
+    """Why the run stopped, in words (e.g. which budget and its value)."""
+
+
+class _Stop(Exception):
+    def __init__(self, reason: StopReason, detail: str) -> None:
+        super().__init__(detail)
+        self.reason = reason
+        self.detail = detail
+
+
+def run_agent(
+    task: str,
+    sandbox: Sandbox,
+    model: Model,
+    settings: AgentSettings | None = None,
+    *,
+    on_event: Callable[[AgentEvent], None] | None = None,
+    trajectory_path: Path | None = None,
+    test_command: str | None = None,
+    protected_paths: Iterable[str] = (),
+) -> AgentResult:
+    """Let the model work on `task` in `sandbox` until it finishes or a budget stops it.
+
+    `test_command` is mentioned to the model in the first message; `protected_paths` (repo-relative) are refused by
+    edit_file in addition to `settings.protected_globs`. Raises ModelUnavailable, ConfigError or a SandboxError;
+    the trajectory is saved before any of them propagates.
+    """
+    return _AgentRun(
+        task,
+        sandbox,
+        model,
+        settings or AgentSettings(),
+        on_event,
+        trajectory_path,
+        test_command,
+        protected_paths,
+    ).run()
+
+
+class _AgentRun:
+    def __init__(
+        self,
+        task: str,
+        sandbox: Sandbox,
+        model: Model,
+        settings: AgentSettings,
+        on_event: Callable[[AgentEvent], None] | None,
+        trajectory_path: Path | None,
+        test_command: str | None,
+        protected_paths: Iterable[str],
+    ) -> None:
+        self.task = task
+        self.model = model
+        self.settings = settings
+        self.on_event = on_event
+        self.test_command = test_command
+        secrets = []
+        model_settings = getattr(model, "settings", None)
+        if model_settings is not None and hasattr(model_settings, "api_key"):
+            secrets.append(model_settings.api_key.get_secret_value())
+        self.trajectory = Trajectory(trajectory_path, secrets=secrets)
+        self.toolbox = Toolbox(sandbox, settings, protected_paths=protected_paths, time_left=self._wall_left)
+        self.tools = self.toolbox.schemas()
+        self.messages: list[dict[str, Any]] = []
+        self.result_indices: list[int] = []
+        """Indices of messages holding tool output: what the context-length shortening may elide."""
+        self.turn = 0
+        self.usage = Usage()
+        self.cost = 0.0
+        self.format_errors = 0
+        self.summary = ""
+
+    # -- the loop ----------------------------------------------------------------------------------------------
+    def run(self) -> AgentResult:
+        restore_hook = self._hook_retries()
+        try:
+            self._start()
+            while True:
+                self._check_budgets()
+                if self._turn():
+                    raise _Stop("finished", "the model called finish")
+        except _Stop as stop:
+            return self._finish(stop.reason, stop.detail)
+        except BaseException as exc:
+            self.trajectory.add("crash", turn=self.turn, error=type(exc).__name__, message=str(exc)[:2000])
+            self.trajectory.save()
+            self._emit("error", detail=f"{type(exc).__name__}: {short(str(exc), 200)}")
+            raise
+        finally:
+            restore_hook()
+
+    def _start(self) -> None:
+        self.trajectory.add(
+            "meta",
+            model=self.model.name,
+            base_url=getattr(getattr(self.model, "settings", None), "base_url", None),
+            task=self.task,
+            test_command=self.test_command,
+            workdir=self.toolbox.workdir,
+            settings=self.settings.model_dump(mode="json"),
+            tools=self.tools,
+        )
+        self._append({"role": "system", "content": prompts.system_prompt(self.toolbox.workdir)})
+        self._append(
+            {
+                "role": "user",
+                "content": prompts.first_user_message(self.task, self.test_command, self.toolbox.workdir),
+            }
+        )
+        self.trajectory.save()
+
+    def _turn(self) -> bool:
+        """One model reply and its tool calls. True when the model called finish."""
+        reply = self._complete()
+        self.turn += 1
+        self.usage = self.usage + reply.usage
+        self.cost = self.model.cost_usd(self.usage)
+        self.messages.append(reply.message)
+        self.trajectory.add(
+            "model_reply",
+            turn=self.turn,
+            message=reply.message,
+            usage=reply.usage.to_dict(),
+            latency_s=round(reply.latency_s, 4),
+            finish_reason=reply.finish_reason,
+            attempts=reply.attempts,
+            recovered_tool_calls=reply.recovered,
+            total_tokens=self.usage.total_tokens,
+            cost_usd=self.cost,
+        )
+        self.trajectory.save()
+        self._emit("model", detail=f"{len(reply.tool_calls)} tool call(s)", recovered=reply.recovered)
+
+        if not reply.tool_calls:
+            self._format_error("the reply had no tool call")
+            self._append({"role": "user", "content": prompts.NUDGE})
+            self.trajectory.save()
+            self._emit("nudge", detail=prompts.NUDGE)
+            return False
+
+        usable = False
+        finished = False
+        recovered_results: list[str] = []
+        for call in reply.tool_calls:
+            outcome = self._call_tool(call)
+            usable = usable or not outcome.format_error
+            if call.recovered:
+                recovered_results.append(prompts.recovered_result(call.name, outcome.content))
+            else:
+                self._append(
+                    {"role": "tool", "tool_call_id": call.id, "content": outcome.content}, result=True
+                )
+            self.trajectory.save()
+            if outcome.finished:
+                self.summary = outcome.summary
+                finished = True
+                break  # calls after finish are not run
+        if recovered_results:
+            # The model wrote its calls as text, so there is no tool_call_id to answer: the assistant message stays
+            # exactly as the model wrote it, and the results come back as one user message. This is valid on every
+            # server (OpenAI checks that each tool message answers a tool_calls id; llama.cpp renders the history
+            # with the model's own template), and it never rewrites the model's turn, so the prompt cache holds.
+            self._append({"role": "user", "content": "\n\n".join(recovered_results)}, result=True)
+            self.trajectory.save()
+        if finished:
+            return True
+        if usable:
+            self.format_errors = 0
+        else:
+            self._format_error("no usable tool call in the reply")
+        return False
+
+    def _call_tool(self, call: ToolCall) -> ToolOutcome:
+        started = time.monotonic()
+        outcome = self.toolbox.call(call.name, call.arguments)
+        duration = time.monotonic() - started
+        self.trajectory.add(
+            "tool",
+            turn=self.turn,
+            id=call.id,
+            name=call.name,
+            arguments=outcome.arguments if outcome.arguments is not None else call.arguments,
+            ok=outcome.ok,
+            format_error=outcome.format_error,
+            exit_code=outcome.exit_code,
+            timed_out=outcome.timed_out,
+            recovered=call.recovered,
+            duration_s=round(duration, 4),
+        )
+        self._emit(
+            "tool",
+            tool=call.name,
+            short_arg=outcome.short_arg,
+            exit_code=outcome.exit_code,
+            ok=outcome.ok,
+            detail=None if outcome.ok else short(outcome.content, 160),
+            recovered=call.recovered,
+        )
+        if outcome.format_error:
+            self._emit("error", tool=call.name, detail=short(outcome.content, 160))
+        return outcome
+
+    def _format_error(self, why: str) -> None:
+        self.format_errors += 1
+        limit = self.settings.max_consecutive_format_errors
+        if self.format_errors >= limit:
+            raise _Stop(
+                "format_errors", f"{self.format_errors} replies in a row without a usable tool call ({why})"
+            )
+
+    # -- the model call, with the context-length shortening ---------------------------------------------------
+    def _complete(self) -> ModelReply:
+        while True:
+            try:
+                return self.model.complete(self.messages, self.tools)
+            except ContextLengthExceeded as exc:
+                elided = shorten_oldest_tool_outputs(self.messages, self.result_indices)
+                if not elided:
+                    raise _Stop(
+                        "max_tokens", f"the conversation no longer fits the model's context window ({exc})"
+                    ) from None
+                self.trajectory.add(
+                    "context_shortened", turn=self.turn, elided_messages=elided, error=str(exc)[:500]
+                )
+                self.trajectory.save()
+                self._emit("error", detail=f"context window full: elided {len(elided)} old tool output(s)")
+
+    # -- budgets -----------------------------------------------------------------------------------------------
+    def _wall_left(self) -> float | None:
+        if self.settings.max_wall_s is None:
+            return None
+        return self.settings.max_wall_s - self.trajectory.elapsed()
+
+    def _check_budgets(self) -> None:
+        s = self.settings
+        if self.turn >= s.max_turns:
+            raise _Stop("max_turns", f"reached max_turns={s.max_turns}")
+        if s.max_total_tokens is not None and self.usage.total_tokens >= s.max_total_tokens:
+            raise _Stop(
+                "max_tokens",
+                f"used {self.usage.total_tokens} tokens of max_total_tokens={s.max_total_tokens}",
+            )
+        if s.max_cost_usd is not None and self.cost >= s.max_cost_usd:
+            raise _Stop("max_cost", f"spent ${self.cost:.4f} of max_cost_usd={s.max_cost_usd}")
+        left = self._wall_left()
+        if left is not None and left <= 0:
+            raise _Stop("max_wall", f"ran {self.trajectory.elapsed():.0f} s of max_wall_s={s.max_wall_s}")
+
+    # -- bookkeeping -------------------------------------------------------------------------------------------
+    def _append(self, message: dict[str, Any], result: bool = False) -> None:
+        if result:
+            self.result_indices.append(len(self.messages))
+        self.messages.append(message)
+        self.trajectory.add("message", turn=self.turn, message=message)
+
+    def _emit(self, kind: str, **fields: Any) -> None:
+        if self.on_event is None:
+            return
+        self.on_event(
+            AgentEvent(
+                kind=kind,
+                turn=self.turn,
+                tokens=self.usage.total_tokens,
+                cost_usd=self.cost,
+                elapsed_s=self.trajectory.elapsed(),
+                **fields,
+            )
+        )
+
+    def _hook_retries(self) -> Callable[[], None]:
+        """Show model retries as progress events while this run owns the model; returns the undo."""
+        if not isinstance(self.model, ChatModel):
+            return lambda: None
+        model = self.model
+        previous = model.on_retry
+
+        def on_retry(attempt: int, exc: BaseException, sleep: float) -> None:
+            if previous:
+                previous(attempt, exc, sleep)
+            what = f"{type(exc).__name__}: {short(str(exc), 120)}"
+            self.trajectory.add(
+                "model_retry", turn=self.turn, attempt=attempt, error=what, sleep_s=round(sleep, 3)
+            )
+            self._emit(
+                "error",
+                detail=f"model endpoint failed (attempt {attempt}), retrying in {sleep:.1f} s: {what}",
+            )
+
+        model.on_retry = on_retry
+
+        def restore() -> None:
+            model.on_retry = previous
+
+        return restore
+
+    def _finish(self, reason: StopReason, detail: str) -> AgentResult:
+        wall = self.trajectory.elapsed()
+        self.trajectory.add(
+            "stop",
+            turn=self.turn,
+            stop_reason=reason,
+            detail=detail,
+            summary=self.summary,
+            turns=self.turn,
+            usage=self.usage.to_dict(),
+            cost_usd=self.cost,
+            wall_s=round(wall, 4),
+        )
+        self.trajectory.save()
+        self._emit("stop", detail=f"{reason}: {detail}")
+        return AgentResult(
+            stop_reason=reason,
+            summary=self.summary,
+            turns=self.turn,
+            usage=self.usage,
+            cost_usd=self.cost,
+            wall_s=wall,
+            trajectory=self.trajectory.events,
+            messages=self.messages,
+            detail=detail,
+        )
+
+
+def shorten_oldest_tool_outputs(messages: list[dict[str, Any]], candidates: list[int]) -> list[int]:
+    """Replace the oldest half (at least one) of the not yet elided tool outputs with a short marker, in place.
+
+    Returns the indices it changed; empty when nothing is left to shorten. Only tool outputs are touched: the
+    system prompt, the task and the model's own messages stay as they were.
+    """
+    open_ = [
+        i
+        for i in candidates
+        if isinstance(messages[i].get("content"), str)
+        and len(messages[i]["content"]) > len(prompts.ELIDED_OUTPUT) * 2
+    ]
+    if not open_:
+        return []
+    chosen = open_[: max(1, len(open_) // 2)]
+    for i in chosen:
+        messages[i] = {**messages[i], "content": prompts.ELIDED_OUTPUT}
+    return chosen

@@ -1,0 +1,290 @@
+"""Every piece of text the model reads: the system prompt, the first user message, the tool descriptions, the error
+messages and the nudge. Kept in one file because it is tuned as a whole.
+
+Written for small open models (a 1.5B model on a laptop must do well with it), which copy whatever they see: no
+placeholder paths or commands, no example dialogue, no magic strings. Each error says what went wrong and what to
+do next, in words the model can act on directly.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+REPO_DIR = "/workspace/repo"
+
+TOOL_NAMES = ("run", "read_file", "edit_file", "finish")
+
+NUDGE = "Continue with a tool call, or call finish."
+
+ELIDED_OUTPUT = "[output elided to fit the context window]"
+
+
+def system_prompt(repo_dir: str = REPO_DIR) -> str:
+    """Short and concrete: where the code is, what the tools are for, the order of work, and the one hard rule."""
+    return f"""\
+You are a careful software engineer fixing a bug in a code repository.
+The repository is at {repo_dir}. You work only by calling tools:
+- run: run a bash command in the repository and see its exit code and output.
+- read_file: read a file of the repository.
+- edit_file: replace an exact piece of text in a file, or create a new file.
+- finish: end the work when the bug is fixed.
+Work in this order: run the tests to see the failure, read the code the failing test uses, edit that code to fix \
+the bug, run the tests again. When they pass, call finish.
+Test files cannot be edited: fix the code under test. There is no network access."""
+
+
+def first_user_message(task: str, test_command: str | None, repo_dir: str = REPO_DIR) -> str:
+    """The task as the user states it, plus the command that checks the fix when we know it."""
+    text = f"Task: {task.strip()}"
+    if test_command:
+        text += f"\n\nThe tests run with this command in {repo_dir}:\n{test_command.strip()}"
+    return text
+
+
+def tool_schemas(
+    command_timeout_s: float, output_tail_chars: int, read_file_max_chars: int, repo_dir: str = REPO_DIR
+) -> list[dict[str, Any]]:
+    """The four tools as OpenAI function tools. Descriptions state the limits the model will run into."""
+    timeout = f"{command_timeout_s:g}"
+    return [
+        _function(
+            "run",
+            f"Run a bash command in {repo_dir} and return its exit code and the last {output_tail_chars} "
+            f"characters of its output. Each call starts a new shell in {repo_dir}, so `cd` does not carry over. "
+            f"A command is stopped after {timeout} seconds. There is no network access.",
+            {"command": ("string", "The bash command to run.")},
+            ["command"],
+        ),
+        _function(
+            "read_file",
+            f"Read a text file of the repository. Returns at most {read_file_max_chars} characters; use "
+            "start_line and end_line to read part of a long file.",
+            {
+                "path": ("string", f"File path, relative to {repo_dir}."),
+                "start_line": ("integer", "First line to read (1 is the first line). Optional."),
+                "end_line": ("integer", "Last line to read. Optional."),
+            },
+            ["path"],
+        ),
+        _function(
+            "edit_file",
+            "Replace one exact piece of text in a file. `old` must match the file exactly, including spaces, "
+            "indentation and line breaks, and must occur exactly once. With an empty `old`, create a new file "
+            "that contains `new`. Test files cannot be edited.",
+            {
+                "path": ("string", f"File path, relative to {repo_dir}."),
+                "old": (
+                    "string",
+                    "The exact text to replace, copied from the file. Empty to create a new file.",
+                ),
+                "new": ("string", "The text to put in its place."),
+            },
+            ["path", "old", "new"],
+        ),
+        _function(
+            "finish",
+            "End the work. Call it when the tests pass, or when you cannot make progress.",
+            {"summary": ("string", "What was wrong and what you changed.")},
+            ["summary"],
+        ),
+    ]
+
+
+def _function(
+    name: str, description: str, params: dict[str, tuple[str, str]], required: list[str]
+) -> dict[str, Any]:
+    properties = {key: {"type": kind, "description": text} for key, (kind, text) in params.items()}
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": description,
+            "parameters": {"type": "object", "properties": properties, "required": required},
+        },
+    }
+
+
+# -- argument errors (a reply whose tool call cannot be used) -------------------------------------------------
+
+#: How each tool's arguments are spelled, for error messages: described in words, so nothing can be copied blindly.
+ARGUMENT_SHAPES = {
+    "run": 'a JSON object with the key "command" holding the bash command as a string',
+    "read_file": 'a JSON object with the key "path" holding the file path as a string '
+    '(optional integer keys "start_line" and "end_line")',
+    "edit_file": 'a JSON object with the string keys "path", "old" and "new"; '
+    'line breaks inside the strings are written as \\n and quotes as \\"',
+    "finish": 'a JSON object with the key "summary" holding a short text',
+}
+
+_SHELL_NAMES = {
+    "bash",
+    "shell",
+    "sh",
+    "execute",
+    "execute_bash",
+    "exec",
+    "terminal",
+    "cmd",
+    "command",
+    "python",
+}
+
+
+def bad_json_arguments(tool: str, sent: str, problem: str) -> str:
+    start = sent[:200] + ("..." if len(sent) > 200 else "")
+    return (
+        f"Error: the arguments of {tool} are not valid JSON ({problem}). You sent: {start!r}\n"
+        f"The arguments of {tool} must be {ARGUMENT_SHAPES[tool]}. Call {tool} again with valid JSON."
+    )
+
+
+def arguments_not_object(tool: str) -> str:
+    return f"Error: the arguments of {tool} must be {ARGUMENT_SHAPES[tool]}. Call {tool} again."
+
+
+def missing_argument(tool: str, names: list[str]) -> str:
+    keys = " and ".join(f'"{n}"' for n in names)
+    return (
+        f"Error: {tool} needs {keys}. Its arguments must be {ARGUMENT_SHAPES[tool]}. "
+        f"Call {tool} again with {'them' if len(names) > 1 else 'it'}."
+    )
+
+
+def wrong_argument_type(tool: str, name: str, expected: str) -> str:
+    return f'Error: "{name}" of {tool} must be {expected}. Call {tool} again.'
+
+
+def unknown_tool(name: str) -> str:
+    hint = " To run a shell command, call run." if name.lower() in _SHELL_NAMES else ""
+    return f"Error: there is no tool named {name[:60]!r}. The tools are run, read_file, edit_file and finish.{hint}"
+
+
+# -- run -----------------------------------------------------------------------------------------------------
+
+
+def run_result(
+    exit_code: int | None, output: str, cut: bool, timed_out: bool, timeout_s: float, oom: bool
+) -> str:
+    if timed_out:
+        head = (
+            f"The command timed out after {timeout_s:g} seconds and was stopped. "
+            "Run something shorter, for example a single test."
+        )
+    elif oom:
+        head = "The command was killed: it ran out of memory."
+    elif exit_code is None:
+        head = "The command was killed."
+    else:
+        head = f"Exit code: {exit_code}"
+    if cut:
+        head += f"\n[output cut: these are the last {len(output)} characters]"
+    return f"{head}\n{output}" if output.strip() else f"{head}\n(no output)"
+
+
+# -- paths ---------------------------------------------------------------------------------------------------
+
+
+def path_outside_repo(path: str, repo_dir: str = REPO_DIR) -> str:
+    return (
+        f"Error: {path!r} is outside the repository. Only files under {repo_dir} can be read or edited; "
+        f"give the path relative to {repo_dir}."
+    )
+
+
+def no_such_file(path: str) -> str:
+    return f"Error: there is no file {path!r}. Call run with ls or find to see which files exist."
+
+
+def is_a_directory(path: str) -> str:
+    return f"Error: {path!r} is a directory, not a file. Call run with ls to see what it contains."
+
+
+def not_text(path: str) -> str:
+    return f"Error: {path!r} is not a text file and cannot be read or edited with these tools."
+
+
+# -- read_file -----------------------------------------------------------------------------------------------
+
+
+def read_header(path: str, first: int, last: int, total: int) -> str:
+    if total == 0:
+        return f"{path} is empty."
+    if first == 1 and last == total:
+        return f"{path} ({total} lines):"
+    return f"{path}, lines {first}-{last} of {total}:"
+
+
+def read_cut(next_line: int, max_chars: int) -> str:
+    return (
+        f"[cut here: only {max_chars} characters are shown at a time. "
+        f"To read on, call read_file with start_line {next_line}.]"
+    )
+
+
+def bad_line_range(path: str, total: int) -> str:
+    return f"Error: {path} has {total} lines; start_line must be between 1 and {total}, and end_line not below it."
+
+
+# -- edit_file -----------------------------------------------------------------------------------------------
+
+
+def protected_file(path: str) -> str:
+    return (
+        f"Error: {path} is a test file and cannot be edited. The tests describe the correct behaviour: "
+        "fix the code under test instead."
+    )
+
+
+def file_exists_not_empty(path: str) -> str:
+    return (
+        f"Error: {path} already exists and is not empty, so it was not overwritten. To change it, "
+        "call edit_file with old set to the exact text to replace, copied from read_file."
+    )
+
+
+def old_equals_new(path: str) -> str:
+    return f"Error: old and new are the same, so {path} was not changed. Put the corrected text in new."
+
+
+def old_not_found(path: str, closest: str, whitespace_only: bool) -> str:
+    if whitespace_only:
+        why = f"The text in old was not found in {path}: it differs from the file in spaces, indentation or line breaks."
+    else:
+        why = f"The text in old was not found in {path}."
+    if not closest:
+        return f"Error: {why} Call read_file on {path} and copy the exact text into old."
+    return (
+        f"Error: {why} The closest lines in the file are (line number, then |, then the line):\n{closest}\n"
+        "Copy the exact text of those lines, without the line numbers and the |, into old and call edit_file again."
+    )
+
+
+def old_not_unique(path: str, count: int, lines: list[int]) -> str:
+    where = ", ".join(str(n) for n in lines[:10])
+    return (
+        f"Error: the text in old occurs {count} times in {path} (at lines {where}), so nothing was changed. "
+        "Include more of the surrounding lines in old so that it matches exactly one place."
+    )
+
+
+def edit_done(path: str, first: int, last: int, snippet: str) -> str:
+    return f"Edited {path}. Lines {first}-{last} now read:\n{snippet}"
+
+
+def file_created(path: str, lines: int) -> str:
+    return f"Created {path} ({lines} lines)."
+
+
+# -- finish --------------------------------------------------------------------------------------------------
+
+
+def finished(summary: str) -> str:
+    return "Finished." if not summary else f"Finished: {summary[:200]}"
+
+
+# -- recovered text tool calls -------------------------------------------------------------------------------
+
+
+def recovered_result(tool: str, content: str) -> str:
+    """A tool result sent back as a user message (the call was written as text, so there is no tool_call_id)."""
+    return f"Result of {tool}:\n{content}"

@@ -1,0 +1,365 @@
+"""The four tools the model calls: run, read_file, edit_file and finish.
+
+Everything happens inside the sandbox through its interface (`exec`, `files`), so the same tools work on the local
+bubblewrap sandbox and on Runtime microVMs. The tools never raise for a mistake of the model: every mistake comes back
+as a ToolOutcome whose text (from prompts.py) tells the model what to do next. Failures of the sandbox itself
+(SandboxGone, SandboxError) do propagate: they are infrastructure failures, not the model's.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import posixpath
+import shlex
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from bugsweep.agent import prompts
+from bugsweep.sandbox.base import Sandbox, tail
+from bugsweep.settings import AgentSettings
+from bugsweep.testfiles import is_test_file
+
+
+@dataclass
+class ToolOutcome:
+    """What one tool call produced: the text for the model plus what the loop and the progress line need."""
+
+    content: str
+    """The text that goes back to the model."""
+    ok: bool = True
+    """False when the call failed (bad arguments, refused edit, missing file)."""
+    format_error: bool = False
+    """True when the call itself was unusable (unknown tool, bad JSON, missing argument)."""
+    short_arg: str = ""
+    """The command cut to ~80 characters, or the path: what a progress line shows."""
+    exit_code: int | None = None
+    """Exit code of `run` (None for other tools and for a command that timed out)."""
+    timed_out: bool = False
+    finished: bool = False
+    summary: str = ""
+    arguments: dict[str, Any] | None = None
+    """The parsed arguments, for the trajectory."""
+
+
+def short(text: str, limit: int = 80) -> str:
+    """One line of at most `limit` characters, for progress output."""
+    line = " ".join(text.split())
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def parse_arguments(raw: str | dict[str, Any] | None) -> tuple[dict[str, Any] | None, str | None]:
+    """JSON arguments to a dict; (None, problem) when they are not a JSON object.
+
+    An empty string counts as no arguments, and arguments encoded twice (a JSON string holding JSON, which some
+    small models send) are decoded once more.
+    """
+    if isinstance(raw, dict):
+        return raw, None
+    if raw is None or not raw.strip():
+        return {}, None
+    try:
+        value = json.loads(raw)
+        if isinstance(value, str):
+            value = json.loads(value)
+    except json.JSONDecodeError as exc:
+        return None, f"{exc.msg} at character {exc.pos}"
+    if not isinstance(value, dict):
+        return None, "not a JSON object"
+    return value, None
+
+
+class Toolbox:
+    """The tools bound to one sandbox and one set of agent settings."""
+
+    REQUIRED = {"run": ["command"], "read_file": ["path"], "edit_file": ["path", "old", "new"], "finish": []}
+
+    def __init__(
+        self,
+        sandbox: Sandbox,
+        settings: AgentSettings,
+        *,
+        protected_paths: Iterable[str] = (),
+        time_left: Callable[[], float | None] = lambda: None,
+    ) -> None:
+        self.sandbox = sandbox
+        self.settings = settings
+        self.workdir = posixpath.normpath(sandbox.workdir)
+        self.protected_paths = tuple(protected_paths)
+        self.time_left = time_left
+        self._real_workdir: str | None = None
+
+    def schemas(self) -> list[dict[str, Any]]:
+        s = self.settings
+        return prompts.tool_schemas(
+            s.command_timeout_s, s.output_tail_chars, s.read_file_max_chars, self.workdir
+        )
+
+    # -- dispatch ----------------------------------------------------------------------------------------------
+    def call(self, name: str, raw_arguments: str | dict[str, Any] | None) -> ToolOutcome:
+        """Run one tool call; never raises for the model's mistakes."""
+        if name not in prompts.TOOL_NAMES:
+            return ToolOutcome(
+                prompts.unknown_tool(name), ok=False, format_error=True, short_arg=short(name, 40)
+            )
+        args, problem = parse_arguments(raw_arguments)
+        if args is None:
+            sent = raw_arguments if isinstance(raw_arguments, str) else json.dumps(raw_arguments)
+            return ToolOutcome(
+                prompts.bad_json_arguments(name, sent, problem or "unreadable"), ok=False, format_error=True
+            )
+        missing = [k for k in self.REQUIRED[name] if k not in args or args[k] is None]
+        if missing:
+            return ToolOutcome(
+                prompts.missing_argument(name, missing), ok=False, format_error=True, arguments=args
+            )
+        for key in ("command", "path", "old", "new", "summary"):
+            if key in args and args[key] is not None and not isinstance(args[key], str):
+                return ToolOutcome(
+                    prompts.wrong_argument_type(name, key, "a string"),
+                    ok=False,
+                    format_error=True,
+                    arguments=args,
+                )
+        if name == "run":
+            outcome = self.run(args["command"])
+        elif name == "read_file":
+            outcome = self.read_file(args["path"], args.get("start_line"), args.get("end_line"))
+        elif name == "edit_file":
+            outcome = self.edit_file(args["path"], args["old"], args["new"])
+        else:
+            summary = str(args.get("summary") or "")
+            outcome = ToolOutcome(
+                prompts.finished(summary), finished=True, summary=summary, short_arg=short(summary)
+            )
+        outcome.arguments = args
+        return outcome
+
+    # -- run ---------------------------------------------------------------------------------------------------
+    def run(self, command: str) -> ToolOutcome:
+        timeout = self.settings.command_timeout_s
+        left = self.time_left()
+        if left is not None:
+            # The wall-clock budget holds even inside a long command.
+            timeout = max(1.0, min(timeout, left))
+        # stdin="" so that a command waiting for input sees end-of-file instead of hanging until the timeout.
+        result = self.sandbox.exec(command, timeout=timeout, stdin="")
+        output, cut = tail(result.output, self.settings.output_tail_chars)
+        text = prompts.run_result(
+            result.exit_code, output, cut or result.truncated, result.timed_out, timeout, result.out_of_memory
+        )
+        return ToolOutcome(
+            text,
+            ok=result.ok,
+            short_arg=short(command),
+            exit_code=None if result.timed_out else result.exit_code,
+            timed_out=result.timed_out,
+        )
+
+    # -- paths -------------------------------------------------------------------------------------------------
+    def _inside(self, path: str, root: str) -> bool:
+        return path == root or path.startswith(root.rstrip("/") + "/")
+
+    def resolve(self, path: str) -> tuple[str, str, str, bool] | ToolOutcome:
+        """(real absolute path, path relative to the repo, kind, parent exists) or a refusal.
+
+        Checked twice: lexically (`..`, absolute paths elsewhere), then with `realpath -m` inside the sandbox,
+        so that a symlink in the repository cannot lead the tools outside it. kind is file, dir, other or missing.
+        """
+        raw = path.strip()
+        if not raw or "\0" in raw:
+            return ToolOutcome(prompts.no_such_file(path), ok=False, short_arg=short(path))
+        if raw.startswith(prompts.REPO_DIR + "/") and self.workdir != prompts.REPO_DIR:
+            raw = self.workdir + raw[len(prompts.REPO_DIR) :]
+        joined = posixpath.normpath(raw if raw.startswith("/") else posixpath.join(self.workdir, raw))
+        if not self._inside(joined, self.workdir) or joined == self.workdir:
+            return ToolOutcome(prompts.path_outside_repo(path, self.workdir), ok=False, short_arg=short(path))
+        script = (
+            f"realpath -m -- {shlex.quote(self.workdir)}; p=$(realpath -m -- {shlex.quote(joined)}); "
+            'printf "%s\\n" "$p"; '
+            'if [ -d "$p" ]; then echo dir; elif [ -f "$p" ]; then echo file; '
+            'elif [ -e "$p" ]; then echo other; else echo missing; fi; '
+            'if [ -d "$(dirname -- "$p")" ]; then echo parent; else echo noparent; fi'
+        )
+        result = self.sandbox.exec(script, timeout=30, stdin="")
+        lines = result.stdout.splitlines()
+        if result.exit_code != 0 or len(lines) != 4:
+            # realpath failed (e.g. a symlink loop): refuse rather than guess.
+            return ToolOutcome(prompts.no_such_file(path), ok=False, short_arg=short(path))
+        real_root, real, kind, parent = lines
+        self._real_workdir = real_root
+        if not self._inside(real, real_root) or real == real_root:
+            return ToolOutcome(prompts.path_outside_repo(path, self.workdir), ok=False, short_arg=short(path))
+        rel = posixpath.relpath(real, real_root)
+        return real, rel, kind, parent == "parent"
+
+    def _is_protected(self, *rel_paths: str) -> bool:
+        return any(is_test_file(p, self.settings.protected_globs, self.protected_paths) for p in rel_paths)
+
+    # -- read_file ---------------------------------------------------------------------------------------------
+    def read_file(self, path: str, start_line: Any = None, end_line: Any = None) -> ToolOutcome:
+        resolved = self.resolve(path)
+        if isinstance(resolved, ToolOutcome):
+            return resolved
+        real, rel, kind, _ = resolved
+        refusal = self._refuse_kind(kind, rel)
+        if refusal:
+            return refusal
+        try:
+            text = self.sandbox.files.read_text(real)
+        except UnicodeDecodeError:
+            return ToolOutcome(prompts.not_text(rel), ok=False, short_arg=rel)
+        lines = text.splitlines(keepends=True)
+        total = len(lines)
+        try:
+            first = int(start_line) if start_line not in (None, "") else 1
+            last = int(end_line) if end_line not in (None, "") else total
+        except (TypeError, ValueError):
+            return ToolOutcome(
+                prompts.wrong_argument_type("read_file", "start_line", "a whole number"),
+                ok=False,
+                short_arg=rel,
+            )
+        if total == 0:
+            return ToolOutcome(prompts.read_header(rel, 0, 0, 0), short_arg=rel)
+        last = min(last, total)
+        if first < 1 or first > total or last < first:
+            return ToolOutcome(prompts.bad_line_range(rel, total), ok=False, short_arg=rel)
+        limit = self.settings.read_file_max_chars
+        shown: list[str] = []
+        size = 0
+        cut_at: int | None = None
+        for number in range(first, last + 1):
+            line = lines[number - 1]
+            if size + len(line) > limit:
+                if not shown:  # one enormous line: show its start rather than nothing
+                    shown.append(line[:limit] + "\n")
+                    number += 1
+                cut_at = number
+                break
+            shown.append(line)
+            size += len(line)
+        shown_last = (cut_at - 1) if cut_at else last
+        body = "".join(shown)
+        if not body.endswith("\n"):
+            body += "\n"
+        text_out = prompts.read_header(rel, first, shown_last, total) + "\n" + body
+        if cut_at and cut_at <= total:
+            text_out += prompts.read_cut(cut_at, limit)
+        short_arg = rel if (first, last) == (1, total) else f"{rel}:{first}-{shown_last}"
+        return ToolOutcome(text_out.rstrip("\n"), short_arg=short_arg)
+
+    def _refuse_kind(self, kind: str, rel: str) -> ToolOutcome | None:
+        if kind == "missing":
+            return ToolOutcome(prompts.no_such_file(rel), ok=False, short_arg=rel)
+        if kind == "dir":
+            return ToolOutcome(prompts.is_a_directory(rel), ok=False, short_arg=rel)
+        if kind != "file":
+            return ToolOutcome(prompts.not_text(rel), ok=False, short_arg=rel)
+        return None
+
+    # -- edit_file ---------------------------------------------------------------------------------------------
+    def edit_file(self, path: str, old: str, new: str) -> ToolOutcome:
+        resolved = self.resolve(path)
+        if isinstance(resolved, ToolOutcome):
+            return resolved
+        real, rel, kind, parent_exists = resolved
+        lexical_rel = posixpath.relpath(
+            posixpath.normpath(path if path.startswith("/") else posixpath.join(self.workdir, path)),
+            self.workdir,
+        )
+        if self._is_protected(rel, lexical_rel):
+            return ToolOutcome(prompts.protected_file(rel), ok=False, short_arg=rel)
+        if old == "":
+            return self._create(real, rel, kind, parent_exists, new)
+        refusal = self._refuse_kind(kind, rel)
+        if refusal:
+            return refusal
+        if old == new:
+            return ToolOutcome(prompts.old_equals_new(rel), ok=False, short_arg=rel)
+        try:
+            content = self.sandbox.files.read_text(real)
+        except UnicodeDecodeError:
+            return ToolOutcome(prompts.not_text(rel), ok=False, short_arg=rel)
+        count = content.count(old)
+        if count == 0:
+            closest = closest_lines(content, old)
+            whitespace_only = " ".join(old.split()) in " ".join(content.split())
+            return ToolOutcome(prompts.old_not_found(rel, closest, whitespace_only), ok=False, short_arg=rel)
+        if count > 1:
+            starts = _occurrences(content, old)
+            lines = [content.count("\n", 0, i) + 1 for i in starts]
+            return ToolOutcome(prompts.old_not_unique(rel, count, lines), ok=False, short_arg=rel)
+        index = content.index(old)
+        updated = content[:index] + new + content[index + len(old) :]
+        self.sandbox.files.write(real, updated)
+        first = updated.count("\n", 0, index) + 1
+        last = first + max(new.count("\n") - (1 if new.endswith("\n") else 0), 0)
+        return ToolOutcome(prompts.edit_done(rel, first, last, _snippet(updated, first, last)), short_arg=rel)
+
+    def _create(self, real: str, rel: str, kind: str, parent_exists: bool, new: str) -> ToolOutcome:
+        if kind == "dir":
+            return ToolOutcome(prompts.is_a_directory(rel), ok=False, short_arg=rel)
+        if kind == "file":
+            try:
+                existing = self.sandbox.files.read_text(real)
+            except UnicodeDecodeError:
+                existing = "x"
+            if existing.strip():
+                return ToolOutcome(prompts.file_exists_not_empty(rel), ok=False, short_arg=rel)
+        elif kind != "missing":
+            return ToolOutcome(prompts.not_text(rel), ok=False, short_arg=rel)
+        if not parent_exists:
+            self.sandbox.exec(f"mkdir -p -- {shlex.quote(posixpath.dirname(real))}", timeout=30, stdin="")
+        self.sandbox.files.write(real, new)
+        return ToolOutcome(prompts.file_created(rel, len(new.splitlines())), short_arg=rel)
+
+
+def _occurrences(text: str, part: str) -> list[int]:
+    found, start = [], text.find(part)
+    while start != -1:
+        found.append(start)
+        start = text.find(part, start + 1)
+    return found
+
+
+def _snippet(text: str, first: int, last: int, context: int = 2, max_lines: int = 30) -> str:
+    """The edited lines with a little context, without line numbers (small models copy line numbers into `old`)."""
+    lines = text.splitlines()
+    lo, hi = max(first - 1 - context, 0), min(last + context, len(lines))
+    chosen = lines[lo:hi]
+    if len(chosen) > max_lines:
+        chosen = [*chosen[:max_lines], "..."]
+    return "\n".join(chosen)
+
+
+def closest_lines(content: str, old: str, context: int = 1, max_lines: int = 20) -> str:
+    """The lines of `content` most like `old`, numbered as `  12|text`; empty when nothing is close.
+
+    Slides a window the height of `old` over the file and scores each with difflib; quick_ratio picks the
+    candidates first so that a long file stays cheap.
+    """
+    file_lines = content.splitlines()
+    wanted = old.strip("\n").splitlines()
+    if not file_lines or not wanted:
+        return ""
+    height = min(len(wanted), len(file_lines))
+    target = "\n".join(line.strip() for line in wanted)
+    scored: list[tuple[float, int, difflib.SequenceMatcher[str]]] = []
+    for i in range(len(file_lines) - height + 1):
+        window = "\n".join(line.strip() for line in file_lines[i : i + height])
+        matcher = difflib.SequenceMatcher(None, window, target, autojunk=False)
+        scored.append((matcher.quick_ratio(), i, matcher))
+    scored.sort(key=lambda item: -item[0])
+    best_ratio, best_index = 0.0, 0
+    for _, i, matcher in scored[:25]:
+        ratio = matcher.ratio()
+        if ratio > best_ratio:
+            best_ratio, best_index = ratio, i
+    if best_ratio < 0.3:
+        return ""
+    lo = max(best_index - context, 0)
+    hi = min(best_index + height + context, len(file_lines), lo + max_lines)
+    width = len(str(hi))
+    return "\n".join(f"{n:>{width}}|{file_lines[n - 1]}" for n in range(lo + 1, hi + 1))

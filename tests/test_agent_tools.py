@@ -1,0 +1,333 @@
+"""The four tools' own logic: edits, reads, refusals, argument errors, text tool-call recovery.
+
+Real parts: files on disk, bash, realpath, git repos from bugsweep.testing.repos. Stand-in: `DirSandbox` runs commands
+with plain subprocess in a temporary folder (no isolation), because these tests are about what the tools tell the
+model, not about the sandbox; tests/test_agent_loop.py runs the loop on the real local sandbox.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from bugsweep.agent import prompts
+from bugsweep.agent.model import recover_text_tool_calls
+from bugsweep.agent.tools import Toolbox, closest_lines
+from bugsweep.sandbox.base import ExecResult, tail
+from bugsweep.settings import AgentSettings
+from bugsweep.testing.repos import make_repo
+
+
+class _DirFiles:
+    def read_text(self, path: str) -> str:
+        with open(path, encoding="utf-8", newline="") as f:
+            return f.read()
+
+    def write(self, path: str, data: str | bytes) -> None:
+        with open(path, "wb") as f:
+            f.write(data.encode() if isinstance(data, str) else data)
+
+    def exists(self, path: str) -> bool:
+        return os.path.exists(path)
+
+
+class DirSandbox:
+    """Stand-in sandbox: bash via subprocess in a host folder. NOT isolated; for tool-logic tests only."""
+
+    def __init__(self, root: Path) -> None:
+        self.id = "dir-" + root.name
+        self.workdir = str(root)
+        self.files = _DirFiles()
+
+    def exec(
+        self, command, *, timeout=300.0, cwd=None, env=None, network=False, full_output=False, stdin=None
+    ):
+        started = time.monotonic()
+        proc = subprocess.Popen(
+            ["bash", "-c", command],
+            cwd=cwd or self.workdir,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        try:
+            out, err = proc.communicate(stdin or "", timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, err = proc.communicate()
+            return ExecResult(None, out, err, timed_out=True, duration_s=time.monotonic() - started)
+        limit = 64 * 1024
+        out_t, cut1 = (out, False) if full_output else tail(out, limit)
+        err_t, cut2 = (err, False) if full_output else tail(err, limit)
+        return ExecResult(
+            proc.returncode, out_t, err_t, truncated=cut1 or cut2, duration_s=time.monotonic() - started
+        )
+
+    def release(self) -> None:
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    return make_repo(tmp_path / "repo")
+
+
+@pytest.fixture
+def box(repo: Path) -> Toolbox:
+    return Toolbox(DirSandbox(repo), AgentSettings())
+
+
+def args(**kw: object) -> str:
+    return json.dumps(kw)
+
+
+# -- edit_file -----------------------------------------------------------------------------------------------
+
+
+def test_edit_replaces_exactly_one_occurrence(box: Toolbox, repo: Path) -> None:
+    out = box.call("edit_file", args(path="calc.py", old="return a - b", new="return a + b"))
+    assert out.ok, out.content
+    assert "return a + b" in (repo / "calc.py").read_text()
+    assert out.content.startswith("Edited calc.py")
+    assert "return a + b" in out.content  # the model sees the result of its edit
+
+
+def test_edit_accepts_absolute_path_inside_repo(box: Toolbox, repo: Path) -> None:
+    out = box.call("edit_file", args(path=f"{repo}/calc.py", old="a - b", new="a + b"))
+    assert out.ok, out.content
+
+
+def test_edit_old_not_found_shows_closest_lines_with_numbers(box: Toolbox, repo: Path) -> None:
+    out = box.call("edit_file", args(path="calc.py", old="return a-b", new="return a + b"))
+    assert not out.ok and not out.format_error
+    assert "not found in calc.py" in out.content
+    assert "2|    return a - b" in out.content  # line 2, exactly as in the file
+    assert "Copy the exact text" in out.content
+    assert (repo / "calc.py").read_text().count("a - b") == 1  # unchanged
+
+
+def test_edit_old_differs_in_indentation_only_says_so(box: Toolbox) -> None:
+    out = box.call("edit_file", args(path="calc.py", old="def add(a, b):\nreturn a - b", new="x"))
+    assert not out.ok
+    assert "spaces, indentation or line breaks" in out.content
+
+
+def test_edit_several_matches_says_how_many_and_where(box: Toolbox, repo: Path) -> None:
+    out = box.call("edit_file", args(path="calc.py", old="(a, b):", new="(a, b, c):"))
+    assert not out.ok
+    assert "occurs 2 times" in out.content and "lines 1, 5" in out.content
+    assert "more of the surrounding lines" in out.content
+    assert "(a, b, c)" not in (repo / "calc.py").read_text()
+
+
+def test_edit_with_empty_old_creates_file_and_parents(box: Toolbox, repo: Path) -> None:
+    out = box.call("edit_file", args(path="pkg/util.py", old="", new="X = 1\n"))
+    assert out.ok, out.content
+    assert (repo / "pkg/util.py").read_text() == "X = 1\n"
+
+
+def test_edit_with_empty_old_refuses_to_overwrite_a_file_with_content(box: Toolbox, repo: Path) -> None:
+    before = (repo / "calc.py").read_text()
+    out = box.call("edit_file", args(path="calc.py", old="", new="oops\n"))
+    assert not out.ok
+    assert "already exists and is not empty" in out.content
+    assert (repo / "calc.py").read_text() == before
+
+
+def test_edit_refuses_test_files(box: Toolbox, repo: Path) -> None:
+    for path in ("tests/test_calc.py", "conftest.py", "pkg/test_more.py", "src/x_test.py"):
+        out = box.call("edit_file", args(path=path, old="", new="x"))
+        assert not out.ok, path
+        assert "is a test file" in out.content and "fix the code under test" in out.content
+    assert not (repo / "conftest.py").exists()
+    assert "assert add(2, 3) == 5" in (repo / "tests/test_calc.py").read_text()
+
+
+def test_edit_refuses_a_symlink_to_a_test_file(box: Toolbox, repo: Path) -> None:
+    (repo / "alias.py").symlink_to(repo / "tests/test_calc.py")
+    out = box.call("edit_file", args(path="alias.py", old="== 5", new="== -1"))
+    assert not out.ok and "is a test file" in out.content
+
+
+def test_protected_paths_from_the_task_are_refused(repo: Path) -> None:
+    box = Toolbox(DirSandbox(repo), AgentSettings(), protected_paths=["calc.py"])
+    out = box.call("edit_file", args(path="calc.py", old="a - b", new="a + b"))
+    assert not out.ok and "is a test file" in out.content
+
+
+@pytest.mark.parametrize("path", ["../outside.txt", "/etc/passwd", "sub/../../outside.txt", "/tmp"])
+def test_paths_leaving_the_repo_are_refused(box: Toolbox, repo: Path, path: str) -> None:
+    (repo.parent / "outside.txt").write_text("secret\n")
+    for out in (
+        box.call("read_file", args(path=path)),
+        box.call("edit_file", args(path=path, old="secret", new="changed")),
+    ):
+        assert not out.ok
+        assert "outside the repository" in out.content
+        assert "secret" not in out.content.split("\n", 1)[-1]
+    assert (repo.parent / "outside.txt").read_text() == "secret\n"
+
+
+def test_symlink_pointing_out_of_the_repo_is_refused(box: Toolbox, repo: Path) -> None:
+    (repo.parent / "outside.txt").write_text("secret\n")
+    (repo / "link.txt").symlink_to(repo.parent / "outside.txt")
+    (repo / "linkdir").symlink_to(repo.parent)
+    for path in ("link.txt", "linkdir/outside.txt"):
+        read = box.call("read_file", args(path=path))
+        assert not read.ok and "outside the repository" in read.content and "secret" not in read.content
+        edit = box.call("edit_file", args(path=path, old="secret", new="changed"))
+        assert not edit.ok and "outside the repository" in edit.content
+    assert (repo.parent / "outside.txt").read_text() == "secret\n"
+
+
+# -- read_file -----------------------------------------------------------------------------------------------
+
+
+def test_read_file_returns_content(box: Toolbox) -> None:
+    out = box.call("read_file", args(path="calc.py"))
+    assert out.ok
+    assert out.content.splitlines()[0] == "calc.py (6 lines):"
+    assert "    return a - b" in out.content
+
+
+def test_read_file_line_range(box: Toolbox) -> None:
+    out = box.call("read_file", args(path="calc.py", start_line=5, end_line=6))
+    assert out.ok
+    assert out.content.splitlines() == ["calc.py, lines 5-6 of 6:", "def mul(a, b):", "    return a * b"]
+
+
+def test_read_file_is_capped_and_says_where_to_go_on(repo: Path) -> None:
+    (repo / "big.py").write_text("".join(f"x{i} = {i}\n" for i in range(5000)))
+    box = Toolbox(DirSandbox(repo), AgentSettings(read_file_max_chars=20000))
+    out = box.call("read_file", args(path="big.py"))
+    assert out.ok
+    assert len(out.content) < 20000 + 400
+    assert "only 20000 characters are shown" in out.content
+    next_line = int(out.content.rsplit("start_line ", 1)[1].split(".")[0])
+    shown_last = out.content.splitlines()[-2]
+    assert (
+        shown_last == f"x{next_line - 2} = {next_line - 2}"
+    )  # the next read starts right after the last line shown
+    more = box.call("read_file", args(path="big.py", start_line=next_line))
+    assert more.content.splitlines()[1] == f"x{next_line - 1} = {next_line - 1}"
+
+
+def test_read_file_missing_and_directory(box: Toolbox) -> None:
+    missing = box.call("read_file", args(path="nope.py"))
+    assert not missing.ok and "there is no file 'nope.py'" in missing.content
+    folder = box.call("read_file", args(path="tests"))
+    assert not folder.ok and "is a directory" in folder.content
+
+
+# -- arguments and unknown tools -----------------------------------------------------------------------------
+
+
+def test_bad_json_quotes_what_was_sent_and_describes_valid_arguments(box: Toolbox) -> None:
+    sent = '{"command": "pytest -q'
+    out = box.call("run", sent)
+    assert out.format_error
+    assert "not valid JSON" in out.content
+    assert repr(sent) in out.content
+    assert '"command"' in out.content and "Call run again" in out.content
+
+
+def test_bad_json_quote_is_cut_to_its_start(box: Toolbox) -> None:
+    out = box.call("edit_file", '{"path": "calc.py", "old": ' + "x" * 1000)
+    assert out.format_error and "x" * 150 in out.content and "x" * 300 not in out.content
+
+
+def test_double_encoded_arguments_are_accepted(box: Toolbox) -> None:
+    out = box.call("read_file", json.dumps(json.dumps({"path": "calc.py"})))
+    assert out.ok, out.content
+
+
+def test_missing_argument_is_a_format_error(box: Toolbox) -> None:
+    out = box.call("edit_file", args(path="calc.py", old="a - b"))
+    assert out.format_error
+    assert 'edit_file needs "new"' in out.content
+
+
+def test_wrong_argument_type(box: Toolbox) -> None:
+    out = box.call("run", args(command=["ls", "-l"]))
+    assert out.format_error and '"command" of run must be a string' in out.content
+
+
+def test_unknown_tool_lists_the_four_tools(box: Toolbox) -> None:
+    out = box.call("bash", args(command="ls"))
+    assert out.format_error
+    assert "run, read_file, edit_file and finish" in out.content
+    assert "To run a shell command, call run." in out.content
+
+
+def test_finish_ends_with_summary(box: Toolbox) -> None:
+    out = box.call("finish", args(summary="fixed add"))
+    assert out.finished and out.summary == "fixed add"
+    assert box.call("finish", "{}").finished  # a bare finish still ends the run
+
+
+# -- run (on the stand-in; the real sandbox is exercised in test_agent_loop.py) -----------------------------
+
+
+def test_run_reports_exit_code_and_tail(repo: Path) -> None:
+    box = Toolbox(DirSandbox(repo), AgentSettings(output_tail_chars=100))
+    out = box.call("run", args(command="seq 1 1000; exit 3"))
+    assert out.exit_code == 3 and not out.ok
+    assert out.content.startswith("Exit code: 3\n[output cut: these are the last 100 characters]")
+    assert out.content.endswith("1000\n")
+    assert "\n1\n" not in out.content
+
+
+# -- closest lines and text tool-call recovery ---------------------------------------------------------------
+
+
+def test_closest_lines_finds_the_similar_block() -> None:
+    content = "".join(f"line {i}\n" for i in range(1, 200)) + "def total(items):\n    return sum(items) - 1\n"
+    found = closest_lines(content, "def total(items):\n    return sum(item) - 1")
+    assert "200|def total(items):" in found and "201|    return sum(items) - 1" in found
+
+
+def test_closest_lines_empty_when_nothing_is_similar() -> None:
+    assert closest_lines("aaaa\nbbbb\n", "zzzzzzzzzzzz qqqqq") == ""
+
+
+def test_recover_fenced_json_tool_call() -> None:
+    text = 'I will run the tests.\n```json\n{"name": "run", "arguments": {"command": "pytest -q"}}\n```'
+    [call] = recover_text_tool_calls(text)
+    assert call.name == "run" and json.loads(call.arguments) == {"command": "pytest -q"} and call.recovered
+
+
+def test_recover_tool_call_tags_and_parameters_key() -> None:
+    text = (
+        '<tool_call>\n{"name": "read_file", "parameters": {"path": "calc.py"}}\n</tool_call>\n'
+        '<tool_call>{"name": "finish", "arguments": "{\\"summary\\": \\"done\\"}"}'
+    )
+    calls = recover_text_tool_calls(text)
+    assert [c.name for c in calls] == ["read_file", "finish"]
+    assert json.loads(calls[1].arguments) == {"summary": "done"}
+
+
+def test_ordinary_json_in_a_reply_is_not_a_tool_call() -> None:
+    assert recover_text_tool_calls('```json\n{"name": "mypkg", "version": "1.0"}\n```') == []
+    assert recover_text_tool_calls("no code here") == []
+
+
+def test_prompts_have_no_placeholders() -> None:
+    """Small models copy placeholders verbatim: the model-facing text must not contain any."""
+    text = prompts.system_prompt() + json.dumps(prompts.tool_schemas(300, 6000, 20000))
+    text += "".join(prompts.ARGUMENT_SHAPES.values())
+    for marker in ("/path/to", "<", "your_", "example.py", "foo", "TODO", "..."):
+        assert marker not in text, marker
