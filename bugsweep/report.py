@@ -6,8 +6,9 @@ nonsense), and for every pair of models the paired per-task difference: tasks ar
 models are compared on the same tasks (bootstrap CI over tasks, and an exact sign test over the tasks where they
 differ, which is McNemar's exact test when there is one run per task).
 
-Runs that failed because of the machinery (failure_kind 'infra', e.g. the endpoint was down) are counted but left
-out of the rates: they say nothing about the model.
+Runs that could not be run at all (failure_kind 'infra': the endpoint or sandbox was down; 'task': setup failed or
+the tests already passed; 'config': e.g. a rejected API key) are listed but left out of the rates: they say nothing
+about the model. A 'crash' (a bug in bugsweep) counts as not resolved, so it can never flatter a model.
 
 Plain standard library on purpose: two formulas and a resampling loop do not justify scipy.
 """
@@ -26,6 +27,8 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+#: Failure kinds of runs that could not be run, left out of the rates.
+NOT_GRADED_KINDS = frozenset({"infra", "task", "config"})
 #: z for a two-sided 95% interval.
 Z95 = 1.959963984540054
 
@@ -46,7 +49,7 @@ class RunRecord(BaseModel):
     stop_reason: str | None = None
     error: str | None = None
     failure_kind: str | None = None
-    """'infra' runs are excluded from rates; 'task' / 'config' / 'crash' count as not resolved."""
+    """'infra', 'task' and 'config' runs are left out of rates; 'crash' counts as not resolved."""
 
     @classmethod
     def from_grade(cls, grade: Any, *, model: str, run: int) -> RunRecord:
@@ -58,8 +61,8 @@ class RunRecord(BaseModel):
 
     @property
     def counted(self) -> bool:
-        """Whether this run says something about the model (infrastructure failures do not)."""
-        return self.failure_kind != "infra"
+        """Whether this run says something about the model (runs that could not be run do not)."""
+        return self.failure_kind not in NOT_GRADED_KINDS
 
 
 # -- statistics ------------------------------------------------------------------------------------------------
@@ -110,14 +113,14 @@ def bootstrap_mean_ci(
 class ModelSummary(BaseModel):
     model: str
     runs: int
-    """All runs, including those lost to infrastructure failures."""
+    """All runs, including those that could not be run."""
     graded: int
     """Runs that count towards the rate."""
     resolved: int
     rate: float
     ci_low: float
     ci_high: float
-    infra_failures: int
+    not_graded: int
     mean_turns: float
     prompt_tokens: int
     completion_tokens: int
@@ -203,7 +206,7 @@ def build_report(records: Sequence[RunRecord], *, wall_s: float | None = None) -
                 rate=k / len(counted) if counted else 0.0,
                 ci_low=lo,
                 ci_high=hi,
-                infra_failures=len(mine) - len(counted),
+                not_graded=len(mine) - len(counted),
                 mean_turns=_mean(r.turns for r in counted),
                 prompt_tokens=sum(r.prompt_tokens for r in mine),
                 completion_tokens=sum(r.completion_tokens for r in mine),
@@ -287,7 +290,7 @@ def summary_rows(report: ComparisonReport) -> tuple[list[str], list[list[str]]]:
     """The per-model table (shared by markdown, HTML and the Prefect artifact)."""
     header = [
         "model", "resolved", "rate", "95% CI", "mean turns", "prompt tok", "completion tok", "cached tok",
-        "cost USD", "mean wall s", "infra failures",
+        "cost USD", "mean wall s", "not graded",
     ]  # fmt: skip
     rows = [
         [
@@ -301,7 +304,7 @@ def summary_rows(report: ComparisonReport) -> tuple[list[str], list[list[str]]]:
             str(s.cached_tokens),
             f"{s.cost_usd:.4f}",
             f"{s.mean_wall_s:.1f}",
-            str(s.infra_failures),
+            str(s.not_graded),
         ]
         for s in report.models
     ]
@@ -344,7 +347,8 @@ def task_rows(report: ComparisonReport) -> tuple[list[str], list[list[str]]]:
         for m in models:
             c = row.cells[m]
             cells.append(
-                f"{c.resolved}/{c.graded}" + (f" (+{c.runs - c.graded} infra)" if c.runs > c.graded else "")
+                f"{c.resolved}/{c.graded}"
+                + (f" (+{c.runs - c.graded} not graded)" if c.runs > c.graded else "")
             )
         rows.append([row.instance_id, *cells])
     return header, rows
@@ -362,8 +366,7 @@ def render_markdown(report: ComparisonReport) -> str:
         )
     parts += ["", "## Per model", "", _md_table(*summary_rows(report)), ""]
     parts.append(
-        "Rate: resolved runs over graded runs (runs lost to infrastructure failures are left out); "
-        "95% Wilson interval."
+        "Rate: resolved runs over graded runs (runs that could not be run are left out); 95% Wilson interval."
     )
     if report.pairs:
         parts += ["", "## Paired differences (per task)", "", _md_table(*pair_rows(report)), ""]
@@ -471,7 +474,7 @@ def render_html(report: ComparisonReport) -> str:
         "<h2>Resolve rate</h2>",
         render_chart_svg(report),
         _html_table(*summary_rows(report)),
-        '<p class="note">Rate: resolved over graded runs (infrastructure failures left out); 95% Wilson interval.</p>',
+        '<p class="note">Rate: resolved over graded runs (runs that could not be run left out); 95% Wilson interval.</p>',
     ]
     if report.pairs:
         body += [

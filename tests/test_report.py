@@ -100,8 +100,8 @@ def test_report_rates_pairs_and_per_task_cells() -> None:
     assert (by_model["A"].resolved, by_model["A"].graded, by_model["A"].rate) == (8, 8, 1.0)
     assert (by_model["B"].resolved, by_model["B"].graded) == (2, 8)
     assert by_model["B"].rate == 0.25
-    # infra failures are counted but not graded
-    assert (by_model["C"].graded, by_model["C"].infra_failures, by_model["C"].resolved) == (6, 2, 3)
+    # runs lost to an outage are listed but not graded
+    assert (by_model["C"].graded, by_model["C"].not_graded, by_model["C"].resolved) == (6, 2, 3)
     assert by_model["A"].prompt_tokens == 800 and by_model["A"].cached_tokens == 40
     assert by_model["A"].cost_usd == pytest.approx(0.08)
     assert by_model["A"].mean_turns == 4.0
@@ -127,7 +127,7 @@ def test_markdown_and_json_carry_the_numbers() -> None:
     md = render_markdown(report)
     assert "| A | 8/8 | 100% | 68%-100% |" in md
     assert "| B | 2/8 | 25% |" in md
-    assert "| t2 | 2/2 | 0/2 | 0/0 (+2 infra) |" in md
+    assert "| t2 | 2/2 | 0/2 | 0/0 (+2 not graded) |" in md
     data = json.loads(render_json(report))
     assert [m["model"] for m in data["models"]] == ["A", "B", "C"]
     assert data["models"][1]["rate"] == 0.25

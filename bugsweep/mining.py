@@ -1,0 +1,648 @@
+"""Mining bug-fix tasks from a repository's own git history.
+
+The method: a commit that fixed a bug and changed a test already holds a task. Check out its parent, copy in only
+the commit's test files (the test_patch), and the changed tests fail for the reason the bug had; at the commit
+itself they pass. The commit message's first line is the task text.
+
+Steps, newest commit first:
+1. `scan_history` lists candidate commits (no merges) with their changed files.
+2. `screen` rejects, without running anything, commits that change no runnable test file, no source file, or whose
+   message does not look like a fix (see FIX_PATTERN).
+3. `build_task` makes the TaskSpec: base_commit = parent, test_patch = the commit's diff of its test files, setup
+   and test commands detected from the layout (`detect_commands`) unless given.
+4. `validate` runs the tests `runs` times in a sandbox at the task state (parent + test_patch, exactly as a sweep
+   prepares it) and `runs` times at the fix commit. A test whose outcome differs between runs is flaky: it is
+   reported and deselected from the task's test command. FAIL_TO_PASS are the tests that failed in every run before
+   and passed in every run after; PASS_TO_PASS passed everywhere. A task needs at least one FAIL_TO_PASS test and
+   no test that keeps failing at the fix (the grader requires the test command to pass after the fix).
+
+Every rejected candidate gets a reason (RejectReason) and a detail line, so a user can see why their history
+yielded what it did.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import shlex
+import subprocess
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path, PurePosixPath
+
+from pydantic import BaseModel, Field
+
+from bugsweep.errors import BugsweepError, ConfigError, SetupFailed
+from bugsweep.grading import TestRun, run_tests
+from bugsweep.sandbox.base import SandboxProvider
+from bugsweep.settings import DEFAULT_TEST_GLOBS
+from bugsweep.spec import TaskSpec, dump_tasks
+from bugsweep.testfiles import is_test_file
+
+#: Words in a commit message that suggest a bug fix. Matched case-insensitively on whole words, subject and body.
+FIX_PATTERN = re.compile(
+    r"\b(fix(es|ed|ing)?|bug(s|fix)?|hotfix|regression|crash(es|ed|ing)?|errors?|exceptions?|broken|"
+    r"incorrect(ly)?|wrong(ly)?|fail(s|ed|ing|ure)?|mistakes?|typo|handle[sd]?|prevent(s|ed)?|avoid(s|ed)?|"
+    r"correct(ly|s|ed)?|don't|doesn't|can't|cannot)\b"
+    r"|\w+(Error|Exception)\b"
+    r"|\b(issue|closes|resolves|fixes|gh)\s*-?#?\d+|(^|\s)#\d+\b",
+    re.IGNORECASE,
+)
+#: Messages that look like fixes but are not bug fixes to learn from.
+NOT_A_FIX_PATTERN = re.compile(r"^\s*(revert\b|merge\b|release\b|bump\b|prepare release)", re.IGNORECASE)
+#: Single-module test suites of older projects (`tests.py`), counted as test files too when mining.
+LONE_TEST_MODULES = {"tests.py", "test.py"}
+#: Test-file patterns used to split a commit: the agent's protected globs plus the lone test modules.
+MINING_TEST_GLOBS = [*DEFAULT_TEST_GLOBS, *sorted(LONE_TEST_MODULES)]
+#: File endings that count as source code (a change to docs, changelogs or CI configuration alone is no fix).
+SOURCE_SUFFIXES = {
+    ".py", ".pyx", ".pxd", ".pyi", ".c", ".h", ".cc", ".cpp", ".hpp", ".rs", ".go", ".js", ".ts", ".java", ".rb",
+}  # fmt: skip
+#: Source files that are packaging or tooling, not the code under test.
+NOT_SOURCE_NAMES = {"setup.py", "noxfile.py", "tasks.py", "fabfile.py", "conftest.py", "docs/conf.py"}
+#: Files that, when present, hold the test dependencies (first match wins).
+TEST_REQUIREMENTS = [
+    "requirements/tests.txt", "requirements/test.txt", "requirements/testing.txt", "requirements-test.txt",
+    "requirements-tests.txt", "requirements_test.txt", "test-requirements.txt", "tests/requirements.txt",
+    "requirements/dev.txt", "requirements-dev.txt", "dev-requirements.txt",
+]  # fmt: skip
+
+
+class RejectReason(StrEnum):
+    """Why a candidate commit did not become a task."""
+
+    NO_TEST_CHANGE = "no test change"
+    NO_SOURCE_CHANGE = "no source change"
+    NOT_A_FIX = "not a fix"
+    NO_PARENT = "no parent commit"
+    NO_TEST_COMMAND = "no test command"
+    PATCH_DOES_NOT_APPLY = "test patch does not apply"
+    SETUP_FAILED = "setup failed"
+    TESTS_PASS_AT_PARENT = "tests pass at parent"
+    TESTS_FAIL_AT_FIX = "tests fail at fix"
+    FLAKY = "flaky"
+    TIMED_OUT = "tests timed out"
+    SANDBOX_ERROR = "sandbox error"
+
+
+@dataclass
+class Commit:
+    """A commit of the history being mined, with the files it changed (status letter, path)."""
+
+    sha: str
+    parents: list[str]
+    date: str
+    message: str
+    changes: list[tuple[str, str]]
+
+    @property
+    def subject(self) -> str:
+        return self.message.strip().splitlines()[0].strip() if self.message.strip() else ""
+
+
+@dataclass
+class Screened:
+    """A commit that passed the cheap checks, split into its test and source files."""
+
+    commit: Commit
+    test_files: list[str]
+    """Every test file the commit changed (added, modified or deleted); all of them go into the test_patch."""
+    runnable_tests: list[str]
+    """Changed test modules that still exist after the commit (test_*.py / *_test.py): what the tests run."""
+    source_files: list[str]
+
+
+class Rejection(BaseModel):
+    commit: str
+    subject: str
+    reason: RejectReason
+    detail: str = ""
+
+
+class MiningResult(BaseModel):
+    """What a mining run found: the tasks, every rejected candidate with its reason, and how long it took."""
+
+    repo: str
+    tasks: list[TaskSpec] = Field(default_factory=list)
+    rejected: list[Rejection] = Field(default_factory=list)
+    flaky_tests: dict[str, list[str]] = Field(default_factory=dict)
+    """Flaky tests seen, by commit sha (dropped from kept tasks; the reason for rejecting others)."""
+    scanned: int = 0
+    """Commits looked at."""
+    validated: int = 0
+    """Candidates that were run in a sandbox (kept or not)."""
+    elapsed_s: float = 0.0
+
+    def reasons(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for r in self.rejected:
+            counts[r.reason.value] = counts.get(r.reason.value, 0) + 1
+        return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
+
+
+@dataclass
+class MiningEvent:
+    """Progress, for the command line: kind is 'scan', 'validate', 'run', 'kept' or 'rejected'."""
+
+    kind: str
+    commit: str
+    subject: str
+    message: str = ""
+    scanned: int = 0
+    kept: int = 0
+
+
+ProgressCallback = Callable[[MiningEvent], None]
+
+
+# -- git ---------------------------------------------------------------------------------------------------------
+
+
+def _git(repo: Path, *args: str, timeout: float = 120) -> str:
+    proc = subprocess.run(
+        ["git", "-c", "core.quotepath=off", "-C", str(repo), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        errors="replace",
+    )
+    if proc.returncode != 0:
+        raise ConfigError(f"git {' '.join(args[:3])} failed in {repo}: {proc.stderr.strip()[-500:]}")
+    return proc.stdout
+
+
+def looks_like_url(repo: str) -> bool:
+    return bool(re.match(r"^(https?|ssh|git|file)://|^[\w.-]+@[\w.-]+:", repo))
+
+
+def local_clone(repo: str, cache_dir: Path | None = None) -> Path:
+    """A local git directory for `repo`: the path itself, or a bare clone of a URL kept in a cache folder."""
+    if not looks_like_url(repo):
+        path = Path(repo).expanduser().resolve()
+        if not path.exists():
+            raise ConfigError(f"{repo!r} is neither a folder nor a git URL")
+        _git(path, "rev-parse", "--git-dir")
+        return path
+    cache = cache_dir or Path.home() / ".cache" / "bugsweep" / "mirrors"
+    cache.mkdir(parents=True, exist_ok=True)
+    stem = re.sub(r"[^A-Za-z0-9]+", "-", repo.rstrip("/").rsplit("/", 1)[-1]).strip("-")
+    target = cache / f"{stem}-{hashlib.sha256(repo.encode()).hexdigest()[:8]}.git"
+    if target.exists():
+        _git(target, "fetch", "-q", "--prune", "origin", "+refs/heads/*:refs/heads/*", timeout=1800)
+    else:
+        proc = subprocess.run(
+            ["git", "clone", "-q", "--bare", repo, str(target)], capture_output=True, text=True, timeout=1800
+        )
+        if proc.returncode != 0:
+            raise ConfigError(f"could not clone {repo}: {proc.stderr.strip()[-500:]}")
+    return target
+
+
+def scan_history(
+    repo: Path, *, branch: str | None = None, since: str | None = None, max_commits: int | None = None
+) -> Iterator[Commit]:
+    """Commits reachable from `branch` (default HEAD), newest first, merges left out, with their changed files."""
+    args = ["rev-list", "--no-merges"]
+    if since:
+        args.append(f"--since={since}")
+    if max_commits:
+        args.append(f"--max-count={max_commits}")
+    args.append(branch or "HEAD")
+    for sha in _git(repo, *args).split():
+        meta = _git(repo, "show", "-s", "--format=%P%n%cI%n%B", sha)
+        parents_line, date, message = [*meta.split("\n", 2), "", ""][:3]
+        status = _git(repo, "diff-tree", "--no-commit-id", "-r", "-z", "--name-status", "--no-renames", sha)
+        fields = status.split("\0")
+        changes = [(fields[i], fields[i + 1]) for i in range(0, len(fields) - 1, 2) if fields[i]]
+        yield Commit(
+            sha=sha, parents=parents_line.split(), date=date.strip(), message=message, changes=changes
+        )
+
+
+# -- screening -------------------------------------------------------------------------------------------------
+
+
+def is_source_file(path: str, test_globs: Sequence[str] = MINING_TEST_GLOBS) -> bool:
+    p = PurePosixPath(path)
+    if is_test_file(path, test_globs) or path in NOT_SOURCE_NAMES or p.name in NOT_SOURCE_NAMES:
+        return False
+    if p.parts and p.parts[0] in {"docs", "doc", "examples", "benchmarks", ".github"}:
+        return False
+    return p.suffix in SOURCE_SUFFIXES
+
+
+def is_runnable_test(path: str) -> bool:
+    name = PurePosixPath(path).name
+    return name.endswith(".py") and (
+        name.startswith("test_") or name.endswith("_test.py") or name in LONE_TEST_MODULES
+    )
+
+
+def looks_like_fix(message: str) -> bool:
+    first = message.strip().splitlines()[0] if message.strip() else ""
+    return not NOT_A_FIX_PATTERN.search(first) and bool(FIX_PATTERN.search(message))
+
+
+def screen(commit: Commit, test_globs: Sequence[str] = MINING_TEST_GLOBS) -> Screened | Rejection:
+    """The cheap checks, in order: a runnable test changed, a source file changed, the message reads like a fix."""
+    tests = [path for _, path in commit.changes if is_test_file(path, test_globs)]
+    runnable = [
+        path for status, path in commit.changes if status != "D" and path in tests and is_runnable_test(path)
+    ]
+    sources = [path for _, path in commit.changes if is_source_file(path, test_globs)]
+
+    def reject(reason: RejectReason, detail: str) -> Rejection:
+        return Rejection(commit=commit.sha, subject=commit.subject, reason=reason, detail=detail)
+
+    if not commit.parents:
+        return reject(RejectReason.NO_PARENT, "the root commit has nothing to start from")
+    if not runnable:
+        detail = "changes no test module" if not tests else f"changes only {', '.join(tests[:3])}"
+        return reject(RejectReason.NO_TEST_CHANGE, detail)
+    if not sources:
+        return reject(RejectReason.NO_SOURCE_CHANGE, f"changes tests only ({', '.join(runnable[:3])})")
+    if not looks_like_fix(commit.message):
+        return reject(RejectReason.NOT_A_FIX, "no fix keyword in the message (fix, bug, error, #123, ...)")
+    return Screened(commit=commit, test_files=tests, runnable_tests=runnable, source_files=sources)
+
+
+# -- building a task ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Commands:
+    setup: str | None
+    test: str | None
+    why: list[str] = field(default_factory=list)
+
+
+def _show(repo: Path, commit: str, path: str) -> str | None:
+    proc = subprocess.run(
+        ["git", "-C", str(repo), "show", f"{commit}:{path}"], capture_output=True, text=True, errors="replace"
+    )
+    return proc.stdout if proc.returncode == 0 else None
+
+
+def detect_commands(repo: Path, commit: str, test_files: Sequence[str]) -> Commands:
+    """Setup and test commands for common Python layouts, read from the tree at `commit`.
+
+    - pyproject.toml with [project] or [build-system], or setup.py: `pip install -e .`
+      (with the `test`/`tests`/`testing` extra when pyproject.toml declares one), then a test requirements file
+      (TEST_REQUIREMENTS) if there is one.
+    - tests are run with `python -m pytest -q <changed test modules>` (pytest also runs unittest-style tests, and
+      gives per-test results the grader reads).
+    """
+    names = set(_git(repo, "ls-tree", "-r", "--name-only", commit).split("\n"))
+    why: list[str] = []
+    steps: list[str] = []
+    pyproject = _show(repo, commit, "pyproject.toml") if "pyproject.toml" in names else None
+    installable = "setup.py" in names or bool(
+        pyproject and re.search(r"^\[(project|build-system)\]", pyproject, re.M)
+    )
+    if installable:
+        extra = ""
+        if pyproject:
+            m = re.search(
+                r"^\[project\.optional-dependencies\][^\[]*?^(tests?|testing)\s*=", pyproject, re.M | re.S
+            )
+            extra = f"[{m.group(1)}]" if m else ""
+        steps.append(f"pip install -e .{extra}" if not extra else f"pip install -e '.{extra}'")
+        why.append(
+            "setup.py/pyproject.toml: pip install -e ." + (f" with the {extra} extra" if extra else "")
+        )
+    reqs = next((r for r in TEST_REQUIREMENTS if r in names), None)
+    if reqs:
+        steps.append(f"pip install -r {reqs}")
+        why.append(f"test requirements in {reqs}")
+    test = "python -m pytest -q " + " ".join(shlex.quote(t) for t in test_files) if test_files else None
+    if test:
+        why.append("pytest on the changed test modules")
+    return Commands(setup=" && ".join(steps) or None, test=test, why=why)
+
+
+def test_patch(repo: Path, commit: Commit, test_files: Sequence[str]) -> str:
+    """The commit's changes to its test files, as a diff that applies to its parent."""
+    return _git(repo, "diff", "--binary", "--no-renames", commit.parents[0], commit.sha, "--", *test_files)
+
+
+def build_task(
+    repo: Path,
+    screened: Screened,
+    *,
+    repo_name: str,
+    test_command: str | None = None,
+    setup_command: str | None = None,
+) -> TaskSpec:
+    """The task for a screened commit: parent + test_patch, task text = the message's first line."""
+    c = screened.commit
+    detected = detect_commands(repo, c.sha, screened.runnable_tests)
+    files = " ".join(shlex.quote(t) for t in screened.runnable_tests)
+    test = test_command.replace("{test_files}", files) if test_command else detected.test
+    setup = detected.setup if setup_command is None else (setup_command or None)
+    stem = (
+        re.sub(r"[^A-Za-z0-9]+", "-", Path(repo_name.rstrip("/")).name.removesuffix(".git")).strip("-")
+        or "repo"
+    )
+    return TaskSpec(
+        instance_id=f"{stem}-{c.sha[:10]}",
+        repo=repo_name,
+        base_commit=c.parents[0],
+        problem_statement=c.subject,
+        test_command=test or "",
+        setup_command=setup,
+        test_patch=test_patch(repo, c, screened.test_files),
+        test_files=sorted(screened.test_files),
+        fix_commit=c.sha,
+        created_at=c.date,
+    )
+
+
+# -- validation ------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Verdict:
+    """What the test runs say about a candidate."""
+
+    reason: RejectReason | None
+    detail: str = ""
+    fail_to_pass: list[str] = field(default_factory=list)
+    pass_to_pass: list[str] = field(default_factory=list)
+    flaky: list[str] = field(default_factory=list)
+
+
+def _status(run: TestRun, test_id: str) -> str:
+    outcome = (run.tests or {}).get(test_id, "missing")
+    return "pass" if outcome == "passed" else "skip" if outcome == "skipped" else "fail"
+
+
+def _stable(runs: Sequence[TestRun], ids: set[str]) -> tuple[dict[str, str], set[str]]:
+    """The status of each test that came out the same in every run, and the tests that did not."""
+    stable: dict[str, str] = {}
+    flaky: set[str] = set()
+    for t in ids:
+        seen = {_status(r, t) for r in runs}
+        if len(seen) == 1:
+            stable[t] = seen.pop()
+        else:
+            flaky.add(t)
+    return stable, flaky
+
+
+def _all_ids(runs: Sequence[TestRun]) -> set[str]:
+    return {t for r in runs for t in (r.tests or {})}
+
+
+def judge(before: Sequence[TestRun], after: Sequence[TestRun]) -> Verdict:
+    """Decide from the runs at the task state (`before`) and at the fix commit (`after`, may be empty if stopped early).
+
+    Per test when JUnit results exist (pytest); by exit code otherwise.
+    """
+    if any(r.timed_out for r in (*before, *after)):
+        return Verdict(RejectReason.TIMED_OUT, "a test run timed out")
+    if all(r.tests is not None for r in (*before, *after)):
+        return _judge_tests(before, after)
+    return _judge_exit_codes(before, after)
+
+
+def _judge_tests(before: Sequence[TestRun], after: Sequence[TestRun]) -> Verdict:
+    ids = _all_ids(before) | _all_ids(after)
+    st_before, flaky_before = _stable(before, ids)
+    failing = {t for t, s in st_before.items() if s == "fail"}
+    if not after:
+        if flaky_before and not failing:
+            return Verdict(
+                RejectReason.FLAKY, _ids("flaky at the task state", flaky_before), flaky=sorted(flaky_before)
+            )
+        return Verdict(RejectReason.TESTS_PASS_AT_PARENT, "every changed test passed at the task state")
+    # Only tests the fix commit's runs report: a collection error before the fix shows up as a pseudo-test that
+    # no longer exists after it.
+    st_after, flaky_after = _stable(after, _all_ids(after))
+    flaky = flaky_before | flaky_after
+    still_failing = {t for t, s in st_after.items() if s == "fail" and t not in flaky}
+    fail_to_pass = sorted(t for t in failing if st_after.get(t) == "pass" and t not in flaky)
+    pass_to_pass = sorted(
+        t for t, s in st_before.items() if s == "pass" and st_after.get(t) == "pass" and t not in flaky
+    )
+    if still_failing:
+        return Verdict(
+            RejectReason.TESTS_FAIL_AT_FIX,
+            _ids("failing at the fix commit", still_failing),
+            flaky=sorted(flaky),
+        )
+    if not fail_to_pass:
+        if flaky:
+            return Verdict(RejectReason.FLAKY, _ids("flaky", flaky), flaky=sorted(flaky))
+        return Verdict(
+            RejectReason.TESTS_PASS_AT_PARENT, "no test failed at the task state and passed at the fix"
+        )
+    return Verdict(None, fail_to_pass=fail_to_pass, pass_to_pass=pass_to_pass, flaky=sorted(flaky))
+
+
+def _judge_exit_codes(before: Sequence[TestRun], after: Sequence[TestRun]) -> Verdict:
+    b = {r.passed for r in before}
+    if b == {True}:
+        return Verdict(RejectReason.TESTS_PASS_AT_PARENT, "the test command exited 0 at the task state")
+    if len(b) > 1:
+        return Verdict(
+            RejectReason.FLAKY, "the test command passed in some runs at the task state and failed in others"
+        )
+    if not after:
+        return Verdict(RejectReason.TESTS_PASS_AT_PARENT, "stopped before the fix commit")
+    a = {r.passed for r in after}
+    if len(a) > 1:
+        return Verdict(
+            RejectReason.FLAKY, "the test command passed in some runs at the fix commit and failed in others"
+        )
+    if a == {False}:
+        return Verdict(RejectReason.TESTS_FAIL_AT_FIX, "the test command failed at the fix commit")
+    return Verdict(None)
+
+
+def _ids(what: str, ids: set[str], limit: int = 4) -> str:
+    shown = sorted(ids)[:limit]
+    more = f" and {len(ids) - limit} more" if len(ids) > limit else ""
+    return f"{what}: {', '.join(shown)}{more}"
+
+
+def deselect(test_command: str, flaky: Sequence[str]) -> str:
+    """The pytest command with flaky tests deselected, so grading never depends on them."""
+    return test_command + "".join(f" --deselect {shlex.quote(t)}" for t in flaky)
+
+
+def _run_state(
+    spec: TaskSpec,
+    provider: SandboxProvider,
+    runs: int,
+    *,
+    keep_going: Callable[[list[TestRun]], bool],
+    timeout: float,
+    setup_timeout: float,
+) -> list[TestRun]:
+    """Prepare a sandbox exactly as a sweep would (pipeline.prepare + setup), then run the tests up to `runs` times."""
+    from bugsweep.pipeline import prepare, setup
+
+    prepared = prepare(spec, provider, labels={"purpose": "mining", "task": spec.instance_id})
+    try:
+        setup(prepared, timeout=setup_timeout)
+        results: list[TestRun] = []
+        for _ in range(runs):
+            results.append(run_tests(prepared.sandbox, spec.test_command, timeout=timeout))
+            if not keep_going(results):
+                break
+        return results
+    finally:
+        prepared.sandbox.release()
+
+
+def validate(
+    spec: TaskSpec,
+    provider: SandboxProvider,
+    *,
+    runs: int = 3,
+    timeout: float = 900.0,
+    setup_timeout: float = 1800.0,
+) -> Verdict:
+    """Run the tests `runs` times at the task state and, if some fail there, `runs` times at the fix commit."""
+    if not spec.test_command:
+        return Verdict(RejectReason.NO_TEST_COMMAND, "no test command detected; give --test-command")
+
+    def still_failing(results: list[TestRun]) -> bool:
+        # Stop early once nothing can become a FAIL_TO_PASS test (everything passed at least once).
+        if results[-1].timed_out:
+            return False
+        if results[-1].tests is None:
+            return not results[-1].passed
+        stable, _ = _stable(results, _all_ids(results))
+        return any(s == "fail" for s in stable.values())
+
+    try:
+        before = _run_state(
+            spec, provider, runs, keep_going=still_failing, timeout=timeout, setup_timeout=setup_timeout
+        )
+        verdict = judge(before, [])
+        if not still_failing(before) or verdict.reason == RejectReason.TIMED_OUT:
+            return verdict
+        at_fix = spec.model_copy(update={"base_commit": spec.fix_commit, "test_patch": None})
+        after = _run_state(
+            at_fix,
+            provider,
+            runs,
+            keep_going=lambda r: not r[-1].timed_out,
+            timeout=timeout,
+            setup_timeout=setup_timeout,
+        )
+        return judge(before, after)
+    except SetupFailed as exc:
+        return Verdict(RejectReason.SETUP_FAILED, str(exc).strip().splitlines()[-1][:300])
+    except BugsweepError as exc:
+        text = str(exc)
+        if "does not apply" in text:
+            return Verdict(RejectReason.PATCH_DOES_NOT_APPLY, text[:300])
+        if exc.kind == "infra":
+            return Verdict(RejectReason.SANDBOX_ERROR, text[:300])
+        raise
+
+
+# -- the whole thing -------------------------------------------------------------------------------------------
+
+
+def mine(
+    repo: str,
+    *,
+    provider: SandboxProvider,
+    limit: int = 10,
+    since: str | None = None,
+    branch: str | None = None,
+    test_command: str | None = None,
+    setup_command: str | None = None,
+    runs: int = 3,
+    max_candidates: int | None = None,
+    out: Path | None = None,
+    on_progress: ProgressCallback | None = None,
+    test_timeout: float = 900.0,
+) -> MiningResult:
+    """Scan `repo`'s history newest first and keep up to `limit` validated tasks.
+
+    `out`, when given, is rewritten (atomically) after every kept task, so an interrupted run keeps what it found.
+    """
+    started = time.monotonic()
+    progress = on_progress or (lambda e: None)
+    git_dir = local_clone(repo)
+    repo_name = repo if looks_like_url(repo) else str(Path(repo).expanduser().resolve())
+    result = MiningResult(repo=repo_name)
+
+    def finish() -> MiningResult:
+        result.elapsed_s = time.monotonic() - started
+        return result
+
+    for commit in scan_history(git_dir, branch=branch, since=since, max_commits=max_candidates):
+        if len(result.tasks) >= limit:
+            break
+        result.scanned += 1
+        progress(
+            MiningEvent("scan", commit.sha, commit.subject, scanned=result.scanned, kept=len(result.tasks))
+        )
+        screened = screen(commit)
+        if isinstance(screened, Rejection):
+            result.rejected.append(screened)
+            progress(_rejected_event(screened, result))
+            continue
+        spec = build_task(
+            git_dir, screened, repo_name=repo_name, test_command=test_command, setup_command=setup_command
+        )
+        if git_dir != Path(repo_name):
+            # Validate against the local clone (fast); the task file names the repository as the user gave it.
+            spec_for_sandbox = spec.model_copy(update={"repo": str(git_dir)})
+        else:
+            spec_for_sandbox = spec
+        progress(
+            MiningEvent(
+                "validate",
+                commit.sha,
+                commit.subject,
+                f"{len(screened.runnable_tests)} test module(s), {runs} run(s) each",
+                scanned=result.scanned,
+                kept=len(result.tasks),
+            )
+        )
+        result.validated += 1
+        verdict = validate(spec_for_sandbox, provider, runs=runs, timeout=test_timeout)
+        if verdict.flaky:
+            result.flaky_tests[commit.sha] = verdict.flaky
+        if verdict.reason is not None:
+            rejection = Rejection(
+                commit=commit.sha, subject=commit.subject, reason=verdict.reason, detail=verdict.detail
+            )
+            result.rejected.append(rejection)
+            progress(_rejected_event(rejection, result))
+            continue
+        spec.FAIL_TO_PASS = verdict.fail_to_pass
+        spec.PASS_TO_PASS = verdict.pass_to_pass
+        if verdict.flaky:
+            spec.test_command = deselect(spec.test_command, verdict.flaky)
+        result.tasks.append(spec)
+        if out is not None:
+            dump_tasks(result.tasks, out)
+        note = f"{len(verdict.fail_to_pass)} fail->pass, {len(verdict.pass_to_pass)} pass->pass"
+        if verdict.flaky:
+            note += f", {len(verdict.flaky)} flaky test(s) deselected"
+        progress(
+            MiningEvent(
+                "kept", commit.sha, commit.subject, note, scanned=result.scanned, kept=len(result.tasks)
+            )
+        )
+    return finish()
+
+
+def _rejected_event(rejection: Rejection, result: MiningResult) -> MiningEvent:
+    return MiningEvent(
+        "rejected",
+        rejection.commit,
+        rejection.subject,
+        f"{rejection.reason.value}: {rejection.detail}" if rejection.detail else rejection.reason.value,
+        scanned=result.scanned,
+        kept=len(result.tasks),
+    )
