@@ -1,0 +1,417 @@
+"""Run the embedded model with llama.cpp's own server (the `xllamacpp` wheel), on 127.0.0.1 only.
+
+`bugsweep model serve` starts it as a detached process (`python -m bugsweep.embedded.server`) that writes a pid file
+and a log into the state dir, so `model status` and `model stop` work from any shell; `--foreground` runs it
+attached. `ensure_embedded_model()` is what `solve` and `demo` call: it reuses a server already answering on the
+port, or starts one and stops it again afterwards; it never stops a server it did not start.
+
+Settings chosen for small, shared machines: one slot (the whole context and the prompt cache serve one agent),
+threads = cores, `OMP_WAIT_POLICY=PASSIVE` (spinning OpenMP threads made generation fall under 1 tok/s on a busy
+2-core machine), and prompt caching with chunk reuse so later agent turns only process what is new.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bugsweep.embedded import CHAT_TEMPLATE_PATH, DEFAULT_MODEL, EmbeddedSettings, ModelSpec
+from bugsweep.errors import ConfigError, InfraError
+
+Progress = Callable[[str], None]
+
+#: OpenMP must not busy-wait on a shared machine; read when the library loads, so set before importing xllamacpp.
+SERVER_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
+
+
+@dataclass
+class EmbeddedModel:
+    """A running embedded model endpoint, as `ensure_embedded_model()` hands it out."""
+
+    base_url: str
+    """OpenAI-compatible base URL, e.g. http://127.0.0.1:8012/v1."""
+    model: str
+    """Model name to send with requests."""
+    pid: int | None
+    """Server process id, when known (a server found on the port may belong to another user)."""
+    started: bool
+    """True when this context started the server (and will stop it on exit)."""
+
+
+@dataclass
+class ServerState:
+    """What the pid file records about a background server."""
+
+    pid: int
+    port: int
+    model: str
+    model_path: str
+    log_path: str
+    threads: int
+    ctx: int
+    started_at: float
+
+
+# -- the server itself -----------------------------------------------------------------------------------------
+
+
+def build_params(model_path: Path, settings: EmbeddedSettings, model_name: str, chat_template: str) -> Any:
+    """llama.cpp server parameters (`xllamacpp.CommonParams`) for one agent on a small CPU machine."""
+    for key, value in SERVER_ENV.items():
+        os.environ.setdefault(key, value)
+    import xllamacpp
+
+    params = xllamacpp.CommonParams()
+    params.model.path = str(model_path)
+    params.model_alias = {model_name}  # a set of names in this binding; the first is what /v1/models reports
+    params.hostnames = ["127.0.0.1"]
+    params.port = settings.port
+    params.n_ctx = settings.ctx
+    params.n_parallel = settings.n_parallel
+    params.cpuparams.n_threads = settings.threads
+    params.cpuparams_batch.n_threads = settings.threads
+    params.use_jinja = True
+    params.chat_template = chat_template
+    params.cache_prompt = True
+    params.n_cache_reuse = (
+        256  # reuse cached chunks after an edited middle (elided old tool output) by KV shifting
+    )
+    return params
+
+
+def serve_foreground(
+    settings: EmbeddedSettings,
+    spec: ModelSpec = DEFAULT_MODEL,
+    progress: Progress = print,
+    stop_event: threading.Event | None = None,
+) -> None:
+    """Load the model and serve until SIGINT/SIGTERM (or `stop_event`). Installs and joins the model if needed."""
+    from bugsweep.embedded.install import ensure_model_file
+
+    model_path = ensure_model_file(spec, settings, echo=progress)
+    _check_port_free(settings.port)
+    params = build_params(model_path, settings, spec.name, CHAT_TEMPLATE_PATH.read_text())
+    import xllamacpp
+
+    progress(f"Loading {spec.name} ({settings.threads} threads, context {settings.ctx}) ...")
+    try:
+        server = xllamacpp.Server(params)
+    except RuntimeError as exc:
+        raise InfraError(f"llama.cpp could not start the server on 127.0.0.1:{settings.port}: {exc}") from exc
+    stop = stop_event or threading.Event()
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: stop.set())
+    progress(f"Serving {spec.name} at {settings.base_url} (OpenAI-compatible). Stop with Ctrl-C.")
+    try:
+        while not stop.wait(0.5):
+            pass
+    finally:
+        progress("Stopping the server ...")
+        del server
+
+
+def _check_port_free(port: int) -> None:
+    import socket
+
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError as exc:
+            raise ConfigError(
+                f"Port {port} on 127.0.0.1 is already in use ({exc.strerror}). Stop what uses it, or choose "
+                "another port with --port or BUGSWEEP_MODEL_PORT."
+            ) from exc
+
+
+# -- state files ------------------------------------------------------------------------------------------------
+
+
+def _pid_path(settings: EmbeddedSettings) -> Path:
+    return settings.state_dir / f"server-{settings.port}.json"
+
+
+def log_path(settings: EmbeddedSettings) -> Path:
+    return settings.state_dir / f"server-{settings.port}.log"
+
+
+def read_state(settings: EmbeddedSettings) -> ServerState | None:
+    """The recorded background server on this port, if its process is still alive (stale pid files are removed)."""
+    path = _pid_path(settings)
+    try:
+        state = ServerState(**json.loads(path.read_text()))
+    except (OSError, ValueError, TypeError):
+        return None
+    if not _is_our_process(state.pid):
+        path.unlink(missing_ok=True)
+        return None
+    return state
+
+
+def _is_our_process(pid: int) -> bool:
+    """Alive and really our server (not a recycled pid)."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    return b"bugsweep.embedded.server" in cmdline
+
+
+@contextlib.contextmanager
+def _start_lock(settings: EmbeddedSettings) -> Iterator[None]:
+    """Serialises starts on one port, so two commands starting at once do not both load 1.1 GB."""
+    settings.state_dir.mkdir(parents=True, exist_ok=True)
+    with (settings.state_dir / f"server-{settings.port}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+# -- health ----------------------------------------------------------------------------------------------------
+
+
+def served_models(port: int, timeout_s: float = 2.0) -> list[str] | None:
+    """Model names a ready OpenAI-compatible server on 127.0.0.1:port lists; None when nothing ready answers."""
+    try:
+        response = httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=timeout_s)
+    except httpx.HTTPError:
+        return None
+    if response.status_code != 200:
+        return None  # llama.cpp answers 503 while the model is loading
+    try:
+        return [str(item.get("id")) for item in response.json().get("data", [])]
+    except (ValueError, AttributeError):
+        return []
+
+
+def is_ready(settings: EmbeddedSettings, model: str) -> bool:
+    models = served_models(settings.port)
+    return models is not None and model in models
+
+
+# -- background server -----------------------------------------------------------------------------------------
+
+
+def start_background(
+    settings: EmbeddedSettings, spec: ModelSpec = DEFAULT_MODEL, progress: Progress = print
+) -> ServerState:
+    """Start a detached server process and wait until it answers; returns its recorded state.
+
+    The model is installed and joined here, in this process, so pip's and the join's progress are visible.
+    """
+    from bugsweep.embedded.install import ensure_model_file
+
+    model_path = ensure_model_file(spec, settings, echo=progress)
+    _check_port_free(settings.port)
+    settings.state_dir.mkdir(parents=True, exist_ok=True)
+    log = log_path(settings)
+    command = [
+        sys.executable,
+        "-m",
+        "bugsweep.embedded.server",
+        "--port",
+        str(settings.port),
+        "--threads",
+        str(settings.threads),
+        "--ctx",
+        str(settings.ctx),
+    ]
+    env = {
+        **os.environ,
+        **SERVER_ENV,
+        "BUGSWEEP_CACHE_DIR": str(settings.cache_dir),
+        "BUGSWEEP_MODEL_N_PARALLEL": str(settings.n_parallel),
+        "BUGSWEEP_MODEL_AUTO_INSTALL": "false",
+    }
+    with log.open("w") as log_file:
+        process = subprocess.Popen(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
+    state = ServerState(
+        pid=process.pid,
+        port=settings.port,
+        model=spec.name,
+        model_path=str(model_path),
+        log_path=str(log),
+        threads=settings.threads,
+        ctx=settings.ctx,
+        started_at=time.time(),
+    )
+    _pid_path(settings).write_text(json.dumps(asdict(state)))
+    progress(f"Starting the embedded model server (pid {process.pid}, log {log}) ...")
+    started, last_note = time.monotonic(), 0.0
+    while not is_ready(settings, spec.name):
+        if process.poll() is not None:
+            _pid_path(settings).unlink(missing_ok=True)
+            raise InfraError(
+                f"The embedded model server exited with code {process.returncode} while starting. "
+                f"Last lines of {log}:\n{_tail(log)}"
+            )
+        waited = time.monotonic() - started
+        if waited > settings.start_timeout_s:
+            _terminate(process.pid)
+            _pid_path(settings).unlink(missing_ok=True)
+            raise InfraError(
+                f"The embedded model server did not answer within {settings.start_timeout_s:.0f} s "
+                f"(BUGSWEEP_MODEL_START_TIMEOUT_S). Last lines of {log}:\n{_tail(log)}"
+            )
+        if waited - last_note >= 10:
+            progress(f"  still loading ({waited:.0f} s) ...")
+            last_note = waited
+        time.sleep(0.5)
+    progress(f"Embedded model ready at {settings.base_url} after {time.monotonic() - started:.0f} s")
+    return state
+
+
+def stop_background(settings: EmbeddedSettings, timeout_s: float = 30.0) -> ServerState | None:
+    """Stop the recorded background server on this port; returns its state, or None if none was running."""
+    state = read_state(settings)
+    if state is None:
+        return None
+    _terminate(state.pid, timeout_s)
+    _pid_path(settings).unlink(missing_ok=True)
+    return state
+
+
+def _terminate(pid: int, timeout_s: float = 30.0) -> None:
+    """SIGTERM, then SIGKILL if the process is still there after `timeout_s`."""
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not _alive(pid):
+            return
+        time.sleep(0.2)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    with contextlib.suppress(ChildProcessError):
+        done, _ = os.waitpid(pid, os.WNOHANG)  # reap it if it is our child, or it stays a zombie
+        if done == pid:
+            return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return Path(f"/proc/{pid}").exists() and "Z" not in _proc_state(pid)
+
+
+def _proc_state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return ""
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+@contextlib.contextmanager
+def ensure_embedded_model(
+    settings: EmbeddedSettings | None = None, spec: ModelSpec = DEFAULT_MODEL, progress: Progress = print
+) -> Iterator[EmbeddedModel]:
+    """A running embedded model for the duration of the block.
+
+    Reuses a server already answering on the port with this model (started by `bugsweep model serve` or another
+    command), else installs/joins the model if needed and starts one, which is stopped again when the block ends.
+    Raises ConfigError if the port is taken by something else, InfraError if the server cannot start.
+    """
+    settings = settings or EmbeddedSettings()
+    with _start_lock(settings):
+        state = read_state(settings)
+        if is_ready(settings, spec.name):
+            progress(f"Using the embedded model already running at {settings.base_url}")
+            yield_value = EmbeddedModel(
+                settings.base_url, spec.name, state.pid if state else None, started=False
+            )
+            started_state = None
+        elif state is not None:
+            # Another command is loading it right now (we held the lock, so it is past its start): wait for it.
+            _wait_ready(settings, spec.name, state, progress)
+            yield_value = EmbeddedModel(settings.base_url, spec.name, state.pid, started=False)
+            started_state = None
+        else:
+            other = served_models(settings.port)
+            if other is not None:
+                raise ConfigError(
+                    f"Port {settings.port} answers with other models ({', '.join(other) or 'none'}), "
+                    "not the embedded model. Set BUGSWEEP_MODEL_PORT to a free port, or set "
+                    "LLM_BASE_URL to use that server."
+                )
+            started_state = start_background(settings, spec, progress)
+            yield_value = EmbeddedModel(settings.base_url, spec.name, started_state.pid, started=True)
+    try:
+        yield yield_value
+    finally:
+        if started_state is not None:
+            progress("Stopping the embedded model server this command started")
+            _terminate(started_state.pid)
+            if (current := read_state(settings)) is None or current.pid == started_state.pid:
+                _pid_path(settings).unlink(missing_ok=True)
+
+
+def _wait_ready(settings: EmbeddedSettings, model: str, state: ServerState, progress: Progress) -> None:
+    progress(f"Waiting for the embedded model server (pid {state.pid}) to finish loading ...")
+    deadline = time.monotonic() + settings.start_timeout_s
+    while not is_ready(settings, model):
+        if not _is_our_process(state.pid):
+            raise InfraError(
+                f"The embedded model server (pid {state.pid}) exited while loading; see {state.log_path}"
+            )
+        if time.monotonic() > deadline:
+            raise InfraError(
+                f"The embedded model server (pid {state.pid}) did not become ready; see {state.log_path}"
+            )
+        time.sleep(0.5)
+
+
+# -- `python -m bugsweep.embedded.server`: the detached process ----------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description="Serve the embedded model (started by `bugsweep model serve`)."
+    )
+    parser.add_argument("--port", type=int)
+    parser.add_argument("--threads", type=int)
+    parser.add_argument("--ctx", type=int)
+    args = parser.parse_args(argv)
+    overrides = {key: value for key, value in vars(args).items() if value is not None}
+    settings = EmbeddedSettings(**overrides)
+    serve_foreground(settings, progress=lambda message: print(message, flush=True))
+
+
+if __name__ == "__main__":
+    main()
