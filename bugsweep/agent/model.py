@@ -10,6 +10,7 @@ instead of `tool_calls` are recovered here too (`recover_text_tool_calls`).
 from __future__ import annotations
 
 import json
+import random
 import re
 import time
 import uuid
@@ -18,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import openai
-from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
+from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt
 
 from bugsweep.errors import ConfigError, ModelUnavailable
 from bugsweep.settings import ModelSettings
@@ -200,8 +201,9 @@ class ChatModel:
         retry_after = _retry_after(exc)
         if retry_after is not None:
             return retry_after
-        backoff = wait_exponential_jitter(initial=self.backoff_initial_s, max=self.backoff_max_s)
-        return float(backoff(state))
+        # Exponential backoff with jitter, so that parallel runs hitting the same limit do not retry in lockstep.
+        base = min(self.backoff_initial_s * 2 ** (state.attempt_number - 1), self.backoff_max_s)
+        return base + random.uniform(0, self.backoff_initial_s)
 
     def _before_sleep(self, state: RetryCallState) -> None:
         if self.on_retry and state.outcome is not None:

@@ -1,0 +1,448 @@
+"""The agent loop, turn by turn, against the scripted OpenAI-compatible server.
+
+Real parts: HTTP (the openai client talking to bugsweep.testing.scripted_model on 127.0.0.1), tenacity retries,
+the local sandbox (bubblewrap) from `get_provider("local")` with a real git repo and pytest inside it, the trajectory
+file on disk. Stand-in: the model (a script of replies, not a model).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import SecretStr
+
+from bugsweep.agent import prompts
+from bugsweep.agent.loop import AgentEvent, AgentResult, run_agent
+from bugsweep.agent.model import ChatModel
+from bugsweep.agent.trajectory import load
+from bugsweep.errors import ConfigError, ModelUnavailable
+from bugsweep.sandbox import RepoSource, Sandbox, get_provider
+from bugsweep.settings import AgentSettings, ModelSettings
+from bugsweep.testing.scripted_model import ScriptedModelServer, text_reply, tool_call
+
+KEY = "sk-test-secret-key-0123456789"
+TEST_COMMAND = "python -m pytest -q -x"
+
+
+@pytest.fixture
+def sandbox(buggy_repo: Path) -> Iterator[Sandbox]:
+    """The real local sandbox holding the buggy calc repo at /workspace/repo."""
+    try:
+        provider = get_provider("local")
+    except ImportError:  # TEMPORARY until bugsweep/sandbox/local.py lands
+        from tests.test_agent_tools import DirSandbox
+
+        yield DirSandbox(buggy_repo)  # type: ignore[misc]
+        return
+    sbx = provider.create(RepoSource(str(buggy_repo)))
+    with sbx:
+        yield sbx
+
+
+def chat_model(server: ScriptedModelServer, **settings: Any) -> ChatModel:
+    fields: dict[str, Any] = {"base_url": server.base_url, "model": "scripted", "api_key": SecretStr(KEY)}
+    fields.update(settings)
+    return ChatModel(ModelSettings(**fields), backoff_initial_s=0.01, backoff_max_s=0.05)
+
+
+def solve(
+    server: ScriptedModelServer,
+    sandbox: Sandbox,
+    tmp_path: Path,
+    settings: AgentSettings | None = None,
+    model: ChatModel | None = None,
+) -> tuple[AgentResult, list[AgentEvent]]:
+    events: list[AgentEvent] = []
+    result = run_agent(
+        task="tests/test_calc.py::test_add fails. Fix the code.",
+        sandbox=sandbox,
+        model=model or chat_model(server),
+        settings=settings or AgentSettings(),
+        on_event=events.append,
+        trajectory_path=tmp_path / "run" / "trajectory.json",
+        test_command=TEST_COMMAND,
+    )
+    return result, events
+
+
+def tool_messages(request: dict[str, Any]) -> list[dict[str, Any]]:
+    return [m for m in request["messages"] if m["role"] == "tool"]
+
+
+# -- the whole path ------------------------------------------------------------------------------------------
+
+
+def test_scripted_fix_finishes_and_changes_the_code(scripted_model, sandbox: Sandbox, tmp_path: Path) -> None:
+    server = scripted_model(
+        [
+            tool_call("run", command=TEST_COMMAND),
+            tool_call("read_file", path="calc.py"),
+            tool_call("edit_file", path="calc.py", old="return a - b", new="return a + b"),
+            tool_call("run", command=TEST_COMMAND),
+            tool_call("finish", summary="add() subtracted; it adds now"),
+        ]
+    )
+    result, events = solve(server, sandbox, tmp_path)
+
+    assert result.stop_reason == "finished"
+    assert result.summary == "add() subtracted; it adds now"
+    assert result.turns == 5
+    assert "return a + b" in sandbox.files.read_text(f"{sandbox.workdir}/calc.py")
+    runs = [e for e in events if e.kind == "tool" and e.tool == "run"]
+    assert [e.exit_code for e in runs] == [1, 0]
+    assert runs[0].short_arg == TEST_COMMAND
+    assert [e.tool for e in events if e.kind == "tool"] == ["run", "read_file", "edit_file", "run", "finish"]
+    assert events[-1].kind == "stop" and events[-1].tokens == result.usage.total_tokens > 0
+
+    first = server.requests[0]
+    assert first["messages"][0]["role"] == "system" and sandbox.workdir in first["messages"][0]["content"]
+    assert TEST_COMMAND in first["messages"][1]["content"]
+    assert [t["function"]["name"] for t in first["tools"]] == ["run", "read_file", "edit_file", "finish"]
+    assert first["max_tokens"] == ModelSettings().max_tokens_per_reply
+    assert "1 failed" in tool_messages(server.requests[1])[0]["content"]
+    assert "1 failed" not in tool_messages(server.requests[4])[-1]["content"]
+
+
+def test_history_keeps_the_whole_assistant_message_and_a_stable_prefix(
+    scripted_model, sandbox: Sandbox, tmp_path: Path
+) -> None:
+    """reasoning_content goes back (DeepSeek requires it), tool results answer their ids, nothing earlier changes."""
+    server = scripted_model(
+        [
+            {
+                "content": "Let me look.",
+                "reasoning_content": "the add test fails",
+                "tool_calls": [
+                    {"id": "call_A", "name": "run", "arguments": {"command": "echo one"}},
+                    {"id": "call_B", "name": "run", "arguments": {"command": "echo two"}},
+                ],
+            },
+            tool_call("finish", summary="done"),
+        ]
+    )
+    solve(server, sandbox, tmp_path)
+    second = server.requests[1]["messages"]
+    assistant = second[2]
+    assert assistant["role"] == "assistant"
+    assert assistant["reasoning_content"] == "the add test fails"
+    assert assistant["content"] == "Let me look."
+    assert [c["id"] for c in assistant["tool_calls"]] == ["call_A", "call_B"]
+    results = second[3:]
+    assert [(m["role"], m["tool_call_id"]) for m in results] == [("tool", "call_A"), ("tool", "call_B")]
+    assert results[0]["content"] == "Exit code: 0\none\n"
+    first = server.requests[0]["messages"]
+    assert second[: len(first)] == first
+
+
+# -- format errors and the nudge -----------------------------------------------------------------------------
+
+
+def test_reply_without_tool_call_gets_the_nudge(scripted_model, sandbox: Sandbox, tmp_path: Path) -> None:
+    server = scripted_model([text_reply("I think the bug is in add."), tool_call("finish", summary="x")])
+    result, events = solve(server, sandbox, tmp_path)
+    last = server.requests[1]["messages"][-1]
+    assert last == {"role": "user", "content": "Continue with a tool call, or call finish."}
+    assert [e.kind for e in events if e.kind == "nudge"] == ["nudge"]
+    assert result.stop_reason == "finished"
+
+
+def test_consecutive_format_errors_stop_the_run(scripted_model, sandbox: Sandbox, tmp_path: Path) -> None:
+    server = scripted_model(
+        [
+            text_reply("thinking"),
+            {"content": None, "tool_calls": [{"name": "bash", "arguments": {"command": "ls"}}]},
+            {"content": None, "tool_calls": [{"name": "run", "arguments": '{"command": "ls'}]},
+            tool_call("finish", summary="never reached"),
+        ]
+    )
+    result, _ = solve(server, sandbox, tmp_path, AgentSettings(max_consecutive_format_errors=3))
+    assert result.stop_reason == "format_errors"
+    assert result.turns == 3
+    assert len(server.requests) == 3
+    assert load(tmp_path / "run" / "trajectory.json")[-1]["stop_reason"] == "format_errors"
+
+
+def test_a_usable_call_resets_the_format_error_count(
+    scripted_model, sandbox: Sandbox, tmp_path: Path
+) -> None:
+    server = scripted_model(
+        [
+            text_reply("a"),
+            text_reply("b"),
+            tool_call("run", command="true"),
+            text_reply("c"),
+            text_reply("d"),
+            tool_call("finish", summary="ok"),
+        ]
+    )
+    result, _ = solve(server, sandbox, tmp_path, AgentSettings(max_consecutive_format_errors=3))
+    assert result.stop_reason == "finished" and result.turns == 6
+
+
+def test_bad_json_and_unknown_tool_go_back_as_tool_errors(
+    scripted_model, sandbox: Sandbox, tmp_path: Path
+) -> None:
+    server = scripted_model(
+        [
+            {
+                "content": None,
+                "tool_calls": [{"id": "c1", "name": "edit_file", "arguments": '{"path": calc.py}'}],
+            },
+            {
+                "content": None,
+                "tool_calls": [{"id": "c2", "name": "str_replace", "arguments": {"path": "calc.py"}}],
+            },
+            {"content": None, "tool_calls": [{"id": "c3", "name": "run", "arguments": {}}]},
+        ]
+    )
+    solve(server, sandbox, tmp_path)
+    bad_json = tool_messages(server.requests[1])[-1]
+    assert bad_json["tool_call_id"] == "c1"
+    assert "not valid JSON" in bad_json["content"] and "'{\"path\": calc.py}'" in bad_json["content"]
+    unknown = tool_messages(server.requests[2])[-1]
+    assert (
+        unknown["tool_call_id"] == "c2"
+        and "The tools are run, read_file, edit_file and finish" in unknown["content"]
+    )
+    missing = tool_messages(server.requests[3])[-1]
+    assert missing["tool_call_id"] == "c3" and 'run needs "command"' in missing["content"]
+
+
+# -- tool calls written as text ------------------------------------------------------------------------------
+
+
+def test_tool_calls_written_as_text_are_recovered_and_run(
+    scripted_model, sandbox: Sandbox, tmp_path: Path
+) -> None:
+    fenced = (
+        "I will fix it.\n```json\n"
+        '{"name": "edit_file", "arguments": {"path": "calc.py", "old": "return a - b", "new": "return a + b"}}\n```'
+    )
+    tagged = '<tool_call>\n{"name": "run", "arguments": {"command": "python -m pytest -q"}}\n</tool_call>'
+    server = scripted_model([text_reply(fenced), text_reply(tagged), tool_call("finish", summary="fixed")])
+    result, events = solve(server, sandbox, tmp_path)
+
+    assert result.stop_reason == "finished"
+    assert "return a + b" in sandbox.files.read_text(f"{sandbox.workdir}/calc.py")
+    assert [e.recovered for e in events if e.kind == "tool"] == [True, True, False]
+    assert not [e for e in events if e.kind == "nudge"]
+    history = server.requests[2]["messages"]
+    assert history[2] == {"role": "assistant", "content": fenced}  # kept exactly as the model wrote it
+    assert history[3]["role"] == "user" and history[3]["content"].startswith(
+        "Result of edit_file:\nEdited calc.py"
+    )
+    assert history[5]["content"].startswith("Result of run:\nExit code: 0")
+    replies = [e for e in result.trajectory if e["type"] == "model_reply"]
+    assert [r["recovered_tool_calls"] for r in replies] == [True, True, False]
+
+
+# -- the run tool on the real sandbox ------------------------------------------------------------------------
+
+
+def test_run_timeout_says_timed_out(scripted_model, sandbox: Sandbox, tmp_path: Path) -> None:
+    server = scripted_model([tool_call("run", command="echo started; sleep 30")])
+    _, events = solve(server, sandbox, tmp_path, AgentSettings(command_timeout_s=1))
+    content = tool_messages(server.requests[1])[-1]["content"]
+    assert content.startswith("The command timed out after 1 seconds")
+    assert "started" in content
+    assert [e.exit_code for e in events if e.kind == "tool" and e.tool == "run"] == [None]
+
+
+def test_run_keeps_the_last_characters_of_long_output(
+    scripted_model, sandbox: Sandbox, tmp_path: Path
+) -> None:
+    server = scripted_model([tool_call("run", command="seq 1 100000; exit 4")])
+    solve(server, sandbox, tmp_path)
+    content = tool_messages(server.requests[1])[-1]["content"]
+    assert content.startswith("Exit code: 4\n[output cut: these are the last 6000 characters]\n")
+    assert content.endswith("99999\n100000\n")
+    assert len(content) < 6100
+
+
+# -- budgets -------------------------------------------------------------------------------------------------
+
+
+def endless_runs(_: dict[str, Any]) -> dict[str, Any]:
+    return tool_call("run", command="true")
+
+
+def test_max_turns(scripted_model, sandbox: Sandbox, tmp_path: Path) -> None:
+    server = scripted_model([endless_runs] * 10)
+    result, events = solve(server, sandbox, tmp_path, AgentSettings(max_turns=3))
+    assert result.stop_reason == "max_turns" and result.turns == 3 and len(server.requests) == 3
+    assert events[-1].kind == "stop" and "max_turns" in (events[-1].detail or "")
+
+
+def test_max_total_tokens(scripted_model, sandbox: Sandbox, tmp_path: Path) -> None:
+    step = {**tool_call("run", command="true"), "usage": {"prompt_tokens": 900, "completion_tokens": 100}}
+    server = scripted_model([step] * 10)
+    result, _ = solve(server, sandbox, tmp_path, AgentSettings(max_total_tokens=2500))
+    assert result.stop_reason == "max_tokens"
+    assert result.turns == 3 and result.usage.total_tokens == 3000
+
+
+def test_max_cost_counts_cached_tokens_at_their_price(
+    scripted_model, sandbox: Sandbox, tmp_path: Path
+) -> None:
+    usage = {
+        "prompt_tokens": 1_000_000,
+        "completion_tokens": 0,
+        "prompt_tokens_details": {"cached_tokens": 500_000},
+    }
+    server = scripted_model([{**tool_call("run", command="true"), "usage": usage}] * 10)
+    model = chat_model(server, price_prompt_per_mtok=1.0, price_cached_prompt_per_mtok=0.1)
+    result, _ = solve(server, sandbox, tmp_path, AgentSettings(max_cost_usd=1.5), model=model)
+    assert result.stop_reason == "max_cost"
+    assert result.turns == 3  # $0.55 a turn
+    assert result.usage.cached_tokens == 1_500_000
+    assert result.cost_usd == pytest.approx(1.65)
+
+
+def test_max_wall_time_also_caps_a_running_command(scripted_model, sandbox: Sandbox, tmp_path: Path) -> None:
+    server = scripted_model([tool_call("run", command="sleep 60")] * 3)
+    result, _ = solve(server, sandbox, tmp_path, AgentSettings(max_wall_s=1.5))
+    assert result.stop_reason == "max_wall" and result.turns == 1
+    assert "timed out" in [m for m in result.messages if m["role"] == "tool"][-1]["content"]
+
+
+# -- model endpoint errors -----------------------------------------------------------------------------------
+
+
+def test_transient_errors_are_retried(scripted_model, sandbox: Sandbox, tmp_path: Path) -> None:
+    server = scripted_model(
+        [
+            {"status": 429, "headers": {"Retry-After": "0"}},
+            {"status": 503},
+            {"drop": True},
+            {"sleep": 2, **tool_call("run", command="true")},  # answers after the client's timeout
+            tool_call("finish", summary="ok"),
+        ]
+    )
+    model = chat_model(server, max_retries=4, request_timeout_s=0.5)
+    result, events = solve(server, sandbox, tmp_path, model=model)
+    assert result.stop_reason == "finished" and result.turns == 1
+    assert len(server.requests) == 5
+    retries = [e for e in events if e.kind == "error" and "retrying" in (e.detail or "")]
+    assert len(retries) == 4
+    assert [e["attempt"] for e in result.trajectory if e["type"] == "model_retry"] == [1, 2, 3, 4]
+
+
+def test_retries_exhausted_raise_model_unavailable(scripted_model, sandbox: Sandbox, tmp_path: Path) -> None:
+    server = scripted_model([{"status": 500}] * 3)
+    with pytest.raises(ModelUnavailable, match="500"):
+        solve(server, sandbox, tmp_path, model=chat_model(server, max_retries=2))
+    assert len(server.requests) == 3
+    saved = load(tmp_path / "run" / "trajectory.json")
+    assert saved[-1]["type"] == "crash" and saved[-1]["error"] == "ModelUnavailable"
+
+
+def test_rejected_key_is_a_config_error_without_the_key(
+    scripted_model, sandbox: Sandbox, tmp_path: Path
+) -> None:
+    body = {"error": {"message": f"Incorrect API key provided: {KEY}", "type": "invalid_request_error"}}
+    server = scripted_model([{"status": 401, "body": body}])
+    with pytest.raises(ConfigError) as caught:
+        solve(server, sandbox, tmp_path)
+    assert "rejected the API key (401): check LLM_API_KEY" in str(caught.value)
+    assert KEY not in str(caught.value)
+    assert len(server.requests) == 1  # not retried
+    assert KEY not in (tmp_path / "run" / "trajectory.json").read_text()
+
+
+@pytest.mark.parametrize(
+    ("status", "words"), [(404, "check LLM_BASE_URL"), (403, "refused access"), (400, "rejected")]
+)
+def test_client_errors_fail_at_once(
+    scripted_model, sandbox: Sandbox, tmp_path: Path, status: int, words: str
+) -> None:
+    server = scripted_model([{"status": status}])
+    with pytest.raises(ConfigError, match=words):
+        solve(server, sandbox, tmp_path)
+    assert len(server.requests) == 1
+
+
+def test_context_length_error_elides_the_oldest_tool_outputs(
+    scripted_model, sandbox: Sandbox, tmp_path: Path
+) -> None:
+    too_long = {
+        "status": 400,
+        "body": {"error": {"message": "This model's maximum context length is 8192 tokens"}},
+    }
+    server = scripted_model(
+        [
+            tool_call("run", command="seq 1 2000"),
+            tool_call("run", command="seq 5000 7000"),
+            too_long,
+            tool_call("finish", summary="ok"),
+        ]
+    )
+    result, _ = solve(server, sandbox, tmp_path)
+    assert result.stop_reason == "finished"
+    retried = tool_messages(server.requests[3])
+    assert retried[0]["content"] == prompts.ELIDED_OUTPUT
+    assert "7000" in retried[1]["content"]  # the newest output is kept
+    assert [e["elided_messages"] for e in result.trajectory if e["type"] == "context_shortened"] == [[3]]
+    recorded = [
+        e["message"] for e in result.trajectory if e["type"] == "message" and e["message"]["role"] == "tool"
+    ]
+    assert "2000" in recorded[0]["content"]  # the record keeps what the model really saw first
+
+
+def test_context_that_cannot_shrink_stops_the_run(scripted_model, sandbox: Sandbox, tmp_path: Path) -> None:
+    too_long = {
+        "status": 400,
+        "body": {"error": {"message": "the request exceeds the available context size"}},
+    }
+    server = scripted_model([too_long])
+    result, _ = solve(server, sandbox, tmp_path)
+    assert result.stop_reason == "max_tokens" and "context window" in result.detail
+
+
+# -- the trajectory ------------------------------------------------------------------------------------------
+
+
+def test_trajectory_is_saved_after_every_step_and_never_holds_the_key(
+    scripted_model, sandbox: Sandbox, tmp_path: Path
+) -> None:
+    path = tmp_path / "run" / "trajectory.json"
+    server = scripted_model(
+        [
+            tool_call("run", command=TEST_COMMAND),
+            tool_call("edit_file", path="calc.py", old="return a - b", new="return a + b"),
+            tool_call("finish", summary="done"),
+        ]
+    )
+    seen: list[tuple[str, int, list[dict[str, Any]]]] = []
+
+    def on_event(event: AgentEvent) -> None:
+        seen.append((event.kind, event.turn, load(path)))
+
+    result = run_agent(
+        task="fix add",
+        sandbox=sandbox,
+        model=chat_model(server),
+        settings=AgentSettings(),
+        on_event=on_event,
+        trajectory_path=path,
+        test_command=TEST_COMMAND,
+    )
+    for kind, turn, saved in seen:
+        replies = [e for e in saved if e["type"] == "model_reply"]
+        assert replies and replies[-1]["turn"] == turn  # this turn's reply was on disk before its tools ran
+        if kind == "model" and turn > 1:
+            assert saved[-2]["type"] == "message" and saved[-2]["message"]["role"] == "tool"
+    text = path.read_text()
+    assert KEY not in text and KEY not in json.dumps(result.trajectory)
+    assert load(path) == result.trajectory
+    kinds = [e["type"] for e in result.trajectory]
+    assert kinds[0] == "meta" and kinds[-1] == "stop"
+    assert [e["name"] for e in result.trajectory if e["type"] == "tool"] == ["run", "edit_file", "finish"]
+    usage = [e["usage"] for e in result.trajectory if e["type"] == "model_reply"]
+    assert len(usage) == 3 and all(u["prompt_tokens"] > 0 for u in usage)
+    assert (
+        server.request_headers[0]["authorization"] == f"Bearer {KEY}"
+    )  # the key did travel, in the header only
