@@ -31,14 +31,7 @@ TEST_COMMAND = "python -m pytest -q -x"
 @pytest.fixture
 def sandbox(buggy_repo: Path) -> Iterator[Sandbox]:
     """The real local sandbox holding the buggy calc repo at /workspace/repo."""
-    try:
-        provider = get_provider("local")
-    except ImportError:  # TEMPORARY until bugsweep/sandbox/local.py lands
-        from tests.test_agent_tools import DirSandbox
-
-        yield DirSandbox(buggy_repo)  # type: ignore[misc]
-        return
-    sbx = provider.create(RepoSource(str(buggy_repo)))
+    sbx = get_provider("local").create(RepoSource(str(buggy_repo)))
     with sbx:
         yield sbx
 
@@ -99,7 +92,7 @@ def test_scripted_fix_finishes_and_changes_the_code(scripted_model, sandbox: San
     assert events[-1].kind == "stop" and events[-1].tokens == result.usage.total_tokens > 0
 
     first = server.requests[0]
-    assert first["messages"][0]["role"] == "system" and sandbox.workdir in first["messages"][0]["content"]
+    assert first["messages"][0]["role"] == "system" and "/workspace/repo" in first["messages"][0]["content"]
     assert TEST_COMMAND in first["messages"][1]["content"]
     assert [t["function"]["name"] for t in first["tools"]] == ["run", "read_file", "edit_file", "finish"]
     assert first["max_tokens"] == ModelSettings().max_tokens_per_reply
@@ -446,3 +439,25 @@ def test_trajectory_is_saved_after_every_step_and_never_holds_the_key(
     assert (
         server.request_headers[0]["authorization"] == f"Bearer {KEY}"
     )  # the key did travel, in the header only
+
+
+def test_symlinks_out_of_the_repo_are_refused_inside_the_real_sandbox(scripted_model, tmp_path: Path) -> None:
+    """realpath runs inside the sandbox: a link to /etc or past the repo root never reaches edit_file or read_file."""
+    from bugsweep.testing.repos import commit_all, make_repo
+
+    repo = make_repo(tmp_path / "linked")
+    (repo / "hosts_link").symlink_to("/etc/hosts")
+    (repo / "up").symlink_to("..")
+    commit_all(repo, "links")
+    server = scripted_model(
+        [
+            tool_call("read_file", path="hosts_link"),
+            tool_call("edit_file", path="up/escaped.py", old="", new="x = 1\n"),
+            tool_call("read_file", path="../../etc/hostname"),
+        ]
+    )
+    with get_provider("local").create(RepoSource(str(repo))) as sbx:
+        result, _ = solve(server, sbx, tmp_path)
+        assert not sbx.files.exists("/workspace/escaped.py")
+    refusals = [m["content"] for m in result.messages if m["role"] == "tool"][:3]
+    assert all("is outside the repository" in text for text in refusals), refusals
