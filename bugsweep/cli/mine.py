@@ -1,9 +1,203 @@
-"""Command-line commands (placeholder: filled in by the issue that owns this group)."""
+"""`bugsweep mine` (tasks from a repository's git history) and `bugsweep compare` (models side by side on them).
+
+Both take and make the same tasks.jsonl that `bugsweep sweep` runs (schema: docs/tasks-jsonl.md).
+Exit codes: 0 done, 1 mining found no task, 2 could not run (bad arguments, unreachable repository, ...).
+"""
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Annotated, NoReturn
+
 import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+console = Console(highlight=False)
+err = Console(stderr=True, highlight=False)
 
 
 def register(app: typer.Typer) -> None:
-    """Add this module's commands to the main app."""
+    """Add `mine` and `compare` to the main app."""
+    app.command("mine")(mine_command)
+    app.command("compare")(compare_command)
+
+
+def mine_command(
+    repo: Annotated[
+        str, typer.Argument(help="Local path (checkout or bare) or git URL of the repository to mine.")
+    ],
+    limit: Annotated[int, typer.Option(help="Stop after this many validated tasks.")] = 10,
+    since: Annotated[
+        str | None, typer.Option(help="Only commits after this date (anything `git log --since` takes).")
+    ] = None,
+    branch: Annotated[
+        str | None, typer.Option(help="Branch or ref to walk back from (default: HEAD).")
+    ] = None,
+    test_command: Annotated[
+        str | None,
+        typer.Option(
+            help="Test command for every task (default: python -m pytest -q <changed test modules>). "
+            "'{test_files}' in it is replaced by the changed test modules."
+        ),
+    ] = None,
+    setup_command: Annotated[
+        str | None,
+        typer.Option(help="Setup command (default: detected, e.g. 'pip install -e .'); '' for none."),
+    ] = None,
+    out: Annotated[Path, typer.Option(help="Where to write the tasks (JSON Lines).")] = Path("tasks.jsonl"),
+    runs: Annotated[
+        int, typer.Option(help="Test runs before and after the fix; tests that change outcome are flaky.")
+    ] = 3,
+    max_candidates: Annotated[
+        int | None, typer.Option(help="Look at no more than this many commits (default: the whole history).")
+    ] = None,
+    sandbox: Annotated[
+        str, typer.Option(help="Sandbox backend for validation: 'local' or 'runtime'.")
+    ] = "local",
+) -> None:
+    """Find bug-fix commits with tests in REPO's history and turn them into validated tasks.
+
+    A candidate is a commit (newest first, no merges) that changes a test module and a source file and whose message
+    reads like a fix (fix, bug, error, regression, crash, #123, ...). Its task starts at the parent commit with the
+    commit's test files copied in; it is kept when the changed tests fail there and pass at the commit, in every one
+    of --runs runs. Flaky tests are reported and left out of the task's test command.
+    """
+    from bugsweep.errors import BugsweepError
+    from bugsweep.mining import MiningEvent, mine
+    from bugsweep.sandbox import get_provider
+
+    if limit < 1 or runs < 1:
+        _fail("--limit and --runs must be at least 1")
+
+    def show(event: MiningEvent) -> None:
+        sha, subject = event.commit[:10], escape(event.subject[:70])
+        if event.kind == "validate":
+            console.print(f"[cyan]validate[/] {sha} {subject}  [dim]({escape(event.message)})[/]")
+        elif event.kind == "kept":
+            console.print(f"[green bold]kept[/]     {sha} {subject}  [dim]{escape(event.message)}[/]")
+        elif event.kind == "rejected":
+            console.print(f"[dim]skip     {sha} {subject}: {escape(event.message)}[/]")
+
+    console.print(f"[bold]mining[/] {escape(repo)} for up to {limit} task(s), {runs} run(s) per state")
+    try:
+        result = mine(
+            repo,
+            provider=get_provider(sandbox),
+            limit=limit,
+            since=since,
+            branch=branch,
+            test_command=test_command,
+            setup_command=setup_command,
+            runs=runs,
+            max_candidates=max_candidates,
+            out=out,
+            on_progress=show,
+        )
+    except BugsweepError as exc:
+        _fail(str(exc))
+    except KeyboardInterrupt:
+        err.print(f"[red]interrupted[/]: tasks found so far are in {out}")
+        raise typer.Exit(130) from None
+
+    if result.tasks:
+        from bugsweep.spec import dump_tasks
+
+        dump_tasks(result.tasks, out)
+    report_path = out.with_name(out.stem + ".mining.json")
+    report_path.write_text(result.model_dump_json(indent=2, exclude={"tasks"}), encoding="utf-8")
+
+    minutes = max(result.elapsed_s / 60, 1e-9)
+    console.print(
+        f"\n[bold]{len(result.tasks)} task(s)[/] from {result.scanned} commits scanned, {result.validated} validated, "
+        f"in {result.elapsed_s:.0f} s ({result.scanned / minutes:.0f} commits/min, "
+        f"{result.validated / minutes:.1f} validations/min)"
+    )
+    table = Table("rejected because", "commits", box=None)
+    for reason, count in result.reasons().items():
+        table.add_row(reason, str(count))
+    if result.rejected:
+        console.print(table)
+    for sha, tests in result.flaky_tests.items():
+        console.print(f"[yellow]flaky[/] at {sha[:10]}: {escape(', '.join(tests[:5]))}")
+    console.print(
+        f"tasks: {out if result.tasks else '(none written)'}; every candidate and why: {report_path}"
+    )
+    raise typer.Exit(0 if result.tasks else 1)
+
+
+def compare_command(
+    tasks: Annotated[Path, typer.Option(help="tasks.jsonl (from `bugsweep mine`, or written by hand).")],
+    model: Annotated[
+        list[str],
+        typer.Option(
+            help="NAME=BASE_URL[,KEY_ENV], once per model; the key is read from the env var KEY_ENV, never printed."
+        ),
+    ],
+    runs: Annotated[int, typer.Option(help="Runs of every model on every task.")] = 3,
+    concurrency: Annotated[int, typer.Option(help="Runs (sandboxes) at once.")] = 4,
+    out: Annotated[
+        Path, typer.Option(help="Folder for report.md/.json/.html and every run's outputs.")
+    ] = Path("compare-out"),
+    max_turns: Annotated[
+        int | None, typer.Option(help="Model replies per run before the agent stops.")
+    ] = None,
+    max_cost: Annotated[
+        float | None, typer.Option(help="Token cost per run (USD) before the agent stops.")
+    ] = None,
+    sandbox: Annotated[str, typer.Option(help="Sandbox backend: 'local' or 'runtime'.")] = "local",
+) -> None:
+    """Run every model on every task --runs times, each in its own sandbox, and report resolve rates side by side.
+
+    Runs a Prefect flow (set PREFECT_API_URL to see it in your Prefect UI; otherwise a temporary server is started).
+    Writes OUT/report.md, report.json and report.html (one self-contained page with a chart).
+    """
+    from bugsweep.errors import BugsweepError
+
+    if runs < 1 or concurrency < 1:
+        _fail("--runs and --concurrency must be at least 1")
+    try:
+        from bugsweep.spec import load_tasks
+        from flows.compare import ModelEntry, compare
+
+        entries = [ModelEntry.parse(m) for m in model]
+        for entry in entries:
+            entry.settings()  # fails now, not thirty runs later, when a key variable is missing
+        n_tasks = len(load_tasks(tasks))
+        agent: dict[str, object] = {}
+        if max_turns is not None:
+            agent["max_turns"] = max_turns
+        if max_cost is not None:
+            agent["max_cost_usd"] = max_cost
+        console.print(
+            f"[bold]comparing[/] {', '.join(escape(e.name) for e in entries)} on {n_tasks} task(s) x {runs} run(s), "
+            f"{concurrency} at once"
+        )
+        report = compare(
+            tasks, entries, runs=runs, concurrency=concurrency, out_dir=out, sandbox=sandbox, agent=agent
+        )
+    except BugsweepError as exc:
+        _fail(str(exc))
+    from bugsweep.report import summary_rows
+
+    header, rows = summary_rows(report)
+    table = Table(*header)
+    for row in rows:
+        table.add_row(*(escape(c) for c in row))
+    console.print(table)
+    for p in report.pairs:
+        console.print(
+            f"{escape(p.a)} - {escape(p.b)}: {100 * p.mean_diff:+.0f} points per task "
+            f"(95% CI {100 * p.ci_low:+.0f} to {100 * p.ci_high:+.0f}; sign test p={p.sign_test_p:.3g})"
+        )
+    if report.wall_s is not None:
+        console.print(
+            f"wall time {report.wall_s:.0f} s for runs adding up to {report.sum_run_wall_s:.0f} s; "
+            f"report: {out / 'report.html'}"
+        )
+
+
+def _fail(message: str) -> NoReturn:
+    err.print(f"[red bold]error[/]: {escape(message)}")
+    raise typer.Exit(2)

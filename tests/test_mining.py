@@ -1,0 +1,289 @@
+"""Mining tasks from git history (bugsweep.mining).
+
+Real parts: real git repositories built by the test (bugsweep.testing.repos), real `git`, the real local sandbox
+(bubblewrap + overlayfs) running real pytest. No stand-ins. The unit tests of `judge` use hand-made TestRun
+values: they check the decision rules on outcomes a sandbox would report.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from bugsweep.grading import TestRun
+from bugsweep.mining import (
+    Rejection,
+    RejectReason,
+    Screened,
+    build_task,
+    detect_commands,
+    judge,
+    looks_like_fix,
+    mine,
+    scan_history,
+    screen,
+)
+from bugsweep.spec import load_tasks
+from bugsweep.testing.repos import commit_all, git, make_repo, write_files
+
+needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="the local sandbox needs bubblewrap")
+
+CALC = "def add(a, b):\n    return a - b\n\n\ndef mul(a, b):\n    return a * b\n\n\ndef div(a, b):\n    return a / b\n"
+PYPROJECT = '[tool.pytest.ini_options]\npythonpath = ["."]\n'
+TEST_MUL = "from calc import mul\n\n\ndef test_mul():\n    assert mul(2, 3) == 6\n"
+# Counts the runs in this sandbox: a test that checks only on even runs fails on the first run and passes on the
+# second, so it is flaky by construction.
+RUN_COUNTER = """import pathlib
+
+
+def run_number(name):
+    p = pathlib.Path(__file__).with_name("." + name + "_runs")
+    n = int(p.read_text()) if p.exists() else 0
+    p.write_text(str(n + 1))
+    return n
+
+"""
+
+
+def build_history(root: Path) -> dict[str, str]:
+    """A repository whose commits each exercise one rule. Returns commit sha by role."""
+    repo = make_repo(root, {"calc.py": CALC, "tests/test_calc.py": TEST_MUL, "pyproject.toml": PYPROJECT})
+    shas: dict[str, str] = {}
+
+    # A real fix with its test: kept (test_add fail->pass, test_mul pass->pass).
+    write_files(repo, {
+        "calc.py": CALC.replace("a - b", "a + b"),
+        "tests/test_calc.py": TEST_MUL.replace("import mul", "import add, mul")
+        + "\n\ndef test_add():\n    assert add(2, 3) == 5\n",
+    })  # fmt: skip
+    shas["fix"] = commit_all(repo, "Fix add() returning the difference")
+
+    # Only tests change.
+    write_files(
+        repo,
+        {"tests/test_more.py": "from calc import mul\n\n\ndef test_zero():\n    assert mul(0, 5) == 0\n"},
+    )
+    shas["tests_only"] = commit_all(repo, "Fix: add a test for mul by zero")
+
+    # Only code changes.
+    write_files(repo, {"calc.py": CALC.replace("a - b", "a + b") + "\n\ndef sub(a, b):\n    return a - b\n"})
+    shas["code_only"] = commit_all(repo, "Fix: add sub()")
+
+    # Code and tests change, but the message is no fix.
+    write_files(repo, {
+        "calc.py": (repo / "calc.py").read_text() + "\n\ndef neg(a):\n    return -a\n",
+        "tests/test_neg.py": "from calc import neg\n\n\ndef test_neg():\n    assert neg(2) == -2\n",
+    })  # fmt: skip
+    shas["not_a_fix"] = commit_all(repo, "Add neg()")
+
+    # A "fix" whose new test already passed before the change.
+    write_files(repo, {
+        "calc.py": (repo / "calc.py").read_text().replace("return -a", "return 0 - a"),
+        "tests/test_neg2.py": "from calc import neg\n\n\ndef test_neg_zero():\n    assert neg(0) == 0\n",
+    })  # fmt: skip
+    shas["already_passing"] = commit_all(repo, "Fix neg() for zero")
+
+    # A fix whose only failing test is flaky: it fails or passes at the parent depending on the run.
+    write_files(repo, {
+        "calc.py": (repo / "calc.py").read_text().replace("return a / b", "return a / b if b else None"),
+        "tests/test_div.py": "from calc import div\n" + RUN_COUNTER
+        + "\ndef test_div():\n    if run_number('div') % 2 == 0:\n        assert div(1, 0) is None\n",
+    })  # fmt: skip
+    shas["flaky"] = commit_all(repo, "Fix crash in div() on zero")
+
+    # A fix whose test still fails at the fix commit.
+    write_files(repo, {
+        "calc.py": (repo / "calc.py").read_text() + "\n\ndef half(a):\n    return a // 2\n",
+        "tests/test_half.py": "from calc import half\n\n\ndef test_half():\n    assert half(3) == 1.5\n",
+    })  # fmt: skip
+    shas["fails_at_fix"] = commit_all(repo, "Fix half() for odd numbers")
+
+    # A fix with a stable fail->pass test and a flaky neighbour: kept, the flaky test deselected.
+    write_files(repo, {
+        "calc.py": (repo / "calc.py").read_text() + "\n\ndef sq(a):\n    return a * a\n",
+        "tests/test_sq.py": "from calc import sq\n" + RUN_COUNTER
+        + "\ndef test_sq():\n    assert sq(3) == 9\n\n\n"
+        + "def test_sq_flaky():\n    assert run_number('sq') % 2 == 1, 'fails on every other run'\n",
+    })  # fmt: skip
+    shas["kept_with_flaky"] = commit_all(repo, "Fix missing sq() (issue #7)")
+    return shas
+
+
+# -- screening and decisions, without a sandbox ------------------------------------------------------------------
+
+
+def test_fix_keywords() -> None:
+    for message in (
+        "Fix add()",
+        "handle OSError on Windows",
+        "crash when empty",
+        "closes #12",
+        "regression in 2.1",
+    ):
+        assert looks_like_fix(message), message
+    for message in ("Add neg()", "Release 1.2.0", "Revert 'fix add'", "Merge branch 'fix-x'", "docs: prefix"):
+        assert not looks_like_fix(message), message
+
+
+def test_screen_gives_each_commit_its_reason(tmp_path: Path) -> None:
+    shas = build_history(tmp_path / "repo")
+    screened = {c.sha: screen(c) for c in scan_history(tmp_path / "repo")}
+    assert len(screened) == len(shas) + 1  # plus the initial commit
+    reason = {role: getattr(screened[sha], "reason", None) for role, sha in shas.items()}
+    assert reason["tests_only"] == RejectReason.NO_SOURCE_CHANGE
+    assert reason["code_only"] == RejectReason.NO_TEST_CHANGE
+    assert reason["not_a_fix"] == RejectReason.NOT_A_FIX
+    for role in ("fix", "already_passing", "flaky", "fails_at_fix", "kept_with_flaky"):
+        assert reason[role] is None, role  # these need the sandbox to decide
+    fix = screened[shas["fix"]]
+    assert isinstance(fix, Screened)
+    assert fix.runnable_tests == ["tests/test_calc.py"] and fix.source_files == ["calc.py"]
+
+
+def test_built_task_starts_at_the_parent_with_the_commits_tests(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    shas = build_history(repo)
+    commit = next(c for c in scan_history(repo) if c.sha == shas["fix"])
+    screened = screen(commit)
+    assert isinstance(screened, Screened)
+    spec = build_task(repo, screened, repo_name=str(repo))
+    assert spec.base_commit == git(repo, "rev-parse", f"{shas['fix']}^")
+    assert spec.fix_commit == shas["fix"]
+    assert spec.problem_statement == "Fix add() returning the difference"
+    assert spec.test_command == "python -m pytest -q tests/test_calc.py"
+    assert spec.setup_command is None  # pyproject.toml without [project]: nothing to install
+    assert (
+        spec.test_patch
+        and "+def test_add():" in spec.test_patch
+        and "calc.py" not in spec.test_patch.replace("tests/test_calc.py", "")
+    )
+    # the test patch applies to the parent and yields exactly the commit's test file
+    git(repo, "checkout", "-q", spec.base_commit)
+    (tmp_path / "p.diff").write_text(spec.test_patch)
+    git(repo, "apply", str(tmp_path / "p.diff"))
+    assert (repo / "tests/test_calc.py").read_text() == git(
+        repo, "show", f"{shas['fix']}:tests/test_calc.py"
+    ) + "\n"
+
+
+def test_detected_commands_for_common_layouts(tmp_path: Path) -> None:
+    repo = make_repo(tmp_path / "pkg", {
+        "pyproject.toml": '[project]\nname = "pkg"\n\n[project.optional-dependencies]\ntests = ["pytest"]\n',
+        "src/pkg/__init__.py": "",
+        "tests/test_pkg.py": "def test_x():\n    pass\n",
+    })  # fmt: skip
+    head = git(repo, "rev-parse", "HEAD")
+    cmds = detect_commands(repo, head, ["tests/test_pkg.py"])
+    assert cmds.setup == "pip install -e '.[tests]'"
+    assert cmds.test == "python -m pytest -q tests/test_pkg.py"
+
+    legacy = make_repo(tmp_path / "legacy", {
+        "setup.py": "from setuptools import setup\nsetup(name='x')\n",
+        "requirements/tests.txt": "pytest\n",
+        "tests.py": "def test_x():\n    pass\n",
+    })  # fmt: skip
+    cmds = detect_commands(legacy, git(legacy, "rev-parse", "HEAD"), ["tests.py"])
+    assert cmds.setup == "pip install -e . && pip install -r requirements/tests.txt"
+
+
+def _run(tests: dict[str, str] | None, exit_code: int = 1) -> TestRun:
+    return TestRun(
+        command="pytest", exit_code=exit_code, timed_out=False, log="", duration_s=0.1, tests=tests
+    )
+
+
+def test_judge_per_test_outcomes() -> None:
+    before = [_run({"t::a": "failed", "t::b": "passed"})] * 2
+    after = [_run({"t::a": "passed", "t::b": "passed"}, 0)] * 2
+    v = judge(before, after)
+    assert (v.reason, v.fail_to_pass, v.pass_to_pass, v.flaky) == (None, ["t::a"], ["t::b"], [])
+
+    # a collection error before the fix (the test imports a name that does not exist yet)
+    collect_error = [_run({"tests.test_x": "error"}, 2)] * 2
+    v = judge(collect_error, [_run({"tests/test_x.py::test_new": "passed"}, 0)] * 2)
+    assert v.reason is None and v.fail_to_pass == ["tests/test_x.py::test_new"]
+
+    v = judge([_run({"t::a": "passed"}, 0)], [])
+    assert v.reason == RejectReason.TESTS_PASS_AT_PARENT
+
+    v = judge([_run({"t::a": "failed"}), _run({"t::a": "passed"}, 0)], [])
+    assert v.reason == RejectReason.FLAKY and v.flaky == ["t::a"]
+
+    v = judge(before, [_run({"t::a": "passed", "t::b": "failed"})] * 2)
+    assert v.reason == RejectReason.TESTS_FAIL_AT_FIX and "t::b" in v.detail
+
+    # flaky at the fix only: dropped, and the task is kept on its stable test
+    before3 = [_run({"t::a": "failed", "t::c": "failed"})] * 2
+    after3 = [_run({"t::a": "passed", "t::c": "passed"}, 0), _run({"t::a": "passed", "t::c": "failed"})]
+    v = judge(before3, after3)
+    assert v.reason is None and v.fail_to_pass == ["t::a"] and v.flaky == ["t::c"]
+
+    # without per-test results (not pytest), exit codes decide
+    assert judge([_run(None)], [_run(None, 0)]).reason is None
+    assert judge([_run(None)], [_run(None, 1)]).reason == RejectReason.TESTS_FAIL_AT_FIX
+
+
+# -- the whole thing, in the real sandbox ------------------------------------------------------------------------
+
+
+@needs_bwrap
+def test_mine_keeps_real_fixes_and_rejects_the_rest_for_the_right_reason(tmp_path: Path) -> None:
+    from bugsweep.sandbox import get_provider
+
+    repo = tmp_path / "repo"
+    shas = build_history(repo)
+    out = tmp_path / "tasks.jsonl"
+    events = []
+    result = mine(str(repo), provider=get_provider("local"), runs=2, out=out, on_progress=events.append)
+
+    reasons = {r.commit: r.reason for r in result.rejected}
+    details = {r.commit: r.detail for r in result.rejected}
+    assert reasons[shas["tests_only"]] == RejectReason.NO_SOURCE_CHANGE
+    assert reasons[shas["code_only"]] == RejectReason.NO_TEST_CHANGE
+    assert reasons[shas["not_a_fix"]] == RejectReason.NOT_A_FIX
+    assert reasons[shas["already_passing"]] == RejectReason.TESTS_PASS_AT_PARENT
+    assert reasons[shas["flaky"]] == RejectReason.FLAKY, details.get(shas["flaky"])
+    assert reasons[shas["fails_at_fix"]] == RejectReason.TESTS_FAIL_AT_FIX
+    assert "tests/test_half.py::test_half" in details[shas["fails_at_fix"]]
+
+    kept = {t.fix_commit: t for t in result.tasks}
+    assert set(kept) == {shas["fix"], shas["kept_with_flaky"]}
+    fix = kept[shas["fix"]]
+    assert fix.FAIL_TO_PASS == ["tests/test_calc.py::test_add"]
+    assert fix.PASS_TO_PASS == ["tests/test_calc.py::test_mul"]
+    assert fix.problem_statement == "Fix add() returning the difference"
+    sq = kept[shas["kept_with_flaky"]]
+    assert sq.FAIL_TO_PASS == ["tests/test_sq.py::test_sq"]
+    assert "--deselect tests/test_sq.py::test_sq_flaky" in sq.test_command
+    assert result.flaky_tests[shas["kept_with_flaky"]] == ["tests/test_sq.py::test_sq_flaky"]
+    assert result.flaky_tests[shas["flaky"]] == ["tests/test_div.py::test_div"]
+    assert result.scanned == 9 and result.validated == 5
+
+    # the file a sweep reads back holds the same tasks, newest first
+    assert [t.fix_commit for t in load_tasks(out)] == [shas["kept_with_flaky"], shas["fix"]]
+    assert {e.kind for e in events} >= {"scan", "validate", "kept", "rejected"}
+
+
+@needs_bwrap
+def test_mine_stops_at_the_limit_and_reports_setup_failures(tmp_path: Path) -> None:
+    from bugsweep.sandbox import get_provider
+
+    repo = tmp_path / "repo"
+    shas = build_history(repo)
+    provider = get_provider("local")
+
+    broken = mine(str(repo), provider=provider, runs=1, limit=1, setup_command="exit 3", max_candidates=1)
+    assert [r.reason for r in broken.rejected] == [RejectReason.SETUP_FAILED]
+    assert broken.tasks == []
+
+    first = mine(str(repo), provider=provider, runs=2, limit=1)
+    assert [t.fix_commit for t in first.tasks] == [shas["kept_with_flaky"]]
+    assert first.scanned == 1
+
+
+def test_rejection_serialises_with_its_reason() -> None:
+    r = Rejection(commit="abc", subject="x", reason=RejectReason.FLAKY, detail="flaky: t::a")
+    assert json.loads(r.model_dump_json())["reason"] == "flaky"
