@@ -46,7 +46,17 @@ from withruntime import (
 )
 
 from bugsweep.errors import ConfigError, SandboxError, SandboxGone
-from bugsweep.sandbox.base import OUTPUT_LIMIT_BYTES, ExecResult, RepoSource, SandboxUsage, tail
+from bugsweep.sandbox.base import (
+    OUTPUT_LIMIT_BYTES,
+    ExecResult,
+    RepoSource,
+    Sandbox,
+    SandboxFiles,
+    SandboxProvider,
+    SandboxUsage,
+    tail,
+)
+from bugsweep.sandbox.sources import is_git_url, redact_url
 from bugsweep.settings import SandboxSettings
 
 log = logging.getLogger(__name__)
@@ -192,10 +202,6 @@ def clean_labels(labels: dict[str, str]) -> dict[str, str]:
     return {clean(k): clean(v) for k, v in labels.items()}
 
 
-def _is_git_url(repo: str) -> bool:
-    return bool(re.match(r"^[a-z][a-z0-9+.-]*://", repo) or re.match(r"^[\w.-]+@[\w.-]+:", repo))
-
-
 def _checkout_archive(path: Path) -> bytes:
     """The checkout as tar.gz: .git plus every file git does not ignore (tracked or not), so a working tree's
     uncommitted state travels too, but not its virtualenvs and build folders. A folder that is not a git
@@ -258,7 +264,7 @@ class RuntimeSandbox:
         """The SDK's Sandbox, for what this interface does not cover (snapshots, previews, ...)."""
         self.id: str = sdk_sandbox.id
         self.workdir = settings.workdir
-        self.files = RuntimeFiles(self)
+        self.files: SandboxFiles = RuntimeFiles(self)
         self.vcpu = runtime_settings.vcpu
         self.memory_mib = runtime_settings.memory_mib or settings.memory_mib
         self._prices = (runtime_settings.price_per_vcpu_hour, runtime_settings.price_per_gib_hour)
@@ -409,7 +415,8 @@ class RuntimeSandbox:
         """The repository at workdir: cloned inside for a git URL, uploaded (with .git) for a local folder;
         then `source.ref` checked out, if given."""
         repo = source.repo
-        if _is_git_url(repo):
+        if is_git_url(repo):
+            shown = redact_url(repo)
             cloned = self.exec(
                 f"git clone --quiet -- {shlex.quote(repo)} {shlex.quote(self.workdir)}",
                 cwd="/",
@@ -417,16 +424,15 @@ class RuntimeSandbox:
                 timeout=self._clone_timeout,
             )
             if not cloned.ok:
-                message = (
-                    f"git clone {repo} failed in Runtime sandbox {self.id}: {cloned.output.strip()[-500:]}"
-                )
+                output = cloned.output.replace(repo, shown).strip()[-500:]
+                message = f"git clone {shown} failed in Runtime sandbox {self.id}: {output}"
                 if re.search(
-                    r"not found|does not exist|Authentication failed|could not read Username",
-                    cloned.output,
-                    re.I,
+                    r"not found|does not exist|Authentication failed|could not read Username", output, re.I
                 ):
                     raise ConfigError(message)
                 raise SandboxError(message)
+            if shown != repo:  # credentials in the URL must not stay where the model can read them
+                self.exec(f"git remote set-url origin {shlex.quote(shown)}", timeout=60)
         else:
             path = Path(repo).expanduser().resolve()
             if not path.is_dir():
@@ -538,3 +544,10 @@ class RuntimeProvider:
         """Close the SDK's connections (sandboxes already released are unaffected)."""
         if self._client is not None:
             self._client.close()
+
+
+def _fits_the_protocols(provider: RuntimeProvider) -> SandboxProvider:
+    """Never called: mypy checks here that RuntimeProvider (and the RuntimeSandbox it makes) fit the Protocols."""
+    sandbox: Sandbox = provider.create(RepoSource("."))
+    del sandbox
+    return provider

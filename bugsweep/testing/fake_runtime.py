@@ -131,6 +131,8 @@ class RecordedRequest:
     query: dict[str, list[str]]
     idempotency_key: str | None
     status: int = 0
+    body: bytes = b""
+    """The first 64 KiB of the request body (to check what was sent, e.g. that no secret crossed)."""
 
 
 @dataclass
@@ -674,7 +676,9 @@ def _handler_for(fake: FakeRuntime) -> type[BaseHTTPRequestHandler]:
             self.raw_body = self.rfile.read(length) if length else b""
             self.fingerprint = ""
             self.query = query
-            self.record = RecordedRequest(method, path, query, self.headers.get("Idempotency-Key"))
+            self.record = RecordedRequest(
+                method, path, query, self.headers.get("Idempotency-Key"), body=self.raw_body[:65536]
+            )
             with fake._lock:
                 fake.requests.append(self.record)
             try:

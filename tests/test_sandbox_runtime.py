@@ -1,0 +1,342 @@
+"""The Runtime sandbox backend (bugsweep.sandbox.runtime) driven through the real `withruntime` SDK.
+
+Real in every test: the SDK (its HTTP client, retries, idempotency keys, NDJSON streaming), HTTP on 127.0.0.1,
+bash/git/pytest running under bubblewrap. Stand-in in every test: the Runtime API itself, which cannot be reached
+from here, replaced by bugsweep.testing.fake_runtime.FakeRuntime (a local fake of its wire protocol). Where a
+model is involved it is the scripted OpenAI-compatible server (a stand-in, not a model).
+"""
+
+from __future__ import annotations
+
+import http.server
+import json
+import shutil
+import socket
+import subprocess
+import threading
+from collections.abc import Iterator
+from functools import partial
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+from withruntime import Runtime
+
+from bugsweep.errors import ConfigError, InfraError, SandboxError, SandboxGone
+from bugsweep.sandbox.base import OUTPUT_LIMIT_BYTES, RepoSource, Sandbox
+from bugsweep.sandbox.runtime import RuntimeProvider, RuntimeSettings
+from bugsweep.settings import SandboxSettings
+from bugsweep.testing.fake_runtime import FakeRuntime
+from bugsweep.testing.repos import commit_all, git, write_files
+
+pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="the fake Runtime needs bubblewrap")
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeRuntime]:
+    with FakeRuntime() as server:
+        yield server
+
+
+def make_provider(fake: FakeRuntime, **overrides: object) -> RuntimeProvider:
+    settings = RuntimeSettings(api_key=fake.api_key, api_url=fake.url, **overrides)  # type: ignore[arg-type]
+    return RuntimeProvider(SandboxSettings(memory_mib=2048), settings)
+
+
+@pytest.fixture
+def provider(fake: FakeRuntime) -> Iterator[RuntimeProvider]:
+    made = make_provider(fake)
+    yield made
+    made.close()
+
+
+def test_create_exec_files_and_delete(fake: FakeRuntime, provider: RuntimeProvider, buggy_repo: Path) -> None:
+    """Real SDK against the fake Runtime: the checkout (with .git, at the ref) is uploaded, labelled, sized from
+    settings; commands run in /workspace/repo; files read and write; the sandbox is deleted at the end."""
+    first = git(buggy_repo, "rev-parse", "HEAD")
+    write_files(buggy_repo, {"calc.py": "def add(a, b):\n    return 0\n"})
+    commit_all(buggy_repo, "second")
+    assert provider.name == "runtime"
+
+    with provider.create(
+        RepoSource(str(buggy_repo), first), labels={"sweep": "s1", "model": "qwen/coder:7b"}
+    ) as sbx:
+        assert isinstance(sbx, Sandbox) and sbx.workdir == "/workspace/repo"
+        record = fake.sandboxes[sbx.id].record
+        assert record["labels"] == {"sweep": "s1", "model": "qwen-coder-7b", "bugsweep": "1"}
+        assert (record["vcpu"], record["memoryMiB"], record["timeoutSeconds"]) == (2, 2048, 7200)
+        assert record["onLeaseEnd"] == "delete"
+
+        head = sbx.exec("pwd; git rev-parse HEAD; git status --short")
+        assert head.ok and head.stdout.splitlines() == ["/workspace/repo", first]
+        assert "return a - b" in sbx.files.read_text("/workspace/repo/calc.py"), "the ref was checked out"
+
+        failing = sbx.exec("python -m pytest -q", timeout=120)
+        assert failing.exit_code == 1 and "1 failed, 1 passed" in failing.output
+
+        sbx.files.write("/workspace/repo/notes/new.txt", "hello\n")
+        assert sbx.exec("cat notes/new.txt").stdout == "hello\n"
+        assert sbx.files.exists("/workspace/repo/notes/new.txt")
+        assert not sbx.files.exists("/workspace/repo/missing.txt")
+        with pytest.raises(FileNotFoundError):
+            sbx.files.read_text("/workspace/repo/missing.txt")
+        piped = sbx.exec("tr a-z A-Z; echo oops >&2; exit 3", stdin="shout")
+        assert (piped.exit_code, piped.stdout, piped.stderr) == (3, "SHOUT", "oops\n")
+        assert sbx.exec("echo $FOO", env={"FOO": "bar"}).stdout == "bar\n"
+
+    assert fake.live_sandboxes() == []
+    sbx.release()  # a second release is harmless
+    assert fake.statuses(f"DELETE /v1/sandboxes/{sbx.id}") == [200]
+
+
+def test_streamed_exec_returns_the_whole_log(provider: RuntimeProvider, buggy_repo: Path) -> None:
+    """Real SDK against the fake Runtime: full_output=True streams NDJSON and returns all 200 KB; the default keeps
+    the last 64 KiB of each stream for the model and says so."""
+    script = "import sys\nfor i in range(20000): print(f'line {i:05d}')\nprint('tail', file=sys.stderr)"
+    with provider.create(RepoSource(str(buggy_repo))) as sbx:
+        sbx.files.write("/workspace/repo/noisy.py", script)
+        whole = sbx.exec("python noisy.py", full_output=True)
+        assert whole.ok and not whole.truncated
+        assert len(whole.stdout) == 20000 * 11 and whole.stdout.startswith("line 00000\n")
+        assert whole.stderr == "tail\n"
+
+        cut = sbx.exec("python noisy.py", timeout=30)
+        assert cut.truncated and len(cut.stdout) == OUTPUT_LIMIT_BYTES
+        assert cut.stdout.endswith("line 19999\n") and whole.stdout.endswith(cut.stdout)
+
+
+def test_a_timeout_is_a_result(provider: RuntimeProvider, buggy_repo: Path) -> None:
+    """Real SDK against the fake Runtime: a command past its timeout is killed and reported, not raised."""
+    with provider.create(RepoSource(str(buggy_repo))) as sbx:
+        result = sbx.exec("echo started; sleep 30", timeout=1)
+        assert result.timed_out and result.exit_code is None and not result.ok
+        assert result.stdout == "started\n"
+        assert sbx.exec("echo still usable").ok
+
+
+def test_429_and_503s_are_retried_with_one_idempotency_key(
+    fake: FakeRuntime, provider: RuntimeProvider, buggy_repo: Path
+) -> None:
+    """Real SDK retries against the fake Runtime's injected faults: a 429 then two 503s, for a create and for an
+    exec; every attempt carries the same Idempotency-Key, and the work happens once."""
+    fake.fail_next(1, status=429, match="POST /v1/sandboxes", retry_after="0.001", retry_after_ms=None)
+    fake.fail_next(2, status=503, match="POST /v1/sandboxes")
+    with provider.create(RepoSource(str(buggy_repo))) as sbx:
+        creates = [r for r in fake.requests if (r.method, r.path) == ("POST", "/v1/sandboxes")]
+        assert [r.status for r in creates] == [429, 503, 503, 200]
+        assert len({r.idempotency_key for r in creates}) == 1 and creates[0].idempotency_key
+        assert len(fake.sandboxes) == 1
+
+        fake.fail_next(1, status=429, match=":exec")
+        fake.fail_next(2, status=503, match=":exec")
+        result = sbx.exec("echo once >> /workspace/count.txt; cat /workspace/count.txt", timeout=30)
+        assert result.stdout == "once\n", "the command ran exactly once"
+        execs = [r for r in fake.requests if r.path.endswith(":exec")][-4:]
+        assert [r.status for r in execs] == [429, 503, 503, 200]
+        assert len({r.idempotency_key for r in execs}) == 1
+
+
+def test_503s_past_the_sdk_retries_are_infra_errors(
+    fake: FakeRuntime, provider: RuntimeProvider, buggy_repo: Path
+) -> None:
+    """Real SDK against the fake Runtime: 503s that outlast the SDK's 4 retries become SandboxError (infra,
+    retried by the task layer), not the model's failure; the sandbox itself is still fine."""
+    with provider.create(RepoSource(str(buggy_repo))) as sbx:
+        fake.fail_next(5, status=503, match=":exec")
+        with pytest.raises(SandboxError) as raised:
+            sbx.exec("true")
+        assert not isinstance(raised.value, SandboxGone) and raised.value.kind == "infra"
+        assert fake.statuses(":exec") == [503] * 5, "one try and the SDK's 4 retries"
+        assert sbx.exec("true").ok
+
+
+def test_an_unreachable_api_is_an_infra_error(buggy_repo: Path) -> None:
+    """Real SDK, no server at all (a closed port): the dropped connection becomes SandboxError."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    settings = RuntimeSettings(api_key="rt_x", api_url=f"http://127.0.0.1:{port}", max_retries=1)  # type: ignore[call-arg]
+    with pytest.raises(SandboxError, match="connection_error"):
+        RuntimeProvider(SandboxSettings(), settings).create(RepoSource(str(buggy_repo)))
+
+
+def test_a_wrong_key_is_a_config_error_naming_the_variable(fake: FakeRuntime, buggy_repo: Path) -> None:
+    """Real SDK against the fake Runtime, which answers 401 to any other key: ConfigError that names
+    RUNTIME_API_KEY and never shows the key."""
+    provider = RuntimeProvider(
+        SandboxSettings(), RuntimeSettings(api_key="rt_wrong_SECRET", api_url=fake.url)
+    )  # type: ignore[call-arg]
+    with pytest.raises(ConfigError) as raised:
+        provider.create(RepoSource(str(buggy_repo)))
+    message = str(raised.value)
+    assert "RUNTIME_API_KEY" in message and "401" in message and "rt_wrong_SECRET" not in message
+    assert fake.statuses("POST /v1/sandboxes") == [401], "a 401 is not retried"
+    assert fake.live_sandboxes() == []
+
+
+@pytest.mark.parametrize("full_output", [False, True], ids=["whole-answer", "streamed"])
+def test_a_sandbox_deleted_under_a_running_command_is_gone(
+    fake: FakeRuntime, provider: RuntimeProvider, buggy_repo: Path, full_output: bool
+) -> None:
+    """Real SDK against the fake Runtime, which deletes the sandbox while `sleep` runs: SandboxGone (infra, retried,
+    never graded), for a whole answer and for a stream; release afterwards is quiet."""
+    sbx = provider.create(RepoSource(str(buggy_repo)))
+    fake.delete_when_running("sleep 30")
+    with pytest.raises(SandboxGone) as raised:
+        sbx.exec("sleep 30", full_output=full_output, timeout=60)
+    assert isinstance(raised.value, InfraError) and sbx.id in str(raised.value)
+    with pytest.raises(SandboxGone):
+        sbx.files.read_text("/workspace/repo/calc.py")
+    sbx.release()
+
+
+def _listen() -> tuple[socket.socket, int]:
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    return server, server.getsockname()[1]
+
+
+def test_network_only_for_commands_that_ask(
+    fake: FakeRuntime, provider: RuntimeProvider, buggy_repo: Path
+) -> None:
+    """Real SDK against the fake Runtime (whose network rules really cut the command off, with a new network
+    namespace): agent commands have no network; network=True (setup) switches it on for that command only."""
+    listener, port = _listen()
+    connect = f"python -c \"import socket; socket.create_connection(('127.0.0.1', {port}), timeout=3); print('ok')\""
+    with listener, provider.create(RepoSource(str(buggy_repo))) as sbx:
+        assert not sbx.exec(connect).ok
+        assert sbx.exec(connect, network=True).stdout == "ok\n"
+        assert not sbx.exec(connect).ok, "switched off again"
+        assert fake.sandboxes[sbx.id].internet is False
+
+
+def test_a_git_url_is_cloned_inside_the_sandbox(
+    provider: RuntimeProvider, buggy_repo: Path, tmp_path: Path
+) -> None:
+    """Real SDK against the fake Runtime; real `git clone` inside the sandbox over HTTP from a local server (git's
+    dumb HTTP protocol) with the network switched on for the clone only; then the ref is checked out."""
+    first = git(buggy_repo, "rev-parse", "HEAD")
+    write_files(buggy_repo, {"calc.py": "changed\n"})
+    commit_all(buggy_repo, "second")
+    served = tmp_path / "served"
+    subprocess.run(["git", "clone", "-q", "--bare", str(buggy_repo), str(served / "calc.git")], check=True)
+    subprocess.run(["git", "-C", str(served / "calc.git"), "update-server-info"], check=True)
+    handler = partial(http.server.SimpleHTTPRequestHandler, directory=str(served))
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{httpd.server_address[1]}/calc.git"
+        with provider.create(RepoSource(url, first)) as sbx:
+            assert sbx.exec("git rev-parse HEAD").stdout.strip() == first
+            assert "return a - b" in sbx.files.read_text("/workspace/repo/calc.py")
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def test_cost_follows_command_time_lifetime_and_prices(provider: RuntimeProvider, buggy_repo: Path) -> None:
+    """Real SDK against the fake Runtime: cost_usd() = vCPUs x command seconds x vCPU-hour price + memory GiB x
+    lifetime x GiB-hour price, from the durations the API measured; frozen once released."""
+    with provider.create(RepoSource(str(buggy_repo))) as sbx:
+        sbx.exec("sleep 0.3")
+    usage = sbx.usage
+    assert usage.commands == 1 and 0.3 <= usage.command_seconds < 5
+    lifetime = usage.extra["lifetime_s"]
+    expected = 2 * usage.command_seconds / 3600 * 0.025 + 2 * lifetime / 3600 * 0.0075
+    assert sbx.cost_usd() == pytest.approx(expected) and usage.extra["cost_usd"] == pytest.approx(expected)
+    assert sbx.usage.extra["lifetime_s"] == lifetime
+
+
+def test_cleanup_by_label_from_the_command_line(fake: FakeRuntime, buggy_repo: Path, monkeypatch) -> None:
+    """`bugsweep sandboxes cleanup --label` (typer's CliRunner, settings from RUNTIME_API_URL / RUNTIME_API_KEY)
+    against the fake Runtime: deletes the matching bugsweep sandboxes only, never others' sandboxes."""
+    from bugsweep.cli import app
+
+    monkeypatch.setenv("RUNTIME_API_URL", fake.url)
+    monkeypatch.setenv("RUNTIME_API_KEY", fake.api_key)
+    provider = RuntimeProvider(SandboxSettings())
+    leftovers = [provider.create(RepoSource(str(buggy_repo)), labels={"sweep": "nightly"}) for _ in range(2)]
+    other_sweep = provider.create(RepoSource(str(buggy_repo)), labels={"sweep": "weekly"})
+    not_ours = Runtime(api_key=fake.api_key, base_url=fake.url).sandboxes.create(labels={"sweep": "nightly"})
+
+    listed = CliRunner().invoke(app, ["sandboxes", "list", "--label", "sweep=nightly"])
+    assert listed.exit_code == 0 and all(s.id in listed.output for s in leftovers)
+    assert not_ours.id not in listed.output
+
+    result = CliRunner().invoke(app, ["sandboxes", "cleanup", "--label", "sweep=nightly"])
+    assert result.exit_code == 0, result.output
+    assert "2 deleted, 0 failed" in result.output
+    assert {s.id for s in fake.live_sandboxes()} == {other_sweep.id, not_ours.id}
+
+    refused = CliRunner().invoke(app, ["sandboxes", "cleanup"])
+    assert refused.exit_code == 2 and "--label" in refused.output
+    other_sweep.release()
+
+
+# -- the whole agent on Runtime --------------------------------------------------------------------------------
+SECRET = "sk-test-SECRET-never-in-a-sandbox"
+
+
+def _solve(provider: RuntimeProvider, repo: Path, steps: list, scripted_model, out: Path):
+    from bugsweep.pipeline import solve_task
+    from bugsweep.settings import AgentSettings, ModelSettings
+    from bugsweep.spec import TaskSpec
+
+    server = scripted_model(steps)
+    spec = TaskSpec(
+        repo=str(repo),
+        problem_statement="test_add fails: add() is wrong. Fix it.",
+        test_command="python -m pytest -q",
+    )
+    model = ModelSettings(base_url=server.base_url, model="scripted", api_key=SECRET)  # type: ignore[arg-type]
+    return solve_task(
+        spec,
+        provider=provider,
+        model_settings=model,
+        agent_settings=AgentSettings(max_turns=10),
+        out_dir=out,
+        labels={"task": spec.instance_id, "model": "scripted"},
+    )
+
+
+def test_the_agent_resolves_a_bug_in_a_runtime_sandbox(
+    fake: FakeRuntime, provider: RuntimeProvider, buggy_repo: Path, tmp_path: Path, scripted_model
+) -> None:
+    """pipeline.solve_task end to end on RuntimeProvider: real SDK, real agent loop, real pytest and grading in the
+    fake Runtime's sandbox; the model is the scripted server. Resolved, with a sandbox cost beside the token cost,
+    the sandbox deleted, and the model's key never sent to the sandbox API."""
+    from bugsweep.testing.scripted_model import tool_call
+
+    steps = [
+        tool_call("run", command="python -m pytest -q"),
+        tool_call("read_file", path="calc.py"),
+        tool_call("edit_file", path="calc.py", old="return a - b", new="return a + b"),
+        tool_call("run", command="python -m pytest -q"),
+        tool_call("finish", summary="add() subtracted; it adds now."),
+    ]
+    out = tmp_path / "out"
+    grade = _solve(provider, buggy_repo, steps, scripted_model, out)
+    assert grade.resolved and grade.failed_before and grade.passes_after and grade.tests_untouched
+    assert grade.FAIL_TO_PASS == ["tests/test_calc.py::test_add"]
+    assert grade.sandbox_cost_usd is not None and grade.sandbox_cost_usd > 0
+    assert json.loads((out / "grade.json").read_text())["sandbox_cost_usd"] == grade.sandbox_cost_usd
+    assert fake.live_sandboxes() == [], "released at the end"
+    assert all(SECRET.encode() not in r.body for r in fake.requests)
+    assert "return a - b" in (buggy_repo / "calc.py").read_text(), "the user's checkout is untouched"
+
+
+def test_a_sandbox_that_vanishes_mid_task_is_an_infra_failure(
+    fake: FakeRuntime, provider: RuntimeProvider, buggy_repo: Path, tmp_path: Path, scripted_model
+) -> None:
+    """pipeline.solve_task on RuntimeProvider, the fake Runtime deleting the sandbox under the agent's command:
+    SandboxGone is raised for the task layer to retry, and grade.json says infra, not a model failure."""
+    from bugsweep.testing.scripted_model import tool_call
+
+    fake.delete_when_running("sleep 20")
+    out = tmp_path / "out"
+    with pytest.raises(SandboxGone):
+        _solve(provider, buggy_repo, [tool_call("run", command="sleep 20")], scripted_model, out)
+    grade = json.loads((out / "grade.json").read_text())
+    assert grade["failure_kind"] == "infra" and not grade["resolved"]
+    assert fake.live_sandboxes() == []
