@@ -38,14 +38,14 @@ def fake() -> Iterator[FakeRuntime]:
         yield server
 
 
-def make_provider(fake: FakeRuntime, **overrides: object) -> RuntimeProvider:
-    settings = RuntimeSettings(api_key=fake.api_key, api_url=fake.url, **overrides)  # type: ignore[arg-type]
-    return RuntimeProvider(SandboxSettings(memory_mib=2048), settings)
+def make_provider(fake: FakeRuntime, cache_dir: Path) -> RuntimeProvider:
+    settings = RuntimeSettings(api_key=fake.api_key, api_url=fake.url)  # type: ignore[call-arg]
+    return RuntimeProvider(SandboxSettings(memory_mib=2048), settings, cache_dir=cache_dir)
 
 
 @pytest.fixture
-def provider(fake: FakeRuntime) -> Iterator[RuntimeProvider]:
-    made = make_provider(fake)
+def provider(fake: FakeRuntime, tmp_path: Path) -> Iterator[RuntimeProvider]:
+    made = make_provider(fake, tmp_path / "cache")
     yield made
     made.close()
 
@@ -87,6 +87,17 @@ def test_create_exec_files_and_delete(fake: FakeRuntime, provider: RuntimeProvid
     assert fake.live_sandboxes() == []
     sbx.release()  # a second release is harmless
     assert fake.statuses(f"DELETE /v1/sandboxes/{sbx.id}") == [200]
+
+
+def test_a_plain_folder_becomes_a_git_repository_inside(provider: RuntimeProvider, tmp_path: Path) -> None:
+    """Real SDK against the fake Runtime: a folder without .git is uploaded whole and committed inside the sandbox
+    (as the local backend does), so the grader's git diff works; the folder itself is left alone."""
+    folder = tmp_path / "plain"
+    write_files(folder, {"app.py": "print('hi')\n", "data/x.txt": "x\n"})
+    with provider.create(RepoSource(str(folder))) as sbx:
+        listed = sbx.exec("git ls-files && git status --short")
+        assert listed.ok and listed.stdout.split() == ["app.py", "data/x.txt"]
+    assert not (folder / ".git").exists()
 
 
 def test_streamed_exec_returns_the_whole_log(provider: RuntimeProvider, buggy_repo: Path) -> None:

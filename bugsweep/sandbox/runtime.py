@@ -56,7 +56,7 @@ from bugsweep.sandbox.base import (
     SandboxUsage,
     tail,
 )
-from bugsweep.sandbox.sources import is_git_url, redact_url
+from bugsweep.sandbox.sources import SourceCache, is_git_url, redact_url
 from bugsweep.settings import SandboxSettings
 
 log = logging.getLogger(__name__)
@@ -203,12 +203,13 @@ def clean_labels(labels: dict[str, str]) -> dict[str, str]:
 
 
 def _checkout_archive(path: Path) -> bytes:
-    """The checkout as tar.gz: .git plus every file git does not ignore (tracked or not), so a working tree's
-    uncommitted state travels too, but not its virtualenvs and build folders. A folder that is not a git
-    repository travels whole."""
+    """The tree as tar.gz: a self-contained .git plus every file git does not ignore (tracked or not), so a working
+    tree's uncommitted state travels too, but not its virtualenvs and build folders. A folder that is not a git
+    repository travels whole; a worktree's .git file (a pointer to elsewhere on this machine) stays behind."""
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w:gz") as archive:
-        if not (path / ".git").exists():
+        dotgit = path / ".git"
+        if not dotgit.exists():
             archive.add(path, arcname=".")
         else:
             listed = subprocess.run(
@@ -216,8 +217,9 @@ def _checkout_archive(path: Path) -> bytes:
                 capture_output=True,
                 check=True,
             ).stdout.decode("utf-8", "surrogateescape")
-            archive.add(path / ".git", arcname=".git")
-            for rel in sorted({p for p in listed.split("\0") if p}):
+            if dotgit.is_dir():
+                archive.add(dotgit, arcname=".git")
+            for rel in sorted({p for p in listed.split("\0") if p and p != ".git"}):
                 full = path / rel
                 if full.exists() or full.is_symlink():
                     archive.add(full, arcname=rel, recursive=False)
@@ -258,7 +260,11 @@ class RuntimeSandbox:
     """One task's Runtime microVM. Use as a context manager, or call release() in a finally block."""
 
     def __init__(
-        self, sdk_sandbox: Any, settings: SandboxSettings, runtime_settings: RuntimeSettings
+        self,
+        sdk_sandbox: Any,
+        settings: SandboxSettings,
+        runtime_settings: RuntimeSettings,
+        sources: SourceCache | None = None,
     ) -> None:
         self.sdk = sdk_sandbox
         """The SDK's Sandbox, for what this interface does not cover (snapshots, previews, ...)."""
@@ -270,6 +276,7 @@ class RuntimeSandbox:
         self._prices = (runtime_settings.price_per_vcpu_hour, runtime_settings.price_per_gib_hour)
         self._isolate_network = runtime_settings.isolate_network
         self._clone_timeout = runtime_settings.clone_timeout_s
+        self._sources = sources or SourceCache()
         self._command_seconds = 0.0
         self._commands = 0
         self._created = time.monotonic()
@@ -412,8 +419,8 @@ class RuntimeSandbox:
             raise
 
     def put_repo(self, source: RepoSource) -> None:
-        """The repository at workdir: cloned inside for a git URL, uploaded (with .git) for a local folder;
-        then `source.ref` checked out, if given."""
+        """The repository at workdir: for a git URL, cloned inside the sandbox and `source.ref` checked out; for
+        a local folder, uploaded with its .git (at `source.ref` if given, resolved on this machine)."""
         repo = source.repo
         if is_git_url(repo):
             shown = redact_url(repo)
@@ -433,23 +440,34 @@ class RuntimeSandbox:
                 raise SandboxError(message)
             if shown != repo:  # credentials in the URL must not stay where the model can read them
                 self.exec(f"git remote set-url origin {shlex.quote(shown)}", timeout=60)
-        else:
-            path = Path(repo).expanduser().resolve()
-            if not path.is_dir():
-                raise ConfigError(f"repository {repo!r} is neither a folder on this machine nor a git URL")
-            data = _checkout_archive(path)
-            with classified(f"upload {path}", self.id):
-                self.sdk.files.mkdir(self.workdir)
-                self.sdk.files.unarchive(self.workdir, data)
-        if source.ref:
-            checkout = self.exec(
-                f"git -c advice.detachedHead=false checkout -q -f {shlex.quote(source.ref)} && git clean -q -fd",
+            if source.ref:
+                self._checkout(source.ref, shown)
+            return
+        # A local folder: the same tree the local backend uses (the working tree as it is, or a cached
+        # checkout of the ref, made on this machine), uploaded as one archive.
+        prepared = self._sources.prepare(source)
+        data = _checkout_archive(prepared.path)
+        with classified(f"upload {prepared.path}", self.id):
+            self.sdk.files.mkdir(self.workdir)
+            self.sdk.files.unarchive(self.workdir, data)
+        if not prepared.has_git:
+            made = self.exec(
+                "git init -q -b main && git add -A && git -c user.name=bugsweep -c user.email=bugsweep@localhost "
+                "commit -q --no-verify --allow-empty -m 'bugsweep: the files as given'",
                 timeout=300,
             )
-            if not checkout.ok:
-                raise ConfigError(
-                    f"cannot check out {source.ref!r} of {repo}: {checkout.output.strip()[-500:]}"
+            if not made.ok:
+                raise SandboxError(
+                    f"could not make {self.workdir} a git repository: {made.output.strip()[-500:]}"
                 )
+
+    def _checkout(self, ref: str, repo: str) -> None:
+        checkout = self.exec(
+            f"git -c advice.detachedHead=false checkout -q -f --detach {shlex.quote(ref)} && git clean -q -fd",
+            timeout=300,
+        )
+        if not checkout.ok:
+            raise ConfigError(f"ref {ref!r} not found in {repo}: {checkout.output.strip()[-500:]}")
 
 
 class RuntimeProvider:
@@ -466,12 +484,15 @@ class RuntimeProvider:
         runtime_settings: RuntimeSettings | None = None,
         *,
         client: Runtime | None = None,
+        cache_dir: Path | None = None,
     ) -> None:
+        """`cache_dir`: where checkouts of refs of local repositories are cached (default ~/.cache/bugsweep)."""
         self.settings = settings or SandboxSettings()
         # Read from the environment; mypy cannot see that the aliased fields have defaults.
         self.runtime_settings = runtime_settings or RuntimeSettings()  # type: ignore[call-arg]
         self._client = client
         self._client_lock = threading.Lock()
+        self.sources = SourceCache(cache_dir)
 
     @property
     def client(self) -> Runtime:
@@ -514,7 +535,7 @@ class RuntimeProvider:
             fields["max_cost_micros"] = int(rs.max_cost_usd * 1_000_000)
         with classified("create a Runtime sandbox", invalid_is_config=True):
             sdk_sandbox = self.client.sandboxes.create(**fields)
-        sandbox = RuntimeSandbox(sdk_sandbox, self.settings, rs)
+        sandbox = RuntimeSandbox(sdk_sandbox, self.settings, rs, self.sources)
         try:
             sandbox.put_repo(source)
         except BaseException:
