@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import http.server
 import json
+import os
 import shutil
 import socket
 import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from functools import partial
@@ -350,4 +352,40 @@ def test_a_sandbox_that_vanishes_mid_task_is_an_infra_failure(
         _solve(provider, buggy_repo, [tool_call("run", command="sleep 20")], scripted_model, out)
     grade = json.loads((out / "grade.json").read_text())
     assert grade["failure_kind"] == "infra" and not grade["resolved"]
+    assert fake.live_sandboxes() == []
+
+
+def test_bugsweep_solve_runs_unchanged_on_runtime(
+    fake: FakeRuntime, buggy_repo: Path, tmp_path: Path, scripted_model
+) -> None:
+    """`bugsweep solve --sandbox runtime` as a user runs it (a subprocess; RUNTIME_API_URL / RUNTIME_API_KEY point at
+    the fake Runtime; the model is the scripted server): resolved, with the sandbox cost in grade.json, and the
+    Runtime key nowhere in the output."""
+    from bugsweep.testing.scripted_model import tool_call
+
+    server = scripted_model(
+        [
+            tool_call("edit_file", path="calc.py", old="return a - b", new="return a + b"),
+            tool_call("finish", summary="fixed add()"),
+        ]
+    )
+    out = tmp_path / "out"
+    env = {
+        **os.environ,
+        "RUNTIME_API_URL": fake.url,
+        "RUNTIME_API_KEY": fake.api_key,
+        "LLM_BASE_URL": server.base_url,
+        "LLM_MODEL": "scripted",
+        "LLM_API_KEY": SECRET,
+        "XDG_CACHE_HOME": str(tmp_path / "cache"),
+    }
+    args = ["--repo", str(buggy_repo), "--task", "add() is wrong", "--test-command", "python -m pytest -q"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "bugsweep.cli", "solve", *args, "--sandbox", "runtime", "--out", str(out)],
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    grade = json.loads((out / "grade.json").read_text())
+    assert grade["resolved"] and grade["sandbox_cost_usd"] > 0
+    assert fake.api_key not in proc.stdout + proc.stderr and SECRET not in proc.stdout + proc.stderr
     assert fake.live_sandboxes() == []
