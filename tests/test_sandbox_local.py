@@ -1,0 +1,472 @@
+"""The local sandbox, for real: real bubblewrap, real overlayfs mounts, real cgroups, real git, a real TCP server on
+the host. Stand-ins are named where used (a fake `bwrap` that fails like one without namespaces; a forced overlay
+failure). Needs Linux, root and Debian `bubblewrap`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socketserver
+import sys
+import threading
+import time
+import tracemalloc
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from bugsweep.errors import ConfigError, SandboxGone
+from bugsweep.sandbox import RepoSource, Sandbox, get_provider
+from bugsweep.sandbox import local as local_mod
+from bugsweep.sandbox.base import OUTPUT_LIMIT_BYTES
+from bugsweep.sandbox.local import LocalProvider, LocalSandbox
+from bugsweep.settings import SandboxSettings
+from bugsweep.testing.repos import commit_all, git, make_repo, write_files
+
+PROJECT_DIR = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def provider(tmp_path: Path) -> LocalProvider:
+    settings = SandboxSettings(memory_mib=256, max_processes=64)
+    return LocalProvider(settings, cache_dir=tmp_path / "cache", state_dir=tmp_path / "state")
+
+
+@pytest.fixture
+def sbx(provider: LocalProvider, buggy_repo: Path) -> Iterator[LocalSandbox]:
+    with provider.create(RepoSource(str(buggy_repo))) as sandbox:
+        yield sandbox
+
+
+def processes_with(marker: str) -> list[int]:
+    """Host pids whose command line contains `marker`."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            cmdline = (
+                Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            )
+        except OSError:
+            continue
+        if marker in cmdline and int(entry) != os.getpid():
+            found.append(int(entry))
+    return found
+
+
+def processes_in_cgroup_of(sandbox_id: str) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if sandbox_id in Path(f"/proc/{entry}/cgroup").read_text():
+                    found.append(int(entry))
+            except OSError:
+                pass
+    return found
+
+
+def host_process_count() -> int:
+    return sum(1 for entry in os.listdir("/proc") if entry.isdigit())
+
+
+def mounts() -> str:
+    return Path("/proc/mounts").read_text()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_get_provider_returns_a_local_provider_whose_sandboxes_satisfy_the_protocol(tmp_path, buggy_repo):
+    provider = get_provider("local")
+    assert provider.name == "local"
+    provider.sources.root = tmp_path / "cache"  # type: ignore[attr-defined]
+    with provider.create(RepoSource(str(buggy_repo)), labels={"task": "t1"}) as sandbox:
+        assert isinstance(sandbox, Sandbox)
+        assert sandbox.workdir == "/workspace/repo"
+        assert sandbox.id
+
+
+def test_a_command_runs_in_the_repo(sbx):
+    result = sbx.exec("pwd; cat calc.py; git log --oneline")
+    assert result.ok, result.output
+    assert result.stdout.startswith("/workspace/repo\n")
+    assert "return a - b" in result.stdout
+    assert "initial" in result.stdout
+
+
+def test_changes_persist_inside_but_the_host_checkout_is_untouched(sbx, buggy_repo):
+    assert sbx.exec("sed -i 's/a - b/a + b/' calc.py && echo scratch > /tmp/note").ok
+    later = sbx.exec("cat calc.py; cat /tmp/note; git status --porcelain; git diff --stat")
+    assert "return a + b" in later.stdout
+    assert "scratch" in later.stdout
+    assert " M calc.py" in later.stdout
+    assert sbx.exec("python -m pytest -q").ok  # the host's pytest, on the fixed code
+
+    assert "return a - b" in (buggy_repo / "calc.py").read_text()
+    assert git(buggy_repo, "status", "--porcelain") == ""
+
+
+def test_stdin_env_and_cwd_are_honoured(sbx):
+    result = sbx.exec('cat; echo "[$FOO]"; pwd', stdin="from stdin\n", env={"FOO": "bar"}, cwd="/tmp")
+    assert result.stdout == "from stdin\n[bar]\n/tmp\n"
+    assert sbx.exec("exit 3").exit_code == 3
+
+
+def test_files_read_write_exists(sbx):
+    sbx.files.write("/workspace/repo/pkg/sub/new.py", "x = 1\n")
+    assert sbx.files.exists("/workspace/repo/pkg/sub/new.py")
+    assert sbx.files.read_text("/workspace/repo/pkg/sub/new.py") == "x = 1\n"
+    assert sbx.exec("cat pkg/sub/new.py").stdout == "x = 1\n"
+    assert sbx.files.read_text("calc.py").startswith("def add")  # relative: to the workdir
+    sbx.files.write("/tmp/bytes.bin", b"\x00\x01")
+    assert sbx.exec("od -An -tx1 /tmp/bytes.bin").stdout.split() == ["00", "01"]
+    assert not sbx.files.exists("/workspace/repo/nope.py")
+    with pytest.raises(FileNotFoundError):
+        sbx.files.read_text("/workspace/repo/nope.py")
+    with pytest.raises(IsADirectoryError):
+        sbx.files.read_text("/workspace/repo/tests")
+    # outside the writable areas: done inside the sandbox, so it sees what a command sees
+    assert sbx.files.exists("/usr/bin/git")
+    with pytest.raises(PermissionError):
+        sbx.files.write("/usr/evil.txt", "no")
+    assert not Path("/usr/evil.txt").exists()
+
+
+def test_host_folders_and_home_are_not_visible(sbx, tmp_path):
+    marker = tmp_path / "host-secret.txt"
+    marker.write_text("host only")
+    hidden = [str(PROJECT_DIR), str(marker), str(Path.home()), "/home", "/work"]
+    with contextlib.suppress(OSError):
+        hidden += [f"/root/{name}" for name in os.listdir("/root") if name != ".pyenv"]
+    for path in hidden:
+        result = sbx.exec(f"ls -A {path} 2>&1; cat {path} 2>&1")
+        assert "host only" not in result.stdout
+        if path not in ("/root", Path.home()) and not sys.prefix.startswith(path):
+            assert "No such file or directory" in result.stdout, (path, result.stdout)
+    assert sbx.exec("ls -A /root").stdout.split() in ([], [".pyenv"])
+    assert sbx.exec("ls /").stdout.split() == sorted(
+        ["bin", "dev", "etc", "lib", "lib64", "proc", "sbin", "tmp", "usr", "var", "workspace"]
+        + (["root"] if sys.prefix.startswith("/root/") else [])
+        + [d for d in ("lib32", "libx32") if os.path.exists(f"/{d}")]
+    )
+    assert sbx.exec("cat /etc/shadow").exit_code != 0
+
+
+def test_the_model_key_in_the_host_environment_is_not_in_the_sandbox(sbx, monkeypatch):
+    monkeypatch.setenv("LLM_API_KEY", "sk-test-very-secret-4242")
+    result = sbx.exec(
+        "env; cat /proc/1/environ; cat /proc/self/environ; cat /proc/[0-9]*/environ", full_output=True
+    )
+    assert "sk-test-very-secret-4242" not in result.output
+    assert "LLM_API_KEY" not in result.output
+    assert "HOME=/workspace" in result.stdout
+
+
+class _Greeter(socketserver.BaseRequestHandler):
+    def handle(self) -> None:
+        self.request.sendall(b"hello from the host\n")
+
+
+@pytest.fixture
+def host_server() -> Iterator[int]:
+    server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), _Greeter)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server.server_address[1]
+    server.shutdown()
+    server.server_close()
+
+
+def test_no_network_unless_the_setup_step_asks(sbx, host_server):
+    connect = (
+        "python -c \"import socket; s = socket.create_connection(('127.0.0.1', PORT), timeout=5); "
+        'print(s.recv(100).decode())"'
+    ).replace("PORT", str(host_server))
+    offline = sbx.exec(connect)
+    assert offline.exit_code != 0
+    assert "hello from the host" not in offline.output
+    assert "Connection refused" in offline.stderr
+    interfaces = sbx.exec("tail -n +3 /proc/net/dev | cut -d: -f1").stdout.split()
+    assert interfaces == ["lo"]
+
+    online = sbx.exec(connect, network=True)
+    assert online.ok, online.output
+    assert "hello from the host" in online.stdout
+
+
+def test_setup_network_setting_off_keeps_the_network_closed(tmp_path, buggy_repo, host_server):
+    provider = LocalProvider(
+        SandboxSettings(setup_network=False), cache_dir=tmp_path / "c", state_dir=tmp_path / "s"
+    )
+    with provider.create(RepoSource(str(buggy_repo))) as sandbox:
+        result = sandbox.exec(
+            f"exec 3<>/dev/tcp/127.0.0.1/{host_server} && cat <&3", network=True, timeout=10
+        )
+        assert result.exit_code != 0
+        assert "hello from the host" not in result.stdout
+
+
+def test_files_cannot_escape_through_dotdot_or_symlinks(sbx, tmp_path):
+    host_dir = tmp_path / "hostdir"
+    host_dir.mkdir()
+    (host_dir / "secret.txt").write_text("host only")
+    assert sbx.exec(
+        f"ln -s /etc/shadow shadow && ln -s {PROJECT_DIR} project && ln -s {host_dir} hostdir "
+        "&& ln -s ../../.. up && ln -s /workspace/repo/calc.py inside"
+    ).ok
+    for path in (
+        "/workspace/repo/shadow",
+        "/workspace/repo/project/ARCHITECTURE.md",
+        "/workspace/repo/hostdir/secret.txt",
+        f"/workspace/repo/up{host_dir}/secret.txt",
+        f"/workspace/repo/../../..{host_dir}/secret.txt",
+        "/workspace/repo/../../etc/shadow",
+    ):
+        with pytest.raises(FileNotFoundError):
+            sbx.files.read_text(path)
+        assert not sbx.files.exists(path)
+    assert sbx.files.read_text("/workspace/repo/inside").startswith("def add")  # a link within the sandbox
+
+    for path in (
+        "/workspace/repo/hostdir/pwned.txt",
+        f"/workspace/repo/../../..{host_dir}/pwned.txt",
+        f"/workspace/repo/up{host_dir}/pwned.txt",
+    ):
+        with contextlib.suppress(
+            OSError
+        ):  # failing is fine (a dangling link inside); reaching the host is not
+            sbx.files.write(path, "x")
+    assert sorted(os.listdir(host_dir)) == ["secret.txt"]
+    assert (host_dir / "secret.txt").read_text() == "host only"
+
+
+def test_a_fork_bomb_is_contained(sbx):
+    before = host_process_count()
+    result = sbx.exec("bomb() { bomb | bomb & }; bomb", timeout=5)
+    assert not result.ok
+    assert processes_in_cgroup_of(sbx.id) == []
+    assert host_process_count() < before + 30
+    assert sbx.exec("echo still usable").stdout == "still usable\n"
+
+
+def test_a_command_that_never_ends_times_out_and_leaves_no_process(sbx):
+    result = sbx.exec("sleep 1000.123 & sleep 1000.124", timeout=2)
+    assert result.timed_out
+    assert result.exit_code is None
+    assert not result.ok
+    assert processes_with("1000.12") == []
+    assert processes_in_cgroup_of(sbx.id) == []
+
+
+def test_background_processes_end_with_their_command(sbx):
+    result = sbx.exec("sleep 1000.126 >/dev/null 2>&1 & echo started")
+    assert result.stdout == "started\n"
+    assert processes_with("1000.126") == []
+
+
+def test_huge_output_keeps_the_tail_without_holding_it_in_memory(sbx):
+    tracemalloc.start()
+    try:
+        result = sbx.exec("head -c 50000000 /dev/zero | tr '\\0' x; echo; echo END; echo err >&2")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert result.ok
+    assert result.truncated
+    assert len(result.stdout.encode()) <= OUTPUT_LIMIT_BYTES
+    assert result.stdout.endswith("x\nEND\n")
+    assert result.stderr == "err\n"
+    assert peak < 4 * 1024 * 1024
+
+    full = sbx.exec("head -c 2000000 /dev/zero | tr '\\0' y", full_output=True)
+    assert not full.truncated
+    assert full.stdout == "y" * 2_000_000
+
+
+def test_the_memory_limit_kills_a_big_allocation(sbx):
+    result = sbx.exec("python -c \"x = b'a' * (512 * 1024 * 1024); print('allocated')\"", timeout=60)
+    assert result.exit_code == 137
+    assert result.out_of_memory
+    assert "allocated" not in result.stdout
+    assert sbx.exec("echo fine").ok
+
+
+def test_release_kills_running_commands_unmounts_and_removes_everything(sbx, provider):
+    outcome: list[object] = []
+
+    def run() -> None:
+        try:
+            outcome.append(sbx.exec("sleep 1000.125", timeout=600))
+        except SandboxGone as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not processes_with("1000.125") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert processes_with("1000.125")
+    root = provider.state_dir / sbx.id
+    assert str(root) in mounts()
+
+    sbx.release()
+    thread.join(timeout=30)
+    assert not thread.is_alive()
+    assert isinstance(outcome[0], SandboxGone)
+    assert processes_with("1000.125") == []
+    assert processes_in_cgroup_of(sbx.id) == []
+    assert str(root) not in mounts()
+    assert not root.exists()
+    assert not any(sbx.id in line for line in Path("/proc/self/cgroup").read_text().splitlines())
+    assert not list(Path("/sys/fs/cgroup").glob(f"*/**/bugsweep-{sbx.id}"))
+
+    sbx.release()  # idempotent
+    with pytest.raises(SandboxGone):
+        sbx.exec("true")
+    with pytest.raises(SandboxGone):
+        sbx.files.read_text("/workspace/repo/calc.py")
+
+
+def test_a_vanished_workspace_is_sandbox_gone(sbx, provider):
+    local_mod._umount(provider.state_dir / sbx.id / "ws" / "repo")
+    with pytest.raises(SandboxGone):
+        sbx.exec("true")
+
+
+def test_sandboxes_of_a_dead_process_are_cleaned_up(provider, buggy_repo, monkeypatch):
+    sandbox = provider.create(RepoSource(str(buggy_repo)))
+    root = provider.state_dir / sandbox.id
+    meta = root / "meta.json"
+    meta.write_text(meta.read_text().replace(f'"owner_pid": {os.getpid()}', '"owner_pid": 999999999'))
+    monkeypatch.setattr(local_mod, "_reaped", set())
+    provider.create(RepoSource(str(buggy_repo))).release()  # the next create sweeps
+    assert not root.exists()
+    assert str(root) not in mounts()
+    sandbox.release()  # never raises, even though its resources are already gone
+
+
+def test_missing_bubblewrap_is_a_config_error_naming_the_fix(provider, buggy_repo, monkeypatch, tmp_path):
+    empty = tmp_path / "empty-bin"
+    empty.mkdir()
+    monkeypatch.setenv("PATH", str(empty))
+    with pytest.raises(ConfigError, match="apt-get install bubblewrap"):
+        provider.create(RepoSource(str(buggy_repo)))
+
+
+def test_bubblewrap_without_namespaces_is_a_config_error(provider, buggy_repo, monkeypatch, tmp_path):
+    """Stand-in: a `bwrap` script that fails the way bubblewrap does where user namespaces are forbidden."""
+    fake_bin = tmp_path / "fake-bin"
+    fake_bin.mkdir()
+    fake = fake_bin / "bwrap"
+    fake.write_text("#!/bin/sh\necho 'bwrap: No permissions to create new namespace' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake_bin}:{os.environ['PATH']}")
+    with pytest.raises(ConfigError, match="namespace"):
+        provider.create(RepoSource(str(buggy_repo)))
+    assert not provider.state_dir.exists() or not any(provider.state_dir.iterdir())
+
+
+def test_a_git_url_source_is_cloned_once_and_reused(provider, tmp_path):
+    origin = make_repo(tmp_path / "origin")
+    url = f"file://{origin}"
+    with provider.create(RepoSource(url)) as first:
+        assert "return a - b" in first.exec("cat calc.py").stdout
+        assert first.exec("git remote get-url origin").stdout.strip() == url
+        assert first.exec("git status --porcelain").stdout == ""
+    with provider.create(RepoSource(url)) as second:
+        assert second.exec("git log --oneline | wc -l").stdout.strip() == "1"
+    assert len(list((provider.sources.root / "mirrors").iterdir())) == 1
+    assert len(list((provider.sources.root / "checkouts").iterdir())) == 1
+
+
+def test_a_ref_source_checks_out_that_commit_without_touching_the_checkout(provider, buggy_repo):
+    first = git(buggy_repo, "rev-parse", "HEAD")
+    write_files(buggy_repo, {"calc.py": "def add(a, b):\n    return a + b\n"})
+    commit_all(buggy_repo, "fix")
+    (buggy_repo / "calc.py").write_text("uncommitted\n")
+
+    with provider.create(RepoSource(str(buggy_repo), ref=first)) as sandbox:
+        assert sandbox.exec("git rev-parse HEAD").stdout.strip() == first
+        assert "return a - b" in sandbox.files.read_text("/workspace/repo/calc.py")
+        assert sandbox.exec("git status --porcelain").stdout == ""
+    with provider.create(RepoSource(str(buggy_repo), ref="main")) as sandbox:
+        assert "return a + b" in sandbox.files.read_text("/workspace/repo/calc.py")
+    with provider.create(RepoSource(str(buggy_repo))) as sandbox:  # no ref: the working tree as it is
+        assert sandbox.files.read_text("/workspace/repo/calc.py") == "uncommitted\n"
+    assert (buggy_repo / "calc.py").read_text() == "uncommitted\n"
+    assert git(buggy_repo, "log", "--oneline").count("\n") == 1
+    with pytest.raises(ConfigError, match="not found"):
+        provider.create(RepoSource(str(buggy_repo), ref="no-such-branch"))
+
+
+def test_a_plain_folder_becomes_a_git_repo_inside_only(provider, tmp_path):
+    folder = tmp_path / "plain"
+    write_files(folder, {"app.py": "print('hi')\n"})
+    with provider.create(RepoSource(str(folder))) as sandbox:
+        assert sandbox.exec("git status --porcelain").stdout == ""
+        assert (
+            sandbox.exec("echo \"print('bye')\" > app.py && git diff --stat")
+            .stdout.strip()
+            .startswith("app.py")
+        )
+    assert not (folder / ".git").exists()
+    assert (folder / "app.py").read_text() == "print('hi')\n"
+
+
+def _wheel(path: Path, name: str, module_text: str) -> Path:
+    """A minimal pure-Python wheel, so the install needs neither the network nor a build backend."""
+    wheel = path / f"{name}-0.1-py3-none-any.whl"
+    dist = f"{name}-0.1.dist-info"
+    files = {
+        f"{name}.py": module_text,
+        f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.1\n",
+        f"{dist}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    with zipfile.ZipFile(wheel, "w") as zf:
+        for rel, text in files.items():
+            zf.writestr(rel, text)
+        zf.writestr(f"{dist}/RECORD", "".join(f"{rel},,\n" for rel in files) + f"{dist}/RECORD,,\n")
+    return wheel
+
+
+def test_pip_install_goes_to_the_sandbox_not_the_host_python(sbx, tmp_path):
+    """`pip install` defaults to the user scheme in /workspace/.local, because the host's site-packages is mounted
+    read-only; the package is importable by later commands. Offline (a local wheel), as the grader runs."""
+    wheel = _wheel(tmp_path, "sbxpkg", "WHERE = 'sandbox'\n")
+    sbx.files.write(f"/tmp/{wheel.name}", wheel.read_bytes())
+    install = sbx.exec(f"pip install --no-index /tmp/{wheel.name} 2>&1", timeout=240)
+    assert install.ok, install.output
+    assert "Defaulting to user installation" in install.stdout
+    imported = sbx.exec("cd /tmp && python -c 'import sbxpkg; print(sbxpkg.__file__, sbxpkg.WHERE)'")
+    assert imported.stdout.startswith("/workspace/.local/lib/python")
+    assert imported.stdout.strip().endswith("sbxpkg.py sandbox")
+    assert not list(Path(sys.prefix).glob("lib/python*/site-packages/sbxpkg*"))
+    assert sbx.exec("git status --porcelain").stdout == ""  # nothing of it lands in the repository
+
+
+def test_overlay_failure_falls_back_to_a_copy(provider, buggy_repo, monkeypatch, caplog):
+    """Stand-in: the overlay mount is made to fail, as it would on a filesystem without overlayfs support."""
+    monkeypatch.setattr(local_mod, "_mount_overlay", lambda *a: False)
+    with provider.create(RepoSource(str(buggy_repo))) as sandbox:
+        assert sandbox.exec("sed -i 's/a - b/a + b/' calc.py && git diff --stat").ok
+        assert str(provider.state_dir / sandbox.id) not in mounts()
+    assert "return a - b" in (buggy_repo / "calc.py").read_text()
+
+
+def test_bad_workdir_is_a_config_error(tmp_path, buggy_repo):
+    provider = LocalProvider(
+        SandboxSettings(workdir="/etc"), cache_dir=tmp_path / "c", state_dir=tmp_path / "s"
+    )
+    with pytest.raises(ConfigError, match="/workspace"):
+        provider.create(RepoSource(str(buggy_repo)))
+
+
+def test_host_python_is_read_only_inside(sbx):
+    result = sbx.exec(f"touch {sys.prefix}/evil 2>&1; touch /usr/evil 2>&1")
+    assert result.stdout.count("Read-only file system") == 2
+    assert not Path(sys.prefix, "evil").exists()
