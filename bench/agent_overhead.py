@@ -170,8 +170,18 @@ def bench_mini(env: str, turns: int, work: Path) -> list[float]:
 
 
 def summarise(samples: list[float]) -> dict[str, float]:
+    """Median and quartiles over all turns, plus the medians of the first and last quarter of the run: a harness
+    whose per-turn work grows with the history shows it as last > first."""
     q = statistics.quantiles(samples, n=4)
-    return {"median_ms": statistics.median(samples), "p25_ms": q[0], "p75_ms": q[2], "turns": len(samples)}
+    k = max(1, len(samples) // 4)
+    return {
+        "median_ms": statistics.median(samples),
+        "p25_ms": q[0],
+        "p75_ms": q[2],
+        "first_quarter_median_ms": statistics.median(samples[:k]),
+        "last_quarter_median_ms": statistics.median(samples[-k:]),
+        "turns": len(samples),
+    }
 
 
 def main() -> None:
@@ -203,9 +213,14 @@ def main() -> None:
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
-    print(f"{'agent / environment':32} {'median ms/turn':>15} {'p25':>8} {'p75':>8}")
+    print(
+        f"{'agent / environment':30} {'median ms/turn':>14} {'p25':>7} {'p75':>7} {'first 1/4':>9} {'last 1/4':>9}"
+    )
     for key, row in rows.items():
-        print(f"{key:32} {row['median_ms']:15.2f} {row['p25_ms']:8.2f} {row['p75_ms']:8.2f}")
+        print(
+            f"{key:30} {row['median_ms']:14.2f} {row['p25_ms']:7.2f} {row['p75_ms']:7.2f} "
+            f"{row['first_quarter_median_ms']:9.2f} {row['last_quarter_median_ms']:9.2f}"
+        )
     for env in args.envs.split(","):
         ours, theirs = rows.get(f"bugsweep / {env}"), rows.get(f"mini-swe-agent / {env}")
         if ours and theirs:
