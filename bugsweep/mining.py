@@ -327,6 +327,18 @@ def test_patch(repo: Path, commit: Commit, test_files: Sequence[str]) -> str:
     return _git(repo, "diff", "--binary", "--no-renames", commit.parents[0], commit.sha, "--", *test_files)
 
 
+#: Folder names that say nothing about the project (a mirror's `repo/`, a `src/` checkout).
+GENERIC_DIR_NAMES = {"repo", "repository", "src", "source", "checkout", "git", "work"}
+
+
+def default_prefix(repo_name: str) -> str:
+    """The project's name for instance ids: the last meaningful part of the path or URL, without `.git`."""
+    parts = [p.removesuffix(".git") for p in re.split(r"[/:]", repo_name.rstrip("/")) if p]
+    while len(parts) > 1 and parts[-1].lower() in GENERIC_DIR_NAMES | {""}:
+        parts.pop()
+    return re.sub(r"[^A-Za-z0-9]+", "-", parts[-1] if parts else "").strip("-") or "repo"
+
+
 def build_task(
     repo: Path,
     screened: Screened,
@@ -334,6 +346,7 @@ def build_task(
     repo_name: str,
     test_command: str | None = None,
     setup_command: str | None = None,
+    task_prefix: str | None = None,
 ) -> TaskSpec:
     """The task for a screened commit: parent + test_patch, task text = the message's first line."""
     c = screened.commit
@@ -341,12 +354,8 @@ def build_task(
     files = " ".join(shlex.quote(t) for t in screened.runnable_tests)
     test = test_command.replace("{test_files}", files) if test_command else detected.test
     setup = detected.setup if setup_command is None else (setup_command or None)
-    stem = (
-        re.sub(r"[^A-Za-z0-9]+", "-", Path(repo_name.rstrip("/")).name.removesuffix(".git")).strip("-")
-        or "repo"
-    )
     return TaskSpec(
-        instance_id=f"{stem}-{c.sha[:10]}",
+        instance_id=f"{task_prefix or default_prefix(repo_name)}-{c.sha[:10]}",
         repo=repo_name,
         base_commit=c.parents[0],
         problem_statement=c.subject,
@@ -563,6 +572,7 @@ def mine(
     out: Path | None = None,
     on_progress: ProgressCallback | None = None,
     test_timeout: float = 900.0,
+    task_prefix: str | None = None,
 ) -> MiningResult:
     """Scan `repo`'s history newest first and keep up to `limit` validated tasks.
 
@@ -591,7 +601,12 @@ def mine(
             progress(_rejected_event(screened, result))
             continue
         spec = build_task(
-            git_dir, screened, repo_name=repo_name, test_command=test_command, setup_command=setup_command
+            git_dir,
+            screened,
+            repo_name=repo_name,
+            test_command=test_command,
+            setup_command=setup_command,
+            task_prefix=task_prefix,
         )
         if git_dir != Path(repo_name):
             # Validate against the local clone (fast); the task file names the repository as the user gave it.

@@ -56,6 +56,9 @@ def mine_command(
     sandbox: Annotated[
         str, typer.Option(help="Sandbox backend for validation: 'local' or 'runtime'.")
     ] = "local",
+    name: Annotated[
+        str | None, typer.Option(help="Prefix of the instance ids (default: the repository's name).")
+    ] = None,
 ) -> None:
     """Find bug-fix commits with tests in REPO's history and turn them into validated tasks.
 
@@ -94,6 +97,7 @@ def mine_command(
             max_candidates=max_candidates,
             out=out,
             on_progress=show,
+            task_prefix=name,
         )
     except BugsweepError as exc:
         _fail(str(exc))
