@@ -26,7 +26,7 @@ from bugsweep.testing.repos import make_repo
 
 class _DirFiles:
     def read_text(self, path: str) -> str:
-        with open(path, encoding="utf-8", newline="") as f:
+        with open(path, encoding="utf-8", errors="replace", newline="") as f:  # as the local sandbox decodes
             return f.read()
 
     def write(self, path: str, data: str | bytes) -> None:
@@ -331,3 +331,11 @@ def test_prompts_have_no_placeholders() -> None:
     text += "".join(prompts.ARGUMENT_SHAPES.values())
     for marker in ("/path/to", "<", "your_", "example.py", "foo", "TODO", "..."):
         assert marker not in text, marker
+
+
+def test_binary_files_are_neither_shown_nor_rewritten(box: Toolbox, repo: Path) -> None:
+    blob = b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\xff\xfe"
+    (repo / "logo.png").write_bytes(blob)
+    assert "not a text file" in box.call("read_file", args(path="logo.png")).content
+    assert "not a text file" in box.call("edit_file", args(path="logo.png", old="PNG", new="GIF")).content
+    assert (repo / "logo.png").read_bytes() == blob

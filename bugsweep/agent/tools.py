@@ -183,7 +183,7 @@ class Toolbox:
             'if [ -d "$(dirname -- "$p")" ]; then echo parent; else echo noparent; fi'
         )
         result = self.sandbox.exec(script, timeout=30, stdin="")
-        lines = result.stdout.splitlines()
+        lines = result.stdout.rstrip("\n").split("\n")
         if result.exit_code != 0 or len(lines) != 4:
             # realpath failed (e.g. a symlink loop): refuse rather than guess.
             return ToolOutcome(prompts.no_such_file(path), ok=False, short_arg=short(path))
@@ -210,7 +210,9 @@ class Toolbox:
             text = self.sandbox.files.read_text(real)
         except UnicodeDecodeError:
             return ToolOutcome(prompts.not_text(rel), ok=False, short_arg=rel)
-        lines = text.splitlines(keepends=True)
+        if "\x00" in text:
+            return ToolOutcome(prompts.not_text(rel), ok=False, short_arg=rel)
+        lines = _lines(text)
         total = len(lines)
         try:
             first = int(start_line) if start_line not in (None, "") else 1
@@ -282,6 +284,9 @@ class Toolbox:
             content = self.sandbox.files.read_text(real)
         except UnicodeDecodeError:
             return ToolOutcome(prompts.not_text(rel), ok=False, short_arg=rel)
+        if "\x00" in content or "\ufffd" in content:
+            # Binary, or not UTF-8 (a sandbox may decode with errors="replace"): writing it back would lose bytes.
+            return ToolOutcome(prompts.not_text(rel), ok=False, short_arg=rel)
         count = content.count(old)
         if count == 0:
             closest = closest_lines(content, old)
@@ -316,6 +321,16 @@ class Toolbox:
         return ToolOutcome(prompts.file_created(rel, len(new.splitlines())), short_arg=rel)
 
 
+def _lines(text: str) -> list[str]:
+    """Lines split on "\n" only, ends kept: str.splitlines also splits on form feeds and other separators, which
+    would make our line numbers disagree with editors, grep -n and tracebacks."""
+    lines = text.split("\n")
+    out = [line + "\n" for line in lines[:-1]]
+    if lines[-1]:
+        out.append(lines[-1])
+    return out
+
+
 def _occurrences(text: str, part: str) -> list[int]:
     found, start = [], text.find(part)
     while start != -1:
@@ -326,7 +341,7 @@ def _occurrences(text: str, part: str) -> list[int]:
 
 def _snippet(text: str, first: int, last: int, context: int = 2, max_lines: int = 30) -> str:
     """The edited lines with a little context, without line numbers (small models copy line numbers into `old`)."""
-    lines = text.splitlines()
+    lines = [line.rstrip("\n") for line in _lines(text)]
     lo, hi = max(first - 1 - context, 0), min(last + context, len(lines))
     chosen = lines[lo:hi]
     if len(chosen) > max_lines:
@@ -340,8 +355,8 @@ def closest_lines(content: str, old: str, context: int = 1, max_lines: int = 20)
     Slides a window the height of `old` over the file and scores each with difflib; quick_ratio picks the
     candidates first so that a long file stays cheap.
     """
-    file_lines = content.splitlines()
-    wanted = old.strip("\n").splitlines()
+    file_lines = [line.rstrip("\n") for line in _lines(content)]
+    wanted = old.strip("\n").split("\n")
     if not file_lines or not wanted:
         return ""
     height = min(len(wanted), len(file_lines))
