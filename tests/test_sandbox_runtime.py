@@ -30,14 +30,15 @@ from bugsweep.sandbox.runtime import RuntimeProvider, RuntimeSettings
 from bugsweep.settings import SandboxSettings
 from bugsweep.testing.fake_runtime import FakeRuntime
 from bugsweep.testing.repos import commit_all, git, write_files
+from tests.support.fake_runtime import fake_runtime  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="the fake Runtime needs bubblewrap")
 
 
 @pytest.fixture
-def fake() -> Iterator[FakeRuntime]:
-    with FakeRuntime() as server:
-        yield server
+def fake(fake_runtime: FakeRuntime) -> FakeRuntime:  # noqa: F811 (the imported fixture, requested by name)
+    """The fake Runtime API, with RUNTIME_API_URL / RUNTIME_API_KEY pointing at it."""
+    return fake_runtime
 
 
 def make_provider(fake: FakeRuntime, cache_dir: Path) -> RuntimeProvider:
@@ -261,13 +262,11 @@ def test_cost_follows_command_time_lifetime_and_prices(provider: RuntimeProvider
     assert sbx.usage.extra["lifetime_s"] == lifetime
 
 
-def test_cleanup_by_label_from_the_command_line(fake: FakeRuntime, buggy_repo: Path, monkeypatch) -> None:
+def test_cleanup_by_label_from_the_command_line(fake: FakeRuntime, buggy_repo: Path) -> None:
     """`bugsweep sandboxes cleanup --label` (typer's CliRunner, settings from RUNTIME_API_URL / RUNTIME_API_KEY)
     against the fake Runtime: deletes the matching bugsweep sandboxes only, never others' sandboxes."""
     from bugsweep.cli import app
 
-    monkeypatch.setenv("RUNTIME_API_URL", fake.url)
-    monkeypatch.setenv("RUNTIME_API_KEY", fake.api_key)
     provider = RuntimeProvider(SandboxSettings())
     leftovers = [provider.create(RepoSource(str(buggy_repo)), labels={"sweep": "nightly"}) for _ in range(2)]
     other_sweep = provider.create(RepoSource(str(buggy_repo)), labels={"sweep": "weekly"})
