@@ -27,8 +27,8 @@ EXIT_RESOLVED, EXIT_NOT_RESOLVED, EXIT_COULD_NOT_RUN = 0, 1, 2
 DEMO_TASK = "tests/test_dates.py fails on leap years. Fix the code."
 DEMO_TEST_COMMAND = "python -m pytest -q"
 
-console = Console(highlight=False)
-err = Console(stderr=True, highlight=False)
+console = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
 def register(app: typer.Typer) -> None:
