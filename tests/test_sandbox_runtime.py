@@ -225,6 +225,26 @@ def test_network_only_for_commands_that_ask(
         assert fake.sandboxes[sbx.id].internet is False
 
 
+def test_no_command_runs_online_when_the_network_cannot_be_switched_off(
+    fake: FakeRuntime, provider: RuntimeProvider, buggy_repo: Path
+) -> None:
+    """Real SDK against the fake Runtime, which fails the network-off call (503s past the SDK's retries): the next
+    agent command first tries again and fails as infra rather than run with the internet on."""
+    listener, port = _listen()
+    connect = f"python -c \"import socket; socket.create_connection(('127.0.0.1', {port}), timeout=3); print('ok')\""
+    with listener, provider.create(RepoSource(str(buggy_repo))) as sbx:
+        fake.fail_next(
+            10, status=503, match="/network", after=1
+        )  # the switch on passes, both switch-offs fail
+        assert sbx.exec(connect, network=True).stdout == "ok\n"
+        assert fake.sandboxes[sbx.id].internet is True
+        with pytest.raises(SandboxError):
+            sbx.exec("touch /workspace/ran")
+        assert not sbx.files.exists("/workspace/ran"), "the command did not run"
+        assert not sbx.exec(connect).ok, "offline again once Runtime answers"
+        assert fake.sandboxes[sbx.id].internet is False
+
+
 def test_a_git_url_is_cloned_inside_the_sandbox(
     provider: RuntimeProvider, buggy_repo: Path, tmp_path: Path
 ) -> None:

@@ -276,6 +276,7 @@ class RuntimeSandbox:
         self.memory_mib = runtime_settings.memory_mib or settings.memory_mib
         self._prices = (runtime_settings.price_per_vcpu_hour, runtime_settings.price_per_gib_hour)
         self._isolate_network = runtime_settings.isolate_network
+        self._internet_on = not runtime_settings.isolate_network
         self._clone_timeout = runtime_settings.clone_timeout_s
         self._sources = sources or SourceCache()
         self._command_seconds = 0.0
@@ -394,8 +395,14 @@ class RuntimeSandbox:
     # -- helpers ----------------------------------------------------------------------------------------------
     @contextlib.contextmanager
     def _network(self, wanted: bool) -> Iterator[None]:
-        """Internet on for one command when asked and the sandbox is isolated; off again afterwards."""
-        if not (wanted and self._isolate_network):
+        """Internet on for one command when asked and the sandbox is isolated; off again afterwards. If switching
+        it off fails, the next command without network tries again first and fails rather than run online."""
+        if not self._isolate_network:
+            yield
+            return
+        if not wanted:
+            if self._internet_on:
+                self._set_internet(False)
             yield
             return
         self._set_internet(True)
@@ -408,7 +415,10 @@ class RuntimeSandbox:
     def _set_internet(self, on: bool) -> None:
         try:
             with classified("change the sandbox's network rules", self.id):
+                if on:
+                    self._internet_on = True  # before the call: a lost answer may still have switched it on
                 self.sdk.network.set(internet=on)
+                self._internet_on = on
         except SandboxError as exc:
             cause = exc.__cause__
             if isinstance(cause, RuntimeAPIError) and cause.code in _NETWORK_REFUSED:

@@ -122,6 +122,8 @@ class Fault:
     match: str | None = None
     """A substring of "METHOD /path" (e.g. ":exec", "POST /v1/sandboxes"); None matches every call."""
     retryable: bool | None = None
+    after: int = 0
+    """Matching calls to let through before the faults start."""
 
 
 @dataclass
@@ -257,12 +259,14 @@ class FakeRuntime:
         retry_after: str | None = None,
         match: str | None = None,
         retryable: bool | None = None,
+        after: int = 0,
     ) -> None:
         """Answer the next `count` matching calls with `status` (nothing is run for them).
 
         The default code follows the status: 429 `rate_limited` (which the SDK retries until its deadline, as
         "nothing ran"), 503 `host_unavailable` (retried up to max_retries). `retry_after_ms=1` keeps the SDK's
         waits short in tests; pass None to make it use its own backoff, or `retry_after` for the header form.
+        `after` lets that many matching calls through first.
         """
         default = {429: "rate_limited", 401: "invalid_api_key", 403: "permission_denied"}.get(status)
         with self._lock:
@@ -275,6 +279,7 @@ class FakeRuntime:
                     retry_after,
                     match,
                     retryable,
+                    after,
                 )
             )
 
@@ -316,6 +321,9 @@ class FakeRuntime:
         with self._lock:
             for fault in self.faults:
                 if fault.count > 0 and (fault.match is None or fault.match in f"{method} {path}"):
+                    if fault.after > 0:
+                        fault.after -= 1
+                        continue
                     fault.count -= 1
                     return fault
         return None
