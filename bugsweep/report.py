@@ -163,6 +163,10 @@ class TaskRow(BaseModel):
 
 class ComparisonReport(BaseModel):
     generated_at: str
+    name: str | None = None
+    """The comparison's name (its runs are stored under NAME/ in the artifact store)."""
+    report_dir: str | None = None
+    """Where report.md, report.json and report.html were written."""
     models: list[ModelSummary]
     pairs: list[PairedDifference]
     tasks: list[TaskRow]

@@ -1,11 +1,12 @@
-"""Compare models on one task set: every model x task x run in its own sandbox, at once, within a limit.
+"""The `compare-models` flow: every model x task x run in its own sandbox, at once (within a limit), then a report.
 
-The flow reads like its steps: solve every (model, task, run) concurrently, collect the grades, build the report,
-write it (markdown, JSON, HTML) and publish the per-model table as a Prefect artifact. The work is
-`bugsweep.pipeline.solve_task`, exactly as `bugsweep solve` runs it; the report is `bugsweep.report`.
+The flow reads like its steps: load the tasks (the same task file `sweep` takes), run every (model, task, run) as
+the sweep runs a task (`flows.solve_bug.solve_one_task`: setup, baseline, solve, regrade, upload, each step with
+its own retries for infrastructure failures), collect the grades, and write the comparison report
+(`bugsweep.report`: markdown, JSON and one self-contained HTML page) next to the runs, with a table artifact.
 
-API keys never travel as flow parameters (Prefect stores parameters): a model names the environment variable that
-holds its key, and the key is read inside the task, on the machine that runs it.
+API keys never travel as flow parameters (Prefect stores and shows parameters): each model names the environment
+variable that holds its key, and the key is read inside the flow run, on the machine that runs it.
 """
 
 from __future__ import annotations
@@ -14,16 +15,16 @@ import os
 import re
 import time
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from prefect import flow, get_run_logger, task
+from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
-from prefect.cache_policies import NO_CACHE
-from prefect.futures import PrefectFuture
 from prefect.task_runners import ThreadPoolTaskRunner
-from pydantic import BaseModel, SecretStr
+from pydantic import BaseModel, Field, SecretStr
 
-from bugsweep.errors import ConfigError, InfraError
+from blocks import MODEL_BLOCK, STORE_BLOCK
+from bugsweep.discover import TaskFile
+from bugsweep.errors import ConfigError, StorageError
 from bugsweep.report import (
     ComparisonReport,
     RunRecord,
@@ -32,14 +33,30 @@ from bugsweep.report import (
     render_markdown,
     write_report,
 )
-from bugsweep.settings import AgentSettings, ModelSettings
-from bugsweep.spec import TaskSpec, load_tasks
+from bugsweep.settings import ModelSettings
+from bugsweep.spec import TaskSpec
+from flows.common import (
+    AgentLimits,
+    RunConfig,
+    SandboxName,
+    current_flow_run_id,
+    failed_grade,
+    load_run_config,
+    release_sandboxes,
+)
+from flows.solve_bug import solve_one_task
+from flows.sweep import TaskSource
+from tasks import steps
+
+#: Report files, written next to the runs and uploaded with them.
+REPORT_FILES = ("report.md", "report.json", "report.html")
 
 
 class ModelEntry(BaseModel):
     """One model in a comparison: a display name, its endpoint, and the env var holding its API key."""
 
     name: str
+    """Shown in the report; also the model id sent to the endpoint unless `model` is set."""
     base_url: str
     key_env: str | None = None
     """Environment variable with the API key; unset: no key (fine for self-hosted endpoints)."""
@@ -50,17 +67,20 @@ class ModelEntry(BaseModel):
 
     @classmethod
     def parse(cls, text: str) -> ModelEntry:
-        """`NAME=BASE_URL[,KEY_ENV]`, e.g. `deepseek-chat=https://api.deepseek.com/v1,DEEPSEEK_API_KEY`."""
+        """`NAME=BASE_URL[,KEY_ENV[,MODEL_ID]]`, e.g. `deepseek-chat=https://api.deepseek.com/v1,DEEPSEEK_API_KEY`."""
         name, sep, rest = text.partition("=")
         if not sep or not name.strip() or not rest.strip():
-            raise ConfigError(f"--model {text!r}: expected NAME=BASE_URL[,KEY_ENV]")
-        base_url, _, key_env_text = rest.partition(",")
+            raise ConfigError(f"--model {text!r}: expected NAME=BASE_URL[,KEY_ENV[,MODEL_ID]]")
+        base_url, _, tail = rest.partition(",")
+        key_env_text, _, model_id = tail.partition(",")
         if not re.match(r"^https?://", base_url.strip()):
             raise ConfigError(f"--model {text!r}: {base_url!r} is not an http(s) URL")
         key_env = key_env_text.strip() or None
         if key_env and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key_env):
             raise ConfigError(f"--model {text!r}: {key_env!r} is not an environment variable name")
-        return cls(name=name.strip(), base_url=base_url.strip(), key_env=key_env)
+        return cls(
+            name=name.strip(), base_url=base_url.strip(), key_env=key_env, model=model_id.strip() or None
+        )
 
     def settings(self) -> ModelSettings:
         """ModelSettings for this model, with the key read from its env var now (never stored, never logged)."""
@@ -78,122 +98,120 @@ class ModelEntry(BaseModel):
         )
 
 
-def _slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("_") or "x"
-
-
-def run_dir(out_dir: Path, model: str, instance_id: str, run: int) -> Path:
-    return out_dir / "runs" / _slug(model) / _slug(instance_id) / f"run-{run}"
-
-
-def _retry_infra_only(task: Any, task_run: Any, state: Any) -> bool:
-    """Retry a run only when the machinery failed (sandbox, endpoint outage), never the model's own failure."""
-    try:
-        state.result()
-    except InfraError:
-        return True
-    except Exception:
-        return False
-    return False
-
-
-@task(
-    name="solve-run",
-    task_run_name="{model.name}/{spec.instance_id}/run-{run}",
-    retries=2,
-    retry_delay_seconds=5,
-    retry_condition_fn=_retry_infra_only,
-    cache_policy=NO_CACHE,
-)
-def solve_run(
-    spec: TaskSpec, model: ModelEntry, run: int, out_dir: str, sandbox: str, agent: dict[str, Any]
-) -> RunRecord:
-    """One model on one task, once, in its own sandbox (pipeline.solve_task), graded as everywhere else."""
-    from bugsweep.pipeline import solve_task
-    from bugsweep.sandbox import get_provider
-
-    folder = run_dir(Path(out_dir), model.name, spec.instance_id, run)
-    grade = solve_task(
-        spec,
-        provider=get_provider(sandbox),
-        model_settings=model.settings(),
-        agent_settings=AgentSettings(**agent),
-        out_dir=folder,
-        labels={"purpose": "compare", "model": _slug(model.name), "task": spec.instance_id, "run": str(run)},
-    )
-    return RunRecord.from_grade(grade, model=model.name, run=run)
-
-
-def _record_of_failed_run(
-    spec: TaskSpec, model: ModelEntry, run: int, out_dir: Path, exc: BaseException
-) -> RunRecord:
-    """A run that raised: solve_task wrote grade.json with the error and its kind before raising; use it."""
-    from bugsweep.errors import failure_kind
-    from bugsweep.pipeline import load_grade
-
-    path = run_dir(out_dir, model.name, spec.instance_id, run) / "grade.json"
-    if path.exists():
-        return RunRecord.from_grade(load_grade(path), model=model.name, run=run)
-    return RunRecord(
-        model=model.name,
-        instance_id=spec.instance_id,
-        run=run,
-        error=f"{type(exc).__name__}: {exc}",
-        failure_kind=failure_kind(exc),
-    )
-
-
-@flow(name="compare-models", log_prints=True)
-def compare_models(
-    tasks: list[TaskSpec],
-    models: list[ModelEntry],
-    runs: int = 3,
-    out_dir: str = "compare-out",
-    sandbox: str = "local",
-    agent: dict[str, Any] | None = None,
-) -> ComparisonReport:
-    """Run every model on every task `runs` times, concurrently, and write the comparison report."""
-    logger = get_run_logger()
-    if not tasks or not models:
-        raise ConfigError("a comparison needs at least one task and one model")
+def run_configs(
+    base: RunConfig, models: list[ModelEntry], name: str
+) -> list[tuple[ModelEntry, RunConfig, str]]:
+    """Per model: its RunConfig (the shared sandbox, store and limits, its own endpoint) and the key prefix of its
+    runs. Runs are stored as NAME/TASK/MODEL_ID/run-N; two entries with one model id get NAME-ENTRY prefixes."""
     names = [m.name for m in models]
     if len(set(names)) != len(names):
         raise ConfigError(f"model names must be unique: {names}")
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    started = time.monotonic()
-    jobs: list[tuple[TaskSpec, ModelEntry, int, PrefectFuture[RunRecord]]] = []
-    for r in range(runs):
-        for spec in tasks:
-            for m in models:
-                future = solve_run.submit(spec, m, r, str(out), sandbox, agent or {})
-                jobs.append((spec, m, r, future))
-    logger.info(
-        "%d runs submitted (%d models x %d tasks x %d runs)", len(jobs), len(models), len(tasks), runs
-    )
+    settings = [m.settings() for m in models]
+    ids = [s.model for s in settings]
+    shared_ids = len(set(ids)) != len(ids)
+    return [
+        (m, RunConfig(**{**base.__dict__, "model": s}), f"{name}-{m.name}" if shared_ids else name)
+        for m, s in zip(models, settings, strict=True)
+    ]
 
-    records: list[RunRecord] = []
-    for spec, m, r, future in jobs:
-        try:
-            records.append(future.result())
-        except Exception as exc:
-            records.append(_record_of_failed_run(spec, m, r, out, exc))
-            logger.warning("%s on %s run %d could not be run: %s", m.name, spec.instance_id, r, exc)
+
+@flow(
+    name="compare-models",
+    log_prints=True,
+    on_failure=[release_sandboxes],
+    on_crashed=[release_sandboxes],
+    on_cancellation=[release_sandboxes],
+)
+def compare_models(
+    source: TaskSource,
+    models: list[ModelEntry],
+    runs: Annotated[int, Field(ge=1, le=100)] = 3,
+    name: str | None = None,
+    sandbox: SandboxName = "local",
+    store_block: str = STORE_BLOCK,
+    limits: AgentLimits = AgentLimits(),
+    concurrency: Annotated[int, Field(ge=1, le=256)] = 4,
+    report_dir: str | None = None,
+) -> ComparisonReport:
+    """Run every model on every task `runs` times, `concurrency` at once, and report resolve rates side by side.
+
+    Each run is graded as in a sweep; a run that cannot be run (setup failed, an outage that outlasted the
+    retries) is listed in the report and left out of the rates. The report goes to `report_dir` (default: the
+    comparison's folder next to the runs) and to the artifact store under NAME/.
+    """
+    logger = get_run_logger()
+    base = load_run_config(MODEL_BLOCK, sandbox, store_block, limits, flow_run_id=current_flow_run_id())
+    name = name or default_name(source)
+    specs = steps.list_tasks(source, base.provider, base.store, setup_network=base.setup_network)
+    if not specs or not models:
+        raise ConfigError("a comparison needs at least one task and one model")
+    configs = run_configs(base, models, name)
+    logger.info(
+        "%d runs: %d model(s) x %d task(s) x %d run(s), %d at once",
+        len(models) * len(specs) * runs, len(models), len(specs), runs, concurrency,
+    )  # fmt: skip
+
+    started = time.monotonic()
+    records = run_all(specs, configs, runs, concurrency)
     wall_s = time.monotonic() - started
 
-    # Order records model-major so the report lists models as given and tasks in file order.
-    order = {(m.name, t.instance_id): (i, j) for i, m in enumerate(models) for j, t in enumerate(tasks)}
-    records.sort(key=lambda rec: (*order[(rec.model, rec.instance_id)], rec.run))
     report = build_report(records, wall_s=wall_s)
+    out = Path(report_dir) if report_dir else base.local_dir / name
+    report.name, report.report_dir = name, str(out.resolve())
     paths = write_report(report, out)
-    create_table_artifact(
-        key="model-comparison",
-        table=artifact_table(report),
-        description=f"Resolve rate per model over {len(tasks)} tasks x {runs} runs (95% Wilson interval)",
-    )
-    create_markdown_artifact(key="model-comparison-report", markdown=render_markdown(report))
-    logger.info("report written to %s", ", ".join(str(p) for p in paths.values()))
+    publish(report, paths, base, name, len(specs), runs)
     return report
+
+
+def default_name(source: Any) -> str:
+    stem = Path(source.path).stem if isinstance(source, TaskFile) else Path(source.repo.rstrip("/")).name
+    return "compare-" + (re.sub(r"[^A-Za-z0-9._-]+", "-", stem) or "tasks")
+
+
+def run_all(
+    specs: list[TaskSpec], configs: list[tuple[ModelEntry, RunConfig, str]], runs: int, concurrency: int
+) -> list[RunRecord]:
+    """Every (run, task, model) on a thread pool of `concurrency`; a crash in one run is that run's failed grade."""
+    jobs = [(r, spec, entry, run, key) for r in range(runs) for spec in specs for entry, run, key in configs]
+    records: list[RunRecord] = []
+    with ThreadPoolTaskRunner(max_workers=concurrency) as runner:
+        futures = [
+            runner.submit(solve_one_task, parameters={"spec": spec, "run": run, "sweep": key, "attempt": r})
+            for r, spec, _, run, key in jobs
+        ]
+        for (r, spec, entry, run, _), future in zip(jobs, futures, strict=True):
+            started = time.monotonic()
+            try:
+                grade = future.result().grade
+            except Exception as exc:
+                grade = failed_grade(spec, run.model.model, exc, failed_before=False, started=started)
+            records.append(RunRecord.from_grade(grade, model=entry.name, run=r))
+    # Model-major order: the report lists models as given and tasks in file order.
+    model_order = {entry.name: i for i, (entry, _, _) in enumerate(configs)}
+    task_order = {spec.instance_id: i for i, spec in enumerate(specs)}
+    records.sort(key=lambda rec: (model_order[rec.model], task_order[rec.instance_id], rec.run))
+    return records
+
+
+def publish(
+    report: ComparisonReport, paths: dict[str, Path], base: RunConfig, name: str, tasks: int, runs: int
+) -> None:
+    """The report to the artifact store (best effort: it is on disk either way) and as Prefect artifacts."""
+    logger = get_run_logger()
+    for path in paths.values():
+        try:
+            base.store.put_file(f"{name}/{path.name}", path)
+        except StorageError as exc:
+            logger.error("could not upload %s (it stays at %s): %s", path.name, path, exc)
+    create_table_artifact(
+        key=steps.artifact_key(name),
+        table=artifact_table(report),
+        description=f"Resolve rate per model over {tasks} task(s) x {runs} run(s), with 95% Wilson intervals.",
+    )
+    create_markdown_artifact(
+        key=steps.artifact_key(name, "report"), markdown=render_markdown(report)
+    )
+    logger.info("report: %s", ", ".join(str(p) for p in paths.values()))
 
 
 def compare(
@@ -202,12 +220,20 @@ def compare(
     *,
     runs: int = 3,
     concurrency: int = 4,
-    out_dir: str | Path = "compare-out",
-    sandbox: str = "local",
-    agent: dict[str, Any] | None = None,
+    report_dir: str | Path | None = None,
+    name: str | None = None,
+    sandbox: SandboxName = "local",
+    limits: AgentLimits | None = None,
 ) -> ComparisonReport:
-    """Load a tasks.jsonl and run the comparison flow with at most `concurrency` runs at once."""
-    tasks = load_tasks(tasks_path)
-    runner: ThreadPoolTaskRunner[Any] = ThreadPoolTaskRunner(max_workers=max(1, concurrency))
-    limited = compare_models.with_options(task_runner=runner)  # type: ignore[arg-type]
-    return limited(tasks=tasks, models=models, runs=runs, out_dir=str(out_dir), sandbox=sandbox, agent=agent)
+    """Run the flow on a tasks.jsonl (a local path or s3://...): what `bugsweep compare` calls."""
+    path = str(tasks_path) if str(tasks_path).startswith("s3://") else str(Path(tasks_path).resolve())
+    return compare_models(
+        source=TaskFile(path=path),
+        models=models,
+        runs=runs,
+        name=name,
+        sandbox=sandbox,
+        limits=limits or AgentLimits(),
+        concurrency=concurrency,
+        report_dir=str(report_dir) if report_dir else None,
+    )

@@ -17,10 +17,11 @@ from typing import Any
 
 import pytest
 
-from bugsweep.report import ComparisonReport
 from bugsweep.spec import TaskSpec, dump_tasks
 from bugsweep.testing.repos import BUGGY_CALC, make_repo
 from bugsweep.testing.scripted_model import ScriptedModelServer, tool_call
+
+pytest_plugins = ["tests.support.prefect_server"]
 
 pytestmark = [
     pytest.mark.prefect,
@@ -34,29 +35,6 @@ FIXES = {
     "add() subtracts": ("calc.py", "return a - b", "return a + b"),
     "mul() adds": ("calc.py", "def mul(a, b):\n    return a + b", "def mul(a, b):\n    return a * b"),
 }
-
-
-@pytest.fixture(scope="session")
-def prefect_server(tmp_path_factory: pytest.TempPathFactory):
-    """A Prefect test server for this module's session, with its own PREFECT_HOME (no stale caches)."""
-    import os
-
-    home = tmp_path_factory.mktemp("prefect-home")
-    saved = {
-        k: os.environ.get(k) for k in ("PREFECT_HOME", "DO_NOT_TRACK", "PREFECT_SERVER_ANALYTICS_ENABLED")
-    }
-    os.environ.update(PREFECT_HOME=str(home), DO_NOT_TRACK="1", PREFECT_SERVER_ANALYTICS_ENABLED="false")
-    from prefect.testing.utilities import prefect_test_harness
-
-    try:
-        with prefect_test_harness(server_startup_timeout=180):
-            yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def make_tasks(root: Path) -> list[TaskSpec]:
@@ -97,13 +75,18 @@ def quitter(body: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_compare_two_models_on_two_tasks(
-    tmp_path: Path, prefect_server, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, prefect_harness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from flows.compare import ModelEntry, compare
+    """`bugsweep compare` as a user runs it (in-process, so it reports to the session's Prefect test server)."""
+    from typer.testing import CliRunner
+
+    from bugsweep.cli import app
 
     tasks_file = tmp_path / "tasks.jsonl"
     dump_tasks(make_tasks(tmp_path / "repos"), tasks_file)
     monkeypatch.setenv("FIXER_KEY", SECRET)
+    monkeypatch.setenv("BUGSWEEP_STORE_URL", str(tmp_path / "artifacts"))
+    monkeypatch.setenv("COLUMNS", "250")
 
     barrier = threading.Barrier(2, timeout=120)
     # More steps than the runs can use: each step is the same callable, deciding from the request.
@@ -111,36 +94,52 @@ def test_compare_two_models_on_two_tasks(
         ScriptedModelServer([fixer(barrier)] * 50, model="fixer") as good,
         ScriptedModelServer([quitter] * 50, model="quitter") as bad,
     ):
-        models = [
-            ModelEntry.parse(f"fixer={good.base_url},FIXER_KEY"),
-            ModelEntry.parse(f"quitter={bad.base_url}"),
-        ]
-        out = tmp_path / "out"
-        report: ComparisonReport = compare(tasks_file, models, runs=2, concurrency=4, out_dir=out)
+        result = CliRunner().invoke(
+            app,
+            [
+                "compare", "--tasks", str(tasks_file),
+                "--model", f"fixer={good.base_url},FIXER_KEY", "--model", f"quitter={bad.base_url}",
+                "--runs", "2", "--concurrency", "4", "--max-turns", "5",
+            ],
+        )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert SECRET not in result.output
+    assert "fixer - quitter: +100 points per task" in result.output
 
-    by_model = {m.model: m for m in report.models}
-    assert (by_model["fixer"].resolved, by_model["fixer"].graded, by_model["fixer"].rate) == (4, 4, 1.0)
-    assert (by_model["quitter"].resolved, by_model["quitter"].graded, by_model["quitter"].rate) == (0, 4, 0.0)
-    assert by_model["fixer"].mean_turns == 2 and by_model["quitter"].mean_turns == 1
-    assert by_model["fixer"].prompt_tokens > 0
-    (pair,) = report.pairs
-    assert (pair.a, pair.b, pair.mean_diff, pair.a_better) == ("fixer", "quitter", 1.0, 2)
-    assert [row.instance_id for row in report.tasks] == ["calc-add", "calc-mul"]
+    report_dir = tmp_path / "artifacts" / "compare-tasks"
+    data = json.loads((report_dir / "report.json").read_text())
+    by_model = {m["model"]: m for m in data["models"]}
+    assert (by_model["fixer"]["resolved"], by_model["fixer"]["graded"], by_model["fixer"]["rate"]) == (
+        4,
+        4,
+        1.0,
+    )
+    assert (by_model["quitter"]["resolved"], by_model["quitter"]["graded"], by_model["quitter"]["rate"]) == (
+        0,
+        4,
+        0.0,
+    )
+    assert by_model["fixer"]["mean_turns"] == 2 and by_model["quitter"]["mean_turns"] == 1
+    assert by_model["fixer"]["prompt_tokens"] > 0
+    (pair,) = data["pairs"]
+    assert (pair["a"], pair["b"], pair["mean_diff"], pair["a_better"]) == ("fixer", "quitter", 1.0, 2)
+    assert [row["instance_id"] for row in data["tasks"]] == ["calc-add", "calc-mul"]
 
     # the files a user opens
-    md = (out / "report.md").read_text()
+    md = (report_dir / "report.md").read_text()
     assert "| fixer | 4/4 | 100% |" in md and "| quitter | 0/4 | 0% |" in md
-    data = json.loads((out / "report.json").read_text())
-    assert [m["rate"] for m in data["models"]] == [1.0, 0.0]
-    page = (out / "report.html").read_text()
+    page = (report_dir / "report.html").read_text()
     assert "<svg" in page and "http://" not in page.replace('xmlns="http://www.w3.org/2000/svg"', "")
-    grades = sorted(out.glob("runs/*/*/run-*/grade.json"))
-    assert len(grades) == 8
+    # every run graded and stored as NAME/TASK/MODEL/run-N
+    grades = sorted(p.relative_to(report_dir) for p in report_dir.glob("*/*/run-*/grade.json"))
+    assert len(grades) == 8 and Path("calc-add/fixer/run-1/grade.json") in grades
 
     # the key went to its endpoint, and nowhere else
-    assert all(h.get("authorization") == f"Bearer {SECRET}" for h in good.request_headers)
-    assert all(not h.get("authorization", "").endswith(SECRET) for h in bad.request_headers)
-    for path in out.rglob("*"):
+    assert good.request_headers and all(
+        h.get("authorization") == f"Bearer {SECRET}" for h in good.request_headers
+    )
+    assert not any(SECRET in h.get("authorization", "") for h in bad.request_headers)
+    for path in (tmp_path / "artifacts").rglob("*"):
         if path.is_file():
             assert SECRET not in path.read_text(errors="replace"), path
 
@@ -150,7 +149,7 @@ def test_compare_two_models_on_two_tasks(
 
     with get_client(sync_client=True) as client:
         artifacts = client.read_artifacts(
-            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["model-comparison"]))
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["compare-tasks"]))
         )
     assert artifacts and artifacts[-1].type == "table"
     rows = json.loads(artifacts[-1].data) if isinstance(artifacts[-1].data, str) else artifacts[-1].data

@@ -132,54 +132,70 @@ def mine_command(
 
 
 def compare_command(
-    tasks: Annotated[Path, typer.Option(help="tasks.jsonl (from `bugsweep mine`, or written by hand).")],
+    tasks: Annotated[
+        str, typer.Option(help="tasks.jsonl (from `bugsweep mine`, or by hand); a path or s3://...")
+    ],
     model: Annotated[
         list[str],
         typer.Option(
-            help="NAME=BASE_URL[,KEY_ENV], once per model; the key is read from the env var KEY_ENV, never printed."
+            help="NAME=BASE_URL[,KEY_ENV[,MODEL_ID]], once per model. The API key is read from the environment "
+            "variable KEY_ENV, never printed; MODEL_ID (default NAME) is the model name sent to the endpoint."
         ),
     ],
     runs: Annotated[int, typer.Option(help="Runs of every model on every task.")] = 3,
     concurrency: Annotated[int, typer.Option(help="Runs (sandboxes) at once.")] = 4,
     out: Annotated[
-        Path, typer.Option(help="Folder for report.md/.json/.html and every run's outputs.")
-    ] = Path("compare-out"),
-    max_turns: Annotated[
-        int | None, typer.Option(help="Model replies per run before the agent stops.")
+        Path | None,
+        typer.Option(
+            help="Folder for report.md/.json/.html (default: the comparison's folder in the artifact store's local folder)."
+        ),
     ] = None,
+    name: Annotated[
+        str | None,
+        typer.Option(help="Name of the comparison, the runs' folder (default: compare-<tasks file>)."),
+    ] = None,
+    max_turns: Annotated[int, typer.Option(help="Model replies per run before the agent stops.")] = 40,
     max_cost: Annotated[
         float | None, typer.Option(help="Token cost per run (USD) before the agent stops.")
     ] = None,
     sandbox: Annotated[str, typer.Option(help="Sandbox backend: 'local' or 'runtime'.")] = "local",
 ) -> None:
-    """Run every model on every task --runs times, each in its own sandbox, and report resolve rates side by side.
+    """Run every model on every task --runs times, each run in its own sandbox, and compare resolve rates.
 
-    Runs a Prefect flow (set PREFECT_API_URL to see it in your Prefect UI; otherwise a temporary server is started).
-    Writes OUT/report.md, report.json and report.html (one self-contained page with a chart).
+    Runs the compare-models Prefect flow (set PREFECT_API_URL to watch it in your Prefect UI; otherwise a temporary
+    Prefect server is started). Every run is graded as in a sweep and stored as NAME/TASK/MODEL/run-N in the
+    artifact store (BUGSWEEP_STORE_URL, default ./artifacts). The report (report.md, report.json and report.html,
+    one self-contained page with a chart) gives each model's resolve rate with a 95% confidence interval, paired
+    per-task differences between models, turns, tokens, cost and time.
     """
     from bugsweep.errors import BugsweepError
 
     if runs < 1 or concurrency < 1:
         _fail("--runs and --concurrency must be at least 1")
+    if sandbox not in ("local", "runtime"):
+        _fail(f"--sandbox {sandbox!r}: choose 'local' or 'runtime'")
     try:
-        from bugsweep.spec import load_tasks
+        from flows.common import AgentLimits
         from flows.compare import ModelEntry, compare
 
         entries = [ModelEntry.parse(m) for m in model]
         for entry in entries:
             entry.settings()  # fails now, not thirty runs later, when a key variable is missing
-        n_tasks = len(load_tasks(tasks))
-        agent: dict[str, object] = {}
-        if max_turns is not None:
-            agent["max_turns"] = max_turns
-        if max_cost is not None:
-            agent["max_cost_usd"] = max_cost
+        if not tasks.startswith("s3://") and not Path(tasks).is_file():
+            _fail(f"--tasks {tasks!r}: no such file")
         console.print(
-            f"[bold]comparing[/] {', '.join(escape(e.name) for e in entries)} on {n_tasks} task(s) x {runs} run(s), "
-            f"{concurrency} at once"
+            f"[bold]comparing[/] {', '.join(escape(e.name) for e in entries)} on {escape(tasks)}, "
+            f"{runs} run(s) each, {concurrency} at once"
         )
         report = compare(
-            tasks, entries, runs=runs, concurrency=concurrency, out_dir=out, sandbox=sandbox, agent=agent
+            tasks,
+            entries,
+            runs=runs,
+            concurrency=concurrency,
+            report_dir=out,
+            name=name,
+            sandbox=sandbox,  # type: ignore[arg-type]
+            limits=AgentLimits(max_turns=max_turns, max_cost_usd=max_cost),
         )
     except BugsweepError as exc:
         _fail(str(exc))
@@ -196,10 +212,9 @@ def compare_command(
             f"(95% CI {100 * p.ci_low:+.0f} to {100 * p.ci_high:+.0f}; sign test p={p.sign_test_p:.3g})"
         )
     if report.wall_s is not None:
-        console.print(
-            f"wall time {report.wall_s:.0f} s for runs adding up to {report.sum_run_wall_s:.0f} s; "
-            f"report: {out / 'report.html'}"
-        )
+        console.print(f"wall time {report.wall_s:.0f} s for runs adding up to {report.sum_run_wall_s:.0f} s")
+    if report.report_dir:
+        console.print(f"report: {Path(report.report_dir) / 'report.html'}")
 
 
 def _fail(message: str) -> NoReturn:
