@@ -152,9 +152,20 @@ def test_edit_refuses_test_files(box: Toolbox, repo: Path) -> None:
     for path in ("tests/test_calc.py", "conftest.py", "pkg/test_more.py", "src/x_test.py"):
         out = box.call("edit_file", args(path=path, old="", new="x"))
         assert not out.ok, path
-        assert "is a test file" in out.content and "fix the code under test" in out.content
+        assert "is a test file" in out.content and "the bug is in the code under test" in out.content
     assert not (repo / "conftest.py").exists()
     assert "assert add(2, 3) == 5" in (repo / "tests/test_calc.py").read_text()
+
+
+def test_refusing_a_test_file_names_the_code_it_imports(box: Toolbox) -> None:
+    out = box.call("edit_file", args(path="tests/test_calc.py", old="== 5", new="== -1"))
+    assert not out.ok
+    assert "tests/test_calc.py imports code from calc.py: read that file and fix the bug there." in out.content
+
+
+def test_list_files_shallowest_first(box: Toolbox) -> None:
+    files, more = box.list_files(limit=2)
+    assert files == ["calc.py", "pyproject.toml"] and more == 1
 
 
 def test_edit_refuses_a_symlink_to_a_test_file(box: Toolbox, repo: Path) -> None:

@@ -178,12 +178,9 @@ class _AgentRun:
             tools=self.tools,
         )
         self._append({"role": "system", "content": prompts.system_prompt(self.toolbox.workdir)})
-        self._append(
-            {
-                "role": "user",
-                "content": prompts.first_user_message(self.task, self.test_command, self.toolbox.workdir),
-            }
-        )
+        files, more = self.toolbox.list_files()
+        first = prompts.first_user_message(self.task, self.test_command, self.toolbox.workdir, files, more)
+        self._append({"role": "user", "content": first})
         self.trajectory.save()
 
     def _turn(self) -> bool:

@@ -28,16 +28,32 @@ The repository is at {repo_dir}. You work only by calling tools:
 - read_file: read a file of the repository.
 - edit_file: replace an exact piece of text in a file, or create a new file.
 - finish: end the work when the bug is fixed.
-Work in this order: run the tests to see the failure, read the code the failing test uses, edit that code to fix \
-the bug, run the tests again. When they pass, call finish.
-Test files cannot be edited: fix the code under test. There is no network access."""
+Work in this order:
+1. Run the tests to see which test fails and why.
+2. Find the function or class that the failing test calls, and read the file that defines it.
+3. Edit that file to fix the bug.
+4. Run the tests again. When they pass, call finish.
+Test files cannot be edited: the bug is in the code under test. There is no network access."""
 
 
-def first_user_message(task: str, test_command: str | None, repo_dir: str = REPO_DIR) -> str:
-    """The task as the user states it, plus the command that checks the fix when we know it."""
+def first_user_message(
+    task: str,
+    test_command: str | None,
+    repo_dir: str = REPO_DIR,
+    files: list[str] | None = None,
+    more: int = 0,
+) -> str:
+    """The task as the user states it, the command that checks the fix, and the repository's files.
+
+    The file list saves a small model the turns it would spend finding its way (and the wrong guesses).
+    """
     text = f"Task: {task.strip()}"
     if test_command:
         text += f"\n\nThe tests run with this command in {repo_dir}:\n{test_command.strip()}"
+    if files:
+        text += f"\n\nFiles in {repo_dir}:\n" + "\n".join(files)
+        if more:
+            text += f"\n({more} more files not listed)"
     return text
 
 
@@ -83,7 +99,7 @@ def tool_schemas(
         ),
         _function(
             "finish",
-            "End the work. Call it when the tests pass, or when you cannot make progress.",
+            "End the work. Call it after the tests pass.",
             {"summary": ("string", "What was wrong and what you changed.")},
             ["summary"],
         ),
@@ -228,11 +244,19 @@ def bad_line_range(path: str, total: int) -> str:
 # -- edit_file -----------------------------------------------------------------------------------------------
 
 
-def protected_file(path: str) -> str:
-    return (
-        f"Error: {path} is a test file and cannot be edited. The tests describe the correct behaviour: "
-        "fix the code under test instead."
+def protected_file(path: str, code_files: list[str] | None = None) -> str:
+    """The refusal names the code the test imports when it can: that is where the fix belongs."""
+    text = (
+        f"Error: {path} is a test file and cannot be edited. The test describes the correct behaviour; "
+        "the bug is in the code under test."
     )
+    if code_files:
+        names = " and ".join(code_files)
+        text += f" {path} imports code from {names}: read {'those files' if len(code_files) > 1 else 'that file'} "
+        text += "and fix the bug there."
+    else:
+        text += " Find the file that defines the code the test calls and fix the bug there."
+    return text
 
 
 def file_exists_not_empty(path: str) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import difflib
 import json
 import posixpath
+import re
 import shlex
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -194,6 +195,53 @@ class Toolbox:
         rel = posixpath.relpath(real, real_root)
         return real, rel, kind, parent == "parent"
 
+    def list_files(self, limit: int = 80) -> tuple[list[str], int]:
+        """The repository's files (git ls-files, else find), shallowest first, and how many more were left out."""
+        result = self.sandbox.exec(
+            "git ls-files 2>/dev/null || find . -type f -not -path './.git/*' | sed 's|^./||'",
+            timeout=60,
+            stdin="",
+        )
+        if result.exit_code != 0:
+            return [], 0
+        paths = sorted((p for p in result.stdout.split("\n") if p), key=lambda p: (p.count("/"), p))
+        return paths[:limit], max(len(paths) - limit, 0)
+
+    def _imported_code_files(self, real: str, rel: str) -> list[str]:
+        """Repository files that a Python test file imports (at most three, test files excluded): where the fix
+        most likely belongs, named in the refusal so that a small model knows where to go next."""
+        if not rel.endswith(".py"):
+            return []
+        try:
+            source = self.sandbox.files.read_text(real)
+        except Exception:
+            return []
+        candidates: list[str] = []
+        here = posixpath.dirname(rel)
+        for match in _IMPORT.finditer(source):
+            module, names = match.group(1) or match.group(3), match.group(2) or ""
+            dots = len(module) - len(module.lstrip("."))
+            base = module.lstrip(".").replace(".", "/")
+            if dots:
+                up = here
+                for _ in range(dots - 1):
+                    up = posixpath.dirname(up)
+                roots = [posixpath.join(up, base) if base else up]
+            else:
+                roots = [base, f"src/{base}"]
+            for root in roots:
+                candidates += [f"{root}.py", f"{root}/__init__.py"]
+                candidates += [f"{root}/{n.strip()}.py" for n in names.split(",") if n.strip().isidentifier()]
+        found: list[str] = []
+        for path in dict.fromkeys(posixpath.normpath(c) for c in candidates if c):
+            if path.startswith("..") or self._is_protected(path) or (path.endswith("/__init__.py") and found):
+                continue
+            if self.sandbox.files.exists(posixpath.join(self.workdir, path)):
+                found.append(path)
+            if len(found) == 3:
+                break
+        return found
+
     def _is_protected(self, *rel_paths: str) -> bool:
         return any(is_test_file(p, self.settings.protected_globs, self.protected_paths) for p in rel_paths)
 
@@ -272,7 +320,8 @@ class Toolbox:
             self.workdir,
         )
         if self._is_protected(rel, lexical_rel):
-            return ToolOutcome(prompts.protected_file(rel), ok=False, short_arg=rel)
+            code = self._imported_code_files(real, rel) if kind == "file" else []
+            return ToolOutcome(prompts.protected_file(rel, code), ok=False, short_arg=rel)
         if old == "":
             return self._create(real, rel, kind, parent_exists, new)
         refusal = self._refuse_kind(kind, rel)
@@ -319,6 +368,9 @@ class Toolbox:
             self.sandbox.exec(f"mkdir -p -- {shlex.quote(posixpath.dirname(real))}", timeout=30, stdin="")
         self.sandbox.files.write(real, new)
         return ToolOutcome(prompts.file_created(rel, len(new.splitlines())), short_arg=rel)
+
+
+_IMPORT = re.compile(r"^\s*(?:from\s+([\w.]+)\s+import\s+\(?([\w ,]+)|import\s+([\w.]+))", re.MULTILINE)
 
 
 def _lines(text: str) -> list[str]:
