@@ -11,16 +11,18 @@ import re
 import shutil
 import subprocess
 import tempfile
-import time
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.syntax import Syntax
+
+if TYPE_CHECKING:
+    from bugsweep.agent.loop import AgentEvent
 
 EXIT_RESOLVED, EXIT_NOT_RESOLVED, EXIT_COULD_NOT_RUN = 0, 1, 2
 
@@ -204,36 +206,30 @@ def default_out_dir(name: str) -> Path:
 class ProgressPrinter:
     """One line per pipeline step and per tool call."""
 
-    def __init__(self) -> None:
-        self.started = time.monotonic()
-
     def step(self, name: str, info: dict[str, Any]) -> None:
         detail = ", ".join(f"{k}={v}" for k, v in info.items() if v not in (None, [], ""))
         console.print(f"[bold cyan]▸ {name}[/] [dim]{escape(detail)}[/]")
 
-    def event(self, event: Any) -> None:
-        kind = getattr(event, "kind", "")
-        turn = getattr(event, "turn", "?")
-        tokens = getattr(event, "tokens", None)
-        tok = f"{tokens / 1000:.1f}k tok" if isinstance(tokens, int | float) else ""
-        elapsed = f"{time.monotonic() - self.started:5.0f}s"
-        if kind == "tool":
-            tool = getattr(event, "tool", "?")
-            arg = escape(str(getattr(event, "short_arg", "") or ""))
-            code = getattr(event, "exit_code", None)
-            status = (
-                "" if code is None else (f"[green]exit {code}[/]" if code == 0 else f"[yellow]exit {code}[/]")
-            )
-            error = getattr(event, "error", None)
-            if error:
-                status = f"[red]{escape(str(error))[:60]}[/]"
+    def event(self, event: AgentEvent) -> None:
+        tok = f"{event.tokens / 1000:.1f}k tok"
+        head = f"  [dim]{event.elapsed_s:5.0f}s turn {event.turn:>2}[/]"
+        if event.kind == "tool":
+            arg = escape(event.short_arg or "")[:70]
+            if event.tool == "run" and event.exit_code is not None:
+                status = (
+                    f"[green]exit {event.exit_code}[/]"
+                    if event.exit_code == 0
+                    else f"[yellow]exit {event.exit_code}[/]"
+                )
+            elif event.ok is False:
+                status = f"[red]{escape(event.detail or 'error')[:60]}[/]"
+            else:
+                status = "[green]ok[/]"
+            via = " [dim](from text)[/]" if event.recovered else ""
+            console.print(f"{head} [bold]{event.tool or '?':<9}[/] {arg:<70} {status}{via} [dim]{tok}[/]")
+        elif event.kind in ("nudge", "error", "stop"):
             console.print(
-                f"  [dim]{elapsed} turn {turn:>2}[/] [bold]{tool:<9}[/] {arg[:70]:<70} {status} [dim]{tok}[/]"
-            )
-        elif kind in ("nudge", "error", "stop"):
-            message = escape(str(getattr(event, "message", "") or getattr(event, "short_arg", "") or ""))
-            console.print(
-                f"  [dim]{elapsed} turn {turn:>2}[/] [magenta]{kind:<9}[/] {message[:90]} [dim]{tok}[/]"
+                f"{head} [magenta]{event.kind:<9}[/] {escape(event.detail or '')[:90]} [dim]{tok}[/]"
             )
 
 
