@@ -1,0 +1,30 @@
+"""Prefect blocks: configuration plus a factory for what it configures. Secrets live only here (or in settings).
+
+- `ModelEndpoint` -> `.settings()` (ModelSettings for the agent) and `.client()` (an OpenAI client);
+- `LocalSandbox`, `RuntimeSandbox` -> `.provider()` (a bugsweep SandboxProvider);
+- `ArtifactStoreBlock` -> `.store()` (a bugsweep.storage store: S3 or a local folder).
+
+`bugsweep blocks create` saves one of each from the environment under the names below, which the flows use by default.
+"""
+
+from __future__ import annotations
+
+from blocks.model import ModelEndpoint
+from blocks.sandbox import LocalSandbox, RuntimeSandbox
+from blocks.storage import ArtifactStoreBlock
+
+MODEL_BLOCK = "bugsweep-model"
+LOCAL_SANDBOX_BLOCK = "bugsweep-local"
+RUNTIME_SANDBOX_BLOCK = "bugsweep-runtime"
+STORE_BLOCK = "bugsweep-artifacts"
+
+__all__ = [
+    "LOCAL_SANDBOX_BLOCK",
+    "MODEL_BLOCK",
+    "RUNTIME_SANDBOX_BLOCK",
+    "STORE_BLOCK",
+    "ArtifactStoreBlock",
+    "LocalSandbox",
+    "ModelEndpoint",
+    "RuntimeSandbox",
+]

@@ -1,0 +1,131 @@
+"""Where a sweep's tasks come from: a task file (`TaskFile`), or a branch's failing tests (`RepoBranch`).
+
+A branch's failing tests: run the tests at the head of a branch, and each failing test file is a task. This is how a nightly sweep works on a repository without a prepared task file: whatever is red on `main`
+tonight is tomorrow morning's patches. Per-test results come from pytest's JUnit XML (bugsweep.grading), so the
+test command must be pytest; each task's test command is the given one with the failing file appended.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections import defaultdict
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from bugsweep.errors import SandboxError, SetupFailed, TaskError
+from bugsweep.grading import run_tests
+from bugsweep.sandbox.base import RepoSource, SandboxProvider
+from bugsweep.spec import TaskSpec, parse_tasks
+from bugsweep.storage import ArtifactStore, read_text
+
+PROBLEM_TEMPLATE = (
+    "The tests in {file} fail at the head of {branch}:\n{tests}\n\n"
+    "Find the bug in the code and fix it so that these tests pass, without breaking other tests. "
+    "Do not change the tests."
+)
+
+
+class TaskFile(BaseModel):
+    """Tasks from a tasks.jsonl file (as `bugsweep mine` writes it), on this machine or in S3."""
+
+    kind: Literal["file"] = "file"
+    path: str = Field(
+        description="A path on the worker, or s3://BUCKET/KEY (read with the artifact store's keys)."
+    )
+
+
+class RepoBranch(BaseModel):
+    """Tasks found by running a repository's tests at the head of a branch: each failing test file is a task."""
+
+    kind: Literal["repo"] = "repo"
+    repo: str = Field(description="A git URL, or a path on the worker.")
+    branch: str = Field(default="main", description="Branch (or tag, or commit) to test.")
+    test_command: str = Field(
+        default="python -m pytest -q", description="The pytest command; a test file is appended."
+    )
+    setup_command: str | None = Field(
+        default=None, description="Runs once before the tests, e.g. `pip install -e .`."
+    )
+
+
+def list_tasks(
+    source: TaskFile | RepoBranch,
+    provider: SandboxProvider,
+    store: ArtifactStore | None = None,
+    *,
+    setup_network: bool = True,
+    timeout: float = 1800.0,
+) -> list[TaskSpec]:
+    """The tasks `source` names. A task file in S3 is read with `store`'s credentials."""
+    if isinstance(source, TaskFile):
+        return parse_tasks(read_text(source.path, store), source=source.path)
+    return failing_test_files(
+        source.repo,
+        source.branch,
+        source.test_command,
+        provider,
+        setup_command=source.setup_command,
+        setup_network=setup_network,
+        timeout=timeout,
+    )
+
+
+def failing_test_files(
+    repo: str,
+    branch: str,
+    test_command: str,
+    provider: SandboxProvider,
+    *,
+    setup_command: str | None = None,
+    setup_network: bool = True,
+    timeout: float = 1800.0,
+) -> list[TaskSpec]:
+    """One TaskSpec per test file with failing tests, pinned to the commit the branch points at now.
+
+    Pinning matters: the task's id holds the commit, so tomorrow's sweep on a new commit makes new tasks while a
+    rerun on the same commit finds tonight's grades and skips them.
+    """
+    sandbox = provider.create(RepoSource(repo, branch), labels={"purpose": "discover"})
+    with sandbox:
+        if setup_command:
+            setup = sandbox.exec(setup_command, timeout=timeout, network=setup_network, full_output=True)
+            if not setup.ok:
+                raise SetupFailed(
+                    f"the setup command {setup_command!r} failed: {setup.output.strip()[-1500:]}"
+                )
+        head = sandbox.exec("git rev-parse HEAD", timeout=60)
+        if not head.ok:
+            raise SandboxError(f"could not read the commit of {branch}: {head.output.strip()[-300:]}")
+        commit = head.stdout.strip()
+        tests = run_tests(sandbox, test_command, timeout=timeout)
+    if tests.passed:
+        return []
+    if tests.tests is None:
+        raise TaskError(
+            f"{test_command!r} failed but reported no per-test results: finding failing test files needs pytest "
+            f"(its JUnit report). Last output:\n{tests.log.strip()[-800:]}"
+        )
+    by_file: dict[str, list[str]] = defaultdict(list)
+    for test_id in sorted(tests.ids("failed", "error")):
+        by_file[test_id.split("::", 1)[0]].append(test_id)
+    stem = (
+        re.sub(r"[^A-Za-z0-9]+", "-", Path(repo.rstrip("/")).name.removesuffix(".git")).strip("-") or "repo"
+    )
+    return [
+        TaskSpec(
+            instance_id=f"{stem}-{re.sub(r'[^A-Za-z0-9]+', '-', file).strip('-')}-{commit[:10]}",
+            repo=repo,
+            base_commit=commit,
+            problem_statement=PROBLEM_TEMPLATE.format(
+                file=file, branch=branch, tests="\n".join(f"- {t}" for t in ids)
+            ),
+            test_command=f"{test_command} {shlex.quote(file)}",
+            setup_command=setup_command,
+            test_files=[file],
+            FAIL_TO_PASS=ids,
+        )
+        for file, ids in sorted(by_file.items())
+    ]

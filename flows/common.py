@@ -1,0 +1,275 @@
+"""What the flows share: their typed parameters, the run configuration loaded from blocks, and sandbox release.
+
+Flow parameters name blocks (`model_block`, `store_block`) instead of carrying secrets, because Prefect stores
+and shows a flow run's parameters in plain text. A block that was never created falls back to the environment
+(LLM_*, BUGSWEEP_STORE_*, BUGSWEEP_SANDBOX_*), so a flow runs on a fresh machine before `bugsweep blocks create`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import BaseModel, Field
+
+from bugsweep.errors import BugsweepError, ConfigError, failure_kind
+from bugsweep.grading import Grade
+from bugsweep.settings import AgentSettings, ModelSettings, SandboxSettings
+from bugsweep.spec import TaskSpec
+from bugsweep.storage import GRADE_FILE, ArtifactStore, LocalStore, StoreSettings, open_store
+
+if TYPE_CHECKING:
+    from prefect import Flow
+    from prefect.client.schemas.objects import FlowRun
+    from prefect.states import State
+
+    from bugsweep.sandbox.base import Sandbox, SandboxProvider
+
+log = logging.getLogger(__name__)
+
+SandboxName = Literal["local", "runtime"]
+#: The label every sandbox of a flow run carries, so the flow's hooks (and `bugsweep sandboxes cleanup`) find it.
+FLOW_RUN_LABEL = "prefect-flow-run"
+
+
+# -- typed parameters (the UI draws a form from these) ----------------------------------------------------------
+
+
+class AgentLimits(BaseModel):
+    """The agent's budget for each task."""
+
+    max_turns: int = Field(default=40, ge=1, description="Model replies before the agent stops.")
+    max_total_tokens: int | None = Field(
+        default=None, ge=1, description="Prompt + completion tokens; empty: no limit."
+    )
+    max_cost_usd: float | None = Field(default=None, gt=0, description="Token cost in USD; empty: no limit.")
+    max_wall_s: float = Field(default=3600.0, gt=0, description="Wall-clock seconds for the agent loop.")
+
+    def settings(self) -> AgentSettings:
+        return AgentSettings(**self.model_dump())
+
+
+# -- the run configuration --------------------------------------------------------------------------------------
+
+
+@dataclass
+class RunConfig:
+    """Everything a task needs besides its spec: the model, the agent's limits, where sandboxes and artifacts go."""
+
+    model: ModelSettings
+    agent: AgentSettings
+    provider: SandboxProvider
+    store: ArtifactStore
+    local_dir: Path
+    """Run folders are written here (LOCAL_DIR/SWEEP/TASK/MODEL) and uploaded from here."""
+    setup_network: bool = True
+    labels: dict[str, str] = field(default_factory=dict)
+    """Put on every sandbox (with the task's id): the flow run, so hooks and cleanups can find them."""
+
+
+def load_block(block_class: Any, name: str, default_name: str) -> Any | None:
+    """The block saved under `name`; None when the default name was never created (then the environment is used)."""
+    try:
+        return block_class.load(name)
+    except ValueError as exc:  # Prefect's "Unable to find block document named ..."
+        if name == default_name:
+            return None
+        raise ConfigError(
+            f"no {block_class.get_block_type_name()!r} block named {name!r}: create it with "
+            "`bugsweep blocks create` or in the Prefect UI (Blocks)"
+        ) from exc
+
+
+def load_run_config(
+    model_block: str,
+    sandbox: SandboxName,
+    store_block: str,
+    limits: AgentLimits,
+    flow_run_id: str | None = None,
+) -> RunConfig:
+    """Read the blocks (or the environment) into a RunConfig. The model's key never leaves the settings object."""
+    from blocks import (
+        LOCAL_SANDBOX_BLOCK,
+        MODEL_BLOCK,
+        RUNTIME_SANDBOX_BLOCK,
+        STORE_BLOCK,
+        ArtifactStoreBlock,
+        LocalSandbox,
+        ModelEndpoint,
+        RuntimeSandbox,
+    )
+    from bugsweep.sandbox import get_provider
+
+    endpoint = load_block(ModelEndpoint, model_block, MODEL_BLOCK)
+    model = endpoint.settings() if endpoint else ModelSettings()
+
+    if sandbox == "local":
+        box = load_block(LocalSandbox, LOCAL_SANDBOX_BLOCK, LOCAL_SANDBOX_BLOCK)
+    else:
+        box = load_block(RuntimeSandbox, RUNTIME_SANDBOX_BLOCK, RUNTIME_SANDBOX_BLOCK)
+    provider = box.provider() if box else get_provider(sandbox)
+    setup_network = box.setup_network if box else SandboxSettings().setup_network
+
+    store_config = load_block(ArtifactStoreBlock, store_block, STORE_BLOCK)
+    if store_config:
+        store, local_dir = store_config.store(), store_config.local_root()
+    else:
+        store = open_store(StoreSettings())
+        local_dir = Path(store.location) if isinstance(store, LocalStore) else Path("artifacts").resolve()
+
+    return RunConfig(
+        model=model,
+        agent=limits.settings(),
+        provider=provider,
+        store=store,
+        local_dir=local_dir,
+        setup_network=setup_network,
+        labels={FLOW_RUN_LABEL: flow_run_id} if flow_run_id else {},
+    )
+
+
+@contextlib.contextmanager
+def model_endpoint(run: RunConfig) -> Iterator[RunConfig]:
+    """The run with a reachable model: when no endpoint is configured, the embedded open model, for the block."""
+    if run.model.base_url:
+        yield run
+        return
+    from bugsweep.embedded import ensure_embedded_model
+
+    log.info("no model endpoint configured (block or LLM_BASE_URL): using the embedded open model")
+    with ensure_embedded_model(progress=lambda message: log.info("%s", message)) as endpoint:
+        model = run.model.model_copy(update={"base_url": endpoint.base_url, "model": endpoint.model})
+        yield dataclasses.replace(run, model=model)
+
+
+def current_flow_run_id() -> str | None:
+    from prefect.runtime import flow_run
+
+    run_id = flow_run.get_id()
+    return str(run_id) if run_id else None
+
+
+# -- sandboxes in use, released by the flows' hooks --------------------------------------------------------------
+
+
+class LiveSandboxes:
+    """The sandboxes this process's flow runs hold right now.
+
+    Each task releases its own sandbox in `finally`; this registry is the second line: a flow's on_failure,
+    on_crashed and on_cancellation hooks release whatever its run still holds, whatever path ended it.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_run: dict[str, list[Sandbox]] = {}
+
+    def add(self, run_id: str | None, sandbox: Sandbox) -> None:
+        with self._lock:
+            self._by_run.setdefault(run_id or "", []).append(sandbox)
+
+    def discard(self, run_id: str | None, sandbox: Sandbox) -> None:
+        with self._lock:
+            held = self._by_run.get(run_id or "", [])
+            if sandbox in held:
+                held.remove(sandbox)
+
+    def held(self, run_id: str | None = None) -> list[Sandbox]:
+        """The sandboxes one flow run holds; with no run id, those of every run in this process."""
+        with self._lock:
+            if run_id is None:
+                return [s for held in self._by_run.values() for s in held]
+            return list(self._by_run.get(run_id, []))
+
+    def release_all(self, run_id: str | None) -> int:
+        with self._lock:
+            held = self._by_run.pop(run_id or "", [])
+        for sandbox in held:
+            sandbox.release()  # idempotent, never raises
+        return len(held)
+
+
+LIVE_SANDBOXES = LiveSandboxes()
+
+
+def release_sandboxes(flow: Flow[..., Any], flow_run: FlowRun, state: State[Any]) -> None:
+    """Flow hook (failure, crash, cancellation): release every sandbox the run still holds.
+
+    In the flow's own process that is the in-memory registry. When the worker killed the process (a cancellation
+    from the UI), the hook runs elsewhere and the registry is empty: then the sandbox backend is asked to delete
+    what carries the run's label (Runtime), and the local backend reaps sandboxes whose owner process died.
+    """
+    run_id = str(flow_run.id)
+    released = LIVE_SANDBOXES.release_all(run_id)
+    log.warning(
+        "flow run %s ended %s: released %d sandbox(es) it still held",
+        flow_run.name,
+        state.type.value,
+        released,
+    )
+    if released:
+        return
+    backend = (flow_run.parameters or {}).get("sandbox", "local")
+    if backend == "runtime":
+        try:
+            from bugsweep.sandbox import get_provider
+
+            provider = get_provider("runtime")
+            provider.cleanup({FLOW_RUN_LABEL: run_id})  # type: ignore[attr-defined]
+        except Exception:  # a hook must never raise; the sandboxes' own lifetime limit is the last resort
+            log.exception("could not clean up Runtime sandboxes of flow run %s", run_id)
+
+
+# -- grades -----------------------------------------------------------------------------------------------------
+
+
+def failed_grade(
+    spec: TaskSpec, model: str, exc: BaseException, *, failed_before: bool, started: float
+) -> Grade:
+    """The grade of a task that could not be run: why, and which kind of failure it was."""
+    return Grade(
+        instance_id=spec.instance_id,
+        model=model,
+        failed_before=failed_before,
+        error=str(exc) if isinstance(exc, BugsweepError) else f"{type(exc).__name__}: {exc}",
+        failure_kind=classify(exc),
+        wall_s=time.monotonic() - started,
+    )
+
+
+def classify(exc: BaseException) -> str:
+    """failure_kind, with a step's timeout counted as infrastructure (a hung sandbox or endpoint)."""
+    if isinstance(exc, TimeoutError):
+        return "infra"
+    return failure_kind(exc) if isinstance(exc, Exception) else "cancelled"
+
+
+def previous_grade(store: ArtifactStore, key: str, spec: TaskSpec) -> Grade | None:
+    """The grade already stored under `key` for this task at this commit, if it was graded (not failed).
+
+    A failed attempt (setup failed, an outage) does not count: a rerun tries it again. Neither does a grade for
+    another commit of the same task name.
+    """
+    try:
+        verdict = Grade.model_validate(json.loads(store.get_bytes(f"{key}/{GRADE_FILE}")))
+    except FileNotFoundError:
+        return None
+    except ValueError:
+        log.warning("ignoring an unreadable %s/%s", key, GRADE_FILE)
+        return None
+    if verdict.error:
+        return None
+    try:
+        stored = TaskSpec.model_validate(json.loads(store.get_bytes(f"{key}/task.json")))
+    except (FileNotFoundError, ValueError):
+        return verdict
+    if stored.base_commit != spec.base_commit or stored.repo != spec.repo:
+        return None
+    return verdict

@@ -1,0 +1,181 @@
+"""The `solve-bug` flow: one bug-fix task, end to end: setup, baseline, solve, regrade, upload.
+
+`solve_one` is the same steps as a plain function, for flows that run many tasks (the sweep, a model
+comparison): call it inside a flow, or submit `solve_one_task` to a task runner.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from prefect import flow, get_run_logger
+from prefect import task as prefect_task
+from prefect.cache_policies import NO_CACHE
+
+from blocks import MODEL_BLOCK, STORE_BLOCK
+from bugsweep.errors import BugsweepError, StorageError
+from bugsweep.grading import Grade, TestRun
+from bugsweep.pipeline import PreparedTask, write_run_dir
+from bugsweep.spec import TaskSpec
+from bugsweep.storage import run_key
+from flows.common import (
+    LIVE_SANDBOXES,
+    AgentLimits,
+    RunConfig,
+    SandboxName,
+    current_flow_run_id,
+    failed_grade,
+    load_run_config,
+    model_endpoint,
+    release_sandboxes,
+)
+from tasks import steps
+
+#: Written next to grade.json: which flow run made the run folder.
+RUN_FILE = "run.json"
+
+
+@dataclass
+class TaskOutcome:
+    """What one task produced: its grade, where its artifacts are, and whether the upload failed."""
+
+    grade: Grade
+    key: str
+    """SWEEP/TASK/MODEL in the artifact store."""
+    local_dir: Path
+    """The run folder on the machine that ran the task."""
+    stored_at: str | None = None
+    """The run folder in the artifact store (e.g. s3://bucket/prefix/SWEEP/TASK/MODEL), once uploaded."""
+    upload_error: str | None = None
+
+    @property
+    def artifacts(self) -> str:
+        """Where to look for the artifacts: the store, or the local folder when the upload failed."""
+        return self.stored_at or str(self.local_dir)
+
+
+def solve_one(spec: TaskSpec, run: RunConfig, sweep: str, *, attempt: int | None = None) -> TaskOutcome:
+    """One task end to end as Prefect steps. Never raises for a task that cannot be run: that is a failed Grade.
+
+    The sandbox is released in `finally` (and, should this process die first, by the flow's hooks).
+    """
+    key = run_key(sweep, spec.instance_id, run.model.model, attempt)
+    out_dir = fresh_folder(run.local_dir / key)
+    flow_run_id = current_flow_run_id()
+    started = time.monotonic()
+    prepared: PreparedTask | None = None
+    before: TestRun | None = None
+    try:
+        prepared = steps.setup(
+            spec, run.provider, labels=sandbox_labels(run, spec), setup_network=run.setup_network
+        )
+        LIVE_SANDBOXES.add(flow_run_id, prepared.sandbox)
+        before = steps.baseline(prepared)
+        result = steps.solve.with_options(timeout_seconds=steps.solve_timeout_s(run.agent))(
+            prepared, run.model, run.agent, out_dir
+        )
+        verdict = steps.regrade(prepared, before, result, run.model, run.agent, out_dir)
+    except Exception as exc:
+        verdict = failed_grade(spec, run.model.model, exc, failed_before=before is not None, started=started)
+        write_run_dir(
+            out_dir, verdict, before=before, setup_log=prepared.setup_log if prepared else None, spec=spec
+        )
+    finally:
+        if prepared is not None:
+            prepared.sandbox.release()
+            LIVE_SANDBOXES.discard(flow_run_id, prepared.sandbox)
+    write_run_record(out_dir, flow_run_id, key)
+    return upload_outcome(TaskOutcome(grade=verdict, key=key, local_dir=out_dir), run)
+
+
+def upload_outcome(outcome: TaskOutcome, run: RunConfig) -> TaskOutcome:
+    """Upload the run folder (the step retries S3 outages); when it still fails, say so and keep the local copy."""
+    try:
+        uploaded = steps.upload(outcome.local_dir, run.store, outcome.key, outcome.grade)
+        outcome.stored_at = f"{uploaded.location}/{uploaded.key}"
+    except StorageError as exc:
+        outcome.upload_error = str(exc)
+        get_run_logger().error("upload failed, the artifacts are kept in %s: %s", outcome.local_dir, exc)
+    return outcome
+
+
+@prefect_task(name="solve-one", cache_policy=NO_CACHE, persist_result=False)
+def solve_one_task(spec: TaskSpec, run: RunConfig, sweep: str, attempt: int | None = None) -> TaskOutcome:
+    """`solve_one` as a task, so a flow can run many at once on a task runner (each task's steps nest under it)."""
+    return solve_one(spec, run, sweep, attempt=attempt)
+
+
+def write_run_record(out_dir: Path, flow_run_id: str | None, key: str) -> None:
+    """run.json: which Prefect flow run produced this folder (a sweep on workers checks it is not an older one)."""
+    record = {
+        "flow_run_id": flow_run_id,
+        "key": key,
+        "finished_at": datetime.now(UTC).isoformat(timespec="seconds"),
+    }
+    (out_dir / RUN_FILE).write_text(json.dumps(record, indent=2), encoding="utf-8")
+
+
+def sandbox_labels(run: RunConfig, spec: TaskSpec) -> dict[str, str]:
+    return {**run.labels, "task": spec.instance_id, "model": run.model.model}
+
+
+def fresh_folder(path: Path) -> Path:
+    """An empty run folder: a rerun must not leave the previous attempt's trajectory next to the new grade."""
+    if path.exists():
+        shutil.rmtree(path)
+    path.mkdir(parents=True)
+    return path
+
+
+@flow(
+    name="solve-bug",
+    log_prints=True,
+    on_failure=[release_sandboxes],
+    on_crashed=[release_sandboxes],
+    on_cancellation=[release_sandboxes],
+)
+def solve_bug(
+    task: TaskSpec,
+    sweep: str = "adhoc",
+    model_block: str = MODEL_BLOCK,
+    sandbox: SandboxName = "local",
+    store_block: str = STORE_BLOCK,
+    limits: AgentLimits = AgentLimits(),
+) -> Grade:
+    """Fix one bug in a sandbox and grade the fix; the run folder goes to s3://BUCKET/PREFIX/SWEEP/TASK/MODEL/.
+
+    The run ends Completed with the grade when the task could be run (resolved or not), and Failed when it could
+    not (setup failed, tests already passing, an outage that outlasted the retries) or its artifacts could not
+    be uploaded; grade.json says which kind of failure it was either way.
+    """
+    run = load_run_config(model_block, sandbox, store_block, limits, flow_run_id=current_flow_run_id())
+    with model_endpoint(run) as run:
+        outcome = solve_one(task, run, sweep)
+    report(outcome)
+    if outcome.grade.error:
+        raise TaskNotRun(outcome.grade)
+    if outcome.upload_error:
+        raise StorageError(outcome.upload_error)
+    return outcome.grade
+
+
+class TaskNotRun(BugsweepError):
+    """Ends the flow Failed when the task could not be run; carries the kind of failure the grade records."""
+
+    def __init__(self, verdict: Grade) -> None:
+        super().__init__(f"{verdict.failure_kind} failure: {verdict.error}")
+        self.kind = verdict.failure_kind or "crash"
+
+
+def report(outcome: TaskOutcome) -> None:
+    g = outcome.grade
+    status = "RESOLVED" if g.resolved else ("could not run" if g.error else "not resolved")
+    print(
+        f"{g.instance_id} with {g.model}: {status} | turns {g.turns} | tokens {g.prompt_tokens}+{g.completion_tokens}"
+        f" | ${g.cost_usd:.4f} | {g.wall_s:.1f} s | artifacts: {outcome.artifacts}"
+    )

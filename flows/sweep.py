@@ -1,0 +1,203 @@
+"""The `sweep` flow: many bug-fix tasks at once, each graded and uploaded, with a summary at the end.
+
+Tasks run either in this flow's process (threads, at most `concurrency` at once) or as runs of the `solve-bug`
+deployment (`run_on="workers"`), so that every worker of the deployment's work pool, on any number of machines,
+takes a share of one sweep; the sweep then collects each run's grade from the artifact store.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from prefect import flow, get_run_logger
+from prefect.task_runners import ThreadPoolTaskRunner
+from pydantic import Field
+
+from blocks import MODEL_BLOCK, STORE_BLOCK
+from bugsweep.discover import RepoBranch, TaskFile
+from bugsweep.grading import Grade
+from bugsweep.spec import TaskSpec
+from bugsweep.storage import GRADE_FILE, run_key
+from flows.common import (
+    AgentLimits,
+    RunConfig,
+    SandboxName,
+    current_flow_run_id,
+    failed_grade,
+    load_run_config,
+    model_endpoint,
+    previous_grade,
+    release_sandboxes,
+)
+from flows.solve_bug import RUN_FILE, TaskOutcome, solve_one_task
+from tasks import steps
+
+TaskSource = Annotated[TaskFile | RepoBranch, Field(discriminator="kind")]
+#: How often the sweep looks at its solve-bug runs when they run on workers.
+POLL_S = 2.0
+
+
+@flow(
+    name="sweep",
+    log_prints=True,
+    on_failure=[release_sandboxes],
+    on_crashed=[release_sandboxes],
+    on_cancellation=[release_sandboxes],
+)
+def sweep(
+    source: TaskSource,
+    name: str | None = None,
+    model_block: str = MODEL_BLOCK,
+    sandbox: SandboxName = "local",
+    store_block: str = STORE_BLOCK,
+    limits: AgentLimits = AgentLimits(),
+    concurrency: Annotated[int, Field(ge=1, le=256)] = 4,
+    run_on: Literal["this-process", "workers"] = "this-process",
+    deployment: str = "solve-bug/solve-bug",
+    redo_graded: bool = False,
+) -> list[Grade]:
+    """Run every task of a task file (or every failing test file of a branch) and grade each.
+
+    A task that cannot be run becomes a failed grade and never stops the others. Tasks already graded for this
+    model at this commit under the same sweep name are skipped, unless `redo_graded`.
+    """
+    run = load_run_config(model_block, sandbox, store_block, limits, flow_run_id=current_flow_run_id())
+    sweep_name = name or default_name(source)
+    specs = steps.list_tasks(source, run.provider, run.store, setup_network=run.setup_network)
+    todo, graded = (specs, []) if redo_graded else split_graded(specs, run, sweep_name)
+    if run_on == "workers":
+        outcomes = run_on_workers(
+            todo, run, sweep_name, concurrency, deployment, solve_bug_parameters(locals())
+        )
+    else:
+        with model_endpoint(run) as run:
+            outcomes = run_here(todo, run, sweep_name, concurrency)
+    steps.summarize(sweep_name, summary_rows(graded, outcomes), run.store.location)
+    return graded + [o.grade for o in outcomes]
+
+
+def default_name(source: TaskFile | RepoBranch) -> str:
+    """A stable name, so running the same sweep again finds (and skips) what it already graded."""
+    if isinstance(source, TaskFile):
+        return Path(source.path).stem or "tasks"
+    repo = Path(source.repo.rstrip("/")).name.removesuffix(".git")
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", f"{repo}-{source.branch}")
+
+
+def split_graded(
+    specs: list[TaskSpec], run: RunConfig, sweep_name: str
+) -> tuple[list[TaskSpec], list[Grade]]:
+    """(tasks still to run, grades of those already graded for this model and commit)."""
+    todo: list[TaskSpec] = []
+    graded: list[Grade] = []
+    for spec in specs:
+        earlier = previous_grade(run.store, run_key(sweep_name, spec.instance_id, run.model.model), spec)
+        if earlier is None:
+            todo.append(spec)
+        else:
+            graded.append(earlier)
+    if graded:
+        get_run_logger().info("skipping %d task(s) already graded for %s: %s", len(graded), run.model.model,
+                              ", ".join(g.instance_id for g in graded))  # fmt: skip
+    return todo, graded
+
+
+def run_here(specs: list[TaskSpec], run: RunConfig, sweep_name: str, concurrency: int) -> list[TaskOutcome]:
+    """Every task in this process, `concurrency` at a time; a crash in one task is that task's failed grade."""
+    with ThreadPoolTaskRunner(max_workers=concurrency) as runner:
+        futures = [
+            runner.submit(solve_one_task, parameters={"spec": spec, "run": run, "sweep": sweep_name})
+            for spec in specs
+        ]
+        outcomes = []
+        for spec, future in zip(specs, futures, strict=True):
+            started = time.monotonic()
+            try:
+                outcomes.append(future.result())
+            except Exception as exc:
+                key = run_key(sweep_name, spec.instance_id, run.model.model)
+                verdict = failed_grade(spec, run.model.model, exc, failed_before=False, started=started)
+                outcomes.append(TaskOutcome(grade=verdict, key=key, local_dir=run.local_dir / key))
+        return outcomes
+
+
+def solve_bug_parameters(sweep_locals: dict[str, Any]) -> dict[str, Any]:
+    """The sweep's own parameters that each solve-bug run takes too (JSON-ready)."""
+    keys = ("model_block", "sandbox", "store_block", "limits")
+    return {
+        k: v.model_dump(mode="json") if hasattr(v, "model_dump") else v
+        for k, v in sweep_locals.items()
+        if k in keys
+    }
+
+
+def run_on_workers(
+    specs: list[TaskSpec],
+    run: RunConfig,
+    sweep_name: str,
+    concurrency: int,
+    deployment: str,
+    parameters: dict[str, Any],
+) -> list[TaskOutcome]:
+    """Each task as a run of the solve-bug deployment, at most `concurrency` at once; whichever worker of the pool
+    is free picks it up. Each run's grade is read back from the artifact store (so use S3 across machines)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.objects import FlowRun
+    from prefect.deployments import run_deployment
+
+    logger = get_run_logger()
+    pending = list(specs)
+    running: dict[Any, tuple[TaskSpec, float]] = {}
+    outcomes: list[TaskOutcome] = []
+    with get_client(sync_client=True) as client:
+        while pending or running:
+            while pending and len(running) < concurrency:
+                spec = pending.pop(0)
+                flow_run: FlowRun = run_deployment(  # type: ignore[assignment]  # sync here
+                    deployment,
+                    parameters={**parameters, "task": spec.model_dump(mode="json"), "sweep": sweep_name},
+                    timeout=0,
+                    tags=[f"sweep:{sweep_name}"],
+                )
+                logger.info("%s -> flow run %s", spec.instance_id, flow_run.name)
+                running[flow_run.id] = (spec, time.monotonic())
+            time.sleep(POLL_S)
+            for run_id, (spec, started) in list(running.items()):
+                flow_run = client.read_flow_run(run_id)
+                if flow_run.state is None or not flow_run.state.is_final():
+                    continue
+                del running[run_id]
+                outcomes.append(collect(spec, str(run_id), flow_run.state, run, sweep_name, started))
+                logger.info("%s: %s", spec.instance_id, flow_run.state.name)
+    return outcomes
+
+
+def collect(
+    spec: TaskSpec, run_id: str, state: Any, run: RunConfig, sweep_name: str, started: float
+) -> TaskOutcome:
+    """The outcome of one solve-bug run, from the grade it uploaded (only if that run wrote it, not an older one)."""
+    key = run_key(sweep_name, spec.instance_id, run.model.model)
+    stored_at = f"{run.store.location}/{key}"
+    try:
+        written_by = json.loads(run.store.get_bytes(f"{key}/{RUN_FILE}")).get("flow_run_id")
+        if written_by != run_id:
+            raise FileNotFoundError(f"{stored_at} holds flow run {written_by}'s results, not this run's")
+        verdict = Grade.model_validate_json(run.store.get_bytes(f"{key}/{GRADE_FILE}"))
+    except (FileNotFoundError, ValueError) as exc:
+        why = RuntimeError(f"solve-bug run {run_id} ended {state.name} with no grade in the store ({exc})")
+        verdict = failed_grade(spec, run.model.model, why, failed_before=False, started=started)
+        verdict.failure_kind = "infra"
+        return TaskOutcome(grade=verdict, key=key, local_dir=run.local_dir / key)
+    return TaskOutcome(grade=verdict, key=key, local_dir=run.local_dir / key, stored_at=stored_at)
+
+
+def summary_rows(graded: list[Grade], outcomes: list[TaskOutcome]) -> list[dict[str, Any]]:
+    rows = [steps.summary_row(g, skipped=True) for g in graded]
+    for o in outcomes:
+        where = o.stored_at or (f"upload failed, kept at {o.local_dir}" if o.upload_error else "")
+        rows.append(steps.summary_row(o.grade, uploaded_to=where))
+    return rows

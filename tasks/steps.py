@@ -1,0 +1,323 @@
+"""The steps of one bug-fix task as Prefect tasks: setup, baseline, solve, regrade, upload (and a sweep summary).
+
+Each task is a thin wrapper over a plain function of the core (bugsweep.pipeline, bugsweep.storage). What Prefect
+adds here, and nothing else:
+- retries, only for infrastructure failures (`InfraError`: sandbox creation or connection errors, model endpoint
+  outages, S3 errors). An honest "not resolved" is a Grade, not an exception, so it is never retried; neither is a
+  TaskError (setup failed, tests already pass) nor a ConfigError (a rejected key), which would fail the same way;
+- a timeout on each step, as a backstop over the core's own command and wall-clock limits;
+- the kind of failure that ended a step, in its log (`failure_kind`: config, infra, task or crash);
+- artifacts: a link to each patch, and a summary and a table per sweep.
+
+Sandboxes are passed between the steps in memory, inside a PreparedTask: nothing here is cached or persisted
+(`NO_CACHE`, `persist_result=False`), because a sandbox is a live process, not a value.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from prefect import get_run_logger, task
+from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
+from prefect.cache_policies import NO_CACHE
+
+from bugsweep import discover, pipeline
+from bugsweep.discover import RepoBranch, TaskFile
+from bugsweep.errors import InfraError, SandboxGone, failure_kind
+from bugsweep.grading import Grade, TestRun
+from bugsweep.settings import AgentSettings, ModelSettings
+from bugsweep.spec import TaskSpec
+from bugsweep.storage import ArtifactStore, UploadResult, upload_run
+
+if TYPE_CHECKING:
+    from prefect import Task
+    from prefect.client.schemas.objects import TaskRun
+    from prefect.states import State
+
+    from bugsweep.agent.loop import AgentEvent, AgentResult
+    from bugsweep.sandbox.base import SandboxProvider
+
+#: Seconds before the first and second retry of a step. Tests and benchmarks shorten them through the variable.
+RETRY_DELAYS_S = [float(s) for s in os.environ.get("BUGSWEEP_RETRY_DELAYS_S", "10,60").split(",")]
+#: Margin added to the core's own limits, so the core's timeout (a clear result) fires before Prefect's.
+TIMEOUT_MARGIN_S = 300.0
+#: The core's default test and setup timeouts (bugsweep.pipeline).
+STEP_TIMEOUT_S = 1800.0
+
+
+# -- when to retry, and what ended a step ---------------------------------------------------------------------
+
+
+def _exception(state: State[Any]) -> BaseException | None:
+    data = state.data
+    if isinstance(data, BaseException):
+        return data
+    try:
+        result = state.result(raise_on_failure=False)
+    except BaseException as exc:  # a failed state can raise its exception here
+        return exc
+    return result if isinstance(result, BaseException) else None
+
+
+def retry_on_infra(task: Task[..., Any], task_run: TaskRun, state: State[Any]) -> bool:
+    """Retry infrastructure failures only (sandbox, model endpoint, S3); never a task or config error."""
+    return isinstance(_exception(state), InfraError)
+
+
+def retry_on_infra_in_sandbox(task: Task[..., Any], task_run: TaskRun, state: State[Any]) -> bool:
+    """As `retry_on_infra`, but not when the sandbox itself is gone: running again in it cannot help."""
+    exc = _exception(state)
+    return isinstance(exc, InfraError) and not isinstance(exc, SandboxGone)
+
+
+def log_failure_kind(task: Task[..., Any], task_run: TaskRun, state: State[Any]) -> None:
+    """Record which kind of failure ended the step (config, infra, task or crash) in its log."""
+    from prefect.logging import get_logger
+
+    exc = _exception(state)
+    kind = failure_kind(exc) if isinstance(exc, Exception) else "crash"
+    get_logger("bugsweep.tasks").warning(
+        "step %s (%s) ended by a %s failure: %s",
+        task.name,
+        task_run.name,
+        kind,
+        exc if exc else state.message,
+    )
+
+
+_STEP: dict[str, Any] = {"cache_policy": NO_CACHE, "persist_result": False, "on_failure": [log_failure_kind]}
+
+
+# -- the steps --------------------------------------------------------------------------------------------------
+
+
+@task(
+    name="setup",
+    retries=2,
+    retry_delay_seconds=RETRY_DELAYS_S,
+    retry_condition_fn=retry_on_infra,
+    timeout_seconds=2 * STEP_TIMEOUT_S + TIMEOUT_MARGIN_S,
+    **_STEP,
+)
+def setup(
+    spec: TaskSpec, provider: SandboxProvider, labels: dict[str, str], setup_network: bool = True
+) -> pipeline.PreparedTask:
+    """Create the sandbox with the repository in its task state, and run the setup command.
+
+    A retry starts over with a new sandbox: the one that failed is released here before the step ends.
+    """
+    prepared = pipeline.prepare(spec, provider, labels=labels)
+    try:
+        pipeline.setup(prepared, timeout=STEP_TIMEOUT_S, network=setup_network)
+    except BaseException:
+        prepared.sandbox.release()
+        raise
+    return prepared
+
+
+@task(
+    name="baseline",
+    retries=1,
+    retry_delay_seconds=RETRY_DELAYS_S,
+    retry_condition_fn=retry_on_infra_in_sandbox,
+    timeout_seconds=STEP_TIMEOUT_S + TIMEOUT_MARGIN_S,
+    **_STEP,
+)
+def baseline(prepared: pipeline.PreparedTask) -> TestRun:
+    """Run the tests before the agent starts; they must fail (NotARealTask otherwise)."""
+    return pipeline.baseline(prepared, timeout=STEP_TIMEOUT_S)
+
+
+@task(
+    name="solve",
+    retries=1,
+    retry_delay_seconds=RETRY_DELAYS_S,
+    retry_condition_fn=retry_on_infra_in_sandbox,
+    timeout_seconds=3600.0 + TIMEOUT_MARGIN_S,  # replaced per run by `solve_timeout_s(agent_settings)`
+    **_STEP,
+)
+def solve(
+    prepared: pipeline.PreparedTask,
+    model_settings: ModelSettings,
+    agent_settings: AgentSettings,
+    out_dir: Path,
+) -> AgentResult:
+    """Run the agent loop. A retry (after a model endpoint outage) starts again from the task state."""
+    from bugsweep.agent.model import ChatModel
+
+    logger = get_run_logger()
+    reset_workspace(prepared)
+
+    def on_event(event: AgentEvent) -> None:
+        logger.info("%s", describe_event(event))
+
+    return pipeline.solve(
+        prepared, ChatModel(model_settings), agent_settings, on_event=on_event, out_dir=out_dir
+    )
+
+
+def solve_timeout_s(agent_settings: AgentSettings) -> float:
+    """The solve step's timeout: the agent's own wall-clock limit plus a margin (an hour without one)."""
+    return (agent_settings.max_wall_s or 3600.0) + TIMEOUT_MARGIN_S
+
+
+@task(
+    name="regrade",
+    retries=1,
+    retry_delay_seconds=RETRY_DELAYS_S,
+    retry_condition_fn=retry_on_infra_in_sandbox,
+    timeout_seconds=STEP_TIMEOUT_S + TIMEOUT_MARGIN_S,
+    **_STEP,
+)
+def regrade(
+    prepared: pipeline.PreparedTask,
+    before: TestRun,
+    agent_result: AgentResult,
+    model_settings: ModelSettings,
+    agent_settings: AgentSettings,
+    out_dir: Path,
+) -> Grade:
+    """Restore the test files, rerun the tests, grade, and write the run folder (grade.json, patch, logs)."""
+    verdict, after, patch = pipeline.regrade(
+        prepared,
+        before,
+        agent_result,
+        model_name=model_settings.model,
+        agent_settings=agent_settings,
+        timeout=STEP_TIMEOUT_S,
+    )
+    pipeline.write_run_dir(
+        out_dir,
+        verdict,
+        patch=patch,
+        before=before,
+        after=after,
+        setup_log=prepared.setup_log,
+        spec=prepared.spec,
+    )
+    return verdict
+
+
+@task(
+    name="upload",
+    retries=2,
+    retry_delay_seconds=RETRY_DELAYS_S,
+    retry_condition_fn=retry_on_infra,
+    timeout_seconds=600.0,
+    **_STEP,
+)
+def upload(out_dir: Path, store: ArtifactStore, key: str, verdict: Grade) -> UploadResult:
+    """Copy the run folder to the artifact store under SWEEP/TASK/MODEL, and link the patch from the Prefect UI.
+
+    The local run folder is only read, so when the store stays down after every retry the artifacts are still on
+    this machine, and the StorageError says where.
+    """
+    result = upload_run(store, out_dir, key)
+    if "patch.diff" in result.uris:
+        status = "resolved" if verdict.resolved else "not resolved"
+        create_link_artifact(
+            link=store.link(f"{key}/patch.diff"),
+            link_text=result.uris["patch.diff"],
+            key=artifact_key("patch", key),
+            description=f"Patch for {verdict.instance_id} by {verdict.model} ({status}).",
+        )
+    return result
+
+
+@task(
+    name="list-tasks",
+    retries=2,
+    retry_delay_seconds=RETRY_DELAYS_S,
+    retry_condition_fn=retry_on_infra,
+    timeout_seconds=2 * STEP_TIMEOUT_S + TIMEOUT_MARGIN_S,
+    **_STEP,
+)
+def list_tasks(
+    source: TaskFile | RepoBranch, provider: SandboxProvider, store: ArtifactStore, setup_network: bool = True
+) -> list[TaskSpec]:
+    """The sweep's tasks: read from a task file (local or s3://), or found by running a branch's tests."""
+    return discover.list_tasks(source, provider, store, setup_network=setup_network, timeout=STEP_TIMEOUT_S)
+
+
+@task(name="summarize", cache_policy=NO_CACHE, persist_result=False)
+def summarize(sweep: str, rows: list[dict[str, Any]], location: str) -> None:
+    """A markdown summary and a table artifact for the sweep: task, model, resolved, turns, tokens, cost, time."""
+    create_table_artifact(
+        rows, key=artifact_key("sweep", sweep, "table"), description=f"Sweep {sweep}: every task."
+    )
+    create_markdown_artifact(summary_markdown(sweep, rows, location), key=artifact_key("sweep", sweep))
+
+
+# -- plain helpers ----------------------------------------------------------------------------------------------
+
+
+def reset_workspace(prepared: pipeline.PreparedTask) -> None:
+    """Put the repository back to the task state (a retried solve must not start from half an attempt)."""
+    result = prepared.sandbox.exec(
+        f"git reset -q --hard {prepared.task_state} && git clean -qfd", timeout=120
+    )
+    if not result.ok:
+        raise InfraError(f"could not reset the workspace to the task state: {result.output.strip()[-500:]}")
+
+
+def describe_event(event: AgentEvent) -> str:
+    """One log line per agent event, like the command line's progress."""
+    parts = [f"turn {event.turn}", event.kind]
+    if event.tool:
+        parts.append(event.tool)
+    if event.short_arg:
+        parts.append(event.short_arg)
+    if event.exit_code is not None:
+        parts.append(f"-> exit {event.exit_code}")
+    if event.detail:
+        parts.append(f"({event.detail})")
+    parts.append(f"[{event.tokens} tokens]")
+    return " ".join(parts)
+
+
+def artifact_key(*parts: str) -> str:
+    """Prefect artifact keys allow lowercase letters, digits and dashes only."""
+    return re.sub(r"-+", "-", re.sub(r"[^a-z0-9]+", "-", "-".join(parts).lower())).strip("-")[:200]
+
+
+def summary_row(verdict: Grade, *, skipped: bool = False, uploaded_to: str | None = None) -> dict[str, Any]:
+    """One row of the sweep table."""
+    return {
+        "task": verdict.instance_id,
+        "model": verdict.model,
+        "resolved": verdict.resolved,
+        "turns": verdict.turns,
+        "prompt_tokens": verdict.prompt_tokens,
+        "completion_tokens": verdict.completion_tokens,
+        "cost_usd": round(verdict.cost_usd, 6),
+        "wall_s": round(verdict.wall_s, 1),
+        "status": "skipped (graded before)"
+        if skipped
+        else (f"failed ({verdict.failure_kind})" if verdict.error else "graded"),
+        "artifacts": uploaded_to or "",
+    }
+
+
+def summary_markdown(sweep: str, rows: list[dict[str, Any]], location: str) -> str:
+    resolved = sum(1 for r in rows if r["resolved"])
+    failed = [r for r in rows if r["status"].startswith("failed")]
+    tokens = sum(r["prompt_tokens"] + r["completion_tokens"] for r in rows)
+    cost = sum(r["cost_usd"] for r in rows)
+    lines = [
+        f"# Sweep `{sweep}`",
+        "",
+        f"**{resolved} of {len(rows)}** tasks resolved; {len(failed)} could not be run; "
+        f"{tokens:,} tokens; ${cost:.4f}. Artifacts: `{location}`.",
+        "",
+        "| task | model | resolved | turns | tokens | cost (USD) | time (s) | status |",
+        "| --- | --- | --- | ---: | ---: | ---: | ---: | --- |",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['task']} | {r['model']} | {'yes' if r['resolved'] else 'no'} | {r['turns']} | "
+            f"{r['prompt_tokens'] + r['completion_tokens']} | {r['cost_usd']:.4f} | {r['wall_s']:.1f} | {r['status']} |"
+        )
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,322 @@
+"""The Prefect flows `solve-bug` and `sweep`, run in this process against a Prefect test server.
+
+Real parts: a Prefect API server (prefect_test_harness, one per session, SQLite), Prefect blocks saved to it, the
+local sandbox (bubblewrap + overlayfs) running real pytest on real git repositories, a real SeaweedFS S3 server
+for the artifacts. Stand-in: the model is the scripted OpenAI-compatible HTTP server, which replays tool calls.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault(
+    "BUGSWEEP_RETRY_DELAYS_S", "0.2,0.5"
+)  # before tasks.steps reads it: quick retries in tests
+
+import json
+import signal
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import SecretStr
+
+from bugsweep.spec import TaskSpec, dump_tasks
+from bugsweep.testing.repos import commit_all, make_repo
+from bugsweep.testing.scripted_model import ScriptedModelServer, tool_call
+from tests.support.seaweed import SeaweedServer
+
+pytest_plugins = ["tests.support.prefect_server", "tests.support.seaweed"]
+pytestmark = [pytest.mark.prefect, pytest.mark.s3]
+
+FIX = tool_call("edit_file", path="calc.py", old="return a - b", new="return a + b")
+RUN_FILES = {
+    "grade.json",
+    "patch.diff",
+    "trajectory.json",
+    "tests_before.log",
+    "tests_after.log",
+    "task.json",
+    "run.json",
+}
+
+
+def fixer(body: dict[str, Any]) -> dict[str, Any]:
+    """A scripted reply that works for any number of tasks at once: fix on the first turn, finish on the next."""
+    if any(m.get("role") == "tool" for m in body["messages"]):
+        return tool_call("finish", summary="add() now adds")
+    return FIX
+
+
+def calc_task(repo: Path, instance_id: str, **fields: Any) -> TaskSpec:
+    return TaskSpec(
+        instance_id=instance_id,
+        repo=str(repo),
+        problem_statement="tests/test_calc.py::test_add fails: add() returns the wrong result. Fix the code.",
+        test_command="python -m pytest -q",
+        **fields,
+    )
+
+
+@pytest.fixture
+def blocks(prefect_harness: None, seaweed: SeaweedServer, tmp_path: Path):
+    """Factory: save a model endpoint block for a scripted server and an S3 artifact store block on a new bucket."""
+    from blocks import ArtifactStoreBlock, ModelEndpoint
+
+    def make(
+        server: ScriptedModelServer, *, endpoint_url: str | None = None, attempts: int = 2
+    ) -> dict[str, Any]:
+        suffix = uuid.uuid4().hex[:8]
+        ModelEndpoint(
+            base_url=server.base_url, model="scripted-model", api_key=SecretStr("sk-test-secret")
+        ).save(f"model-{suffix}")
+        bucket = seaweed.new_store(prefix="").bucket
+        store_block = ArtifactStoreBlock(
+            bucket=bucket,
+            prefix="runs",
+            endpoint_url=endpoint_url or seaweed.endpoint_url,
+            access_key_id=SecretStr("bugsweep-test"),
+            secret_access_key=SecretStr("bugsweep-test-secret"),
+            attempts=attempts,
+            local_dir=str(tmp_path / "local-artifacts"),
+        )
+        store_block.save(f"store-{suffix}")
+        return {
+            "model_block": f"model-{suffix}",
+            "store_block": f"store-{suffix}",
+            "_store": store_block.store(),
+        }
+
+    return make
+
+
+def flow_kwargs(made: dict[str, Any], **limits: Any) -> dict[str, Any]:
+    from flows.common import AgentLimits
+
+    return {
+        "model_block": made["model_block"],
+        "store_block": made["store_block"],
+        "limits": AgentLimits(max_turns=limits.get("max_turns", 6)),
+    }
+
+
+def sandbox_leftovers(sandbox_id: str, marker: str | None = None) -> list[str]:
+    """Mounts and processes of one local sandbox still on this machine (empty when it was released)."""
+    found = [
+        f"mount: {line.strip()}"
+        for line in Path("/proc/mounts").read_text().splitlines()
+        if sandbox_id in line
+    ]
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if sandbox_id in cmdline or (marker and marker in cmdline):
+            found.append(f"process {proc.name}: {cmdline[:200]}")
+    return found
+
+
+# -- solve-bug ------------------------------------------------------------------------------------------------
+
+
+def test_solve_bug_resolves_and_puts_the_run_folder_in_s3(blocks, scripted_model, buggy_repo: Path) -> None:
+    from prefect.artifacts import Artifact
+
+    from flows.solve_bug import solve_bug
+
+    server = scripted_model([FIX, tool_call("finish", summary="add() now adds")])
+    made = blocks(server)
+    store = made["_store"]
+
+    grade = solve_bug(task=calc_task(buggy_repo, "calc-add"), sweep="nightly", **flow_kwargs(made))
+
+    assert grade.resolved and grade.failed_before and grade.passes_after and grade.tests_untouched
+    assert grade.model == "scripted-model" and grade.turns == 2
+    keys = store.list("nightly/calc-add/scripted-model")
+    assert {k.rsplit("/", 1)[1] for k in keys} == RUN_FILES
+    assert all(k.startswith("nightly/calc-add/scripted-model/") for k in keys)
+    patch = store.get_bytes("nightly/calc-add/scripted-model/patch.diff").decode()
+    assert "-    return a - b" in patch and "+    return a + b" in patch
+    stored_grade = json.loads(store.get_bytes("nightly/calc-add/scripted-model/grade.json"))
+    assert stored_grade["resolved"] is True
+    trajectory = store.get_bytes("nightly/calc-add/scripted-model/trajectory.json").decode()
+    assert "sk-test-secret" not in trajectory
+    link = Artifact.get("patch-nightly-calc-add-scripted-model")
+    assert link is not None and link.type == "markdown"  # Prefect stores a link artifact as markdown
+    assert f"/{store.bucket}/runs/nightly/calc-add/scripted-model/patch.diff" in str(link.data)
+
+
+def test_solve_bug_not_resolved_is_a_grade_not_a_failure(blocks, scripted_model, buggy_repo: Path) -> None:
+    from flows.solve_bug import solve_bug
+
+    server = scripted_model([tool_call("finish", summary="nothing to do")])
+    made = blocks(server)
+
+    state = solve_bug(task=calc_task(buggy_repo, "calc-give-up"), return_state=True, **flow_kwargs(made))
+
+    assert state.is_completed()
+    grade = state.result()
+    assert grade.resolved is False and grade.error is None and grade.failed_before and not grade.passes_after
+    assert len(server.requests) == 1, "an honest 'not resolved' must not be retried"
+    assert made["_store"].exists("adhoc/calc-give-up/scripted-model/grade.json")
+
+
+def test_crash_mid_task_still_releases_the_sandbox(blocks, scripted_model, buggy_repo: Path) -> None:
+    """SIGTERM reaches the flow's process while the agent waits for the model (a worker being shut down)."""
+    from prefect.exceptions import TerminationSignal
+
+    from flows.common import LIVE_SANDBOXES
+    from flows.solve_bug import solve_bug
+
+    marker = f"bugsweep-crash-{uuid.uuid4().hex[:8]}"
+    held: list[Any] = []
+
+    def crash(body: dict[str, Any]) -> dict[str, Any]:
+        held.extend(LIVE_SANDBOXES.held())
+        assert held and sandbox_leftovers(held[0].id, marker), "the sandbox and its background process are up"
+        os.kill(os.getpid(), signal.SIGTERM)
+        return tool_call("finish", summary="never seen")
+
+    server = scripted_model(
+        [tool_call("run", command=f"(exec -a {marker} sleep 300) >/dev/null 2>&1 &"), crash]
+    )
+    made = blocks(server)
+
+    # After its hooks, Prefect passes SIGTERM on to the handler it found, which would end pytest: catch it here.
+    passed_on: list[int] = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: passed_on.append(signum))
+    try:
+        with pytest.raises(TerminationSignal):
+            solve_bug(task=calc_task(buggy_repo, "calc-crash"), **flow_kwargs(made))
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+    assert held, "the crash happened mid-task, with a sandbox held"
+    assert passed_on == [signal.SIGTERM]
+    assert held[0].released
+    assert sandbox_leftovers(held[0].id, marker) == []
+    assert LIVE_SANDBOXES.held() == []
+
+
+def test_flow_hook_releases_sandboxes_the_run_still_holds(prefect_harness: None, buggy_repo: Path) -> None:
+    """The second line of defence: a flow that fails without releasing its sandbox (no `finally`)."""
+    from prefect import flow
+
+    from bugsweep.sandbox import get_provider
+    from bugsweep.sandbox.base import RepoSource
+    from flows.common import LIVE_SANDBOXES, current_flow_run_id, release_sandboxes
+
+    made: list[Any] = []
+
+    @flow(on_failure=[release_sandboxes], on_crashed=[release_sandboxes])
+    def leaky() -> None:
+        sandbox = get_provider("local").create(RepoSource(str(buggy_repo)))
+        made.append(sandbox)
+        LIVE_SANDBOXES.add(current_flow_run_id(), sandbox)
+        raise RuntimeError("a bug between creating and releasing")
+
+    state = leaky(return_state=True)
+
+    assert state.is_failed()
+    assert made[0].released and sandbox_leftovers(made[0].id) == []
+
+
+def test_upload_outage_is_retried_then_reported_with_the_local_copy(
+    blocks, scripted_model, buggy_repo: Path
+) -> None:
+    from bugsweep.errors import StorageError
+    from flows.solve_bug import solve_bug
+    from tests.support.seaweed import free_ports
+
+    server = scripted_model([FIX, tool_call("finish", summary="fixed")])
+    made = blocks(
+        server, endpoint_url=f"http://127.0.0.1:{free_ports(1)[0]}", attempts=1
+    )  # nothing listens there
+
+    state = solve_bug(task=calc_task(buggy_repo, "calc-outage"), return_state=True, **flow_kwargs(made))
+
+    assert state.is_failed()
+    with pytest.raises(StorageError) as info:
+        state.result()
+    assert "kept in" in str(info.value)
+    folder = Path(str(info.value).split("the artifacts are kept in ")[1].rstrip(")"))
+    assert {p.name for p in folder.iterdir()} == RUN_FILES
+    assert json.loads((folder / "grade.json").read_text())["resolved"] is True
+
+
+# -- sweep ------------------------------------------------------------------------------------------------------
+
+
+def test_sweep_survives_a_failing_setup_and_a_rerun_skips_graded_tasks(
+    blocks, scripted_model, buggy_repo: Path, tmp_path: Path
+) -> None:
+    from prefect.artifacts import Artifact
+
+    from bugsweep.discover import TaskFile
+    from flows.sweep import sweep
+
+    server = scripted_model([fixer] * 20)
+    made = blocks(server)
+    tasks_file = tmp_path / "nightly.jsonl"
+    dump_tasks(
+        [
+            calc_task(buggy_repo, "calc-a"),
+            calc_task(buggy_repo, "calc-broken-setup", setup_command="echo 'no such package' >&2; exit 3"),
+            calc_task(buggy_repo, "calc-b"),
+        ],
+        tasks_file,
+    )
+
+    grades = sweep(source=TaskFile(path=str(tasks_file)), concurrency=2, **flow_kwargs(made))
+
+    by_id = {g.instance_id: g for g in grades}
+    assert by_id["calc-a"].resolved and by_id["calc-b"].resolved
+    assert (
+        by_id["calc-broken-setup"].failure_kind == "task"
+        and "exited with 3" in by_id["calc-broken-setup"].error
+    )
+    store = made["_store"]
+    for task_id in by_id:
+        assert store.exists(f"nightly/{task_id}/scripted-model/grade.json")
+    table = Artifact.get("sweep-nightly-table")
+    assert table is not None and "calc-broken-setup" in str(table.data)
+    summary = Artifact.get("sweep-nightly")
+    assert summary is not None and "**2 of 3** tasks resolved" in str(summary.data)
+    requests_after_first = len(server.requests)
+
+    again = sweep(source=TaskFile(path=str(tasks_file)), concurrency=2, **flow_kwargs(made))
+
+    assert len(server.requests) == requests_after_first, "graded tasks are not sent to the model again"
+    assert {g.instance_id: g.resolved for g in again} == {
+        "calc-a": True,
+        "calc-b": True,
+        "calc-broken-setup": False,
+    }
+    summary = Artifact.get("sweep-nightly")
+    assert "skipped (graded before)" in str(summary.data)  # type: ignore[union-attr]
+
+
+def test_sweep_from_a_branch_makes_a_task_of_each_failing_test_file(
+    blocks, scripted_model, tmp_path: Path
+) -> None:
+    from bugsweep.discover import RepoBranch
+    from flows.sweep import sweep
+
+    repo = make_repo(tmp_path / "calc2")
+    (repo / "tests" / "test_more.py").write_text(
+        "from calc import mul\n\n\ndef test_mul():\n    assert mul(2, 2) == 4\n"
+    )
+    head = commit_all(repo, "more tests")
+    server = scripted_model([fixer] * 10)
+    made = blocks(server)
+
+    grades = sweep(source=RepoBranch(repo=str(repo), branch="main"), name="branch", **flow_kwargs(made))
+
+    assert len(grades) == 1, "only tests/test_calc.py fails"
+    (grade,) = grades
+    assert grade.instance_id == f"calc2-tests-test-calc-py-{head[:10]}"
+    assert grade.resolved and grade.FAIL_TO_PASS == ["tests/test_calc.py::test_add"]
