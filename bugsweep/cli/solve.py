@@ -190,7 +190,7 @@ def model_endpoint(settings: Any) -> Iterator[Any]:
     if settings.base_url:
         yield settings
         return
-    from bugsweep.embedded import ensure_embedded_model
+    from bugsweep.embedded.server import ensure_embedded_model
 
     console.print("[dim]LLM_BASE_URL is not set: using the embedded open model (bugsweep model serve)[/]")
     with ensure_embedded_model(progress=lambda msg: console.print(f"[dim]{escape(msg)}[/]")) as endpoint:

@@ -8,7 +8,7 @@ writes files, and is always released. Commands run with a clean environment: not
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Protocol, Self, runtime_checkable
 
 #: How much of each output stream a caller gets back unless it asks for the whole log.
 OUTPUT_LIMIT_BYTES = 64 * 1024
@@ -63,9 +63,14 @@ class SandboxFiles(Protocol):
 class Sandbox(Protocol):
     """One task's sandbox. Also a context manager that releases it."""
 
-    id: str
-    workdir: str
-    files: SandboxFiles
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def workdir(self) -> str: ...
+
+    @property
+    def files(self) -> SandboxFiles: ...
 
     def exec(
         self,
@@ -91,7 +96,7 @@ class Sandbox(Protocol):
         """Kill every process and free every resource. Idempotent; never raises."""
         ...
 
-    def __enter__(self) -> Sandbox: ...
+    def __enter__(self) -> Self: ...
 
     def __exit__(self, *exc: object) -> None: ...
 
