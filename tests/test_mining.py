@@ -287,3 +287,45 @@ def test_mine_stops_at_the_limit_and_reports_setup_failures(tmp_path: Path) -> N
 def test_rejection_serialises_with_its_reason() -> None:
     r = Rejection(commit="abc", subject="x", reason=RejectReason.FLAKY, detail="flaky: t::a")
     assert json.loads(r.model_dump_json())["reason"] == "flaky"
+
+
+@needs_bwrap
+def test_mine_command_writes_tasks_and_says_why_it_skipped(tmp_path: Path) -> None:
+    """`bugsweep mine` as a user runs it: the real command line in a subprocess."""
+    import os
+    import subprocess
+    import sys
+
+    repo = tmp_path / "repo"
+    shas = build_history(repo)
+    out = tmp_path / "mined.jsonl"
+    cmd = [
+        sys.executable,
+        "-m",
+        "bugsweep.cli",
+        "mine",
+        str(repo),
+        "--limit",
+        "1",
+        "--runs",
+        "2",
+        "--out",
+        str(out),
+    ]
+    env = {**os.environ, "COLUMNS": "200"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"kept     {shas['kept_with_flaky'][:10]} Fix missing sq() (issue #7)" in proc.stdout
+    assert "1 task(s) from 1 commits scanned, 1 validated" in proc.stdout
+    assert "flaky at" in proc.stdout and "test_sq_flaky" in proc.stdout
+    (task,) = load_tasks(out)
+    assert task.fix_commit == shas["kept_with_flaky"]
+    assert task.instance_id.endswith("-" + shas["kept_with_flaky"][:10])
+    report = json.loads((tmp_path / "mined.mining.json").read_text())
+    assert report["scanned"] == 1 and report["flaky_tests"]
+
+    # nothing to find: exit code 1, and the reasons are still shown
+    proc = subprocess.run([*cmd[:-2], "--out", str(tmp_path / "none.jsonl"), "--since", "2099-01-01"],
+                          capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "0 task(s) from 0 commits scanned" in proc.stdout and not (tmp_path / "none.jsonl").exists()
