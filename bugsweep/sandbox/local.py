@@ -40,16 +40,19 @@ Needs: Linux, `bwrap` (Debian `bubblewrap`), root for overlayfs and cgroups (els
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
 import errno
 import json
 import logging
 import os
+import re
 import select
 import shlex
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -95,6 +98,7 @@ _ATTACH_SCRIPT = (
     'shift; n=$((n-1)); done; exec "$@"'
 )
 _ATTACH_FAILED = b"bugsweep: cannot join cgroup"
+_CHILD_PID = re.compile(rb'"child-pid":\s*(\d+)\s*[,}\n]')
 
 # openat2(2) keeps host-side file access inside a folder (no `..`, no absolute or magic symlinks out of it).
 _SYS_OPENAT2 = 437
@@ -137,7 +141,7 @@ class LocalProvider:
         create namespaces (never runs anything unisolated), SandboxError when the workspace cannot be made."""
         bwrap = find_bwrap()
         workdir = _check_workdir(self.settings.workdir)
-        _reap_stale_once(self.state_dir)
+        _prepare_state_dir(self.state_dir)
         prepared = self.sources.prepare(source)
         return LocalSandbox(
             bwrap=bwrap,
@@ -234,6 +238,7 @@ class LocalSandbox:
         labels: dict[str, str] | None = None,
     ) -> None:
         self.id = f"local-{uuid.uuid4().hex[:12]}"
+        self._etc_dir = _system_etc(state_dir)
         self.workdir = workdir
         self.labels = dict(labels or {})
         self.usage = SandboxUsage()
@@ -253,7 +258,7 @@ class LocalSandbox:
 
     def _setup(self, bwrap: str, prepared: PreparedSource) -> None:
         res = self._res
-        for sub in ("upper", "work", "ws", "tmp", "etc", "spool"):
+        for sub in ("upper", "work", "ws", "tmp", "spool"):
             (res.root / sub).mkdir(parents=True)
         res.repo_dir.mkdir(parents=True)
         res.write_meta()
@@ -264,9 +269,6 @@ class LocalSandbox:
         if not prepared.has_git:
             _git_init(res.repo_dir, res.root)
 
-        _write(res.root / "etc" / "passwd", _passwd())
-        _write(res.root / "etc" / "group", f"root:x:0:\n{SANDBOX_USER}:x:{SANDBOX_UID}:\nnogroup:x:65534:\n")
-        _write(res.root / "etc" / "hostname", "sandbox\n")
         _write(
             res.root / "ws" / ".gitconfig",
             "[user]\n\tname = bugsweep\n\temail = bugsweep@localhost\n"
@@ -292,7 +294,7 @@ class LocalSandbox:
             *_namespace_args(),
             "--hostname", "sandbox",
             *_system_binds(),
-            *_etc_binds(res.root / "etc"),
+            "--ro-bind", str(self._etc_dir), "/etc",
             *_python_binds(),
             "--proc", "/proc",
             "--dev", "/dev",
@@ -621,15 +623,12 @@ class _Resources:
             self._commands.discard(cmd)
 
     def write_meta(self) -> None:
-        meta = {
-            "owner_pid": os.getpid(),
-            "owner_start": _start_time(os.getpid()),
-            "pidns": _pidns(),
-            "mounted": self.mounted,
-            "repo_dir": str(self.repo_dir),
-            "cgroups": [str(d) for d in self.limits.dirs] if self.limits else [],
-        }
-        _write(self.root / "meta.json", json.dumps(meta))
+        _write_owner_meta(
+            self.root,
+            mounted=self.mounted,
+            repo_dir=str(self.repo_dir),
+            cgroups=[str(d) for d in self.limits.dirs] if self.limits else [],
+        )
 
     def cleanup(self) -> None:
         """Never raises: every step logs its own failure and the next step still runs."""
@@ -676,17 +675,21 @@ class _Command:
         self._fd_lock = threading.Lock()  # release() may kill while the exec thread closes
 
     def read_info(self, info_fd: int, timeout: float) -> None:
-        ready, _, _ = select.select([info_fd], [], [], max(timeout, 0.0))
-        if not ready:
-            return
-        data = os.read(info_fd, 65536)
-        try:
-            self.init_pid = int(json.loads(data)["child-pid"]) if data else None
-        except (ValueError, KeyError, TypeError):
-            return
-        if self.init_pid is not None:
-            with contextlib.suppress(OSError):
-                self._init_fd = os.pidfd_open(self.init_pid)
+        """Read the init's pid from bwrap's --info-fd (JSON, written in several pieces)."""
+        deadline = time.monotonic() + max(timeout, 0.0)
+        data = b""
+        while True:
+            ready, _, _ = select.select([info_fd], [], [], max(deadline - time.monotonic(), 0.0))
+            chunk = os.read(info_fd, 65536) if ready else b""
+            if not chunk:
+                return  # bwrap ended (or hung) before it said
+            data += chunk
+            found = _CHILD_PID.search(data)
+            if found:
+                break
+        self.init_pid = int(found.group(1))
+        with contextlib.suppress(OSError):
+            self._init_fd = os.pidfd_open(self.init_pid)
 
     def wait(self, timeout: float) -> bool:
         """Wait up to `timeout` s for the command and its whole namespace to end; True when they did."""
@@ -857,7 +860,7 @@ def _empty_and_remove(dirs: list[Path]) -> None:
             with contextlib.suppress(OSError):
                 _write(kill_file, "1")
     while True:
-        pids = set()
+        pids: set[int] = set()
         for d in dirs:
             with contextlib.suppress(OSError):
                 pids.update(int(x) for x in (d / "cgroup.procs").read_text().split())
@@ -939,15 +942,41 @@ def _system_binds() -> list[str]:
     return args
 
 
-def _etc_binds(generated: Path) -> list[str]:
-    args: list[str] = []
-    for name in ETC_ALLOW:
-        path = f"/etc/{name}"
-        if os.path.exists(path):
-            args += ["--ro-bind", path, path]
-    for name in ("passwd", "group", "hostname"):
-        args += ["--ro-bind", str(generated / name), f"/etc/{name}"]
-    return args
+_etc_dirs: dict[Path, Path] = {}
+_etc_lock = threading.Lock()
+
+
+def _system_etc(state_dir: Path) -> Path:
+    """The sandbox's /etc: a copy of the ETC_ALLOW entries (without any `private` folder, where TLS keys live)
+    plus a generated passwd, group and hostname. Made once per process and bound as one mount, because ~30
+    separate binds of host files doubled the start time of every command."""
+    with _etc_lock:
+        path = _etc_dirs.get(state_dir)
+        if path is not None and path.is_dir():
+            return path
+        path = state_dir / f"etc-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        path.mkdir(parents=True)
+        _write_owner_meta(path, kind="etc")
+        for name in ETC_ALLOW:
+            src = Path("/etc") / name
+            if not src.exists():
+                continue
+            if src.is_dir():
+                shutil.copytree(
+                    src, path / name, symlinks=True, ignore=shutil.ignore_patterns("private"),
+                    ignore_dangling_symlinks=True,
+                )  # fmt: skip
+            else:
+                shutil.copy2(src, path / name)  # a top-level link (resolv.conf -> /run/...) is followed
+        _write(path / "passwd", _passwd())
+        _write(path / "group", f"root:x:0:\n{SANDBOX_USER}:x:{SANDBOX_UID}:\nnogroup:x:65534:\n")
+        _write(path / "hostname", "sandbox\n")
+        (path / "meta.json").rename(
+            path / ".owner.json"
+        )  # only now complete; and not visible as /etc/meta.json
+        atexit.register(shutil.rmtree, path, True)
+        _etc_dirs[state_dir] = path
+        return path
 
 
 def _python_prefixes() -> list[str]:
@@ -1069,16 +1098,37 @@ def _reap_stale_once(state_dir: Path) -> None:
         _guard("reap a stale sandbox", _reap_if_stale, root)
 
 
+def _prepare_state_dir(state_dir: Path) -> None:
+    """Make sure `state_dir` is a real folder of ours (it usually sits in the shared /tmp), then, once per
+    process, remove what dead processes left there."""
+    state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    st = os.lstat(state_dir)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+        raise SandboxError(
+            f"{state_dir} is not a folder owned by this user; refusing to use it for sandboxes"
+        )
+    _reap_stale_once(state_dir)
+
+
+def _write_owner_meta(path: Path, **extra: object) -> None:
+    meta = {"owner_pid": os.getpid(), "owner_start": _start_time(os.getpid()), "pidns": _pidns(), **extra}
+    _write(path / "meta.json", json.dumps(meta))
+
+
 def _reap_if_stale(root: Path) -> None:
-    try:
-        meta = json.loads((root / "meta.json").read_text())
-    except (OSError, ValueError):
-        return
-    if meta.get("pidns") != _pidns():  # another pid namespace: its pids mean nothing here
+    meta = None
+    for name in ("meta.json", ".owner.json"):
+        with contextlib.suppress(OSError, ValueError):
+            meta = json.loads((root / name).read_text())
+            break
+    if meta is None or meta.get("pidns") != _pidns():  # another pid namespace: its pids mean nothing here
         return
     pid = int(meta.get("owner_pid", 0))
     if pid and _start_time(pid) == meta.get("owner_start"):
         return  # the owner is alive
+    if meta.get("kind") == "etc":
+        shutil.rmtree(root)
+        return
     log.warning("removing sandbox %s left behind by process %s", root.name, pid)
     _empty_and_remove([Path(d) for d in meta.get("cgroups", []) if Path(d).exists()])
     repo_dir = Path(meta["repo_dir"])
@@ -1087,10 +1137,10 @@ def _reap_if_stale(root: Path) -> None:
 
 def _start_time(pid: int) -> str | None:
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        fields = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    return stat.rsplit(")", 1)[1].split()[19]
+    return fields.rsplit(")", 1)[1].split()[19]
 
 
 def _pidns() -> int:
