@@ -87,3 +87,7 @@ class SandboxSettings(BaseSettings):
     """Whether the setup command may reach the network (e.g. pip install). Agent commands never may on 'local'."""
     workdir: str = "/workspace/repo"
     """Where the repository lives inside the sandbox."""
+    cache_dir: str | None = None
+    """'local': where clones of git URLs and checkouts of refs are kept and reused; unset: ~/.cache/bugsweep."""
+    state_dir: str | None = None
+    """'local': where each sandbox's overlay layers, /workspace and /tmp live; unset: $TMPDIR/bugsweep-sandboxes."""

@@ -82,9 +82,10 @@ def mounts() -> str:
 
 
 def test_get_provider_returns_a_local_provider_whose_sandboxes_satisfy_the_protocol(tmp_path, buggy_repo):
-    provider = get_provider("local")
+    provider = get_provider(
+        "local", SandboxSettings(cache_dir=str(tmp_path / "cache"), state_dir=str(tmp_path / "s"))
+    )
     assert provider.name == "local"
-    provider.sources.root = tmp_path / "cache"  # type: ignore[attr-defined]
     with provider.create(RepoSource(str(buggy_repo)), labels={"task": "t1"}) as sandbox:
         assert isinstance(sandbox, Sandbox)
         assert sandbox.workdir == "/workspace/repo"

@@ -130,11 +130,14 @@ class LocalProvider:
         cache_dir: Path | None = None,
         state_dir: Path | None = None,
     ) -> None:
-        """`cache_dir` holds clones and ref checkouts (default ~/.cache/bugsweep); `state_dir` holds each
-        sandbox's overlay layers, /workspace and /tmp (default $TMPDIR/bugsweep-sandboxes)."""
+        """`cache_dir` holds clones and ref checkouts (default: settings.cache_dir, else ~/.cache/bugsweep);
+        `state_dir` holds each sandbox's overlay layers, /workspace and /tmp (default: settings.state_dir, else
+        $TMPDIR/bugsweep-sandboxes)."""
         self.settings = settings or SandboxSettings()
+        cache_dir = cache_dir or (Path(self.settings.cache_dir) if self.settings.cache_dir else None)
+        state_dir = state_dir or (Path(self.settings.state_dir) if self.settings.state_dir else None)
         self.sources = SourceCache(cache_dir)
-        self.state_dir = Path(state_dir) if state_dir else Path(tempfile.gettempdir()) / "bugsweep-sandboxes"
+        self.state_dir = state_dir or Path(tempfile.gettempdir()) / "bugsweep-sandboxes"
 
     def create(self, source: RepoSource, *, labels: dict[str, str] | None = None) -> LocalSandbox:
         """A new sandbox with `source` at the workdir. Raises ConfigError when bubblewrap is missing or cannot
@@ -362,6 +365,8 @@ class LocalSandbox:
         argv += ["--info-fd", str(info_w)]
         if not (network and self.settings.setup_network):
             argv.append("--unshare-net")
+        if cwd and not cwd.startswith("/"):
+            cwd = f"{self.workdir}/{cwd}"
         argv += ["--chdir", cwd or self.workdir, "/bin/bash", "-c", command]
 
         oom_before = res.limits.oom_kills() if res.limits else 0
