@@ -1,9 +1,246 @@
-"""Command-line commands (placeholder: filled in by the issue that owns this group)."""
+"""`bugsweep sweep`, `bugsweep deploy` and `bugsweep blocks create`: the Prefect pipeline from the command line.
+
+These talk to the Prefect server at PREFECT_API_URL; with none set, Prefect starts a temporary one for the
+command (about 30 s, and its history is gone afterwards): `prefect server start` keeps one running.
+docs/pipeline.md walks through server, blocks, deployments and workers.
+"""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+
 import typer
+from rich.console import Console
+from rich.table import Table
+
+console = Console(highlight=False)
+err = Console(stderr=True, highlight=False)
+
+blocks_app = typer.Typer(
+    help="Prefect blocks: the model endpoint, sandboxes and artifact store.", no_args_is_help=True
+)
 
 
 def register(app: typer.Typer) -> None:
-    """Add this module's commands to the main app."""
+    """Add `sweep`, `deploy` and the `blocks` group to the main app."""
+    app.command("sweep")(sweep_command)
+    app.command("deploy")(deploy_command)
+    app.add_typer(blocks_app, name="blocks")
+
+
+def _fail(message: str, code: int = 2) -> NoReturn:
+    err.print(f"[red]error:[/] {message}")
+    raise typer.Exit(code)
+
+
+def _hint_server() -> None:
+    if not os.environ.get("PREFECT_API_URL"):
+        err.print(
+            "[dim]PREFECT_API_URL is not set: Prefect starts a temporary server for this command (~30 s). "
+            "Run `prefect server start` and set PREFECT_API_URL=http://127.0.0.1:4200/api to keep the runs.[/]"
+        )
+
+
+# -- sweep --------------------------------------------------------------------------------------------------------
+
+
+def sweep_command(
+    tasks: Annotated[
+        str | None, typer.Option(help="A tasks.jsonl file (local path or s3://BUCKET/KEY).")
+    ] = None,
+    repo: Annotated[
+        str | None,
+        typer.Option(help="Instead of --tasks: a repository whose failing test files become tasks."),
+    ] = None,
+    branch: Annotated[str, typer.Option(help="With --repo: the branch to test.")] = "main",
+    test_command: Annotated[
+        str, typer.Option(help="With --repo: the pytest command.")
+    ] = "python -m pytest -q",
+    setup_command: Annotated[
+        str | None, typer.Option(help="With --repo: runs once before the tests.")
+    ] = None,
+    name: Annotated[
+        str | None, typer.Option(help="Sweep name (the S3 folder); default: the task file's or repo's name.")
+    ] = None,
+    concurrency: Annotated[int, typer.Option(min=1, help="Tasks at once.")] = 4,
+    sandbox: Annotated[str, typer.Option(help="'local' or 'runtime'.")] = "local",
+    model_block: Annotated[
+        str, typer.Option(help="Model endpoint block (default: LLM_* variables).")
+    ] = "bugsweep-model",
+    store_block: Annotated[
+        str, typer.Option(help="Artifact store block (default: BUGSWEEP_STORE_URL, else ./artifacts).")
+    ] = "bugsweep-artifacts",
+    max_turns: Annotated[int, typer.Option(min=1, help="Model replies per task.")] = 40,
+    max_cost: Annotated[float | None, typer.Option(help="USD per task.")] = None,
+    on_workers: Annotated[
+        bool, typer.Option(help="Run each task as a run of the solve-bug deployment, on the pool's workers.")
+    ] = False,
+    redo: Annotated[
+        bool, typer.Option(help="Run tasks again even if already graded for this model.")
+    ] = False,
+) -> None:
+    """Run many tasks at once, each graded and uploaded; tasks already graded for this model are skipped.
+
+    Tasks come from a task file (as `bugsweep mine` writes it), or from a repository and branch: its tests are
+    run, and each failing test file becomes a task. Results go to the artifact store, under SWEEP/TASK/MODEL/.
+    """
+    if (tasks is None) == (repo is None):
+        _fail("give exactly one of --tasks FILE and --repo REPO")
+    if sandbox not in ("local", "runtime"):
+        _fail(f"--sandbox must be 'local' or 'runtime', not {sandbox!r}")
+    _hint_server()
+
+    from bugsweep.discover import RepoBranch, TaskFile
+    from bugsweep.errors import BugsweepError
+    from flows.common import AgentLimits
+    from flows.sweep import sweep
+
+    source: TaskFile | RepoBranch
+    if tasks is not None:
+        source = TaskFile(path=tasks)
+    else:
+        assert repo is not None
+        source = RepoBranch(repo=repo, branch=branch, test_command=test_command, setup_command=setup_command)
+    try:
+        state = sweep(
+            source=source,
+            name=name,
+            model_block=model_block,
+            sandbox=sandbox,
+            store_block=store_block,
+            limits=AgentLimits(max_turns=max_turns, max_cost_usd=max_cost),
+            concurrency=concurrency,
+            run_on="workers" if on_workers else "this-process",
+            redo_graded=redo,
+            return_state=True,
+        )
+        grades = state.result()
+    except BugsweepError as exc:
+        _fail(str(exc))
+    _print_grades(grades)
+
+
+def _print_grades(grades: list[Any]) -> None:
+    table = Table(title="sweep")
+    for column in ("task", "model", "resolved", "turns", "tokens", "cost (USD)", "time (s)", "note"):
+        table.add_column(column)
+    for g in grades:
+        note = f"{g.failure_kind}: {g.error[:60]}" if g.error else ""
+        table.add_row(
+            g.instance_id, g.model, "yes" if g.resolved else "no", str(g.turns),
+            str(g.prompt_tokens + g.completion_tokens), f"{g.cost_usd:.4f}", f"{g.wall_s:.1f}", note,
+        )  # fmt: skip
+    console.print(table)
+    console.print(f"{sum(g.resolved for g in grades)} of {len(grades)} resolved")
+
+
+# -- deploy -------------------------------------------------------------------------------------------------------
+
+
+def deploy_command(
+    pool: Annotated[str, typer.Option(help="Work pool to create (if missing) and deploy onto.")] = "bugsweep",
+    pool_type: Annotated[
+        str, typer.Option(help="Work pool type when it is created: process, docker, kubernetes, ...")
+    ] = "process",
+) -> None:
+    """Create the work pool and deploy `solve-bug` and `nightly-sweep` from prefect.yaml.
+
+    Needs a running Prefect server (PREFECT_API_URL). Then start a worker with `prefect worker start --pool POOL`
+    on every machine that should take runs, and trigger runs from the UI.
+    """
+    if not os.environ.get("PREFECT_API_URL"):
+        _fail(
+            "set PREFECT_API_URL to your Prefect server (e.g. http://127.0.0.1:4200/api after `prefect server start`)"
+        )
+    from bugsweep.errors import BugsweepError
+    from deployments import deploy, worker_command
+
+    try:
+        result = deploy(pool=pool, pool_type=pool_type)
+    except BugsweepError as exc:
+        _fail(str(exc))
+    console.print(f"work pool [bold]{result.pool}[/] {'created' if result.pool_created else 'already there'}")
+    for name in result.deployments:
+        console.print(f"deployed [bold]{name}[/]")
+    console.print(
+        f"next: start a worker with `{worker_command(result.pool)}`, then run a deployment from the UI"
+    )
+
+
+# -- blocks -------------------------------------------------------------------------------------------------------
+
+
+@blocks_app.command("create")
+def blocks_create(
+    overwrite: Annotated[bool, typer.Option(help="Replace blocks that already exist.")] = True,
+) -> None:
+    """Save the model endpoint, sandbox and artifact store blocks from the environment.
+
+    Reads LLM_BASE_URL / LLM_MODEL / LLM_API_KEY (and LLM_PRICE_*), BUGSWEEP_SANDBOX_*, RUNTIME_API_KEY, and
+    BUGSWEEP_STORE_URL (s3://BUCKET/PREFIX or a folder) with AWS_ENDPOINT_URL / AWS_ACCESS_KEY_ID /
+    AWS_SECRET_ACCESS_KEY. Secrets are stored encrypted in the blocks and never printed.
+    """
+    _hint_server()
+    from blocks import (
+        LOCAL_SANDBOX_BLOCK,
+        MODEL_BLOCK,
+        RUNTIME_SANDBOX_BLOCK,
+        STORE_BLOCK,
+        ArtifactStoreBlock,
+        LocalSandbox,
+        ModelEndpoint,
+        RuntimeSandbox,
+    )
+    from bugsweep.sandbox.runtime import RuntimeSettings
+    from bugsweep.settings import ModelSettings, SandboxSettings
+    from bugsweep.storage import StoreSettings, split_s3_uri
+
+    saved = Table(title="blocks")
+    for column in ("block", "name", "what"):
+        saved.add_column(column)
+
+    def save(block: Any, name: str, what: str) -> None:
+        block.save(name, overwrite=overwrite)
+        saved.add_row(block.get_block_type_name(), name, what)
+
+    model = ModelSettings()
+    if model.base_url:
+        key = "API key set" if model.api_key.get_secret_value() else "no API key"
+        save(ModelEndpoint.from_settings(model), MODEL_BLOCK, f"{model.model} at {model.base_url} ({key})")
+    else:
+        console.print(
+            "[dim]LLM_BASE_URL is not set: no model endpoint block (flows use the embedded model)[/]"
+        )
+
+    sandbox = SandboxSettings()
+    local = LocalSandbox(
+        memory_mib=sandbox.memory_mib,
+        max_processes=sandbox.max_processes,
+        setup_network=sandbox.setup_network,
+    )
+    save(local, LOCAL_SANDBOX_BLOCK, f"{sandbox.memory_mib} MiB, {sandbox.max_processes} processes")
+
+    runtime = RuntimeSettings()  # type: ignore[call-arg]
+    if runtime.api_key.get_secret_value():
+        runtime_block = RuntimeSandbox(
+            api_key=runtime.api_key, api_url=runtime.api_url, vcpu=runtime.vcpu,
+            memory_mib=runtime.memory_mib or sandbox.memory_mib, timeout_seconds=runtime.timeout_seconds,
+            image=runtime.image, max_cost_usd=runtime.max_cost_usd, setup_network=sandbox.setup_network,
+        )  # fmt: skip
+        save(runtime_block, RUNTIME_SANDBOX_BLOCK, f"{runtime.vcpu} vCPU (API key set)")
+
+    store = StoreSettings()
+    if store.url.startswith("s3://"):
+        bucket, prefix = split_s3_uri(store.url)
+        store_block = ArtifactStoreBlock(
+            bucket=bucket, prefix=prefix, endpoint_url=store.endpoint_url, region=store.region,
+            access_key_id=store.access_key_id, secret_access_key=store.secret_access_key, attempts=store.attempts,
+        )  # fmt: skip
+        keys = "keys set" if store.secret_access_key else "boto3's default credentials"
+        save(store_block, STORE_BLOCK, f"{store.url} at {store.endpoint_url or 'AWS'} ({keys})")
+    else:
+        folder = str(Path(store.url).expanduser().resolve())
+        save(ArtifactStoreBlock(local_dir=folder), STORE_BLOCK, f"folder {folder}")
+    console.print(saved)
