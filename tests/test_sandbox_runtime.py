@@ -119,6 +119,40 @@ def test_streamed_exec_returns_the_whole_log(provider: RuntimeProvider, buggy_re
         assert cut.stdout.endswith("line 19999\n") and whole.stdout.endswith(cut.stdout)
 
 
+def test_a_stream_cut_mid_output_still_returns_the_whole_log(
+    fake: FakeRuntime, provider: RuntimeProvider, buggy_repo: Path
+) -> None:
+    """Real SDK against the fake Runtime, which drops the streamed exec's connection after the first output: the
+    SDK follows the still-running process from its cursor (GET .../processes/{id}/output), and the grader still
+    gets every line, once."""
+    with provider.create(RepoSource(str(buggy_repo))) as sbx:
+        fake.cut_streams(1)
+        result = sbx.exec("echo first; sleep 0.5; seq 1 20000", full_output=True, timeout=60)
+        assert result.ok and not result.truncated
+        assert result.stdout.splitlines() == ["first", *map(str, range(1, 20001))]
+        assert any(r.path.endswith("/output") for r in fake.requests), "followed from the cursor"
+
+
+def test_a_capacity_refusal_is_waited_out_then_an_infra_error(
+    fake: FakeRuntime, buggy_repo: Path, tmp_path: Path
+) -> None:
+    """Real SDK against the fake Runtime refusing creates for lack of room (429 no_capacity): the SDK waits it out
+    with the same Idempotency-Key; past wait_for_capacity it is SandboxError (infra, retried later), not config."""
+    settings = RuntimeSettings(api_key=fake.api_key, api_url=fake.url, wait_for_capacity_s=30)  # type: ignore[call-arg]
+    provider = RuntimeProvider(SandboxSettings(), settings, cache_dir=tmp_path / "cache")
+    fake.fail_next(2, status=429, code="no_capacity", match="POST /v1/sandboxes")
+    with provider.create(RepoSource(str(buggy_repo))):
+        creates = [r for r in fake.requests if (r.method, r.path) == ("POST", "/v1/sandboxes")]
+        assert [r.status for r in creates] == [429, 429, 200]
+        assert len({r.idempotency_key for r in creates}) == 1
+
+    impatient = RuntimeSettings(api_key=fake.api_key, api_url=fake.url, wait_for_capacity_s=0)  # type: ignore[call-arg]
+    fake.fail_next(1, status=429, code="no_capacity", match="POST /v1/sandboxes")
+    with pytest.raises(SandboxError, match="no_capacity"):
+        RuntimeProvider(SandboxSettings(), impatient).create(RepoSource(str(buggy_repo)))
+    assert fake.live_sandboxes() == []
+
+
 def test_a_timeout_is_a_result(provider: RuntimeProvider, buggy_repo: Path) -> None:
     """Real SDK against the fake Runtime: a command past its timeout is killed and reported, not raised."""
     with provider.create(RepoSource(str(buggy_repo))) as sbx:

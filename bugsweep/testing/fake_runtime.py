@@ -24,7 +24,8 @@ That is what makes `/workspace/repo` a real path for the commands, as in a Runti
 
 Fault injection, for tests: `fail_next(...)` queues error answers (429 with Retry-After / retryAfterMs, 503, ...),
 a wrong key gets 401, `delete_sandbox(id)` / `delete_when_running(marker)` delete a sandbox under a running
-command, and `requests` records every call with its Idempotency-Key and the status it got.
+command, `cut_streams(n)` drops streamed execs' connections mid-output, and `requests` records every call with its
+Idempotency-Key, the status it got and the start of its body.
 """
 
 from __future__ import annotations
@@ -38,9 +39,11 @@ import io
 import json
 import os
 import posixpath
+import queue
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tarfile
@@ -49,8 +52,10 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -208,6 +213,8 @@ class FakeRuntime:
         self._stream_answers: dict[str, FakeProcess] = {}
         self._uploads: dict[str, dict[str, Any]] = {}
         self._delete_markers: list[str] = []
+        self._streams_to_cut = 0
+        self._spawner = _Spawner()
         self._httpd: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
 
@@ -239,6 +246,7 @@ class FakeRuntime:
         with self._lock:
             for sbx in list(self.sandboxes.values()):
                 self._kill_all(sbx)
+        self._spawner.close()
         if self._root is not None and self._root_given is None:
             shutil.rmtree(self._root, ignore_errors=True)
 
@@ -297,6 +305,12 @@ class FakeRuntime:
         """The next command whose text contains `marker` has its sandbox deleted while it runs."""
         with self._lock:
             self._delete_markers.append(marker)
+
+    def cut_streams(self, count: int = 1) -> None:
+        """The next `count` streamed execs lose their connection after their first output event, as a dropped
+        network would; the command runs on, and its output can be followed from the cursor (the SDK does)."""
+        with self._lock:
+            self._streams_to_cut += count
 
     def keys(self, match: str) -> list[str | None]:
         """The Idempotency-Key of every recorded call whose "METHOD /path" contains `match`, in order."""
@@ -473,13 +487,16 @@ class FakeRuntime:
             stdin = base64.b64decode(body["stdinBase64"])
         proc = FakeProcess("proc_" + uuid.uuid4().hex[:12], sbx.id, command or " ".join(inner))
         proc.events.append({"type": "start", "processId": proc.id})
-        popen = subprocess.Popen(
-            _bwrap(sbx, cwd) + inner,
-            env=env,
-            stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
+        popen = self._spawner.call(
+            partial(
+                subprocess.Popen,
+                _bwrap(sbx, cwd) + inner,
+                env=env,
+                stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+            )
         )
         proc.popen = popen
         with self._lock:
@@ -522,6 +539,33 @@ class FakeRuntime:
                 "Write under /workspace or /tmp.",
             )
         return Path(clean)
+
+
+class _Spawner:
+    """Starts every command from one long-lived thread. bwrap's --die-with-parent (PR_SET_PDEATHSIG) fires when
+    the *thread* that started it ends, so a command started from a request's thread would die with that request
+    (a dropped stream), while in Runtime it runs on and can be followed."""
+
+    def __init__(self) -> None:
+        self._queue: queue.Queue[tuple[Callable[[], Any], Future[Any]] | None] = queue.Queue()
+        self._thread = threading.Thread(target=self._run, name="fake-runtime-spawner", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while (item := self._queue.get()) is not None:
+            fn, done = item
+            try:
+                done.set_result(fn())
+            except BaseException as exc:
+                done.set_exception(exc)
+
+    def call(self, fn: Callable[[], Any]) -> Any:
+        done: Future[Any] = Future()
+        self._queue.put((fn, done))
+        return done.result()
+
+    def close(self) -> None:
+        self._queue.put(None)
 
 
 class _QuietServer(ThreadingHTTPServer):
@@ -783,10 +827,17 @@ def _handler_for(fake: FakeRuntime) -> type[BaseHTTPRequestHandler]:
             self.send_header("Content-Type", "application/x-ndjson")
             self.send_header("Transfer-Encoding", "chunked")
             self.end_headers()
+            with fake._lock:
+                cut = remember and fake._streams_to_cut > 0
+                fake._streams_to_cut -= int(cut)
             for event in proc.follow(cursor):
                 line = json.dumps(event).encode() + b"\n"
                 self.wfile.write(f"{len(line):x}\r\n".encode() + line + b"\r\n")
                 self.wfile.flush()
+                if cut and event["type"] in ("stdout", "stderr"):
+                    self.close_connection = True
+                    self.connection.shutdown(socket.SHUT_RDWR)
+                    return
             self.wfile.write(b"0\r\n\r\n")
             self.wfile.flush()
 
