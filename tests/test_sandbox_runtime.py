@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 
@@ -151,6 +152,23 @@ def test_a_capacity_refusal_is_waited_out_then_an_infra_error(
     with pytest.raises(SandboxError, match="no_capacity"):
         RuntimeProvider(SandboxSettings(), impatient).create(RepoSource(str(buggy_repo)))
     assert fake.live_sandboxes() == []
+
+
+def test_one_provider_serves_tasks_in_parallel(
+    fake: FakeRuntime, provider: RuntimeProvider, buggy_repo: Path
+) -> None:
+    """Real SDK against the fake Runtime: four sandboxes made and used at once from threads (as Prefect task runs
+    do) share one client; each has its own files, and all are deleted."""
+
+    def task(n: int) -> tuple[str, str]:
+        with provider.create(RepoSource(str(buggy_repo)), labels={"task": f"t{n}"}) as sbx:
+            sbx.files.write("/workspace/repo/mine.txt", f"task {n}")
+            return sbx.id, sbx.exec("sleep 0.2; cat mine.txt").stdout
+
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(task, range(4)))
+    assert [out for _, out in results] == [f"task {n}" for n in range(4)]
+    assert len({sid for sid, _ in results}) == 4 and fake.live_sandboxes() == []
 
 
 def test_a_timeout_is_a_result(provider: RuntimeProvider, buggy_repo: Path) -> None:
