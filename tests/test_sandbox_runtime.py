@@ -84,6 +84,8 @@ def test_create_exec_files_and_delete(fake: FakeRuntime, provider: RuntimeProvid
         assert not sbx.files.exists("/workspace/repo/missing.txt")
         with pytest.raises(FileNotFoundError):
             sbx.files.read_text("/workspace/repo/missing.txt")
+        with pytest.raises(PermissionError):
+            sbx.files.write("/usr/bin/not-yours", "x")
         piped = sbx.exec("tr a-z A-Z; echo oops >&2; exit 3", stdin="shout")
         assert (piped.exit_code, piped.stdout, piped.stderr) == (3, "SHOUT", "oops\n")
         assert sbx.exec("echo $FOO", env={"FOO": "bar"}).stdout == "bar\n"

@@ -246,11 +246,17 @@ class RuntimeFiles:
                 if "directory" in exc.code:
                     raise IsADirectoryError(f"{path}: is a directory") from exc
                 raise
+            except PermissionDeniedError as exc:
+                raise PermissionError(f"{path}: the sandbox user may not read it ({exc.message})") from exc
 
     def write(self, path: str, data: str | bytes) -> None:
-        """Writes atomically, making parent folders (any size under /workspace)."""
+        """Writes atomically, making parent folders. Any size under /workspace; elsewhere up to 1 MiB, where
+        the sandbox user may write (a 403 there is PermissionError, not a problem with the API key)."""
         with classified(f"write {path}", self._sandbox.id):
-            self._sandbox.sdk.files.write(path, data)
+            try:
+                self._sandbox.sdk.files.write(path, data)
+            except PermissionDeniedError as exc:
+                raise PermissionError(f"{path}: the sandbox user may not write it ({exc.message})") from exc
 
     def exists(self, path: str) -> bool:
         with classified(f"look for {path}", self._sandbox.id):
