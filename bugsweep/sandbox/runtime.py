@@ -101,7 +101,8 @@ class RuntimeSettings(BaseSettings):
     timeout_seconds: int = 7200
     """Lifetime limit (60..86400). A sandbox still alive then (a crashed run) is deleted by Runtime itself."""
     image: str | None = None
-    """Image (id, name, name:tag); unset: Runtime's default image, which has git, bash and Python."""
+    """Image (id, name, name:tag); unset: Runtime's default image. It needs bash and git (git clone, the
+    grader's diffs); one with the project's dependencies installed saves the setup step's time."""
     isolate_network: bool = True
     """Agent commands run with the sandbox's internet off; only setup and `git clone` (network=True) get it,
     switched on around that one command. False: internet on for the sandbox's whole life."""
