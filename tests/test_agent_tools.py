@@ -160,7 +160,9 @@ def test_edit_refuses_test_files(box: Toolbox, repo: Path) -> None:
 def test_refusing_a_test_file_names_the_code_it_imports(box: Toolbox) -> None:
     out = box.call("edit_file", args(path="tests/test_calc.py", old="== 5", new="== -1"))
     assert not out.ok
-    assert "tests/test_calc.py imports code from calc.py: read that file and fix the bug there." in out.content
+    assert (
+        "tests/test_calc.py imports code from calc.py: read that file and fix the bug there." in out.content
+    )
 
 
 def test_list_files_shallowest_first(box: Toolbox) -> None:
@@ -215,10 +217,17 @@ def test_read_file_returns_content(box: Toolbox) -> None:
     assert "    return a - b" in out.content
 
 
-def test_read_file_line_range(box: Toolbox) -> None:
-    out = box.call("read_file", args(path="calc.py", start_line=5, end_line=6))
+def test_read_file_line_range_of_a_long_file(repo: Path) -> None:
+    (repo / "long.py").write_text("".join(f"v{i} = {i}\n" for i in range(1, 4001)))
+    box = Toolbox(DirSandbox(repo), AgentSettings())
+    out = box.call("read_file", args(path="long.py", start_line=3000, end_line=3001))
     assert out.ok
-    assert out.content.splitlines() == ["calc.py, lines 5-6 of 6:", "def mul(a, b):", "    return a * b"]
+    assert out.content.splitlines() == ["long.py, lines 3000-3001 of 4000:", "v3000 = 3000", "v3001 = 3001"]
+
+
+def test_a_short_file_is_read_whole_whatever_the_range(box: Toolbox) -> None:
+    out = box.call("read_file", args(path="calc.py", start_line=1, end_line=1))
+    assert out.content.splitlines()[0] == "calc.py (6 lines):" and "return a - b" in out.content
 
 
 def test_read_file_is_capped_and_says_where_to_go_on(repo: Path) -> None:

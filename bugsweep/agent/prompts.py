@@ -73,12 +73,15 @@ def tool_schemas(
         ),
         _function(
             "read_file",
-            f"Read a text file of the repository. Returns at most {read_file_max_chars} characters; use "
-            "start_line and end_line to read part of a long file.",
+            f"Read a text file of the repository. A file of up to {read_file_max_chars} characters is returned "
+            "whole. A longer file is cut there; then start_line and end_line choose the part to read.",
             {
                 "path": ("string", f"File path, relative to {repo_dir}."),
-                "start_line": ("integer", "First line to read (1 is the first line). Optional."),
-                "end_line": ("integer", "Last line to read. Optional."),
+                "start_line": (
+                    "integer",
+                    "For a long file: first line to read (1 is the first line). Optional.",
+                ),
+                "end_line": ("integer", "For a long file: last line to read. Optional."),
             },
             ["path"],
         ),

@@ -273,10 +273,14 @@ class Toolbox:
             )
         if total == 0:
             return ToolOutcome(prompts.read_header(rel, 0, 0, 0), short_arg=rel)
+        limit = self.settings.read_file_max_chars
+        if len(text) <= limit:
+            # A file that fits is shown whole whatever the range: small models ask for one line and then lack
+            # the lines around it.
+            first, last = 1, total
         last = min(last, total)
         if first < 1 or first > total or last < first:
             return ToolOutcome(prompts.bad_line_range(rel, total), ok=False, short_arg=rel)
-        limit = self.settings.read_file_max_chars
         shown: list[str] = []
         size = 0
         cut_at: int | None = None
