@@ -58,9 +58,11 @@ def make_big_repo(path: Path, size_mb: int) -> Path:
     return path
 
 
-def tree_mb(path: Path) -> float:
+def tree_mb(path: Path, *, skip_git: bool = False) -> float:
     total = 0
-    for root, _, files in os.walk(path):
+    for root, dirs, files in os.walk(path):
+        if skip_git and ".git" in dirs:
+            dirs.remove(".git")
         for name in files:
             total += os.lstat(os.path.join(root, name)).st_size
     return total / 1e6
@@ -115,6 +117,7 @@ def main() -> None:
         results = {
             "runs": args.runs,
             "repo_mb": round(tree_mb(repo), 1),
+            "worktree_mb_without_git": round(tree_mb(repo, skip_git=True), 1),
             "repo_files": sum(len(f) for _, _, f in os.walk(repo)),
             "local_create_to_first_output": start,
             "plain_subprocess_bash_echo": plain,

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import os
 import socketserver
+import subprocess
 import sys
 import threading
 import time
@@ -471,3 +472,27 @@ def test_host_python_is_read_only_inside(sbx):
     result = sbx.exec(f"touch {sys.prefix}/evil 2>&1; touch /usr/evil 2>&1")
     assert result.stdout.count("Read-only file system") == 2
     assert not Path(sys.prefix, "evil").exists()
+
+
+def test_a_process_that_exits_without_release_leaves_nothing_behind(tmp_path, buggy_repo):
+    """A real child Python process creates a sandbox, starts a command in the background of another thread and
+    exits without calling release(): the finaliser must kill, unmount and delete."""
+    state = tmp_path / "state"
+    script = f"""
+import threading, time
+from pathlib import Path
+from bugsweep.sandbox.base import RepoSource
+from bugsweep.sandbox.local import LocalProvider
+p = LocalProvider(cache_dir=Path({str(tmp_path / "cache")!r}), state_dir=Path({str(state)!r}))
+s = p.create(RepoSource({str(buggy_repo)!r}))
+threading.Thread(target=lambda: s.exec("sleep 1000.127", timeout=600), daemon=True).start()
+time.sleep(1)
+print(s.id, flush=True)
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    sandbox_id = out.stdout.strip()
+    assert sandbox_id.startswith("local-")
+    assert processes_with("1000.127") == []
+    assert str(state) not in mounts()
+    assert list(state.iterdir()) == []

@@ -402,6 +402,9 @@ class LocalSandbox:
                 timed_out = not cmd.wait(timeout - (time.monotonic() - start))
                 if timed_out:
                     cmd.kill()
+            except BaseException:  # e.g. KeyboardInterrupt: the command must not outlive its caller
+                cmd.kill()
+                raise
             finally:
                 os.close(info_r)
                 cmd.close()
