@@ -33,7 +33,6 @@ from __future__ import annotations
 import base64
 import codecs
 import contextlib
-import fnmatch
 import hashlib
 import io
 import json
@@ -690,6 +689,14 @@ def _reap(proc: FakeProcess, readers: list[threading.Thread], timeout_ms: int) -
         proc.cond.notify_all()
 
 
+def _glob_match(path: str, pattern: str) -> bool:
+    """Glob with '/'-aware wildcards: `*` and `?` stay within one name, `**/` crosses folders."""
+    parts = re.split(r"(\*\*/|\*\*|\*|\?)", pattern)
+    table = {"**/": "(?:.*/)?", "**": ".*", "*": "[^/]*", "?": "[^/]"}
+    regex = "".join(table.get(part, re.escape(part)) for part in parts)
+    return re.fullmatch(regex, path) is not None
+
+
 def _tail_bytes(text: str, limit: int) -> tuple[str, bool]:
     raw = text.encode()
     if len(raw) <= limit:
@@ -960,6 +967,11 @@ def _handler_for(fake: FakeRuntime) -> type[BaseHTTPRequestHandler]:
             },
         )
 
+    @route("POST", S + r"/processes")
+    def spawn(h: Handler, sid: str) -> None:
+        proc = fake.start_process(fake._sandbox(sid, running=True), h.body(), 86_400_000)
+        h._json(200, proc.info())
+
     @route("GET", S + r"/processes")
     def processes(h: Handler, sid: str) -> None:
         h._json(200, {"data": [p.info() for p in fake._sandbox(sid).processes.values()]})
@@ -1057,7 +1069,7 @@ def _handler_for(fake: FakeRuntime) -> type[BaseHTTPRequestHandler]:
                 dirnames_now = list(dirnames)
             for name, kind in [(d, "directory") for d in dirnames_now] + [(f, "file") for f in filenames]:
                 rel = str(rel_dir / name) if level else name
-                if pattern and not fnmatch.fnmatch(rel, pattern):
+                if pattern and not _glob_match(rel, pattern):
                     continue
                 found.append({"path": posixpath.join(root_path, rel), "name": name, "type": kind})
         h._json(200, {"data": sorted(found, key=lambda e: e["path"])[:limit]})
