@@ -47,6 +47,8 @@ class StoreSettings(BaseSettings):
 
     url: str = "./artifacts"
     """A local folder, or `s3://BUCKET/PREFIX` for an S3-compatible bucket."""
+    local_dir: str = "./artifacts"
+    """Where run folders are written before they are uploaded (and stay, should the upload fail)."""
     endpoint_url: str | None = Field(
         default=None, validation_alias=AliasChoices("BUGSWEEP_STORE_ENDPOINT_URL", "AWS_ENDPOINT_URL")
     )

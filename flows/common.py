@@ -122,8 +122,9 @@ def load_run_config(
     if store_config:
         store, local_dir = store_config.store(), store_config.local_root()
     else:
-        store = open_store(StoreSettings())
-        local_dir = Path(store.location) if isinstance(store, LocalStore) else Path("artifacts").resolve()
+        settings = StoreSettings()
+        store = open_store(settings)
+        local_dir = Path(store.location if isinstance(store, LocalStore) else settings.local_dir).resolve()
 
     return RunConfig(
         model=model,

@@ -179,7 +179,7 @@ def blocks_create(
     """Save the model endpoint, sandbox and artifact store blocks from the environment.
 
     Reads LLM_BASE_URL / LLM_MODEL / LLM_API_KEY (and LLM_PRICE_*), BUGSWEEP_SANDBOX_*, RUNTIME_API_KEY, and
-    BUGSWEEP_STORE_URL (s3://BUCKET/PREFIX or a folder) with AWS_ENDPOINT_URL / AWS_ACCESS_KEY_ID /
+    BUGSWEEP_STORE_URL (s3://BUCKET/PREFIX or a folder; BUGSWEEP_STORE_LOCAL_DIR for local copies) with AWS_ENDPOINT_URL / AWS_ACCESS_KEY_ID /
     AWS_SECRET_ACCESS_KEY. Secrets are stored encrypted in the blocks and never printed.
     """
     _hint_server()
@@ -237,6 +237,7 @@ def blocks_create(
         store_block = ArtifactStoreBlock(
             bucket=bucket, prefix=prefix, endpoint_url=store.endpoint_url, region=store.region,
             access_key_id=store.access_key_id, secret_access_key=store.secret_access_key, attempts=store.attempts,
+            local_dir=str(Path(store.local_dir).expanduser().resolve()),
         )  # fmt: skip
         keys = "keys set" if store.secret_access_key else "boto3's default credentials"
         save(store_block, STORE_BLOCK, f"{store.url} at {store.endpoint_url or 'AWS'} ({keys})")

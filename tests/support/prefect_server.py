@@ -25,6 +25,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.support.seaweed import die_with_parent
+
 STARTUP_TIMEOUT_S = 120
 
 _HOME = Path(tempfile.mkdtemp(prefix="bugsweep-prefect-home-"))
@@ -93,7 +95,13 @@ class PrefectServer:
         """Start a long-running Prefect process (server, worker); its output goes to logs/NAME.log."""
         log = (self.logs / f"{name}.log").open("ab")
         proc = subprocess.Popen(
-            args, cwd=cwd, env=self.env(**env), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            args,
+            cwd=cwd,
+            env=self.env(**env),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=die_with_parent,
         )
         log.close()
         self.processes.append(proc)

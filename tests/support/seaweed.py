@@ -34,6 +34,15 @@ _PORT_FLAGS = [
 ]  # fmt: skip
 
 
+def die_with_parent() -> None:
+    """preexec_fn: the kernel sends SIGTERM to the child when the test process dies, even if killed, so a
+    crashed test session never leaves a server behind."""
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
 def free_ports(count: int) -> list[int]:
     """Ports the kernel says are free right now (all held open together, so they are distinct)."""
     socks = []
@@ -82,7 +91,9 @@ class SeaweedServer:
             "-admin.ui=false", "-webdav=false", *(f"-{flag}={port}" for flag, port in self.ports.items()),
         ]  # fmt: skip
         log = self.log_path.open("ab")
-        self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.proc = subprocess.Popen(
+            args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=die_with_parent
+        )
         log.close()
         self._wait_ready(timeout_s)
         return self

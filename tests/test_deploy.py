@@ -1,0 +1,196 @@
+"""Deployment end to end, as a user runs it: server, blocks, deploy, a run from the UI's API, process workers.
+
+Real parts: `prefect server start` (SQLite, its own PREFECT_HOME), `bugsweep blocks create` and `bugsweep deploy`
+run as commands, two `prefect worker start` process workers running the flows in their own processes, the
+local sandbox, a SeaweedFS S3 server. The run is created with `POST /api/deployments/{id}/create_flow_run`,
+the call the UI's Run button makes. Stand-in: the scripted model server (real HTTP) in place of a model.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from bugsweep.spec import TaskSpec, dump_tasks
+from bugsweep.testing.repos import make_repo
+from bugsweep.testing.scripted_model import ScriptedModelServer, tool_call
+
+pytest_plugins = ["tests.support.prefect_server", "tests.support.seaweed"]
+pytestmark = [pytest.mark.prefect, pytest.mark.s3]
+
+PROJECT = Path(__file__).resolve().parent.parent
+POOL = "bugsweep-test"
+FINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
+
+
+def fixer(body: dict[str, Any]) -> dict[str, Any]:
+    """Fix on the first turn, finish on the next; works for any number of tasks at once."""
+    if any(m.get("role") == "tool" for m in body["messages"]):
+        return tool_call("finish", summary="add() now adds")
+    return tool_call("edit_file", path="calc.py", old="return a - b", new="return a + b")
+
+
+class Deployed:
+    """The deployed project: the server, the S3 store the runs write to, and helpers for the REST API."""
+
+    def __init__(self, server: Any, store: Any, model: ScriptedModelServer, workers: list[str]) -> None:
+        self.server, self.store, self.model, self.workers = server, store, model, workers
+        self.http = httpx.Client(base_url=server.api_url, timeout=30)
+
+    def deployment_id(self, name: str) -> str:
+        response = self.http.get(f"/deployments/name/{name}")
+        response.raise_for_status()
+        return str(response.json()["id"])
+
+    def run_deployment(self, name: str, parameters: dict[str, Any]) -> str:
+        """What the UI's Run button does (with a custom parameter form)."""
+        response = self.http.post(
+            f"/deployments/{self.deployment_id(name)}/create_flow_run", json={"parameters": parameters}
+        )
+        response.raise_for_status()
+        return str(response.json()["id"])
+
+    def wait(self, flow_run_id: str, timeout_s: float = 240) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            run = self.http.get(f"/flow_runs/{flow_run_id}").json()
+            if run["state"] and run["state"]["type"] in FINAL:
+                return dict(run)
+            time.sleep(1)
+        raise AssertionError(
+            f"flow run {flow_run_id} not finished after {timeout_s} s; worker logs in {self.server.logs}"
+        )
+
+    def worker_log(self, name: str) -> str:
+        return (self.server.logs / f"{name}.log").read_text(errors="replace")
+
+
+@pytest.fixture(scope="module")
+def deployed(prefect_api, seaweed, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployed]:
+    """Blocks created and deployments deployed through the CLI, and two process workers on the pool."""
+    model = ScriptedModelServer([fixer] * 200).start()
+    store = seaweed.new_store(prefix="runs")
+    env = {
+        "LLM_BASE_URL": model.base_url,
+        "LLM_MODEL": "scripted-model",
+        "LLM_API_KEY": "sk-deploy-secret",
+        "BUGSWEEP_STORE_URL": f"s3://{store.bucket}/runs",
+        "BUGSWEEP_STORE_LOCAL_DIR": str(tmp_path_factory.mktemp("local-artifacts")),
+        "AWS_ENDPOINT_URL": seaweed.endpoint_url,
+        "AWS_ACCESS_KEY_ID": "bugsweep-test",
+        "AWS_SECRET_ACCESS_KEY": "bugsweep-test-secret",
+        "BUGSWEEP_RETRY_DELAYS_S": "0.5,1",
+    }
+    bugsweep = [sys.executable, "-m", "bugsweep"]
+    try:
+        created = prefect_api.run([*bugsweep, "blocks", "create"], cwd=PROJECT, **env)
+        assert "sk-deploy-secret" not in created and "bugsweep-test-secret" not in created
+        assert "bugsweep-model" in created and "bugsweep-artifacts" in created
+        deployed_out = prefect_api.run([*bugsweep, "deploy", "--pool", POOL], cwd=PROJECT, **env)
+        assert "solve-bug/solve-bug" in deployed_out and "sweep/nightly-sweep" in deployed_out
+        workers = ["worker-a", "worker-b"]
+        for name in workers:
+            prefect_api.spawn(
+                name,
+                [
+                    sys.executable,
+                    "-m",
+                    "prefect",
+                    "worker",
+                    "start",
+                    "--pool",
+                    POOL,
+                    "--name",
+                    name,
+                    "--limit",
+                    "2",
+                ],
+                cwd=tmp_path_factory.mktemp(name),
+                PREFECT_WORKER_QUERY_SECONDS="1",
+                PREFECT_WORKER_PREFETCH_SECONDS="0",
+                **{k: v for k, v in env.items() if k.startswith("BUGSWEEP_RETRY")},
+            )
+        yield Deployed(prefect_api, store, model, workers)
+    finally:
+        for proc in prefect_api.processes[
+            1:
+        ]:  # the workers (and the flow runs they started); the server stays
+            prefect_api.stop_process(proc)
+        del prefect_api.processes[1:]
+        model.stop()
+
+
+def calc_task(repo: Path, instance_id: str) -> TaskSpec:
+    return TaskSpec(
+        instance_id=instance_id,
+        repo=str(repo),
+        problem_statement="tests/test_calc.py::test_add fails: add() returns the wrong result. Fix the code.",
+        test_command="python -m pytest -q",
+    )
+
+
+def test_a_run_from_the_ui_api_is_run_by_a_worker_and_its_patch_lands_in_s3(
+    deployed: Deployed, tmp_path: Path
+) -> None:
+    repo = make_repo(tmp_path / "calc")
+    task = calc_task(repo, f"calc-ui-{uuid.uuid4().hex[:6]}")
+
+    run_id = deployed.run_deployment(
+        "solve-bug/solve-bug", {"task": task.model_dump(mode="json"), "sweep": "from-ui"}
+    )
+    run = deployed.wait(run_id)
+
+    assert run["state"]["type"] == "COMPLETED", run["state"]
+    assert run["parameters"]["task"]["instance_id"] == task.instance_id
+    patch = deployed.store.get_bytes(f"from-ui/{task.instance_id}/scripted-model/patch.diff").decode()
+    assert "+    return a + b" in patch
+    grade = deployed.store.get_bytes(f"from-ui/{task.instance_id}/scripted-model/grade.json").decode()
+    assert '"resolved": true' in grade
+    assert any(run_id in deployed.worker_log(w) for w in deployed.workers)
+
+
+def test_a_sweep_fans_out_to_both_workers_and_collects_every_grade(
+    deployed: Deployed, tmp_path: Path
+) -> None:
+    repo = make_repo(tmp_path / "calc")
+    ids = [f"calc-fan-{i}" for i in range(4)]
+    tasks_file = tmp_path / "fanout.jsonl"
+    dump_tasks([calc_task(repo, i) for i in ids], tasks_file)
+
+    sweep_id = deployed.run_deployment(
+        "sweep/nightly-sweep",
+        {
+            "source": {"kind": "file", "path": str(tasks_file)},
+            "name": "fanout",
+            "run_on": "workers",
+            "concurrency": 4,
+        },
+    )
+    sweep_run = deployed.wait(sweep_id, timeout_s=420)
+
+    assert sweep_run["state"]["type"] == "COMPLETED", sweep_run["state"]
+    children = deployed.http.post(
+        "/flow_runs/filter", json={"flow_runs": {"tags": {"all_": ["sweep:fanout"]}}}
+    ).json()
+    assert sorted(c["parameters"]["task"]["instance_id"] for c in children) == ids
+    assert all(c["state"]["type"] == "COMPLETED" for c in children)
+    ran_by = {w: [c["id"] for c in children if c["id"] in deployed.worker_log(w)] for w in deployed.workers}
+    assert all(ran_by.values()), f"both workers take a share of the sweep: {ran_by}"
+    for task_id in ids:
+        assert deployed.store.exists(f"fanout/{task_id}/scripted-model/patch.diff")
+    table = deployed.http.post(
+        "/artifacts/filter", json={"artifacts": {"key": {"any_": ["sweep-fanout-table"]}}}
+    ).json()
+    assert table, "the sweep publishes its table"
+    rows = table[0]["data"]
+    assert all(re.search(rf"{task_id}.*?true", str(rows), re.IGNORECASE) for task_id in ids), (
+        "every grade collected, resolved"
+    )
