@@ -80,6 +80,7 @@ def test_create_exec_files_and_delete(fake: FakeRuntime, provider: RuntimeProvid
 
         sbx.files.write("/workspace/repo/notes/new.txt", "hello\n")
         assert sbx.exec("cat notes/new.txt").stdout == "hello\n"
+        assert sbx.exec("cat new.txt", cwd="notes").stdout == "hello\n"
         assert sbx.files.exists("/workspace/repo/notes/new.txt")
         assert not sbx.files.exists("/workspace/repo/missing.txt")
         with pytest.raises(FileNotFoundError):

@@ -304,7 +304,7 @@ class RuntimeSandbox:
         full_output: bool = False,
         stdin: str | None = None,
     ) -> ExecResult:
-        """Run `command` under bash in `cwd` (default: the repository).
+        """Run `command` under bash in `cwd` (default: the repository; a relative cwd is inside it).
 
         `full_output=True` streams the command's output (NDJSON) and returns all of it, for test logs;
         otherwise each stream keeps its last 64 KiB. (The SDK streams by itself for timeouts over 60 s.)
@@ -312,6 +312,8 @@ class RuntimeSandbox:
         """
         if self._released_at is not None:
             raise SandboxGone(f"Runtime sandbox {self.id} was already released")
+        if cwd and not cwd.startswith("/"):  # relative to the repository, as on the local backend
+            cwd = f"{self.workdir}/{cwd}"
         streaming: dict[str, Any] = {"on_stdout": _ignore, "on_stderr": _ignore} if full_output else {}
         started = time.monotonic()
         with self._network(network), classified("run a command", self.id):
@@ -504,13 +506,16 @@ class RuntimeProvider:
         client: Runtime | None = None,
         cache_dir: Path | None = None,
     ) -> None:
-        """`cache_dir`: where checkouts of refs of local repositories are cached (default ~/.cache/bugsweep)."""
+        """`cache_dir`: where checkouts of refs of local repositories are cached (default: SandboxSettings.cache_dir,
+        else ~/.cache/bugsweep)."""
         self.settings = settings or SandboxSettings()
         # Read from the environment; mypy cannot see that the aliased fields have defaults.
         self.runtime_settings = runtime_settings or RuntimeSettings()  # type: ignore[call-arg]
         self._client = client
         self._client_lock = threading.Lock()
-        self.sources = SourceCache(cache_dir)
+        self.sources = SourceCache(
+            cache_dir or (Path(self.settings.cache_dir) if self.settings.cache_dir else None)
+        )
 
     @property
     def client(self) -> Runtime:
