@@ -360,22 +360,24 @@ class LocalSandbox:
             if not key or "=" in key or "\0" in key or "\0" in value:
                 raise ValueError(f"bad environment variable {key!r}")
             environ[key] = value
-        info_r, info_w = os.pipe()
-        argv = list(self._argv_head)
-        argv += ["--info-fd", str(info_w)]
-        if not (network and self.settings.setup_network):
-            argv.append("--unshare-net")
         if cwd and not cwd.startswith("/"):
             cwd = f"{self.workdir}/{cwd}"
-        argv += ["--chdir", cwd or self.workdir, "/bin/bash", "-c", command]
-
         oom_before = res.limits.oom_kills() if res.limits else 0
-        spool = res.root / "spool"
-        with (
-            tempfile.TemporaryFile(dir=spool) as out,
-            tempfile.TemporaryFile(dir=spool) as err,
-            _stdin_file(stdin, spool) as stdin_file,
-        ):
+        with contextlib.ExitStack() as stack:
+            try:
+                out = stack.enter_context(tempfile.TemporaryFile(dir=res.root / "spool"))
+                err = stack.enter_context(tempfile.TemporaryFile(dir=res.root / "spool"))
+                stdin_file = stack.enter_context(_stdin_file(stdin, res.root / "spool"))
+            except OSError:
+                res.check_alive(self.id)  # released meanwhile: SandboxGone
+                raise
+            info_r, info_w = os.pipe()
+            stack.callback(os.close, info_r)
+            argv = [*self._argv_head, "--info-fd", str(info_w)]
+            if not (network and self.settings.setup_network):
+                argv.append("--unshare-net")
+            argv += ["--chdir", cwd or self.workdir, "/bin/bash", "-c", command]
+
             start = time.monotonic()
             try:
                 proc = subprocess.Popen(
@@ -389,7 +391,6 @@ class LocalSandbox:
                     cwd="/",
                 )
             except OSError as exc:
-                os.close(info_r)
                 raise SandboxError(f"could not start bubblewrap: {exc}") from exc
             finally:
                 os.close(info_w)
@@ -406,7 +407,6 @@ class LocalSandbox:
                 cmd.kill()
                 raise
             finally:
-                os.close(info_r)
                 cmd.close()
                 res.untrack(cmd)
             duration = time.monotonic() - start
@@ -418,6 +418,9 @@ class LocalSandbox:
         if proc.returncode == 125 and _ATTACH_FAILED in stderr:
             res.check_alive(self.id)
             raise SandboxError(f"sandbox {self.id}: {_decode(stderr).strip()}")
+        if cmd.init_pid is None and not timed_out:  # bwrap never got as far as starting the command
+            res.check_alive(self.id)
+            raise SandboxError(f"bubblewrap could not start the command: {_decode(stderr[-2000:]).strip()}")
         out_of_memory = bool(res.limits and res.limits.oom_kills() > oom_before)
         self.usage.commands += 1
         self.usage.command_seconds += duration
