@@ -917,17 +917,22 @@ def _cgroup_v1_parent(controller: str) -> Path | None:
 
 
 def _cgroup_v2_parent() -> Path | None:
+    """Where to make the sandbox's cgroup on a unified (v2) hierarchy: our own cgroup when its children get the
+    memory and pids controllers, else the hierarchy's root (on systemd hosts the root delegates both, and the
+    rule against processes in inner cgroups does not apply to it)."""
     if not (_CGROUP_ROOT / "cgroup.controllers").exists():
         return None
-    path = _own_cgroup("")
-    if path is None:
-        return None
-    parent = _CGROUP_ROOT / path.lstrip("/")
-    try:
-        enabled = (parent / "cgroup.subtree_control").read_text().split()
-    except OSError:
-        return None
-    return parent if {"memory", "pids"} <= set(enabled) and os.access(parent, os.W_OK) else None
+    own = _own_cgroup("")
+    candidates = [_CGROUP_ROOT / own.lstrip("/")] if own else []
+    candidates.append(_CGROUP_ROOT)
+    for parent in candidates:
+        try:
+            enabled = (parent / "cgroup.subtree_control").read_text().split()
+        except OSError:
+            continue
+        if {"memory", "pids"} <= set(enabled) and os.access(parent, os.W_OK):
+            return parent
+    return None
 
 
 # -------------------------------------------------------------------------------------------------------------
