@@ -498,3 +498,15 @@ print(s.id, flush=True)
     assert processes_with("1000.127") == []
     assert str(state) not in mounts()
     assert list(state.iterdir()) == []
+
+
+def test_a_checkout_owned_by_another_user_is_writable_inside(provider, buggy_repo):
+    """Root running on a user's checkout: the tree is copied (owned by us) so edits work, and stays untouched."""
+    subprocess.run(["chown", "-R", "1001:1001", str(buggy_repo)], check=True)
+    with provider.create(RepoSource(str(buggy_repo))) as sandbox:
+        result = sandbox.exec("echo '# note' >> calc.py && echo x > tests/new.txt && git status --porcelain")
+        assert result.ok, result.output
+        assert " M calc.py" in result.stdout
+    assert "# note" not in (buggy_repo / "calc.py").read_text()
+    assert not (buggy_repo / "tests" / "new.txt").exists()
+    assert (buggy_repo / "calc.py").stat().st_uid == 1001

@@ -5,7 +5,9 @@ How a sandbox is made (`LocalProvider.create`):
   ref). It is the read-only lower layer of an overlayfs whose upper layer lives in a per-sandbox folder under
   `state_dir` (default: $TMPDIR/bugsweep-sandboxes/<id>/), so creating a sandbox costs a few milliseconds on any
   repository size and the user's checkout is never written to. Where overlayfs cannot be mounted (not root, an
-  unsupported filesystem), the tree is copied instead (`cp -a --reflink=auto`) and a warning is logged.
+  unsupported filesystem), the tree is copied instead (`cp -a --reflink=auto`) and a warning is logged. A tree
+  owned by another uid (root working on a user's checkout) is copied too, owned by us: inside, the sandbox user
+  is this process's uid without capabilities, so it could not write another user's files.
   A tree without its own `.git` directory gets `git init` plus one commit inside the overlay, so `git diff` works.
 - Limits come from a per-sandbox cgroup (v1 `memory` + `pids` controllers, or v2 `memory.max` + `pids.max`): the
   memory limit makes the kernel OOM-kill the biggest process (exit 137, `out_of_memory=True`), the process limit
@@ -266,9 +268,21 @@ class LocalSandbox:
         res.repo_dir.mkdir(parents=True)
         res.write_meta()
 
-        res.mounted = _mount_overlay(prepared.path, res.root, res.repo_dir)
-        if not res.mounted:
-            _copy_tree(prepared.path, res.repo_dir)
+        owner = prepared.path.stat().st_uid
+        if owner != os.geteuid():
+            # The sandbox user is this process's uid; files of another owner would be read-only inside (no
+            # capabilities there), so such a tree is copied and the copy owned by us.
+            log.info(
+                "%s belongs to uid %d, not %d: copying it into the sandbox",
+                prepared.path,
+                owner,
+                os.geteuid(),
+            )
+            _copy_tree(prepared.path, res.repo_dir, keep_owner=False)
+        else:
+            res.mounted = _mount_overlay(prepared.path, res.root, res.repo_dir)
+            if not res.mounted:
+                _copy_tree(prepared.path, res.repo_dir)
         if not prepared.has_git:
             _git_init(res.repo_dir, res.root)
 
@@ -1061,11 +1075,10 @@ def _umount(target: Path) -> None:
         raise OSError(code, f"umount {target}: {os.strerror(code)}")
 
 
-def _copy_tree(src: Path, dest: Path) -> None:
+def _copy_tree(src: Path, dest: Path, *, keep_owner: bool = True) -> None:
+    argv = ["cp", "-a", "--reflink=auto"] + ([] if keep_owner else ["--no-preserve=ownership"])
     try:
-        subprocess.run(
-            ["cp", "-a", "--reflink=auto", f"{src}/.", str(dest)], check=True, capture_output=True, text=True
-        )
+        subprocess.run([*argv, f"{src}/.", str(dest)], check=True, capture_output=True, text=True)
     except subprocess.CalledProcessError as exc:
         raise SandboxError(f"could not copy {src} into the sandbox: {exc.stderr.strip()}") from None
 
