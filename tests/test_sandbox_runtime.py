@@ -174,6 +174,16 @@ def test_one_provider_serves_tasks_in_parallel(
     assert len({sid for sid, _ in results}) == 4 and fake.live_sandboxes() == []
 
 
+def test_a_sandbox_that_starts_slowly_is_waited_for(buggy_repo: Path, tmp_path: Path) -> None:
+    """Real SDK against a fake Runtime whose creates answer "starting": the SDK waits server-side
+    (GET ?waitFor=running) before the repository is uploaded and the first command runs."""
+    with FakeRuntime(start_delay_s=0.3) as slow:
+        provider = make_provider(slow, tmp_path / "cache")
+        with provider.create(RepoSource(str(buggy_repo))) as sbx:
+            assert sbx.exec("git rev-parse --is-inside-work-tree").stdout == "true\n"
+        assert any(r.query.get("waitFor") == ["running"] for r in slow.requests)
+
+
 def test_a_timeout_is_a_result(provider: RuntimeProvider, buggy_repo: Path) -> None:
     """Real SDK against the fake Runtime: a command past its timeout is killed and reported, not raised."""
     with provider.create(RepoSource(str(buggy_repo))) as sbx:

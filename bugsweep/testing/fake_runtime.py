@@ -191,6 +191,7 @@ class FakeSandbox:
     expires_at: float | None
     processes: dict[str, FakeProcess] = field(default_factory=dict)
     internet: bool = True
+    starts_at: float = 0.0
 
     @property
     def state(self) -> str:
@@ -200,8 +201,13 @@ class FakeSandbox:
 class FakeRuntime:
     """The fake API server. `with FakeRuntime() as fake:` starts it on a free port and stops it at the end."""
 
-    def __init__(self, api_key: str = "rt_test_key", root: str | Path | None = None) -> None:
+    def __init__(
+        self, api_key: str = "rt_test_key", root: str | Path | None = None, start_delay_s: float = 0.0
+    ) -> None:
+        """`start_delay_s` > 0: a create answers at once with state "starting" and the sandbox runs that much
+        later, so the SDK's wait (GET ?waitFor=running) is exercised; commands sent meanwhile wait for it."""
         self.api_key = api_key
+        self.start_delay_s = start_delay_s
         self.requests: list[RecordedRequest] = []
         self.faults: list[Fault] = []
         self.sandboxes: dict[str, FakeSandbox] = {}
@@ -341,9 +347,16 @@ class FakeRuntime:
                     return fault
         return None
 
-    def _sandbox(self, sandbox_id: str, *, running: bool = False) -> FakeSandbox:
+    def _sandbox(self, sandbox_id: str, *, running: bool = False, wait_s: float = 0.0) -> FakeSandbox:
+        """The sandbox, or the API's 404; with `running`, a 409 unless it runs (one still starting is waited
+        for, as the API does); `wait_s` waits that long for a starting sandbox to run (GET ?waitFor=running)."""
+        sbx = self.sandboxes.get(sandbox_id)
+        if sbx is not None and sbx.state == "starting":
+            until = sbx.starts_at if running else min(sbx.starts_at, time.time() + wait_s)
+            time.sleep(max(0.0, until - time.time()))
         with self._lock:
-            sbx = self.sandboxes.get(sandbox_id)
+            if sbx is not None and sbx.state == "starting" and time.time() >= sbx.starts_at:
+                sbx.record["state"] = "running"
             if sbx is not None:
                 self._expire(sbx)
             if sbx is None or sbx.state == "deleted":
@@ -411,7 +424,7 @@ class FakeRuntime:
         record = {
             "id": sandbox_id,
             "name": body.get("name"),
-            "state": "running",
+            "state": "starting" if self.start_delay_s > 0 else "running",
             "labels": labels,
             "vcpu": vcpu,
             "memoryMiB": memory,
@@ -432,6 +445,7 @@ class FakeRuntime:
             record,
             time.time() + timeout if timeout else None,
             internet=bool(network.get("internet", True)),
+            starts_at=time.time() + self.start_delay_s,
         )
         sbx.record["env_values"] = dict(body.get("env") or {})
         with self._lock:
@@ -894,7 +908,8 @@ def _handler_for(fake: FakeRuntime) -> type[BaseHTTPRequestHandler]:
 
     @route("GET", S)
     def get(h: Handler, sid: str) -> None:
-        h._json(200, fake.public(fake._sandbox(sid)))
+        wait = float(h.arg("timeoutSeconds", "60")) if h.arg("waitFor", "") == "running" else 0.0
+        h._json(200, fake.public(fake._sandbox(sid, wait_s=wait)))
 
     @route("DELETE", S)
     def delete(h: Handler, sid: str) -> None:
