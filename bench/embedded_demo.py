@@ -1,0 +1,224 @@
+"""Benchmark: the embedded open model on the demo bug, bugsweep's agent vs mini-swe-agent, N runs each.
+
+    python bench/embedded_demo.py --runs 5                # both agents
+    python bench/embedded_demo.py --runs 5 --agents bugsweep
+
+What it measures (issue 3's bar: resolved in >= 4 of 5 runs, median wall time < 5 min on 2 cores):
+- bugsweep: `bugsweep demo` exactly as a user runs it (a subprocess), graded by bugsweep (tests fail before, pass
+  after, test files untouched). Wall time is the whole command, including sandbox and grading.
+- mini-swe-agent (PyPI `mini-swe-agent`, its default `mini.yaml` tool-calling config, DefaultAgent, LocalEnvironment
+  in a temporary copy of the same demo project) with the same model server, task text and turn limit. Graded the
+  same way here: test files restored from git, then the test command must pass (and failed before).
+The server is started once (or reused) for all runs, so its 3-15 s start is not in the per-run times. Machine load
+(`uptime`) is recorded before and after, because other processes share the 2 cores.
+Results go to bench/results/embedded_demo-<time>.json and a table on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from bugsweep.cli.solve import DEMO_TASK, DEMO_TEST_COMMAND, materialise_demo_repo
+from bugsweep.embedded.server import ensure_embedded_model
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def load() -> str:
+    return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+
+
+def run_bugsweep(base_url: str, model: str, out_dir: Path, max_turns: int) -> dict[str, Any]:
+    """One `bugsweep demo` run against the running server; the grade comes from its grade.json."""
+    env = {**os.environ, "LLM_BASE_URL": base_url, "LLM_MODEL": model, "LLM_API_KEY": "none"}
+    started = time.monotonic()
+    proc = subprocess.run(
+        ["bugsweep", "demo", "--out", str(out_dir), "--max-turns", str(max_turns)],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    wall = time.monotonic() - started
+    (out_dir / "console.log").parent.mkdir(parents=True, exist_ok=True)
+    (out_dir / "console.log").write_text(proc.stdout + proc.stderr)
+    try:
+        grade = json.loads((out_dir / "grade.json").read_text())
+    except (OSError, ValueError):
+        return {
+            "agent": "bugsweep",
+            "resolved": False,
+            "error": f"exit {proc.returncode}, no grade.json",
+            "wall_s": wall,
+            "turns": 0,
+            "prompt_tokens": 0,
+            "completion_tokens": 0,
+            "out": str(out_dir),
+        }
+    return {
+        "agent": "bugsweep",
+        "resolved": bool(grade.get("resolved")),
+        "stop_reason": grade.get("stop_reason"),
+        "turns": grade.get("turns", 0),
+        "prompt_tokens": grade.get("prompt_tokens", 0),
+        "completion_tokens": grade.get("completion_tokens", 0),
+        "cached_tokens": grade.get("cached_tokens", 0),
+        "agent_wall_s": grade.get("wall_s"),
+        "wall_s": wall,
+        "error": grade.get("error"),
+        "out": str(out_dir),
+    }
+
+
+def run_mini(base_url: str, model: str, out_dir: Path, max_turns: int) -> dict[str, Any]:
+    """One mini-swe-agent run on a fresh copy of the demo project, graded like bugsweep grades."""
+    os.environ.setdefault("MSWEA_SILENT_STARTUP", "1")
+    os.environ.setdefault("MSWEA_COST_TRACKING", "ignore_errors")
+    import yaml
+    from minisweagent.agents.default import DefaultAgent
+    from minisweagent.config import builtin_config_dir
+    from minisweagent.environments.local import LocalEnvironment
+    from minisweagent.models.litellm_model import LitellmModel
+
+    config = yaml.safe_load((builtin_config_dir / "mini.yaml").read_text())
+    work = Path(tempfile.mkdtemp(prefix="mini-demo-"))
+    repo = materialise_demo_repo(work / "repo")
+    before = subprocess.run(DEMO_TEST_COMMAND, shell=True, cwd=repo, capture_output=True, text=True)
+    model_obj = LitellmModel(
+        model_name=f"openai/{model}",
+        model_kwargs={
+            "api_base": base_url,
+            "api_key": "none",
+            "temperature": 0.0,
+            "max_tokens": 1024,
+            "drop_params": True,
+        },
+        cost_tracking="ignore_errors",
+        **{
+            k: v
+            for k, v in config.get("model", {}).items()
+            if k in {"observation_template", "format_error_template"}
+        },
+    )
+    env = LocalEnvironment(cwd=str(repo), env=config.get("environment", {}).get("env", {}), timeout=300)
+    agent_config = {k: v for k, v in config["agent"].items() if k in {"system_template", "instance_template"}}
+    agent = DefaultAgent(
+        model_obj,
+        env,
+        **agent_config,
+        step_limit=max_turns,
+        cost_limit=0.0,
+        wall_time_limit_seconds=3600,
+        output_path=out_dir / "trajectory.json",
+    )
+    task = f"{DEMO_TASK}\n\nThe tests run with this command: {DEMO_TEST_COMMAND}"
+    started = time.monotonic()
+    try:
+        info = agent.run(task)
+        exit_status = info.get("exit_status", "")
+    except Exception as exc:  # a crash of the agent is a failed run, recorded as such
+        exit_status = f"crash: {type(exc).__name__}: {exc}"
+    wall = time.monotonic() - started
+    changed_tests = subprocess.run(
+        ["git", "status", "--porcelain", "tests"], cwd=repo, capture_output=True, text=True
+    ).stdout.strip()
+    subprocess.run(["git", "checkout", "-q", "HEAD", "--", "tests"], cwd=repo, check=False)
+    after = subprocess.run(DEMO_TEST_COMMAND, shell=True, cwd=repo, capture_output=True, text=True)
+    patch = subprocess.run(["git", "diff"], cwd=repo, capture_output=True, text=True).stdout
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "patch.diff").write_text(patch)
+    prompt = completion = 0
+    for message in agent.messages:
+        usage = ((message.get("extra") or {}).get("response") or {}).get("usage") or {}
+        prompt += int(usage.get("prompt_tokens") or 0)
+        completion += int(usage.get("completion_tokens") or 0)
+    shutil.rmtree(work, ignore_errors=True)
+    return {
+        "agent": "mini-swe-agent",
+        "resolved": before.returncode != 0 and after.returncode == 0,
+        "stop_reason": exit_status,
+        "turns": agent.n_calls,
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "wall_s": wall,
+        "tests_changed_by_agent": bool(changed_tests),
+        "patch_lines": len(patch.splitlines()),
+        "out": str(out_dir),
+    }
+
+
+def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    walls = [r["wall_s"] for r in rows]
+    return {
+        "resolved": sum(r["resolved"] for r in rows),
+        "runs": len(rows),
+        "median_wall_s": statistics.median(walls) if walls else None,
+        "max_wall_s": max(walls) if walls else None,
+        "median_turns": statistics.median(r["turns"] for r in rows) if rows else None,
+        "median_prompt_tokens": statistics.median(r["prompt_tokens"] for r in rows) if rows else None,
+        "median_completion_tokens": statistics.median(r["completion_tokens"] for r in rows) if rows else None,
+        "stop_reasons": sorted({str(r.get("stop_reason")) for r in rows}),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--agents", default="bugsweep,mini", help="comma-separated: bugsweep, mini")
+    parser.add_argument("--max-turns", type=int, default=30)
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    args = parser.parse_args()
+    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
+    run_root = Path(tempfile.gettempdir()) / f"bugsweep-bench-{stamp}"
+    agents = [a.strip() for a in args.agents.split(",") if a.strip()]
+    report: dict[str, Any] = {"started": stamp, "load_before": load(), "cores": os.cpu_count(), "runs": []}
+    print(f"load before: {report['load_before']}", flush=True)
+    with ensure_embedded_model(progress=lambda m: print(m, flush=True)) as endpoint:
+        report["model"] = endpoint.model
+        for agent in agents:
+            for i in range(1, args.runs + 1):
+                out_dir = run_root / f"{agent}-{i}"
+                runner = run_bugsweep if agent == "bugsweep" else run_mini
+                row = runner(endpoint.base_url, endpoint.model, out_dir, args.max_turns)
+                row["run"], row["load"] = i, load()
+                report["runs"].append(row)
+                print(
+                    f"{agent:<15} run {i}: {'RESOLVED' if row['resolved'] else 'not resolved':<13} "
+                    f"stop={row.get('stop_reason')} turns={row['turns']} "
+                    f"tokens={row['prompt_tokens']}+{row['completion_tokens']} wall={row['wall_s']:.0f}s "
+                    f"({row['load'].split('load average:')[-1].strip()})",
+                    flush=True,
+                )
+    report["load_after"] = load()
+    names = {"bugsweep": "bugsweep", "mini": "mini-swe-agent"}
+    report["summary"] = {
+        names[a]: summarise([r for r in report["runs"] if r["agent"] == names[a]]) for a in agents
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"embedded_demo-{stamp}.json"
+    path.write_text(json.dumps(report, indent=2))
+    print(f"\nload after: {report['load_after']}")
+    print(
+        "| agent | resolved/runs | median wall | max wall | median turns | median tokens (prompt+completion) |"
+    )
+    print("| --- | --- | --- | --- | --- | --- |")
+    for agent, s in report["summary"].items():
+        print(
+            f"| {agent} | {s['resolved']}/{s['runs']} | {s['median_wall_s']:.0f} s | {s['max_wall_s']:.0f} s | "
+            f"{s['median_turns']} | {s['median_prompt_tokens']:.0f}+{s['median_completion_tokens']:.0f} |"
+        )
+    print(f"results: {path}  (run folders in {run_root})")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
