@@ -36,8 +36,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-TEST_PATCH_PATH = "/tmp/bugsweep-test.patch"
-
 
 @dataclass
 class PreparedTask:
@@ -57,8 +55,8 @@ def prepare(spec: TaskSpec, provider: SandboxProvider, labels: dict[str, str] | 
     sandbox = provider.create(RepoSource(spec.repo, spec.base_commit), labels=labels)
     try:
         if spec.test_patch:
-            sandbox.files.write(TEST_PATCH_PATH, spec.test_patch)
-            applied = sandbox.exec(f"git apply --whitespace=nowarn {TEST_PATCH_PATH}", timeout=120)
+            # Through stdin: no temp file, so no backend's file-size or path rules apply.
+            applied = sandbox.exec("git apply --whitespace=nowarn -", timeout=120, stdin=spec.test_patch)
             if not applied.ok:
                 raise TaskError(
                     f"the task's test_patch does not apply at {spec.base_commit}: {applied.output.strip()[-800:]}"

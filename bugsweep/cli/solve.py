@@ -170,6 +170,7 @@ def run_one(
                 out_dir=out_dir,
                 on_event=printer.event,
                 on_step=printer.step,
+                labels={"task": spec.instance_id[:63], "model": model_settings.model[:63]},
             )
     except BugsweepError as exc:
         kind = "configuration" if isinstance(exc, ConfigError) else exc.kind

@@ -1,0 +1,85 @@
+"""The one-task pipeline's steps, on the real local sandbox with real git and pytest (no model involved)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bugsweep.errors import NotARealTask, SetupFailed, TaskError
+from bugsweep.pipeline import baseline, prepare, regrade, setup
+from bugsweep.sandbox import get_provider
+from bugsweep.spec import TaskSpec
+from bugsweep.testing.repos import make_repo
+
+GOOD_CALC = {
+    "calc.py": "def add(a, b):\n    return a + b\n",
+    "pyproject.toml": '[tool.pytest.ini_options]\npythonpath = ["."]\n',
+}
+NEW_TEST_PATCH = """\
+diff --git a/tests/test_new.py b/tests/test_new.py
+new file mode 100644
+--- /dev/null
++++ b/tests/test_new.py
+@@ -0,0 +1,5 @@
++from calc import add
++
++
++def test_negative():
++    assert add(-2, -3) == -6
+"""
+
+
+def test_test_patch_is_applied_and_becomes_part_of_the_task_state(tmp_path: Path) -> None:
+    """A mined task: the repo's own tests pass, the fix commit's test (applied as test_patch) fails."""
+    repo = make_repo(tmp_path / "r", GOOD_CALC)
+    spec = TaskSpec(
+        repo=str(repo), problem_statement="x", test_command="python -m pytest -q", test_patch=NEW_TEST_PATCH
+    )
+    prepared = prepare(spec, get_provider("local"))
+    try:
+        before = baseline(prepared)
+        assert before.tests == {"tests/test_new.py::test_negative": "failed"}
+        grade, _after, patch = regrade(prepared, before, None)
+        assert patch == "", "the test patch is part of the task state, not of the agent's change"
+        assert grade.tests_untouched and not grade.resolved
+    finally:
+        prepared.sandbox.release()
+
+
+def test_a_patch_that_does_not_apply_is_a_task_error(tmp_path: Path) -> None:
+    repo = make_repo(tmp_path / "r", GOOD_CALC)
+    bad = NEW_TEST_PATCH.replace("new file mode 100644\n--- /dev/null", "--- a/tests/test_new.py")
+    spec = TaskSpec(repo=str(repo), problem_statement="x", test_command="true", test_patch=bad)
+    with pytest.raises(TaskError, match="does not apply"):
+        prepare(spec, get_provider("local"))
+
+
+def test_passing_tests_mean_no_task(tmp_path: Path) -> None:
+    repo = make_repo(tmp_path / "r", GOOD_CALC)
+    prepared = prepare(
+        TaskSpec(repo=str(repo), problem_statement="x", test_command="true"), get_provider("local")
+    )
+    with prepared.sandbox, pytest.raises(NotARealTask, match="already pass"):
+        baseline(prepared)
+
+
+def test_setup_output_is_not_part_of_the_patch_and_failures_are_reported(tmp_path: Path) -> None:
+    repo = make_repo(tmp_path / "r")
+    spec = TaskSpec(
+        repo=str(repo),
+        problem_statement="x",
+        test_command="python -m pytest -q",
+        setup_command="mkdir -p build && echo made > build/out.txt",
+    )
+    prepared = prepare(spec, get_provider("local"))
+    with prepared.sandbox:
+        setup(prepared)
+        before = baseline(prepared)
+        _, _, patch = regrade(prepared, before, None)
+        assert "build/out.txt" not in patch
+    failing = spec.model_copy(update={"setup_command": "echo broken >&2; exit 3"})
+    prepared = prepare(failing, get_provider("local"))
+    with prepared.sandbox, pytest.raises(SetupFailed, match="exited with 3") as info:
+        setup(prepared)
+    assert "broken" in str(info.value)
