@@ -120,10 +120,36 @@ def test_edit_old_not_found_shows_closest_lines_with_numbers(box: Toolbox, repo:
     assert (repo / "calc.py").read_text().count("a - b") == 1  # unchanged
 
 
-def test_edit_old_differs_in_indentation_only_says_so(box: Toolbox) -> None:
-    out = box.call("edit_file", args(path="calc.py", old="def add(a, b):\nreturn a - b", new="x"))
+def test_edit_old_with_joined_lines_matches_when_unambiguous(box: Toolbox, repo: Path) -> None:
+    """A 1.5B model wrote old as one line for a two-line function; the only such place is the edit it meant."""
+    out = box.call(
+        "edit_file",
+        args(path="calc.py", old="def add(a, b): return a - b", new="def add(a, b): return a + b"),
+    )
+    assert out.ok, out.content
+    assert "ignored" in out.content
+    assert (repo / "calc.py").read_text().startswith("def add(a, b): return a + b\n\n\ndef mul")
+
+
+def test_edit_loose_match_in_several_places_is_refused(box: Toolbox, repo: Path) -> None:
+    (repo / "two.py").write_text("x = 1\ny  =  2\nx = 1\n")
+    out = box.call("edit_file", args(path="two.py", old="x  = 1", new="x = 3"))
+    assert not out.ok and "occurs 2 times" in out.content and "lines 1, 3" in out.content
+
+
+def test_edit_that_breaks_python_syntax_is_refused(box: Toolbox, repo: Path) -> None:
+    before = (repo / "calc.py").read_text()
+    out = box.call(
+        "edit_file", args(path="calc.py", old="    return a - b", new="  return a + b\n    x = (1")
+    )
     assert not out.ok
-    assert "spaces, indentation or line breaks" in out.content
+    assert "calc.py would no longer be valid Python" in out.content and "line 3" in out.content
+    assert (repo / "calc.py").read_text() == before
+
+
+def test_non_python_files_are_not_syntax_checked(box: Toolbox, repo: Path) -> None:
+    out = box.call("edit_file", args(path="pyproject.toml", old='pythonpath = ["."]', new="pythonpath = [(("))
+    assert out.ok, out.content
 
 
 def test_edit_several_matches_says_how_many_and_where(box: Toolbox, repo: Path) -> None:

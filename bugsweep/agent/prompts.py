@@ -273,11 +273,8 @@ def old_equals_new(path: str) -> str:
     return f"Error: old and new are the same, so {path} was not changed. Put the corrected text in new."
 
 
-def old_not_found(path: str, closest: str, whitespace_only: bool) -> str:
-    if whitespace_only:
-        why = f"The text in old was not found in {path}: it differs from the file in spaces, indentation or line breaks."
-    else:
-        why = f"The text in old was not found in {path}."
+def old_not_found(path: str, closest: str) -> str:
+    why = f"The text in old was not found in {path}, so nothing was changed."
     if not closest:
         return f"Error: {why} Call read_file on {path} and copy the exact text into old."
     return (
@@ -294,8 +291,19 @@ def old_not_unique(path: str, count: int, lines: list[int]) -> str:
     )
 
 
-def edit_done(path: str, first: int, last: int, snippet: str) -> str:
-    return f"Edited {path}. Lines {first}-{last} now read:\n{snippet}"
+def edit_done(path: str, first: int, last: int, snippet: str, loose: bool = False) -> str:
+    how = (
+        " (old matched the file only when differences in spaces and line breaks are ignored)" if loose else ""
+    )
+    return f"Edited {path}{how}. Lines {first}-{last} changed; with the lines around them the file now reads:\n{snippet}"
+
+
+def edit_breaks_syntax(path: str, message: str, line: int, numbered: str) -> str:
+    return (
+        f"Error: the edit was not made, because {path} would no longer be valid Python ({message}, line {line}). "
+        f"The file would read (line number, then |, then the line):\n{numbered}\n"
+        "Check the indentation and brackets in new, and call edit_file again."
+    )
 
 
 def file_created(path: str, lines: int) -> str:

@@ -340,21 +340,31 @@ class Toolbox:
         if "\x00" in content or "\ufffd" in content:
             # Binary, or not UTF-8 (a sandbox may decode with errors="replace"): writing it back would lose bytes.
             return ToolOutcome(prompts.not_text(rel), ok=False, short_arg=rel)
-        count = content.count(old)
-        if count == 0:
+        spans = [(i, i + len(old)) for i in _occurrences(content, old)]
+        loose = not spans
+        if loose:
+            spans = _loose_matches(content, old)
+        if not spans:
             closest = closest_lines(content, old)
-            whitespace_only = " ".join(old.split()) in " ".join(content.split())
-            return ToolOutcome(prompts.old_not_found(rel, closest, whitespace_only), ok=False, short_arg=rel)
-        if count > 1:
-            starts = _occurrences(content, old)
-            lines = [content.count("\n", 0, i) + 1 for i in starts]
-            return ToolOutcome(prompts.old_not_unique(rel, count, lines), ok=False, short_arg=rel)
-        index = content.index(old)
-        updated = content[:index] + new + content[index + len(old) :]
-        self.sandbox.files.write(real, updated)
-        first = updated.count("\n", 0, index) + 1
+            return ToolOutcome(prompts.old_not_found(rel, closest), ok=False, short_arg=rel)
+        if len(spans) > 1:
+            lines = [content.count("\n", 0, i) + 1 for i, _ in spans]
+            return ToolOutcome(prompts.old_not_unique(rel, len(spans), lines), ok=False, short_arg=rel)
+        [(start, end)] = spans
+        updated = content[:start] + new + content[end:]
+        first = updated.count("\n", 0, start) + 1
         last = first + max(new.count("\n") - (1 if new.endswith("\n") else 0), 0)
-        return ToolOutcome(prompts.edit_done(rel, first, last, _snippet(updated, first, last)), short_arg=rel)
+        if rel.endswith(".py"):
+            broken = _new_syntax_error(content, updated, rel)
+            if broken is not None:
+                line, message = broken
+                shown = _numbered(updated, line - 2, line + 2)
+                return ToolOutcome(
+                    prompts.edit_breaks_syntax(rel, message, line, shown), ok=False, short_arg=rel
+                )
+        self.sandbox.files.write(real, updated)
+        text = prompts.edit_done(rel, first, last, _snippet(updated, first, last), loose)
+        return ToolOutcome(text, short_arg=rel)
 
     def _create(self, real: str, rel: str, kind: str, parent_exists: bool, new: str) -> ToolOutcome:
         if kind == "dir":
@@ -385,6 +395,45 @@ def _lines(text: str) -> list[str]:
     if lines[-1]:
         out.append(lines[-1])
     return out
+
+
+def _loose_matches(content: str, old: str) -> list[tuple[int, int]]:
+    """Where `old` matches when runs of whitespace may differ (spaces for a line break and indentation, say).
+
+    Small models often join or re-indent the lines they copy; a single such match is still the edit they meant.
+    Only the amount and kind of whitespace may differ, never whether there is any.
+    """
+    words = old.split()
+    if not words:
+        return []
+    pattern = re.compile(r"\s+".join(re.escape(w) for w in words))
+    return [m.span() for m in pattern.finditer(content)]
+
+
+def _new_syntax_error(before: str, after: str, filename: str) -> tuple[int, str] | None:
+    """(line, message) when `after` is not valid Python but `before` was; None otherwise.
+
+    Checked with the host's own compiler: a file that uses syntax newer than the host's Python already fails
+    `before`, and then no edit is blocked.
+    """
+    try:
+        compile(before, filename, "exec", dont_inherit=True)
+    except (SyntaxError, ValueError):
+        return None
+    try:
+        compile(after, filename, "exec", dont_inherit=True)
+    except SyntaxError as exc:
+        return exc.lineno or 1, f"{type(exc).__name__}: {exc.msg}"
+    except ValueError as exc:
+        return 1, str(exc)
+    return None
+
+
+def _numbered(text: str, first: int, last: int) -> str:
+    lines = [line.rstrip("\n") for line in _lines(text)]
+    first, last = max(first, 1), min(last, len(lines))
+    width = len(str(last))
+    return "\n".join(f"{n:>{width}}|{lines[n - 1]}" for n in range(first, last + 1))
 
 
 def _occurrences(text: str, part: str) -> list[int]:
