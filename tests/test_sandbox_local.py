@@ -509,3 +509,23 @@ def test_a_checkout_owned_by_another_user_is_writable_inside(provider, buggy_rep
     assert "# note" not in (buggy_repo / "calc.py").read_text()
     assert not (buggy_repo / "tests" / "new.txt").exists()
     assert (buggy_repo / "calc.py").stat().st_uid == 1001
+
+
+def test_old_checkouts_are_evicted_but_never_while_a_sandbox_uses_one(provider, buggy_repo):
+    shas = [git(buggy_repo, "rev-parse", "HEAD")]
+    for n in (1, 2):
+        write_files(buggy_repo, {"calc.py": f"def add(a, b):\n    return a + b + {n}\n"})
+        shas.append(commit_all(buggy_repo, f"change {n}"))
+    provider.sources.max_checkouts = 1
+    checkouts = provider.sources.root / "checkouts"
+
+    first = provider.create(RepoSource(str(buggy_repo), ref=shas[0]))
+    with provider.create(RepoSource(str(buggy_repo), ref=shas[1])):
+        assert {p.name for p in checkouts.iterdir()} == {shas[0], shas[1]}  # the first is in use
+        assert "return a - b" in first.files.read_text("calc.py")
+    first.release()
+    with provider.create(RepoSource(str(buggy_repo), ref=shas[2])) as third:
+        assert {p.name for p in checkouts.iterdir()} == {shas[2]}
+        assert "+ 2" in third.files.read_text("calc.py")
+    with provider.create(RepoSource(str(buggy_repo), ref=shas[0])) as again:  # rebuilt on demand
+        assert "return a - b" in again.files.read_text("calc.py")

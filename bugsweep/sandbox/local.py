@@ -69,7 +69,7 @@ from typing import IO
 
 from bugsweep.errors import ConfigError, SandboxError, SandboxGone
 from bugsweep.sandbox.base import OUTPUT_LIMIT_BYTES, ExecResult, RepoSource, SandboxUsage
-from bugsweep.sandbox.sources import PreparedSource, SourceCache
+from bugsweep.sandbox.sources import CheckoutLease, PreparedSource, SourceCache
 from bugsweep.settings import SandboxSettings
 
 log = logging.getLogger(__name__)
@@ -252,6 +252,7 @@ class LocalSandbox:
         self.source = prepared
         root = state_dir / self.id
         self._res = _Resources(root=root, repo_dir=root / "ws" / os.path.relpath(workdir, WORKSPACE))
+        self._res.lease = prepared.lease
         self._finalizer = weakref.finalize(self, self._res.cleanup)
         try:
             self._setup(bwrap, prepared)
@@ -625,6 +626,7 @@ class _Resources:
         self.repo_dir = repo_dir
         self.mounted = False
         self.limits: _Limits | None = None
+        self.lease: CheckoutLease | None = None
         self.released = False
         self._commands: set[_Command] = set()
         self._lock = threading.Lock()
@@ -665,6 +667,8 @@ class _Resources:
         if self.limits is not None:
             _guard("remove the cgroups", self.limits.destroy)
         _guard("remove the sandbox folder", _remove_root, self.root, self.repo_dir, self.mounted)
+        if self.lease is not None and not os.path.ismount(self.repo_dir):  # the lower layer is free to go
+            self.lease.release()
 
 
 def _remove_root(root: Path, repo_dir: Path, mounted: bool) -> None:

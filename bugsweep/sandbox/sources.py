@@ -5,6 +5,7 @@ user's checkout is never written to:
 - a local path without a ref is used as it is (working tree, uncommitted changes included);
 - a ref (local path or URL) becomes a cached checkout of that commit, built once under `cache_dir/checkouts/<sha>`
   and reused by every later sandbox (checkouts are keyed by commit, so two tasks at one commit share one tree);
+  beyond `max_checkouts` the least recently used are deleted, never one that a sandbox holds a lease on;
 - a git URL is cloned once into a bare mirror under `cache_dir/mirrors/`, fetched again only when the ref is not a
   commit already there, and checked out from the mirror as above.
 Builds are guarded by file locks and finished with an atomic rename, so concurrent tasks never see half a checkout.
@@ -23,8 +24,9 @@ import tempfile
 import urllib.parse
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 from bugsweep.errors import ConfigError, SandboxError
 from bugsweep.sandbox.base import RepoSource
@@ -48,6 +50,23 @@ class PreparedSource:
     """True when `path/.git` is a self-contained git directory (so `git diff` works on a copy of the tree)."""
     commit: str | None
     """The checked-out commit when a ref was asked for (or a URL was cloned), else None."""
+    lease: CheckoutLease | None = field(default=None, compare=False, repr=False)
+    """For a cached checkout: keeps it from being evicted until released (or garbage-collected)."""
+
+
+class CheckoutLease:
+    """A shared lock on one cached checkout: eviction takes the exclusive lock, so it never removes a tree that a
+    sandbox is still using (e.g. as its overlay's lower layer)."""
+
+    def __init__(self, lock_path: Path) -> None:
+        self._fh: IO[str] | None = open(lock_path, "a")  # noqa: SIM115 - held for the sandbox's lifetime
+        fcntl.flock(self._fh, fcntl.LOCK_SH)
+
+    def release(self) -> None:
+        """Idempotent."""
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
 
 
 def is_git_url(repo: str) -> bool:
@@ -78,8 +97,10 @@ def redact_url(url: str) -> str:
 class SourceCache:
     """Prepares RepoSources on this host, caching clones and checkouts under `root`."""
 
-    def __init__(self, root: Path | None = None) -> None:
+    def __init__(self, root: Path | None = None, *, max_checkouts: int = 32) -> None:
         self.root = Path(root) if root is not None else default_cache_dir()
+        self.max_checkouts = max_checkouts
+        """Checkouts kept (least recently used go first; one in use by a sandbox is never removed)."""
 
     def prepare(self, source: RepoSource) -> PreparedSource:
         """The tree for `source`. Raises ConfigError for a missing path or an unknown ref, SandboxError when a
@@ -87,7 +108,7 @@ class SourceCache:
         if is_git_url(source.repo):
             mirror = self._mirror(source.repo)
             sha = self._resolve_in_mirror(mirror, source.repo, source.ref or "HEAD")
-            return PreparedSource(self._checkout(mirror, sha, origin=redact_url(source.repo)), True, sha)
+            return self._checkout(mirror, sha, origin=redact_url(source.repo))
 
         path = Path(source.repo).expanduser().resolve()
         if not path.is_dir():
@@ -105,7 +126,7 @@ class SourceCache:
             sha = _git(path, "rev-parse", "--verify", "--quiet", f"{source.ref}^{{commit}}")
         except subprocess.CalledProcessError:
             raise ConfigError(f"ref {source.ref!r} not found in the git repository at {path}") from None
-        return PreparedSource(self._checkout(path, sha, origin=None), True, sha)
+        return self._checkout(path, sha, origin=None)
 
     # -- internals -------------------------------------------------------------------------------------------
 
@@ -165,13 +186,27 @@ class SourceCache:
             raise ConfigError(f"ref {ref!r} not found in {redact_url(url)}")
         return sha
 
-    def _checkout(self, repo: Path, sha: str, *, origin: str | None) -> Path:
+    def _checkout(self, repo: Path, sha: str, *, origin: str | None) -> PreparedSource:
         target = self.root / "checkouts" / sha
+        (self.root / "locks").mkdir(parents=True, exist_ok=True)
+        lock = self.root / "locks" / f"inuse-{sha}.lock"
+        lease = CheckoutLease(lock)  # taken before looking: an eviction in progress finishes first
+        try:
+            self._build_checkout(repo, sha, target, origin=origin)
+            os.utime(
+                lock
+            )  # eviction goes by last use (not by the tree's mtime: it may be a mounted lower layer)
+        except BaseException:
+            lease.release()
+            raise
+        return PreparedSource(target, True, sha, lease)
+
+    def _build_checkout(self, repo: Path, sha: str, target: Path, *, origin: str | None) -> None:
         if target.is_dir():
-            return target
+            return
         with self._lock(f"checkout-{sha}"):
             if target.is_dir():
-                return target
+                return
             target.parent.mkdir(parents=True, exist_ok=True)
             tmp = Path(tempfile.mkdtemp(prefix=f".{sha[:12]}-", dir=target.parent))
             work = tmp / "tree"
@@ -188,7 +223,37 @@ class SourceCache:
             os.rename(work, target)
             shutil.rmtree(tmp, ignore_errors=True)
             log.info("cached checkout of %s at %s", sha, target)
-            return target
+        self._evict(keep=target)
+
+    def _evict(self, keep: Path) -> None:
+        """Remove the least recently used checkouts beyond `max_checkouts`, skipping any that a lease holds."""
+        try:
+            checkouts = [p for p in (self.root / "checkouts").iterdir() if not p.name.startswith(".")]
+        except OSError:
+            return
+
+        def last_used(checkout: Path) -> float:
+            try:
+                return (self.root / "locks" / f"inuse-{checkout.name}.lock").stat().st_mtime
+            except OSError:
+                return 0.0
+
+        checkouts.sort(key=last_used, reverse=True)
+        for old in checkouts[self.max_checkouts :]:
+            if old == keep:
+                continue
+            with open(self.root / "locks" / f"inuse-{old.name}.lock", "a") as fh:
+                try:
+                    fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    continue  # a sandbox is using it
+                doomed = old.with_name(f".evict-{old.name}-{os.getpid()}")
+                try:
+                    os.rename(old, doomed)
+                except OSError:
+                    continue
+                shutil.rmtree(doomed, ignore_errors=True)
+                log.info("evicted cached checkout %s", old.name)
 
     @contextmanager
     def _lock(self, name: str) -> Iterator[None]:
