@@ -469,6 +469,13 @@ def test_bad_workdir_is_a_config_error(tmp_path, buggy_repo):
         provider.create(RepoSource(str(buggy_repo)))
 
 
+def test_commands_run_without_capabilities_or_nested_user_namespaces(sbx):
+    status = sbx.exec("grep -E '^(CapEff|NoNewPrivs)' /proc/self/status").stdout.split()
+    assert status == ["CapEff:", "0000000000000000", "NoNewPrivs:", "1"]
+    nested = sbx.exec("unshare -U true")
+    assert nested.exit_code != 0  # bubblewrap 0.8+ --disable-userns
+
+
 def test_host_python_is_read_only_inside(sbx):
     result = sbx.exec(f"touch {sys.prefix}/evil 2>&1; touch /usr/evil 2>&1")
     assert result.stdout.count("Read-only file system") == 2

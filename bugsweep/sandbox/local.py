@@ -166,22 +166,29 @@ def find_bwrap() -> str:
         raise ConfigError(
             f"the local sandbox needs bubblewrap (`bwrap`), which is not on PATH: {INSTALL_HINT}"
         )
-    if bwrap not in _bwrap_ok:
+    if bwrap not in _bwrap_hardening:
         with _bwrap_lock:
-            if bwrap not in _bwrap_ok:
-                _probe_bwrap(bwrap)
-                _bwrap_ok.add(bwrap)
+            if bwrap not in _bwrap_hardening:
+                _bwrap_hardening[bwrap] = _probe_bwrap(bwrap)
     return bwrap
 
 
-_bwrap_ok: set[str] = set()
+#: bwrap path -> the hardening options it supports (checked once per process).
+_bwrap_hardening: dict[str, list[str]] = {}
 _bwrap_lock = threading.Lock()
 
 
-def _probe_bwrap(bwrap: str) -> None:
+def _probe_bwrap(bwrap: str) -> list[str]:
+    """Check that bwrap can make the namespaces here; return the optional hardening it supports
+    (`--disable-userns`, bubblewrap 0.8+: no nested user namespaces inside, a smaller kernel surface)."""
+    try:
+        usage = subprocess.run([bwrap, "--help"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        usage = ""
+    hardening = ["--disable-userns"] if "--disable-userns" in usage else []
     argv = [
         bwrap,
-        *_namespace_args(),
+        *_namespace_args(bwrap, hardening),
         "--unshare-net",
         *_system_binds(),
         "--proc",
@@ -201,6 +208,7 @@ def _probe_bwrap(bwrap: str) -> None:
             "Ubuntu 24.04+ kernel.apparmor_restrict_unprivileged_userns=0), or run in a container started with "
             f"--privileged or seccomp=unconfined; {INSTALL_HINT}"
         )
+    return hardening
 
 
 def _check_workdir(workdir: str) -> str:
@@ -309,7 +317,7 @@ class LocalSandbox:
         self._argv_head = [
             *res.limits.wrapper(),
             bwrap,
-            *_namespace_args(),
+            *_namespace_args(bwrap),
             "--hostname", "sandbox",
             *_system_binds(),
             "--ro-bind", str(self._etc_dir), "/etc",
@@ -958,11 +966,12 @@ def _cgroup_v2_parent() -> Path | None:
 # -------------------------------------------------------------------------------------------------------------
 
 
-def _namespace_args() -> list[str]:
+def _namespace_args(bwrap: str, hardening: list[str] | None = None) -> list[str]:
     return [
         "--unshare-user", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID),
         "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
         "--die-with-parent", "--new-session",
+        *(_bwrap_hardening.get(bwrap, []) if hardening is None else hardening),
     ]  # fmt: skip
 
 
