@@ -22,8 +22,9 @@ How a command runs (`LocalSandbox.exec`): each command is one `bwrap ... /bin/ba
 - `/workspace` writable (HOME; the repository at /workspace/repo; `pip install` defaults to the user scheme in
   /workspace/.local because the host's site-packages is read-only), a private `/tmp`, its own /proc and a minimal
   /dev; both persist across the sandbox's commands;
-- new user (uid 1000, no capabilities), pid, ipc, uts, cgroup and network namespaces; `network=True` (the setup
-  step, e.g. `pip install`) shares the host's network instead, everything else sees only `lo`;
+- new user (uid 1000, no capabilities, no_new_privs, no nested user namespaces with bubblewrap 0.8+), pid, ipc,
+  uts, cgroup and network namespaces; `network=True` (the setup step, e.g. `pip install`) shares the host's
+  network instead (host loopback services included), everything else sees only `lo`;
 - `--die-with-parent`, `--new-session`, and a clean environment (PATH, HOME, LANG, TERM and a few PIP_* settings,
   plus the `env` argument): nothing of the host's environment, the model's API key least of all.
 Because each command gets its own pid namespace, killing the namespace's init kills the whole process tree at once:
