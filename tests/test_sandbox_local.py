@@ -139,6 +139,20 @@ def test_files_read_write_exists(sbx):
     assert not Path("/usr/evil.txt").exists()
 
 
+def test_files_refuse_fifos_and_huge_files_instead_of_hanging_or_filling_memory(sbx, monkeypatch):
+    assert sbx.exec("mkfifo /workspace/repo/pipe /tmp/pipe && ln -s /tmp/pipe /workspace/repo/tmp_pipe").ok
+    for path in ("/workspace/repo/pipe", "/workspace/repo/tmp_pipe", "/tmp/pipe"):
+        with pytest.raises(OSError, match="not a regular file"):
+            sbx.files.read_text(path)
+        with pytest.raises(OSError, match="not a regular file"):
+            sbx.files.write(path, "x")
+    monkeypatch.setattr(local_mod, "MAX_READ_BYTES", 1000)
+    assert sbx.exec("head -c 5000 /dev/zero > big.bin && ln -s /usr/../workspace/repo/big.bin big_link").ok
+    for path in ("/workspace/repo/big.bin", "/workspace/repo/big_link"):
+        with pytest.raises(OSError, match="at most 1000 bytes"):
+            sbx.files.read_text(path)
+
+
 def test_host_folders_and_home_are_not_visible(sbx, tmp_path):
     marker = tmp_path / "host-secret.txt"
     marker.write_text("host only")

@@ -94,6 +94,9 @@ ETC_ALLOW = (
     "profile", "protocols", "python3", "resolv.conf", "services", "shells", "ssl", "terminfo", "timezone",
 )  # fmt: skip
 
+#: files.read_text/read_bytes refuse bigger files, so a sandboxed process cannot make the host read 100 GB.
+MAX_READ_BYTES = 64 * 1024 * 1024
+
 _CGROUP_ROOT = Path("/sys/fs/cgroup")
 _ATTACH_SCRIPT = (
     'n=$1; shift; while [ "$n" -gt 0 ]; do '
@@ -507,15 +510,24 @@ class LocalFiles:
         located = self._locate(path)
         if located is not None:
             with contextlib.suppress(_Fallback):
-                fd = _open_beneath(*located, os.O_RDONLY)
+                fd = _open_regular(*located, os.O_RDONLY)
                 with os.fdopen(fd, "rb") as fh:
-                    return fh.read()
+                    size = os.fstat(fh.fileno()).st_size
+                    if size > MAX_READ_BYTES:
+                        raise _too_big(path, size)
+                    return fh.read(MAX_READ_BYTES + 1)
         q = shlex.quote(self._absolute(path))
         raw = self._sbx._run(
-            f"if [ -d {q} ]; then exit 21; fi; exec cat -- {q}", timeout=120, full_output=True
+            f"if [ -d {q} ]; then exit 21; fi; if [ -e {q} ] && [ ! -f {q} ]; then exit 28; fi; "
+            f"if [ -f {q} ] && [ $(stat -L -c %s -- {q}) -gt {MAX_READ_BYTES} ]; then exit 27; fi; "
+            f"exec head -c {MAX_READ_BYTES + 1} -- {q}",
+            timeout=120,
+            full_output=True,
         )
-        if raw.exit_code == 0:
+        if raw.exit_code == 0 and len(raw.stdout) <= MAX_READ_BYTES:
             return raw.stdout
+        if raw.exit_code in (0, 27):
+            raise _too_big(path, None)
         raise _os_error(raw, path)
 
     def write(self, path: str, data: str | bytes) -> None:
@@ -525,13 +537,16 @@ class LocalFiles:
         located = self._locate(path)
         if located is not None:
             with contextlib.suppress(_Fallback):
-                fd = _open_beneath(*located, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, make_parents=True)
+                fd = _open_regular(*located, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, make_parents=True)
                 with os.fdopen(fd, "wb") as fh:
                     fh.write(payload)
                 return
         q = shlex.quote(self._absolute(path))
         raw = self._sbx._run(
-            f'mkdir -p -- "$(dirname -- {q})" && cat > {q}', timeout=120, full_output=True, stdin=payload
+            f'if [ -e {q} ] && [ ! -f {q} ]; then exit 28; fi; mkdir -p -- "$(dirname -- {q})" && cat > {q}',
+            timeout=120,
+            full_output=True,
+            stdin=payload,
         )
         if raw.exit_code != 0:
             raise _os_error(raw, path)
@@ -607,8 +622,35 @@ def _open_beneath(root: Path, rel: str, flags: int, *, make_parents: bool = Fals
         os.close(dirfd)
 
 
+def _open_regular(root: Path, rel: str, flags: int, *, make_parents: bool = False) -> int:
+    """Like _open_beneath, for a regular file only: a FIFO or socket that a sandboxed process put in the way is
+    refused at once (the open is non-blocking), instead of hanging the host."""
+    try:
+        fd = _open_beneath(root, rel, flags | os.O_NONBLOCK, make_parents=make_parents)
+    except OSError as exc:
+        if exc.errno == errno.ENXIO:  # a FIFO without a reader, or a socket
+            raise _not_regular(rel) from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise _not_regular(rel)
+    os.set_blocking(fd, True)
+    return fd
+
+
+def _not_regular(path: str) -> OSError:
+    return OSError(errno.EINVAL, "not a regular file", path)
+
+
+def _too_big(path: str, size: int | None) -> OSError:
+    what = f"{size} bytes" if size is not None else "too large"
+    return OSError(errno.EFBIG, f"file is {what}; files.read_* returns at most {MAX_READ_BYTES} bytes", path)
+
+
 def _os_error(raw: _RawResult, path: str) -> OSError:
     message = _decode(raw.stderr).strip()
+    if raw.exit_code == 28:
+        return _not_regular(path)
     if raw.exit_code == 21 or "Is a directory" in message:
         return IsADirectoryError(errno.EISDIR, "Is a directory", path)
     if "No such file" in message:
