@@ -631,8 +631,11 @@ def _open_regular(root: Path, rel: str, flags: int, *, make_parents: bool = Fals
         if exc.errno == errno.ENXIO:  # a FIFO without a reader, or a socket
             raise _not_regular(rel) from None
         raise
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
         os.close(fd)
+        if stat.S_ISDIR(mode):
+            raise IsADirectoryError(errno.EISDIR, "Is a directory", rel)
         raise _not_regular(rel)
     os.set_blocking(fd, True)
     return fd
