@@ -509,7 +509,7 @@ class LocalFiles:
         self._sbx._res.check_alive(self._sbx.id)
         located = self._locate(path)
         if located is not None:
-            with contextlib.suppress(_Fallback):
+            with contextlib.suppress(_Fallback), _named(path):
                 fd = _open_regular(*located, os.O_RDONLY)
                 with os.fdopen(fd, "rb") as fh:
                     size = os.fstat(fh.fileno()).st_size
@@ -536,7 +536,7 @@ class LocalFiles:
         payload = data.encode() if isinstance(data, str) else data
         located = self._locate(path)
         if located is not None:
-            with contextlib.suppress(_Fallback):
+            with contextlib.suppress(_Fallback), _named(path):
                 fd = _open_regular(*located, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, make_parents=True)
                 with os.fdopen(fd, "wb") as fh:
                     fh.write(payload)
@@ -578,6 +578,17 @@ class LocalFiles:
         if parts[0] not in areas:
             return None
         return areas[parts[0]], "/".join(parts[1:]) or "."
+
+
+@contextlib.contextmanager
+def _named(path: str) -> Iterator[None]:
+    """Errors from the host-side walk name the sandbox path the caller gave, not the host-relative one."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno is None or exc.filename == path:
+            raise
+        raise type(exc)(exc.errno, exc.strerror, path) from None
 
 
 class _Fallback(Exception):
