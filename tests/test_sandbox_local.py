@@ -266,8 +266,10 @@ def test_a_fork_bomb_is_contained(sbx):
     before = host_process_count()
     result = sbx.exec("bomb() { bomb | bomb & }; bomb; sleep 4", timeout=8)
     assert "Resource temporarily unavailable" in result.stderr  # fork() failed at the process limit
+    events = [d / "pids.events" for d in sbx._res.limits.dirs if (d / "pids.events").exists()]
+    assert events and int(events[0].read_text().split()[1]) > 0  # the kernel counted refused forks
     assert processes_in_cgroup_of(sbx.id) == []
-    assert host_process_count() < before + 30
+    assert host_process_count() < before + 200  # unchecked, a bomb makes thousands
     assert sbx.exec("echo still usable").stdout == "still usable\n"
 
 
