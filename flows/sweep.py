@@ -70,9 +70,13 @@ def sweep(
     specs = steps.list_tasks(source, run.provider, run.store, setup_network=run.setup_network)
     todo, graded = (specs, []) if redo_graded else split_graded(specs, run, sweep_name)
     if run_on == "workers":
-        outcomes = run_on_workers(
-            todo, run, sweep_name, concurrency, deployment, solve_bug_parameters(locals())
-        )
+        shared = {
+            "model_block": model_block,
+            "sandbox": sandbox,
+            "store_block": store_block,
+            "limits": limits,
+        }
+        outcomes = run_on_workers(todo, run, sweep_name, concurrency, deployment, shared)
     else:
         with model_endpoint(run) as run:
             outcomes = run_here(todo, run, sweep_name, concurrency)
@@ -125,16 +129,6 @@ def run_here(specs: list[TaskSpec], run: RunConfig, sweep_name: str, concurrency
         return outcomes
 
 
-def solve_bug_parameters(sweep_locals: dict[str, Any]) -> dict[str, Any]:
-    """The sweep's own parameters that each solve-bug run takes too (JSON-ready)."""
-    keys = ("model_block", "sandbox", "store_block", "limits")
-    return {
-        k: v.model_dump(mode="json") if hasattr(v, "model_dump") else v
-        for k, v in sweep_locals.items()
-        if k in keys
-    }
-
-
 def run_on_workers(
     specs: list[TaskSpec],
     run: RunConfig,
@@ -144,12 +138,16 @@ def run_on_workers(
     parameters: dict[str, Any],
 ) -> list[TaskOutcome]:
     """Each task as a run of the solve-bug deployment, at most `concurrency` at once; whichever worker of the pool
-    is free picks it up. Each run's grade is read back from the artifact store (so use S3 across machines)."""
+    is free picks it up. Each run's grade is read back from the artifact store (so use S3 across machines).
+
+    `parameters` are the sweep's own that each solve-bug run takes too (model_block, sandbox, store_block, limits).
+    """
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.objects import FlowRun
     from prefect.deployments import run_deployment
 
     logger = get_run_logger()
+    parameters = {**parameters, "limits": parameters["limits"].model_dump(mode="json")}
     pending = list(specs)
     running: dict[Any, tuple[TaskSpec, float]] = {}
     outcomes: list[TaskOutcome] = []

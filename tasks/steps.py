@@ -75,11 +75,11 @@ def retry_on_infra_in_sandbox(task: Task[..., Any], task_run: TaskRun, state: St
 
 def log_failure_kind(task: Task[..., Any], task_run: TaskRun, state: State[Any]) -> None:
     """Record which kind of failure ended the step (config, infra, task or crash) in its log."""
-    from prefect.logging import get_logger
+    from prefect.logging.loggers import task_run_logger
 
     exc = _exception(state)
     kind = failure_kind(exc) if isinstance(exc, Exception) else "crash"
-    get_logger("bugsweep.tasks").warning(
+    task_run_logger(task_run, task).warning(
         "step %s (%s) ended by a %s failure: %s",
         task.name,
         task_run.name,
@@ -245,6 +245,9 @@ def list_tasks(
 @task(name="summarize", cache_policy=NO_CACHE, persist_result=False)
 def summarize(sweep: str, rows: list[dict[str, Any]], location: str) -> None:
     """A markdown summary and a table artifact for the sweep: task, model, resolved, turns, tokens, cost, time."""
+    if not rows:
+        create_markdown_artifact(f"# Sweep `{sweep}`\n\nNo tasks.\n", key=artifact_key("sweep", sweep))
+        return
     create_table_artifact(
         rows, key=artifact_key("sweep", sweep, "table"), description=f"Sweep {sweep}: every task."
     )

@@ -45,23 +45,29 @@ class Deployed:
         self.server, self.store, self.model, self.workers = server, store, model, workers
         self.http = httpx.Client(base_url=server.api_url, timeout=30)
 
-    def deployment_id(self, name: str) -> str:
-        response = self.http.get(f"/deployments/name/{name}")
+    def api(self, method: str, path: str, **kwargs: Any) -> Any:
+        """One REST call. On a loaded 2-core machine the SQLite-backed server can answer 503 for a moment (a
+        database timeout): try again, as the UI does."""
+        for _ in range(15):
+            response = self.http.request(method, path, **kwargs)
+            if response.status_code != 503:
+                break
+            time.sleep(2)
         response.raise_for_status()
-        return str(response.json()["id"])
+        return response.json()
+
+    def deployment_id(self, name: str) -> str:
+        return str(self.api("GET", f"/deployments/name/{name}")["id"])
 
     def run_deployment(self, name: str, parameters: dict[str, Any]) -> str:
         """What the UI's Run button does (with a custom parameter form)."""
-        response = self.http.post(
-            f"/deployments/{self.deployment_id(name)}/create_flow_run", json={"parameters": parameters}
-        )
-        response.raise_for_status()
-        return str(response.json()["id"])
+        url = f"/deployments/{self.deployment_id(name)}/create_flow_run"
+        return str(self.api("POST", url, json={"parameters": parameters})["id"])
 
     def wait(self, flow_run_id: str, timeout_s: float = 240) -> dict[str, Any]:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            run = self.http.get(f"/flow_runs/{flow_run_id}").json()
+            run = self.api("GET", f"/flow_runs/{flow_run_id}")
             if run["state"] and run["state"]["type"] in FINAL:
                 return dict(run)
             time.sleep(1)
@@ -177,18 +183,18 @@ def test_a_sweep_fans_out_to_both_workers_and_collects_every_grade(
     sweep_run = deployed.wait(sweep_id, timeout_s=420)
 
     assert sweep_run["state"]["type"] == "COMPLETED", sweep_run["state"]
-    children = deployed.http.post(
-        "/flow_runs/filter", json={"flow_runs": {"tags": {"all_": ["sweep:fanout"]}}}
-    ).json()
+    children = deployed.api(
+        "POST", "/flow_runs/filter", json={"flow_runs": {"tags": {"all_": ["sweep:fanout"]}}}
+    )
     assert sorted(c["parameters"]["task"]["instance_id"] for c in children) == ids
     assert all(c["state"]["type"] == "COMPLETED" for c in children)
     ran_by = {w: [c["id"] for c in children if c["id"] in deployed.worker_log(w)] for w in deployed.workers}
     assert all(ran_by.values()), f"both workers take a share of the sweep: {ran_by}"
     for task_id in ids:
         assert deployed.store.exists(f"fanout/{task_id}/scripted-model/patch.diff")
-    table = deployed.http.post(
-        "/artifacts/filter", json={"artifacts": {"key": {"any_": ["sweep-fanout-table"]}}}
-    ).json()
+    table = deployed.api(
+        "POST", "/artifacts/filter", json={"artifacts": {"key": {"any_": ["sweep-fanout-table"]}}}
+    )
     assert table, "the sweep publishes its table"
     rows = table[0]["data"]
     assert all(re.search(rf"{task_id}.*?true", str(rows), re.IGNORECASE) for task_id in ids), (

@@ -320,3 +320,108 @@ def test_sweep_from_a_branch_makes_a_task_of_each_failing_test_file(
     (grade,) = grades
     assert grade.instance_id == f"calc2-tests-test-calc-py-{head[:10]}"
     assert grade.resolved and grade.FAIL_TO_PASS == ["tests/test_calc.py::test_add"]
+
+
+# -- retries: infrastructure only ---------------------------------------------------------------------------------
+
+
+class FlakyProvider:
+    """The real local provider, except that its first `failures` creates raise `error` (a stand-in for a cloud
+    sandbox service refusing, or a rejected key)."""
+
+    name = "local"
+
+    def __init__(self, error: Exception, failures: int = 1) -> None:
+        from bugsweep.sandbox import get_provider
+
+        self.real = get_provider("local")
+        self.error, self.failures, self.calls = error, failures, 0
+
+    def create(self, source: Any, *, labels: dict[str, str] | None = None) -> Any:
+        self.calls += 1
+        if self.calls <= self.failures:
+            raise self.error
+        return self.real.create(source, labels=labels)
+
+
+def run_one_with(
+    provider: FlakyProvider,
+    server: ScriptedModelServer,
+    made: dict[str, Any],
+    spec: TaskSpec,
+    local_dir: Path,
+) -> Any:
+    """`solve_one` (the per-task function other flows reuse) inside a flow, with a custom RunConfig."""
+    from prefect import flow
+
+    from bugsweep.settings import AgentSettings, ModelSettings
+    from flows.common import RunConfig
+    from flows.solve_bug import solve_one
+
+    run = RunConfig(
+        model=ModelSettings(base_url=server.base_url, model="scripted-model"),
+        agent=AgentSettings(max_turns=6),
+        provider=provider,  # type: ignore[arg-type]
+        store=made["_store"],
+        local_dir=local_dir,
+    )
+
+    @flow
+    def one_task() -> Any:
+        return solve_one(spec, run, "retries")
+
+    return one_task()
+
+
+def test_a_sandbox_outage_is_retried_and_the_task_still_graded(
+    blocks, scripted_model, buggy_repo: Path, tmp_path: Path
+) -> None:
+    from bugsweep.errors import SandboxError
+
+    server = scripted_model([fixer] * 4)
+    made = blocks(server)
+    provider = FlakyProvider(SandboxError("sandbox service busy (stand-in)"))
+
+    outcome = run_one_with(provider, server, made, calc_task(buggy_repo, "calc-flaky-sandbox"), tmp_path)
+
+    assert provider.calls == 2, "the setup step ran again after the infrastructure failure"
+    assert outcome.grade.resolved and outcome.grade.error is None
+
+
+def test_a_config_error_is_not_retried_and_says_what_kind_it_was(
+    blocks, scripted_model, buggy_repo: Path, tmp_path: Path
+) -> None:
+    from bugsweep.errors import ConfigError
+
+    server = scripted_model([fixer] * 4)
+    made = blocks(server)
+    provider = FlakyProvider(ConfigError("Runtime API key rejected (stand-in)"), failures=5)
+
+    outcome = run_one_with(provider, server, made, calc_task(buggy_repo, "calc-bad-key"), tmp_path)
+
+    assert provider.calls == 1, "a config error would fail the same way again"
+    assert outcome.grade.failure_kind == "config" and "API key rejected" in outcome.grade.error
+    assert server.requests == [], "the model was never called"
+
+
+def test_bugsweep_sweep_command_runs_the_flow_and_prints_the_grades(
+    blocks, scripted_model, buggy_repo: Path, tmp_path: Path
+) -> None:
+    from typer.testing import CliRunner
+
+    from bugsweep.cli import app
+
+    server = scripted_model([fixer] * 4)
+    made = blocks(server)
+    tasks_file = tmp_path / "cli.jsonl"
+    dump_tasks([calc_task(buggy_repo, "calc-cli")], tasks_file)
+
+    result = CliRunner().invoke(
+        app,
+        ["sweep", "--tasks", str(tasks_file), "--model-block", made["model_block"],
+         "--store-block", made["store_block"], "--max-turns", "4"],
+    )  # fmt: skip
+
+    assert result.exit_code == 0, result.output
+    assert "calc-cli" in result.output and "1 of 1 resolved" in result.output
+    assert made["_store"].exists("cli/calc-cli/scripted-model/patch.diff")

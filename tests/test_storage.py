@@ -10,6 +10,7 @@ import json
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pydantic import SecretStr
@@ -189,12 +190,14 @@ def test_s3_short_outage_is_ridden_out_by_retries(own_seaweed: SeaweedServer, tm
     store.put_bytes("warm-up", b"ok")
     own_seaweed.stop()
 
-    restarter = threading.Thread(target=lambda: (time.sleep(1.0), own_seaweed.start()))
-    restarter.start()
-    try:
-        result = upload_run(store, run, "sweep/calc-1/m")
-    finally:
-        restarter.join()
+    results: list[Any] = []
+    uploader = threading.Thread(target=lambda: results.append(upload_run(store, run, "sweep/calc-1/m")))
+    uploader.start()
+    time.sleep(1.0)
+    own_seaweed.start()  # from this thread: the server dies with the thread that started it (PDEATHSIG)
+    uploader.join()
 
+    assert results, "the upload failed although the server came back"
+    (result,) = results
     assert set(result.uris) == {p.name for p in run.iterdir()}
     assert store.get_bytes("sweep/calc-1/m/patch.diff") == (run / "patch.diff").read_bytes()

@@ -36,7 +36,8 @@ _PORT_FLAGS = [
 
 def die_with_parent() -> None:
     """preexec_fn: the kernel sends SIGTERM to the child when the test process dies, even if killed, so a
-    crashed test session never leaves a server behind."""
+    crashed test session never leaves a server behind. The kernel ties this to the *thread* that started the
+    child: start servers from a thread that outlives them (the main thread)."""
     import ctypes
 
     pr_set_pdeathsig = 1
