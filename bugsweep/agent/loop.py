@@ -270,8 +270,6 @@ class _AgentRun:
             detail=None if outcome.ok else short(outcome.content, 160),
             recovered=call.recovered,
         )
-        if outcome.format_error:
-            self._emit("error", tool=call.name, detail=short(outcome.content, 160))
         return outcome
 
     def _format_error(self, why: str) -> None:
