@@ -468,6 +468,38 @@ def test_pip_install_goes_to_the_sandbox_not_the_host_python(sbx, tmp_path):
     assert sbx.exec("git status --porcelain").stdout == ""  # nothing of it lands in the repository
 
 
+def test_pip_install_works_when_the_host_python_is_a_venv(tmp_path, buggy_repo):
+    """bugsweep run from a real venv (in a child process): pip in the sandbox installs into a writable venv layered
+    on the host's, and the host venv's own packages stay importable."""
+    venv = tmp_path / "hostvenv"
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(venv)], check=True
+    )
+    (next(venv.glob("lib/python*/site-packages")) / "hostonly.py").write_text("WHERE = 'host venv'\n")
+    wheel = _wheel(tmp_path, "sbxpkg", "WHERE = 'sandbox'\n")
+    script = f"""
+from pathlib import Path
+from bugsweep.sandbox.base import RepoSource
+from bugsweep.sandbox.local import LocalProvider
+p = LocalProvider(cache_dir=Path({str(tmp_path / "cache")!r}), state_dir=Path({str(tmp_path / "state")!r}))
+with p.create(RepoSource({str(buggy_repo)!r})) as s:
+    s.files.write("/tmp/{wheel.name}", Path({str(wheel)!r}).read_bytes())
+    print(s.exec("pip install --no-index /tmp/{wheel.name} >/dev/null 2>&1 && cd /tmp && "
+                 "python -c 'import sbxpkg, hostonly; print(sbxpkg.__file__, hostonly.WHERE)'").output)
+"""
+    env = dict(os.environ, PYTHONPATH=str(PROJECT_DIR))
+    out = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", script], capture_output=True, text=True, env=env
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == [
+        "/workspace/.venv/lib/python{}.{}/site-packages/sbxpkg.py".format(*sys.version_info[:2]),
+        "host",
+        "venv",
+    ]
+    assert not list(venv.glob("lib/python*/site-packages/sbxpkg*"))
+
+
 def test_overlay_failure_falls_back_to_a_copy(provider, buggy_repo, monkeypatch, caplog):
     """Stand-in: the overlay mount is made to fail, as it would on a filesystem without overlayfs support."""
     monkeypatch.setattr(local_mod, "_mount_overlay", lambda *a: False)

@@ -20,8 +20,9 @@ How a command runs (`LocalSandbox.exec`): each command is one `bwrap ... /bin/ba
   Python, bash and pip need, a generated /etc/passwd and /etc/group, and the host's Python installation at its own
   path (e.g. /root/.pyenv/versions/3.11.7; nothing else of /root is there), then the root is remounted read-only;
 - `/workspace` writable (HOME; the repository at /workspace/repo; `pip install` defaults to the user scheme in
-  /workspace/.local because the host's site-packages is read-only), a private `/tmp`, its own /proc and a minimal
-  /dev; both persist across the sandbox's commands;
+  /workspace/.local because the host's site-packages is read-only; when the host Python is a venv, where there
+  is no user scheme, a venv at /workspace/.venv layered on it takes the installs), a private `/tmp`, its own
+  /proc and a minimal /dev; /workspace and /tmp persist across the sandbox's commands;
 - new user (uid 1000, no capabilities, no_new_privs, no nested user namespaces with bubblewrap 0.8+), pid, ipc,
   uts, cgroup and network namespaces; `network=True` (the setup step, e.g. `pip install`) shares the host's
   network instead (host loopback services included), everything else sees only `lo`;
@@ -58,6 +59,7 @@ import signal
 import stat
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import threading
 import time
@@ -311,6 +313,9 @@ class LocalSandbox:
         res.write_meta()
 
         python_bins = _python_bins()
+        if sys.prefix != sys.base_prefix:  # the host Python is a venv, where pip has no user scheme
+            _layer_venv(res.root / "ws" / ".venv")
+            python_bins.insert(0, f"{WORKSPACE}/.venv/bin")
         self._base_env = {
             "PATH": ":".join([f"{WORKSPACE}/.local/bin", *python_bins, "/usr/local/sbin", "/usr/local/bin",
                               "/usr/sbin", "/usr/bin", "/sbin", "/bin"]),
@@ -325,12 +330,12 @@ class LocalSandbox:
             "--hostname", "sandbox",
             *_system_binds(),
             "--ro-bind", str(self._etc_dir), "/etc",
-            *_python_binds(),
             "--proc", "/proc",
             "--dev", "/dev",
             "--bind", str(res.root / "tmp"), "/tmp",
             "--dir", "/var", "--symlink", "/tmp", "/var/tmp",
             "--bind", str(res.root / "ws"), WORKSPACE,
+            *_python_binds(),  # last: a Python (or venv) under /tmp must not be hidden by the private /tmp
             "--remount-ro", "/",
         ]  # fmt: skip
 
@@ -1103,6 +1108,31 @@ def _python_bins() -> list[str]:
         if b not in bins and not b.startswith("/usr/"):
             bins.append(b)
     return bins
+
+
+def _layer_venv(venv: Path) -> None:
+    """A writable venv at /workspace/.venv on top of the host's (read-only) venv, for hosts that run bugsweep
+    from a venv: there pip cannot fall back to the user scheme (venvs switch user site-packages off), so
+    `pip install` would fail. This venv sees the base interpreter's packages (include-system-site-packages) and
+    the host venv's (a .pth file), and pip installs into it. Nothing runs: a few files and symlinks."""
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    base_python = os.path.realpath(getattr(sys, "_base_executable", sys.executable))
+    (venv / "bin").mkdir(parents=True)
+    site = venv / "lib" / f"python{version}" / "site-packages"
+    site.mkdir(parents=True)
+    _write(
+        venv / "pyvenv.cfg",
+        f"home = {os.path.dirname(base_python)}\ninclude-system-site-packages = true\n"
+        f"version = {'.'.join(map(str, sys.version_info[:3]))}\n",
+    )
+    for name in ("python", "python3", f"python{version}"):
+        (venv / "bin" / name).symlink_to(base_python)
+    host_sites = dict.fromkeys(sysconfig.get_paths()[key] for key in ("purelib", "platlib"))
+    _write(site / "_bugsweep_host_venv.pth", "".join(f"{path}\n" for path in host_sites))
+    for name in ("pip", "pip3", f"pip{version}"):
+        script = venv / "bin" / name
+        _write(script, f'#!/bin/sh\nexec {WORKSPACE}/.venv/bin/python -m pip "$@"\n')
+        script.chmod(0o755)
 
 
 def _passwd() -> str:
