@@ -95,7 +95,8 @@ def test_scripted_fix_finishes_and_changes_the_code(scripted_model, sandbox: San
     assert first["messages"][0]["role"] == "system" and "/workspace/repo" in first["messages"][0]["content"]
     assert TEST_COMMAND in first["messages"][1]["content"]
     assert [t["function"]["name"] for t in first["tools"]] == ["run", "read_file", "edit_file", "finish"]
-    assert first["max_tokens"] == ModelSettings().max_tokens_per_reply
+    assert first["max_tokens"] == ModelSettings().max_tokens_per_reply and first["temperature"] == 0.0
+    assert first["tools"][0]["function"]["parameters"]["required"] == ["command"]
     assert "1 failed" in tool_messages(server.requests[1])[0]["content"]
     assert "1 failed" not in tool_messages(server.requests[4])[-1]["content"]
 
@@ -308,7 +309,7 @@ def test_max_wall_time_also_caps_a_running_command(scripted_model, sandbox: Sand
 def test_transient_errors_are_retried(scripted_model, sandbox: Sandbox, tmp_path: Path) -> None:
     server = scripted_model(
         [
-            {"status": 429, "headers": {"Retry-After": "0"}},
+            {"status": 429, "headers": {"Retry-After": "0.3"}},
             {"status": 503},
             {"drop": True},
             {"sleep": 2, **tool_call("run", command="true")},  # answers after the client's timeout
@@ -321,7 +322,10 @@ def test_transient_errors_are_retried(scripted_model, sandbox: Sandbox, tmp_path
     assert len(server.requests) == 5
     retries = [e for e in events if e.kind == "error" and "retrying" in (e.detail or "")]
     assert len(retries) == 4
-    assert [e["attempt"] for e in result.trajectory if e["type"] == "model_retry"] == [1, 2, 3, 4]
+    recorded = [e for e in result.trajectory if e["type"] == "model_retry"]
+    assert [e["attempt"] for e in recorded] == [1, 2, 3, 4]
+    assert recorded[0]["sleep_s"] == 0.3  # Retry-After honoured
+    assert all(e["sleep_s"] < 0.2 for e in recorded[1:])  # then our own (test-sized) backoff
 
 
 def test_retries_exhausted_raise_model_unavailable(scripted_model, sandbox: Sandbox, tmp_path: Path) -> None:
