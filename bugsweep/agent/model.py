@@ -187,6 +187,8 @@ class ChatModel:
                 function = getattr(call, "function", None)
                 name = getattr(function, "name", None) or ""
                 arguments = getattr(function, "arguments", None) or ""
+                if not isinstance(arguments, str):  # some servers send the arguments as an object
+                    arguments = json.dumps(arguments)
                 call_id = call.id or f"call_{i}_{uuid.uuid4().hex[:8]}"
                 message["tool_calls"].append(
                     {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
