@@ -301,6 +301,14 @@ def test_double_encoded_arguments_are_accepted(box: Toolbox) -> None:
     assert out.ok, out.content
 
 
+def test_raw_line_breaks_inside_json_strings_are_accepted(box: Toolbox, repo: Path) -> None:
+    raw = '{"path": "calc.py", "old": "def add(a, b):\n    return a - b", "new": "def add(a, b):\n    return a + b"}'
+    assert "\n" in raw  # a real line break inside the JSON string, not the escape
+    out = box.call("edit_file", raw)
+    assert out.ok, out.content
+    assert "return a + b" in (repo / "calc.py").read_text()
+
+
 def test_missing_argument_is_a_format_error(box: Toolbox) -> None:
     out = box.call("edit_file", args(path="calc.py", old="a - b"))
     assert out.format_error

@@ -157,10 +157,6 @@ def bad_json_arguments(tool: str, sent: str, problem: str) -> str:
     )
 
 
-def arguments_not_object(tool: str) -> str:
-    return f"Error: the arguments of {tool} must be {ARGUMENT_SHAPES[tool]}. Call {tool} again."
-
-
 def missing_argument(tool: str, names: list[str]) -> str:
     keys = " and ".join(f'"{n}"' for n in names)
     return (

@@ -53,17 +53,18 @@ def short(text: str, limit: int = 80) -> str:
 def parse_arguments(raw: str | dict[str, Any] | None) -> tuple[dict[str, Any] | None, str | None]:
     """JSON arguments to a dict; (None, problem) when they are not a JSON object.
 
-    An empty string counts as no arguments, and arguments encoded twice (a JSON string holding JSON, which some
-    small models send) are decoded once more.
+    An empty string counts as no arguments, arguments encoded twice (a JSON string holding JSON, which some
+    small models send) are decoded once more, and raw line breaks or tabs inside strings are accepted
+    (strict=False): small models often write a multi-line `old` that way, and the meaning is unambiguous.
     """
     if isinstance(raw, dict):
         return raw, None
     if raw is None or not raw.strip():
         return {}, None
     try:
-        value = json.loads(raw)
+        value = json.loads(raw, strict=False)
         if isinstance(value, str):
-            value = json.loads(value)
+            value = json.loads(value, strict=False)
     except json.JSONDecodeError as exc:
         return None, f"{exc.msg} at character {exc.pos}"
     if not isinstance(value, dict):
