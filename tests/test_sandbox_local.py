@@ -361,7 +361,10 @@ def test_sandboxes_of_a_dead_process_are_cleaned_up(provider, buggy_repo, monkey
     sandbox = provider.create(RepoSource(str(buggy_repo)))
     root = provider.state_dir / sandbox.id
     meta = root / "meta.json"
+    listed = {entry["id"]: entry for entry in provider.sandboxes()}
+    assert listed[sandbox.id]["owner_alive"] is True
     meta.write_text(meta.read_text().replace(f'"owner_pid": {os.getpid()}', '"owner_pid": 999999999'))
+    assert {entry["id"]: entry for entry in provider.sandboxes()}[sandbox.id]["owner_alive"] is False
     monkeypatch.setattr(local_mod, "_reaped", set())
     provider.create(RepoSource(str(buggy_repo))).release()  # the next create sweeps
     assert not root.exists()

@@ -163,6 +163,14 @@ class LocalProvider:
             labels=labels,
         )
 
+    def sandboxes(self) -> list[dict[str, object]]:
+        """The sandboxes in this provider's state_dir (any process's): id, owner, labels, creation time."""
+        return list_sandboxes(self.state_dir)
+
+    def reap_stale(self) -> list[str]:
+        """Remove sandboxes left behind by processes that died without releasing them; their ids."""
+        return reap_stale(self.state_dir)
+
 
 def find_bwrap() -> str:
     """The path of a working `bwrap`. Raises ConfigError naming the fix when it is missing or cannot make
@@ -267,6 +275,7 @@ class LocalSandbox:
         root = state_dir / self.id
         self._res = _Resources(root=root, repo_dir=root / "ws" / os.path.relpath(workdir, WORKSPACE))
         self._res.lease = prepared.lease
+        self._res.labels = self.labels
         self._finalizer = weakref.finalize(self, self._res.cleanup)
         try:
             self._setup(bwrap, prepared)
@@ -697,6 +706,8 @@ class _Resources:
         self.mounted = False
         self.limits: _Limits | None = None
         self.lease: CheckoutLease | None = None
+        self.labels: dict[str, str] = {}
+        self.created = time.time()
         self.released = False
         self._commands: set[_Command] = set()
         self._lock = threading.Lock()
@@ -722,6 +733,8 @@ class _Resources:
     def write_meta(self) -> None:
         _write_owner_meta(
             self.root,
+            created=self.created,
+            labels=self.labels,
             mounted=self.mounted,
             repo_dir=str(self.repo_dir),
             cgroups=[str(d) for d in self.limits.dirs] if self.limits else [],
@@ -1219,12 +1232,37 @@ def _reap_stale_once(state_dir: Path) -> None:
         if state_dir in _reaped:
             return
         _reaped.add(state_dir)
+    reap_stale(state_dir)
+
+
+def reap_stale(state_dir: Path) -> list[str]:
+    """Remove what processes that died without releasing left in `state_dir` (their cgroups, overlay mounts and
+    folders); the names removed. Sandboxes of live processes, or of another pid namespace, are left alone."""
     try:
         entries = list(state_dir.iterdir())
     except OSError:
-        return
+        return []
+    removed = []
     for root in entries:
-        _guard("reap a stale sandbox", _reap_if_stale, root)
+        try:
+            if _reap_if_stale(root):
+                removed.append(root.name)
+        except Exception as exc:
+            log.warning("could not remove stale sandbox %s: %s", root.name, exc)
+    return removed
+
+
+def list_sandboxes(state_dir: Path) -> list[dict[str, object]]:
+    """The local sandboxes in `state_dir`: id, owner pid, whether the owner is alive, labels, creation time."""
+    found = []
+    for meta_file in sorted(state_dir.glob("local-*/meta.json")):
+        with contextlib.suppress(OSError, ValueError):
+            meta = json.loads(meta_file.read_text())
+            pid = int(meta.get("owner_pid", 0))
+            alive = meta.get("pidns") == _pidns() and _start_time(pid) == meta.get("owner_start")
+            found.append({"id": meta_file.parent.name, "owner_pid": pid, "owner_alive": alive,
+                          "labels": meta.get("labels", {}), "created": meta.get("created")})  # fmt: skip
+    return found
 
 
 def _prepare_state_dir(state_dir: Path) -> None:
@@ -1244,24 +1282,25 @@ def _write_owner_meta(path: Path, **extra: object) -> None:
     _write(path / "meta.json", json.dumps(meta))
 
 
-def _reap_if_stale(root: Path) -> None:
+def _reap_if_stale(root: Path) -> bool:
     meta = None
     for name in ("meta.json", ".owner.json"):
         with contextlib.suppress(OSError, ValueError):
             meta = json.loads((root / name).read_text())
             break
     if meta is None or meta.get("pidns") != _pidns():  # another pid namespace: its pids mean nothing here
-        return
+        return False
     pid = int(meta.get("owner_pid", 0))
     if pid and _start_time(pid) == meta.get("owner_start"):
-        return  # the owner is alive
+        return False  # the owner is alive
     if meta.get("kind") == "etc":
         shutil.rmtree(root)
-        return
+        return True
     log.warning("removing sandbox %s left behind by process %s", root.name, pid)
     _empty_and_remove([Path(d) for d in meta.get("cgroups", []) if Path(d).exists()])
     repo_dir = Path(meta["repo_dir"])
     _remove_root(root, repo_dir, bool(meta.get("mounted")))
+    return True
 
 
 def _start_time(pid: int) -> str | None:
