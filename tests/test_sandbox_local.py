@@ -119,6 +119,13 @@ def test_stdin_env_and_cwd_are_honoured(sbx):
     assert sbx.exec("exit 3").exit_code == 3
 
 
+def test_a_command_longer_than_the_kernel_allows_for_one_argument_still_runs(sbx):
+    body = "x" * 300_000
+    result = sbx.exec(f"cat > big.txt <<'EOF'\n{body}\nEOF\nwc -c < big.txt; echo $PWD")
+    assert result.stdout.split() == ["300001", "/workspace/repo"]
+    assert sbx.exec("ls -A /tmp").stdout == ""  # the script file is gone
+
+
 def test_files_read_write_exists(sbx):
     sbx.files.write("/workspace/repo/pkg/sub/new.py", "x = 1\n")
     assert sbx.files.exists("/workspace/repo/pkg/sub/new.py")

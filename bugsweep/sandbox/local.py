@@ -96,6 +96,8 @@ ETC_ALLOW = (
     "profile", "protocols", "python3", "resolv.conf", "services", "shells", "ssl", "terminfo", "timezone",
 )  # fmt: skip
 
+#: Longer commands are passed to bash as a script file (Linux caps one argument at 128 KiB).
+_MAX_ARG_BYTES = 64 * 1024
 #: files.read_text/read_bytes refuse bigger files, so a sandboxed process cannot make the host read 100 GB.
 MAX_READ_BYTES = 64 * 1024 * 1024
 
@@ -417,7 +419,13 @@ class LocalSandbox:
             argv = [*self._argv_head, "--info-fd", str(info_w)]
             if not (network and self.settings.setup_network):
                 argv.append("--unshare-net")
-            argv += ["--chdir", cwd or self.workdir, "/bin/bash", "-c", command]
+            if len(command.encode()) <= _MAX_ARG_BYTES:
+                argv += ["--chdir", cwd or self.workdir, "/bin/bash", "-c", command]
+            else:  # the kernel refuses a single argument over 128 KiB (a big heredoc): run it from a file
+                script = res.root / "tmp" / f".bugsweep-command-{uuid.uuid4().hex}.sh"
+                script.write_text(command)
+                stack.callback(script.unlink, missing_ok=True)
+                argv += ["--chdir", cwd or self.workdir, "/bin/bash", f"/tmp/{script.name}"]
 
             start = time.monotonic()
             try:
