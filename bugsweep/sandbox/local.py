@@ -65,7 +65,7 @@ import threading
 import time
 import uuid
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -771,9 +771,9 @@ def _remove_root(root: Path, repo_dir: Path, mounted: bool) -> None:
         shutil.rmtree(root)
 
 
-def _guard(what: str, fn: object, *args: object) -> None:
+def _guard(what: str, fn: Callable[..., object], *args: object) -> None:
     try:
-        fn(*args)  # type: ignore[operator]
+        fn(*args)
     except Exception as exc:
         log.warning("sandbox cleanup: could not %s: %s", what, exc)
 
