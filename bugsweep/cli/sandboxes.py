@@ -60,11 +60,19 @@ def cleanup(
     from bugsweep.errors import BugsweepError
 
     labels = parse_labels(label)
+    if backend == "local":
+        # Local sandboxes die with the process that made them; what a killed process left (mounts, cgroups,
+        # folders) is reaped here. Sandboxes of live processes are never touched, whatever their labels.
+        from bugsweep.sandbox.local import LocalProvider
+        from bugsweep.settings import SandboxSettings
+
+        removed = LocalProvider(SandboxSettings()).reap_stale()
+        for name in removed:
+            typer.echo(f"removed {name}")
+        typer.echo(f"{len(removed)} left-over local sandboxes removed")
+        return
     if not labels and not all_:
         _fail("give at least one --label KEY=VALUE, or --all to delete every bugsweep sandbox")
-    if backend == "local":
-        typer.echo("local sandboxes end with the process that made them: nothing to clean up")
-        return
     if backend != "runtime":
         _fail(f"unknown backend {backend!r}: choose 'runtime' or 'local'")
     from bugsweep.sandbox.runtime import RuntimeProvider
@@ -94,8 +102,20 @@ def list_(
     """List the live bugsweep sandboxes whose labels all match: id, state, labels."""
     from bugsweep.errors import BugsweepError
 
+    if backend == "local":
+        from bugsweep.sandbox.local import LocalProvider
+        from bugsweep.settings import SandboxSettings
+
+        wanted = parse_labels(label)
+        for entry in LocalProvider(SandboxSettings()).sandboxes():
+            have = entry.get("labels") or {}
+            if isinstance(have, dict) and all(have.get(k) == v for k, v in wanted.items()):
+                tags = ",".join(f"{k}={v}" for k, v in sorted(have.items()))
+                alive = "running" if entry.get("owner_alive") else "left over"
+                typer.echo(f"{entry.get('id')}\towner pid {entry.get('owner_pid', '?')} ({alive})\t{tags}")
+        return
     if backend != "runtime":
-        _fail("only the 'runtime' backend keeps sandboxes that can be listed")
+        _fail(f"unknown backend {backend!r}: choose 'runtime' or 'local'")
     from bugsweep.sandbox.runtime import RuntimeProvider
 
     provider = RuntimeProvider()
