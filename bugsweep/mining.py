@@ -470,7 +470,16 @@ def _judge_exit_codes(before: Sequence[TestRun], after: Sequence[TestRun]) -> Ve
     return Verdict(None)
 
 
+def _is_collection_error(test_id: str) -> bool:
+    """pytest reports a module that does not import as one pseudo-test named after the module (`tests.py::tests`)."""
+    path, _, name = test_id.partition("::")
+    return bool(name) and name.replace(".", "/") == path.removesuffix(".py")
+
+
 def _ids(what: str, ids: set[str], limit: int = 4) -> str:
+    broken = sorted(t for t in ids if _is_collection_error(t))
+    if broken:
+        what += f" ({', '.join(t.partition('::')[0] for t in broken)} could not be imported or collected)"
     shown = sorted(ids)[:limit]
     more = f" and {len(ids) - limit} more" if len(ids) > limit else ""
     return f"{what}: {', '.join(shown)}{more}"
