@@ -104,6 +104,13 @@ def test_edit_replaces_exactly_one_occurrence(box: Toolbox, repo: Path) -> None:
     assert "return a + b" in (repo / "calc.py").read_text()
     assert out.content.startswith("Edited calc.py")
     assert "return a + b" in out.content  # the model sees the result of its edit
+    assert out.content.endswith("Run the tests to check the fix.")
+
+
+def test_edit_names_the_test_command_as_the_next_step(repo: Path) -> None:
+    box = Toolbox(DirSandbox(repo), AgentSettings(), test_command="python -m pytest -q")
+    out = box.call("edit_file", args(path="calc.py", old="a - b", new="a + b"))
+    assert out.content.endswith("Run the tests to check the fix: python -m pytest -q")
 
 
 def test_edit_accepts_absolute_path_inside_repo(box: Toolbox, repo: Path) -> None:
@@ -187,8 +194,32 @@ def test_refusing_a_test_file_names_the_code_it_imports(box: Toolbox) -> None:
     out = box.call("edit_file", args(path="tests/test_calc.py", old="== 5", new="== -1"))
     assert not out.ok
     assert (
-        "tests/test_calc.py imports code from calc.py: read that file and fix the bug there." in out.content
+        "tests/test_calc.py uses add, mul from calc.py: read that file and fix the bug there." in out.content
     )
+
+
+def test_refusal_points_past_a_re_exporting_package_to_the_defining_module(tmp_path: Path) -> None:
+    repo = make_repo(
+        tmp_path / "pkgrepo",
+        {
+            "textstats/__init__.py": "from .core import word_count\n",
+            "textstats/core.py": "def word_count(text):\n    return len(text.split(' '))\n",
+            "tests/test_core.py": "from textstats import word_count\n\n\ndef test_wc():\n    assert word_count('a  b') == 2\n",
+        },
+    )
+    box = Toolbox(DirSandbox(repo), AgentSettings())
+    out = box.call("edit_file", args(path="tests/test_core.py", old="", new=""))
+    assert "tests/test_core.py uses word_count from textstats/core.py: read that file" in out.content
+
+
+def test_refusal_for_plain_imports_names_the_module_file(tmp_path: Path) -> None:
+    files = {
+        "calc.py": "def add(a, b):\n    return a - b\n",
+        "test_calc.py": "import calc\n\n\ndef test_add():\n    assert calc.add(1, 1) == 2\n",
+    }
+    box = Toolbox(DirSandbox(make_repo(tmp_path / "plain", files)), AgentSettings())
+    out = box.call("edit_file", args(path="test_calc.py", old="a", new="b"))
+    assert "test_calc.py imports code from calc.py: read that file and fix the bug there." in out.content
 
 
 def test_list_files_shallowest_first(box: Toolbox) -> None:

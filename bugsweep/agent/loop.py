@@ -136,7 +136,13 @@ class _AgentRun:
         if model_settings is not None and hasattr(model_settings, "api_key"):
             secrets.append(model_settings.api_key.get_secret_value())
         self.trajectory = Trajectory(trajectory_path, secrets=secrets)
-        self.toolbox = Toolbox(sandbox, settings, protected_paths=protected_paths, time_left=self._wall_left)
+        self.toolbox = Toolbox(
+            sandbox,
+            settings,
+            protected_paths=protected_paths,
+            time_left=self._wall_left,
+            test_command=test_command,
+        )
         self.tools = self.toolbox.schemas()
         self.messages: list[dict[str, Any]] = []
         self.result_indices: list[int] = []

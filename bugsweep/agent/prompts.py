@@ -243,16 +243,18 @@ def bad_line_range(path: str, total: int) -> str:
 # -- edit_file -----------------------------------------------------------------------------------------------
 
 
-def protected_file(path: str, code_files: list[str] | None = None) -> str:
-    """The refusal names the code the test imports when it can: that is where the fix belongs."""
+def protected_file(path: str, names: list[str], code_files: list[str]) -> str:
+    """The refusal names the code under test when it can: that is where the fix belongs."""
     text = (
         f"Error: {path} is a test file and cannot be edited. The test describes the correct behaviour; "
         "the bug is in the code under test."
     )
-    if code_files:
-        names = " and ".join(code_files)
-        text += f" {path} imports code from {names}: read {'those files' if len(code_files) > 1 else 'that file'} "
-        text += "and fix the bug there."
+    where = "those files" if len(code_files) > 1 else "that file"
+    if code_files and names:
+        shown = ", ".join(names[:6])
+        text += f" {path} uses {shown} from {' and '.join(code_files)}: read {where} and fix the bug there."
+    elif code_files:
+        text += f" {path} imports code from {' and '.join(code_files)}: read {where} and fix the bug there."
     else:
         text += " Find the file that defines the code the test calls and fix the bug there."
     return text
@@ -287,11 +289,21 @@ def old_not_unique(path: str, count: int, lines: list[int]) -> str:
     )
 
 
-def edit_done(path: str, first: int, last: int, snippet: str, loose: bool = False) -> str:
+def edit_done(
+    path: str, first: int, last: int, snippet: str, loose: bool = False, test_command: str | None = None
+) -> str:
     how = (
         " (old matched the file only when differences in spaces and line breaks are ignored)" if loose else ""
     )
-    return f"Edited {path}{how}. Lines {first}-{last} changed; with the lines around them the file now reads:\n{snippet}"
+    check = (
+        f"Run the tests to check the fix: {test_command.strip()}"
+        if test_command
+        else "Run the tests to check the fix."
+    )
+    return (
+        f"Edited {path}{how}. Lines {first}-{last} changed; with the lines around them the file now reads:\n"
+        f"{snippet}\n{check}"
+    )
 
 
 def edit_breaks_syntax(path: str, message: str, line: int, numbered: str) -> str:

@@ -84,12 +84,15 @@ class Toolbox:
         *,
         protected_paths: Iterable[str] = (),
         time_left: Callable[[], float | None] = lambda: None,
+        test_command: str | None = None,
     ) -> None:
         self.sandbox = sandbox
         self.settings = settings
         self.workdir = posixpath.normpath(sandbox.workdir)
         self.protected_paths = tuple(protected_paths)
         self.time_left = time_left
+        self.test_command = test_command
+        """Named after each successful edit as the next step (a small model otherwise finishes untested)."""
         self._real_workdir: str | None = None
 
     def schemas(self) -> list[dict[str, Any]]:
@@ -208,15 +211,46 @@ class Toolbox:
         paths = sorted((p for p in result.stdout.split("\n") if p), key=lambda p: (p.count("/"), p))
         return paths[:limit], max(len(paths) - limit, 0)
 
-    def _imported_code_files(self, real: str, rel: str) -> list[str]:
-        """Repository files that a Python test file imports (at most three, test files excluded): where the fix
-        most likely belongs, named in the refusal so that a small model knows where to go next."""
+    def _code_under_test(self, real: str, rel: str) -> tuple[list[str], list[str]]:
+        """(names, files): what a Python test file imports and the repository files that define it (at most
+        three, test files excluded). Named in the refusal, so that a small model knows where to go next.
+
+        First the definitions (`def NAME` / `class NAME`) of the names it imports with `from ... import`, found with
+        grep inside the sandbox: a package's __init__ that only re-exports is not where the bug is. Failing that,
+        the files its imports resolve to.
+        """
         if not rel.endswith(".py"):
-            return []
+            return [], []
         try:
             source = self.sandbox.files.read_text(real)
         except Exception:
-            return []
+            return [], []
+        imported = [
+            name.strip()
+            for m in _IMPORT.finditer(source)
+            for name in (m.group(2) or "").split(",")
+            if name.strip().isidentifier() and not name.strip().startswith("test")
+        ]
+        imported = list(dict.fromkeys(imported))[:12]
+        if imported:
+            alternatives = "|".join(imported)
+            grep = (
+                "grep -rnE --include='*.py' "
+                + shlex.quote(rf"^[[:space:]]*(async[[:space:]]+)?(def|class)[[:space:]]+({alternatives})\b")
+                + " . | head -50"
+            )
+            result = self.sandbox.exec(grep, timeout=60, stdin="")
+            defined: dict[str, list[str]] = {}
+            for line in result.stdout.split("\n"):
+                path = line.split(":", 1)[0].removeprefix("./")
+                if path and line.count(":") >= 2 and not self._is_protected(path):
+                    defined.setdefault(path, [])
+            if defined:
+                return imported, list(defined)[:3]
+        return imported, self._imported_module_files(source, rel)
+
+    def _imported_module_files(self, source: str, rel: str) -> list[str]:
+        """Repository files that the imports of `source` resolve to (at most three, test files excluded)."""
         candidates: list[str] = []
         here = posixpath.dirname(rel)
         for match in _IMPORT.finditer(source):
@@ -325,8 +359,8 @@ class Toolbox:
             self.workdir,
         )
         if self._is_protected(rel, lexical_rel):
-            code = self._imported_code_files(real, rel) if kind == "file" else []
-            return ToolOutcome(prompts.protected_file(rel, code), ok=False, short_arg=rel)
+            names, code = self._code_under_test(real, rel) if kind == "file" else ([], [])
+            return ToolOutcome(prompts.protected_file(rel, names, code), ok=False, short_arg=rel)
         if old == "":
             return self._create(real, rel, kind, parent_exists, new)
         refusal = self._refuse_kind(kind, rel)
@@ -364,7 +398,7 @@ class Toolbox:
                     prompts.edit_breaks_syntax(rel, message, line, shown), ok=False, short_arg=rel
                 )
         self.sandbox.files.write(real, updated)
-        text = prompts.edit_done(rel, first, last, _snippet(updated, first, last), loose)
+        text = prompts.edit_done(rel, first, last, _snippet(updated, first, last), loose, self.test_command)
         return ToolOutcome(text, short_arg=rel)
 
     def _create(self, real: str, rel: str, kind: str, parent_exists: bool, new: str) -> ToolOutcome:
