@@ -50,6 +50,10 @@ FIX_PATTERN = re.compile(
     r"|\b(issue|closes|resolves|fixes|gh)\s*-?#?\d+|(^|\s)#\d+\b",
     re.IGNORECASE,
 )
+#: The first line of a pull request's (or branch's) merge commit; the PR title follows on the next line.
+MERGE_LINE = re.compile(
+    r"^\s*Merge (pull request #\d+|branch '[^']*'|remote-tracking branch '[^']*')( of \S+)?( into \S+)?"
+)
 #: Messages that look like fixes but are not bug fixes to learn from.
 NOT_A_FIX_PATTERN = re.compile(r"^\s*(revert\b|merge\b|release\b|bump\b|prepare release)", re.IGNORECASE)
 #: Single-module test suites of older projects (`tests.py`), counted as test files too when mining.
@@ -98,8 +102,23 @@ class Commit:
     changes: list[tuple[str, str]]
 
     @property
+    def is_merge(self) -> bool:
+        return len(self.parents) > 1
+
+    @property
     def subject(self) -> str:
-        return self.message.strip().splitlines()[0].strip() if self.message.strip() else ""
+        """The task text: the first line, or for a pull request's merge commit the PR title (the next line)."""
+        lines = [line.strip() for line in self.message.strip().splitlines() if line.strip()]
+        if not lines:
+            return ""
+        if MERGE_LINE.match(lines[0]) and len(lines) > 1:
+            return lines[1]
+        return lines[0]
+
+    @property
+    def text_to_match(self) -> str:
+        """What the fix keywords are matched on: a merge's "Merge pull request #N" says nothing, its branch may."""
+        return MERGE_LINE.sub(" ", self.message, count=1)
 
 
 @dataclass
@@ -201,10 +220,20 @@ def local_clone(repo: str, cache_dir: Path | None = None) -> Path:
 
 
 def scan_history(
-    repo: Path, *, branch: str | None = None, since: str | None = None, max_commits: int | None = None
+    repo: Path,
+    *,
+    branch: str | None = None,
+    since: str | None = None,
+    max_commits: int | None = None,
+    merges: bool = False,
 ) -> Iterator[Commit]:
-    """Commits reachable from `branch` (default HEAD), newest first, merges left out, with their changed files."""
-    args = ["rev-list", "--no-merges"]
+    """Commits reachable from `branch` (default HEAD), newest first, with their changed files.
+
+    By default every commit that is not a merge. With `merges=True`, the merge commits of the branch's own line
+    (`--first-parent`), each with its whole change against the first parent: a merged pull request as one
+    candidate, for projects whose pull requests put the fix and its test in separate commits.
+    """
+    args = ["rev-list", "--first-parent", "--merges"] if merges else ["rev-list", "--no-merges"]
     if since:
         args.append(f"--since={since}")
     if max_commits:
@@ -213,12 +242,16 @@ def scan_history(
     for sha in _git(repo, *args).split():
         meta = _git(repo, "show", "-s", "--format=%P%n%cI%n%B", sha)
         parents_line, date, message = [*meta.split("\n", 2), "", ""][:3]
-        status = _git(repo, "diff-tree", "--no-commit-id", "-r", "-z", "--name-status", "--no-renames", sha)
+        parents = parents_line.split()
+        if len(parents) > 1:
+            status = _git(repo, "diff", "-z", "--name-status", "--no-renames", parents[0], sha)
+        else:
+            status = _git(
+                repo, "diff-tree", "--no-commit-id", "-r", "-z", "--name-status", "--no-renames", sha
+            )
         fields = status.split("\0")
         changes = [(fields[i], fields[i + 1]) for i in range(0, len(fields) - 1, 2) if fields[i]]
-        yield Commit(
-            sha=sha, parents=parents_line.split(), date=date.strip(), message=message, changes=changes
-        )
+        yield Commit(sha=sha, parents=parents, date=date.strip(), message=message, changes=changes)
 
 
 # -- screening -------------------------------------------------------------------------------------------------
@@ -240,8 +273,9 @@ def is_runnable_test(path: str) -> bool:
     )
 
 
-def looks_like_fix(message: str) -> bool:
-    first = message.strip().splitlines()[0] if message.strip() else ""
+def looks_like_fix(message: str, subject: str | None = None) -> bool:
+    """Fix keywords anywhere in `message`, and a subject (default: the first line) that is no revert or release."""
+    first = subject if subject is not None else (message.strip().splitlines()[0] if message.strip() else "")
     return not NOT_A_FIX_PATTERN.search(first) and bool(FIX_PATTERN.search(message))
 
 
@@ -263,7 +297,7 @@ def screen(commit: Commit, test_globs: Sequence[str] = MINING_TEST_GLOBS) -> Scr
         return reject(RejectReason.NO_TEST_CHANGE, detail)
     if not sources:
         return reject(RejectReason.NO_SOURCE_CHANGE, f"changes tests only ({', '.join(runnable[:3])})")
-    if not looks_like_fix(commit.message):
+    if not looks_like_fix(commit.text_to_match, commit.subject):
         return reject(RejectReason.NOT_A_FIX, "no fix keyword in the message (fix, bug, error, #123, ...)")
     return Screened(commit=commit, test_files=tests, runnable_tests=runnable, source_files=sources)
 
@@ -578,12 +612,13 @@ def mine(
     setup_command: str | None = None,
     runs: int = 3,
     max_candidates: int | None = None,
+    merges: bool = False,
     out: Path | None = None,
     on_progress: ProgressCallback | None = None,
     test_timeout: float = 900.0,
     task_prefix: str | None = None,
 ) -> MiningResult:
-    """Scan `repo`'s history newest first and keep up to `limit` validated tasks.
+    """Scan `repo`'s history newest first and keep up to `limit` validated tasks (`merges`: see scan_history).
 
     `out`, when given, is rewritten (atomically) after every kept task, so an interrupted run keeps what it found.
     """
@@ -597,7 +632,9 @@ def mine(
         result.elapsed_s = time.monotonic() - started
         return result
 
-    for commit in scan_history(git_dir, branch=branch, since=since, max_commits=max_candidates):
+    for commit in scan_history(
+        git_dir, branch=branch, since=since, max_commits=max_candidates, merges=merges
+    ):
         if len(result.tasks) >= limit:
             break
         result.scanned += 1

@@ -329,3 +329,46 @@ def test_mine_command_writes_tasks_and_says_why_it_skipped(tmp_path: Path) -> No
                           capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "0 task(s) from 0 commits scanned" in proc.stdout and not (tmp_path / "none.jsonl").exists()
+
+
+@needs_bwrap
+def test_merged_pull_requests_are_candidates_with_merges(tmp_path: Path) -> None:
+    """A pull request whose fix and test are separate commits: no task commit by commit, one task as a merge."""
+    from bugsweep.sandbox import get_provider
+
+    repo = make_repo(
+        tmp_path / "repo", {"calc.py": CALC, "tests/test_calc.py": TEST_MUL, "pyproject.toml": PYPROJECT}
+    )
+    git(repo, "checkout", "-q", "-b", "fix-add")
+    write_files(repo, {"calc.py": CALC.replace("a - b", "a + b")})
+    commit_all(repo, "wip")
+    write_files(repo, {"tests/test_calc.py": TEST_MUL.replace("import mul", "import add, mul")
+                       + "\n\ndef test_add():\n    assert add(2, 3) == 5\n"})  # fmt: skip
+    commit_all(repo, "add a test")
+    git(repo, "checkout", "-q", "main")
+    git(
+        repo,
+        "merge",
+        "-q",
+        "--no-ff",
+        "fix-add",
+        "-m",
+        "Merge pull request #5 from me/fix-add\n\nadd() returned the difference",
+    )
+    merge_sha = git(repo, "rev-parse", "HEAD")
+
+    provider = get_provider("local")
+    by_commit = mine(str(repo), provider=provider, runs=1)
+    assert by_commit.tasks == []
+    assert {r.reason for r in by_commit.rejected} >= {
+        RejectReason.NO_TEST_CHANGE,
+        RejectReason.NO_SOURCE_CHANGE,
+    }
+
+    by_pr = mine(str(repo), provider=provider, runs=1, merges=True)
+    (task,) = by_pr.tasks
+    assert task.fix_commit == merge_sha
+    assert task.problem_statement == "add() returned the difference"
+    assert task.base_commit == git(repo, "rev-parse", "HEAD^1")
+    assert task.FAIL_TO_PASS == ["tests/test_calc.py::test_add"]
+    assert "calc.py" not in task.test_patch.replace("tests/test_calc.py", "")

@@ -59,6 +59,14 @@ def mine_command(
     name: Annotated[
         str | None, typer.Option(help="Prefix of the instance ids (default: the repository's name).")
     ] = None,
+    merges: Annotated[
+        bool,
+        typer.Option(
+            "--merges",
+            help="Take merged pull requests instead of single commits: each merge commit of the branch with its "
+            "whole change, the PR title as the task (for projects whose PRs split the fix and its test).",
+        ),
+    ] = False,
 ) -> None:
     """Find bug-fix commits with tests in REPO's history and turn them into validated tasks.
 
@@ -98,6 +106,7 @@ def mine_command(
             out=out,
             on_progress=show,
             task_prefix=name,
+            merges=merges,
         )
     except BugsweepError as exc:
         _fail(str(exc))
