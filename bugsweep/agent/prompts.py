@@ -4,6 +4,17 @@ messages and the nudge. Kept in one file because it is tuned as a whole.
 Written for small open models (a 1.5B model on a laptop must do well with it), which copy whatever they see: no
 placeholder paths or commands, no example dialogue, no magic strings. Each error says what went wrong and what to
 do next, in words the model can act on directly.
+
+Tuned against the embedded Qwen2.5-Coder-1.5B (temperature 0, local sandbox) on two one-line bugs: the calc repo
+(add subtracts) and a package whose __init__ re-exports a module with a word-count bug. What it did, and the change:
+- read the test, tried to edit it, then called finish with the refusal text as its summary ("finish when you cannot
+  make progress" invited that): finish is now "after the tests pass", and the refusal names the file that defines
+  what the test imports (found with grep), not the re-exporting __init__ it edited instead;
+- read one line (start_line=end_line=1) and edited blind: a file that fits in the cap is now returned whole;
+- wrote `old` with the function's two lines joined on one line, four times in a row: a single whitespace-insensitive
+  match is now applied (and an edit that would break Python syntax is refused instead);
+- edited, then finished without running the tests: a successful edit now names the test command as the next step.
+With these, both tasks were resolved (7 turns, about a minute each), the tests run before finish.
 """
 
 from __future__ import annotations
