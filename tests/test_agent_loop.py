@@ -132,6 +132,27 @@ def test_history_keeps_the_whole_assistant_message_and_a_stable_prefix(
     assert second[: len(first)] == first
 
 
+def test_calls_after_finish_in_the_same_reply_are_not_run(
+    scripted_model, sandbox: Sandbox, tmp_path: Path
+) -> None:
+    server = scripted_model(
+        [
+            {
+                "content": None,
+                "tool_calls": [
+                    {"name": "run", "arguments": {"command": "touch before"}},
+                    {"name": "finish", "arguments": {"summary": "done"}},
+                    {"name": "run", "arguments": {"command": "touch after"}},
+                ],
+            },
+        ]
+    )
+    result, _ = solve(server, sandbox, tmp_path)
+    assert result.stop_reason == "finished" and result.summary == "done"
+    assert sandbox.files.exists(f"{sandbox.workdir}/before")
+    assert not sandbox.files.exists(f"{sandbox.workdir}/after")
+
+
 # -- format errors and the nudge -----------------------------------------------------------------------------
 
 
@@ -298,7 +319,7 @@ def test_max_cost_counts_cached_tokens_at_their_price(
 
 def test_max_wall_time_also_caps_a_running_command(scripted_model, sandbox: Sandbox, tmp_path: Path) -> None:
     server = scripted_model([tool_call("run", command="sleep 60")] * 3)
-    result, _ = solve(server, sandbox, tmp_path, AgentSettings(max_wall_s=1.5))
+    result, _ = solve(server, sandbox, tmp_path, AgentSettings(max_wall_s=3))
     assert result.stop_reason == "max_wall" and result.turns == 1
     assert "timed out" in [m for m in result.messages if m["role"] == "tool"][-1]["content"]
 
@@ -312,11 +333,11 @@ def test_transient_errors_are_retried(scripted_model, sandbox: Sandbox, tmp_path
             {"status": 429, "headers": {"Retry-After": "0.3"}},
             {"status": 503},
             {"drop": True},
-            {"sleep": 2, **tool_call("run", command="true")},  # answers after the client's timeout
+            {"sleep": 3, **tool_call("run", command="true")},  # answers after the client's timeout
             tool_call("finish", summary="ok"),
         ]
     )
-    model = chat_model(server, max_retries=4, request_timeout_s=0.5)
+    model = chat_model(server, max_retries=4, request_timeout_s=1.0)
     result, events = solve(server, sandbox, tmp_path, model=model)
     assert result.stop_reason == "finished" and result.turns == 1
     assert len(server.requests) == 5
