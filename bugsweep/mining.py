@@ -22,11 +22,13 @@ yielded what it did.
 
 from __future__ import annotations
 
+import configparser
 import hashlib
 import re
 import shlex
 import subprocess
 import time
+import tomllib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -319,37 +321,85 @@ def _show(repo: Path, commit: str, path: str) -> str | None:
     return proc.stdout if proc.returncode == 0 else None
 
 
+#: Names of the extra / dependency group / tox section that holds test dependencies.
+TEST_GROUP_NAMES = ("tests", "test", "testing")
+_PLAIN_REQUIREMENT = re.compile(
+    r"^[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9,._-]+\])?\s*([<>=!~]=?\s*[\w.*+!-]+\s*,?\s*)*$"
+)
+
+
+def _pyproject_test_deps(text: str) -> tuple[str | None, list[str]]:
+    """(the test extra's name, the test dependency group's requirements) from pyproject.toml."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError:
+        return None, []
+    extras = data.get("project", {}).get("optional-dependencies", {}) or {}
+    extra = next((g for g in TEST_GROUP_NAMES if g in extras), None)
+    groups = data.get("dependency-groups", {}) or {}
+    group: list[object] = next((groups[g] for g in TEST_GROUP_NAMES if g in groups), [])
+    return extra, [r for r in group if isinstance(r, str)]  # {include-group = ...} tables are left out
+
+
+def _setup_cfg_extra(text: str) -> str | None:
+    cfg = configparser.ConfigParser(interpolation=None)
+    try:
+        cfg.read_string(text)
+    except configparser.Error:
+        return None
+    if not cfg.has_section("options.extras_require"):
+        return None
+    return next((g for g in TEST_GROUP_NAMES if cfg.has_option("options.extras_require", g)), None)
+
+
+def _tox_deps(text: str) -> list[str]:
+    """The plain requirements of tox.ini's [testenv] deps (factor-conditional and templated lines left out)."""
+    cfg = configparser.ConfigParser(interpolation=None)
+    try:
+        cfg.read_string(text)
+    except configparser.Error:
+        return []
+    if not cfg.has_option("testenv", "deps"):
+        return []
+    lines = [line.strip() for line in cfg.get("testenv", "deps").splitlines()]
+    return [line for line in lines if line and "{" not in line and _PLAIN_REQUIREMENT.match(line)]
+
+
 def detect_commands(repo: Path, commit: str, test_files: Sequence[str]) -> Commands:
     """Setup and test commands for common Python layouts, read from the tree at `commit`.
 
-    - pyproject.toml with [project] or [build-system], or setup.py: `pip install -e .`
-      (with the `test`/`tests`/`testing` extra when pyproject.toml declares one), then a test requirements file
-      (TEST_REQUIREMENTS) if there is one.
-    - tests are run with `python -m pytest -q <changed test modules>` (pytest also runs unittest-style tests, and
+    - pyproject.toml with [project] or [build-system], or setup.py: `pip install -e .`, with the
+      `tests`/`test`/`testing` extra when pyproject.toml or setup.cfg declares one;
+    - then the test dependencies where the project keeps them: a requirements file (TEST_REQUIREMENTS), a
+      `tests`/`test`/`testing` dependency group in pyproject.toml, or tox.ini's [testenv] deps;
+    - tests run with `python -m pytest -q <changed test modules>` (pytest also runs unittest-style tests, and
       gives per-test results the grader reads).
     """
     names = set(_git(repo, "ls-tree", "-r", "--name-only", commit).split("\n"))
     why: list[str] = []
     steps: list[str] = []
     pyproject = _show(repo, commit, "pyproject.toml") if "pyproject.toml" in names else None
+    extra, group = _pyproject_test_deps(pyproject) if pyproject else (None, [])
+    if extra is None and "setup.cfg" in names:
+        extra = _setup_cfg_extra(_show(repo, commit, "setup.cfg") or "")
     installable = "setup.py" in names or bool(
         pyproject and re.search(r"^\[(project|build-system)\]", pyproject, re.M)
     )
     if installable:
-        extra = ""
-        if pyproject:
-            m = re.search(
-                r"^\[project\.optional-dependencies\][^\[]*?^(tests?|testing)\s*=", pyproject, re.M | re.S
-            )
-            extra = f"[{m.group(1)}]" if m else ""
-        steps.append(f"pip install -e .{extra}" if not extra else f"pip install -e '.{extra}'")
+        steps.append(f"pip install -e '.[{extra}]'" if extra else "pip install -e .")
         why.append(
-            "setup.py/pyproject.toml: pip install -e ." + (f" with the {extra} extra" if extra else "")
+            "setup.py/pyproject.toml: pip install -e ." + (f" with the [{extra}] extra" if extra else "")
         )
     reqs = next((r for r in TEST_REQUIREMENTS if r in names), None)
     if reqs:
         steps.append(f"pip install -r {reqs}")
         why.append(f"test requirements in {reqs}")
+    elif group:
+        steps.append("pip install " + " ".join(shlex.quote(r) for r in group))
+        why.append("the test dependency group in pyproject.toml")
+    elif "tox.ini" in names and (deps := _tox_deps(_show(repo, commit, "tox.ini") or "")):
+        steps.append("pip install " + " ".join(shlex.quote(r) for r in deps))
+        why.append("tox.ini [testenv] deps")
     test = "python -m pytest -q " + " ".join(shlex.quote(t) for t in test_files) if test_files else None
     if test:
         why.append("pytest on the changed test modules")

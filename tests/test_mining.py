@@ -188,6 +188,22 @@ def test_detected_commands_for_common_layouts(tmp_path: Path) -> None:
     cmds = detect_commands(legacy, git(legacy, "rev-parse", "HEAD"), ["tests.py"])
     assert cmds.setup == "pip install -e . && pip install -r requirements/tests.txt"
 
+    # test dependencies in a PEP 735 dependency group, or in tox.ini's [testenv] deps
+    grouped = make_repo(tmp_path / "grouped", {
+        "pyproject.toml": '[project]\nname = "g"\n\n[dependency-groups]\ntests = ["pytest>=8", "freezegun"]\n',
+        "tests/test_g.py": "def test_x():\n    pass\n",
+    })  # fmt: skip
+    cmds = detect_commands(grouped, git(grouped, "rev-parse", "HEAD"), ["tests/test_g.py"])
+    assert cmds.setup == "pip install -e . && pip install 'pytest>=8' freezegun"
+    toxed = make_repo(tmp_path / "toxed", {
+        "setup.py": "from setuptools import setup\nsetup(name='t')\n",
+        "tox.ini": "[tox]\nenvlist = py3\n\n[testenv]\ndeps =\n    pytest\n    freezegun\n    py38: mock\n"
+        "    -r{toxinidir}/docs.txt\ncommands = pytest\n",
+        "tests/test_t.py": "def test_x():\n    pass\n",
+    })  # fmt: skip
+    cmds = detect_commands(toxed, git(toxed, "rev-parse", "HEAD"), ["tests/test_t.py"])
+    assert cmds.setup == "pip install -e . && pip install pytest freezegun"
+
 
 def _run(tests: dict[str, str] | None, exit_code: int = 1) -> TestRun:
     return TestRun(
