@@ -93,7 +93,6 @@ class Toolbox:
         self.time_left = time_left
         self.test_command = test_command
         """Named after each successful edit as the next step (a small model otherwise finishes untested)."""
-        self._real_workdir: str | None = None
 
     def schemas(self) -> list[dict[str, Any]]:
         s = self.settings
@@ -193,7 +192,6 @@ class Toolbox:
             # realpath failed (e.g. a symlink loop): refuse rather than guess.
             return ToolOutcome(prompts.no_such_file(path), ok=False, short_arg=short(path))
         real_root, real, kind, parent = lines
-        self._real_workdir = real_root
         if not self._inside(real, real_root) or real == real_root:
             return ToolOutcome(prompts.path_outside_repo(path, self.workdir), ok=False, short_arg=short(path))
         rel = posixpath.relpath(real, real_root)
