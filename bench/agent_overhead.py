@@ -192,7 +192,8 @@ def main() -> None:
     args = parser.parse_args()
     logging.disable(logging.WARNING)
     os.environ.setdefault("MSWEA_COST_TRACKING", "ignore_errors")
-    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # else litellm's import tries the network 3 times
+    # Without this, importing litellm tries to download its price list (3 tries) on an offline machine.
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     import litellm
 
     litellm.suppress_debug_info = True  # its "Provider List" banner on every unknown-price lookup
