@@ -13,7 +13,7 @@ Where the time goes: per-step medians on both sides (the core's from `solve_task
 from the task runs' start and end times in the Prefect API), the flow's time before the first task and after
 the last, and the cost of one empty Prefect task run measured in the same flow engine.
 
-Usage: python bench/orchestration.py [--tasks 6] [--concurrency 1 3] [--json out.json]
+Usage: python bench/orchestration.py [--tasks 6] [--concurrency 1 3] [--repeat 2] [--json out.json]
 Needs: Linux, root, bubblewrap; starts (and stops) its own Prefect server.
 """
 
@@ -148,10 +148,14 @@ def run_flow(
         (min(starts) - flow_run.start_time).total_seconds() if starts and flow_run.start_time else None
     )
     after_last = (flow_run.end_time - max(ends)).total_seconds() if ends and flow_run.end_time else None
+    step_total = sum(
+        sum(v) for k, v in steps.items() if k in {"setup", "baseline", "solve", "regrade", "upload"}
+    )
     return {
         "wall_s": wall,
         "resolved": sum(g.resolved for g in grades),
         "steps": steps,
+        "gap_per_task_s": (sum(steps.get("solve-one", [])) - step_total) / max(1, len(tasks)),
         "flow_run_s": flow_run.total_run_time.total_seconds(),
         "before_first_task_s": before_first,
         "after_last_task_s": after_last,
@@ -178,6 +182,31 @@ def empty_task_cost(n: int = 40) -> float:
     return float(empty_tasks())
 
 
+def summarize_level(cores: list[dict[str, Any]], flows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Walls and ratios of each repetition, their medians, and per-step medians over all repetitions."""
+
+    def pooled(runs: list[dict[str, Any]]) -> dict[str, list[float]]:
+        steps: dict[str, list[float]] = {}
+        for run in runs:
+            for name, values in run["steps"].items():
+                steps.setdefault(name, []).extend(values)
+        return steps
+
+    ratios = [f["wall_s"] / c["wall_s"] for c, f in zip(cores, flows, strict=True)]
+    return {
+        "core_wall_s": [round(c["wall_s"], 2) for c in cores],
+        "flow_wall_s": [round(f["wall_s"], 2) for f in flows],
+        "ratios": [round(r, 3) for r in ratios],
+        "median_ratio": round(statistics.median(ratios), 3),
+        "resolved": [[c["resolved"], f["resolved"]] for c, f in zip(cores, flows, strict=True)],
+        "core_steps": medians(pooled(cores)),
+        "flow_steps": medians(pooled(flows)),
+        "flow_gap_per_task_s": [round(f["gap_per_task_s"], 3) for f in flows],
+        "flow_before_first_task_s": [f["before_first_task_s"] for f in flows],
+        "flow_after_last_task_s": [f["after_last_task_s"] for f in flows],
+    }
+
+
 def medians(steps: dict[str, list[float]]) -> dict[str, float]:
     return {name: round(statistics.median(v), 3) for name, v in sorted(steps.items())}
 
@@ -186,6 +215,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--tasks", type=int, default=6)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 3])
+    parser.add_argument(
+        "--repeat", type=int, default=2, help="Alternate core and flow this many times per level."
+    )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     os.environ.setdefault("BUGSWEEP_RETRY_DELAYS_S", "1,5")
@@ -216,30 +248,37 @@ def main() -> None:
             "empty_task_run_s": empty,
         }
         for c in args.concurrency:
-            core = run_core(make_tasks(work, args.tasks, f"core{c}"), model.base_url, c, work / f"core-{c}")
-            flow = run_flow(
-                make_tasks(work, args.tasks, f"flow{c}"), "bench-model", "bench-store", c, work / f"flow-{c}"
-            )
-            results[f"c{c}"] = {
-                "core_wall_s": round(core["wall_s"], 2),
-                "flow_wall_s": round(flow["wall_s"], 2),
-                "ratio": round(flow["wall_s"] / core["wall_s"], 3),
-                "resolved": [core["resolved"], flow["resolved"]],
-                "core_steps": medians(core["steps"]),
-                "flow_steps": medians(flow["steps"]),
-                "flow_before_first_task_s": flow["before_first_task_s"],
-                "flow_after_last_task_s": flow["after_last_task_s"],
-            }
+            cores: list[dict[str, Any]] = []
+            flows: list[dict[str, Any]] = []
+            for r in range(args.repeat):  # alternate, so both sides see the same machine load
+                cores.append(
+                    run_core(
+                        make_tasks(work, args.tasks, f"core{c}-{r}"),
+                        model.base_url,
+                        c,
+                        work / f"core-{c}-{r}",
+                    )
+                )
+                flows.append(
+                    run_flow(
+                        make_tasks(work, args.tasks, f"flow{c}-{r}"),
+                        "bench-model",
+                        "bench-store",
+                        c,
+                        work / f"flow-{c}-{r}",
+                    )
+                )
+            results[f"c{c}"] = summarize_level(cores, flows)
             print(json.dumps({f"c{c}": results[f"c{c}"]}, indent=2), flush=True)
+        if args.json:
+            args.json.write_text(json.dumps(results, indent=2))
         model.stop()
     finally:
         from prefect.logging.handlers import APILogHandler
 
-        APILogHandler.flush()  # send the last run logs before the server goes away
+        APILogHandler().flush()  # send the last run logs before the server goes away
         server.stop()
     print(json.dumps({k: v for k, v in results.items() if not k.startswith("c")}, indent=2))
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=2))
 
 
 if __name__ == "__main__":

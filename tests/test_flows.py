@@ -17,7 +17,7 @@ import json
 import signal
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from pydantic import SecretStr
@@ -25,7 +25,9 @@ from pydantic import SecretStr
 from bugsweep.spec import TaskSpec, dump_tasks
 from bugsweep.testing.repos import commit_all, make_repo
 from bugsweep.testing.scripted_model import ScriptedModelServer, tool_call
-from tests.support.seaweed import SeaweedServer
+
+if TYPE_CHECKING:
+    from tests.support.seaweed import SeaweedServer
 
 pytest_plugins = ["tests.support.prefect_server", "tests.support.seaweed"]
 pytestmark = [pytest.mark.prefect, pytest.mark.s3]

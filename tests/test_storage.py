@@ -10,7 +10,7 @@ import json
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from pydantic import SecretStr
@@ -26,7 +26,11 @@ from bugsweep.storage import (
     run_key,
     upload_run,
 )
-from tests.support.seaweed import SECRET_KEY, SeaweedServer, seaweed  # noqa: F401  (session fixture)
+
+if TYPE_CHECKING:
+    from tests.support.seaweed import SeaweedServer
+
+pytest_plugins = ["tests.support.seaweed"]
 
 pytestmark = pytest.mark.s3
 
@@ -85,7 +89,7 @@ def test_local_store_keeps_a_run_folder_under_its_key(tmp_path: Path) -> None:
         store.put_bytes("../escape.txt", b"x")
 
 
-def test_s3_objects_land_under_prefix_sweep_task_model(seaweed: SeaweedServer, tmp_path: Path) -> None:  # noqa: F811
+def test_s3_objects_land_under_prefix_sweep_task_model(seaweed: SeaweedServer, tmp_path: Path) -> None:
     run = make_run_dir(tmp_path)
     store = seaweed.new_store(prefix="bugsweep/runs")
 
@@ -107,7 +111,7 @@ def test_s3_objects_land_under_prefix_sweep_task_model(seaweed: SeaweedServer, t
         store.get_bytes("nightly/calc-1/qwen_coder/nothing.txt")
 
 
-def test_s3_store_from_settings_and_a_task_file_read_from_s3(seaweed: SeaweedServer) -> None:  # noqa: F811
+def test_s3_store_from_settings_and_a_task_file_read_from_s3(seaweed: SeaweedServer) -> None:
     bucket_store = seaweed.new_store(prefix="")
     bucket_store.put_bytes(
         "sets/tasks.jsonl", b'{"repo": "/r", "problem_statement": "p", "test_command": "t"}\n'
@@ -121,7 +125,7 @@ def test_s3_store_from_settings_and_a_task_file_read_from_s3(seaweed: SeaweedSer
     store = open_store(settings)
     assert isinstance(store, S3Store)
     assert store.location == f"s3://{bucket_store.bucket}/artifacts"
-    assert SECRET_KEY not in repr(store)
+    assert bucket_store.secret_access_key.get_secret_value() not in repr(store)  # type: ignore[union-attr]
 
     text = read_text(f"s3://{bucket_store.bucket}/sets/tasks.jsonl", store)
     assert json.loads(text)["problem_statement"] == "p"
@@ -129,7 +133,7 @@ def test_s3_store_from_settings_and_a_task_file_read_from_s3(seaweed: SeaweedSer
         read_text(f"s3://{bucket_store.bucket}/sets/missing.jsonl", store)
 
 
-def test_s3_wrong_secret_fails_at_once_without_retries(seaweed: SeaweedServer, tmp_path: Path) -> None:  # noqa: F811
+def test_s3_wrong_secret_fails_at_once_without_retries(seaweed: SeaweedServer, tmp_path: Path) -> None:
     good = seaweed.new_store()
     bad = S3Store(
         bucket=good.bucket,
@@ -148,6 +152,8 @@ def test_s3_wrong_secret_fails_at_once_without_retries(seaweed: SeaweedServer, t
 @pytest.fixture(scope="module")
 def outage_server(tmp_path_factory: pytest.TempPathFactory):
     """A server of these tests' own, because they stop it (the shared one stays up for everyone else)."""
+    from tests.support.seaweed import SeaweedServer
+
     server = SeaweedServer(tmp_path_factory.mktemp("seaweed-outage")).start()
     try:
         yield server
