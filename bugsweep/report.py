@@ -415,7 +415,7 @@ def render_chart_svg(report: ComparisonReport) -> str:
     """Horizontal bars: each model's resolve rate with its 95% interval as a whisker. Inline SVG, no scripts."""
     bar_h, gap, label_w, plot_w = 26, 14, 200, 520
     height = 40 + len(report.models) * (bar_h + gap) + 30
-    width = label_w + plot_w + 60
+    width = label_w + plot_w + 190  # room for "100% (72%-100%)" right of the bars
     parts = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img" '
         f'aria-label="Resolve rate per model with 95% confidence interval" font-family="sans-serif" font-size="13">'
