@@ -47,13 +47,13 @@ def generated_history(root: Path, fixes: int) -> Path:
     )
     source = ""
     for i in range(fixes):
-        source += f"\n\ndef f{i}(x):\n    return x - {i}\n"
+        source += f"\n\ndef f{i}(x):\n    return x - {i + 1}\n"
         write_files(repo, {"lib.py": source})
         commit_all(repo, f"Add f{i}")
-        source = source.replace(f"return x - {i}", f"return x + {i}")
+        source = source.replace(f"return x - {i + 1}", f"return x + {i + 1}")
         write_files(repo, {
             "lib.py": source,
-            f"tests/test_f{i}.py": f"from lib import f{i}\n\n\ndef test_f{i}():\n    assert f{i}(1) == 1 + {i}\n",
+            f"tests/test_f{i}.py": f"from lib import f{i}\n\n\ndef test_f{i}():\n    assert f{i}(1) == 1 + {i + 1}\n",
         })  # fmt: skip
         commit_all(repo, f"Fix f{i} subtracting instead of adding")
         write_files(repo, {"README.md": f"lib, with f0..f{i}\n"})
@@ -93,11 +93,11 @@ def bench_compare(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     tasks = []
     for i in range(args.tasks):
         repo = make_repo(work / f"task{i}", {
-            "calc.py": f"def f(x):\n    return x - {i}\n",
-            "tests/test_calc.py": f"from calc import f\n\n\ndef test_f():\n    assert f(1) == 1 + {i}\n",
+            "calc.py": f"def f(x):\n    return x - {i + 1}\n",
+            "tests/test_calc.py": f"from calc import f\n\n\ndef test_f():\n    assert f(1) == 1 + {i + 1}\n",
             "pyproject.toml": '[tool.pytest.ini_options]\npythonpath = ["."]\n',
         })  # fmt: skip
-        tasks.append(TaskSpec(instance_id=f"t{i}", repo=str(repo), problem_statement=f"f() must add {i}",
+        tasks.append(TaskSpec(instance_id=f"t{i}", repo=str(repo), problem_statement=f"f() must add {i + 1}",
                               test_command="python -m pytest -q"))  # fmt: skip
     tasks_file = work / "tasks.jsonl"
     dump_tasks(tasks, tasks_file)

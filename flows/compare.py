@@ -208,9 +208,7 @@ def publish(
         table=artifact_table(report),
         description=f"Resolve rate per model over {tasks} task(s) x {runs} run(s), with 95% Wilson intervals.",
     )
-    create_markdown_artifact(
-        key=steps.artifact_key(name, "report"), markdown=render_markdown(report)
-    )
+    create_markdown_artifact(key=steps.artifact_key(name, "report"), markdown=render_markdown(report))
     logger.info("report: %s", ", ".join(str(p) for p in paths.values()))
 
 
