@@ -165,6 +165,18 @@ def test_reply_without_tool_call_gets_the_nudge(scripted_model, sandbox: Sandbox
     assert result.stop_reason == "finished"
 
 
+def test_unreadable_text_tool_call_gets_an_error_that_quotes_it(
+    scripted_model, sandbox: Sandbox, tmp_path: Path
+) -> None:
+    broken = '<tool_call>\n{"name": "run", "arguments": {"command": "ls"}\n</tool_call>'
+    server = scripted_model([text_reply(broken), tool_call("finish", summary="x")])
+    _, events = solve(server, sandbox, tmp_path)
+    last = server.requests[1]["messages"][-1]
+    assert last["role"] == "user" and last["content"].startswith("Error: your tool call could not be read")
+    assert '{"name": "run"' in last["content"]
+    assert not [e for e in events if e.kind == "nudge"]
+
+
 def test_consecutive_format_errors_stop_the_run(scripted_model, sandbox: Sandbox, tmp_path: Path) -> None:
     server = scripted_model(
         [

@@ -18,7 +18,14 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from bugsweep.agent import prompts
-from bugsweep.agent.model import ChatModel, ContextLengthExceeded, ModelReply, ToolCall, Usage
+from bugsweep.agent.model import (
+    ChatModel,
+    ContextLengthExceeded,
+    ModelReply,
+    ToolCall,
+    Usage,
+    unreadable_text_tool_call,
+)
 from bugsweep.agent.tools import Toolbox, ToolOutcome, short
 from bugsweep.agent.trajectory import Trajectory
 from bugsweep.sandbox.base import Sandbox
@@ -213,9 +220,14 @@ class _AgentRun:
 
         if not reply.tool_calls:
             self._format_error("the reply had no tool call")
-            self._append({"role": "user", "content": prompts.NUDGE})
+            broken = unreadable_text_tool_call(reply.content)
+            if broken is not None:
+                self._append({"role": "user", "content": prompts.unreadable_text_call(broken)})
+                self._emit("error", detail="a tool call written as text could not be read")
+            else:
+                self._append({"role": "user", "content": prompts.NUDGE})
+                self._emit("nudge", detail=prompts.NUDGE)
             self.trajectory.save()
-            self._emit("nudge", detail=prompts.NUDGE)
             return False
 
         usable = False

@@ -325,6 +325,17 @@ def recover_text_tool_calls(content: str) -> list[ToolCall]:
     return calls
 
 
+def unreadable_text_tool_call(content: str) -> str | None:
+    """The start of what looks like a tool call written as text that could not be read (a <tool_call> tag, or a
+    fenced block naming a tool, whose JSON does not parse); None when the reply does not look like one."""
+    blocks = [m.group(1) for m in _TAGGED.finditer(content)]
+    blocks += [m.group(1) for m in _FENCED.finditer(content) if re.search(r'"name"\s*:', m.group(1))]
+    for block in blocks:
+        if not any(_as_call(obj) for obj in _json_objects(block.strip())):
+            return block.strip()
+    return None
+
+
 def _json_objects(text: str) -> list[Any]:
     try:
         value = json.loads(text)

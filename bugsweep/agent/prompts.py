@@ -339,6 +339,16 @@ def finished(summary: str) -> str:
 # -- recovered text tool calls -------------------------------------------------------------------------------
 
 
+def unreadable_text_call(sent: str) -> str:
+    """For a reply that wrote a tool call as text which does not parse: better than the bare nudge, because it
+    says what was wrong."""
+    start = sent[:200] + ("..." if len(sent) > 200 else "")
+    return (
+        f"Error: your tool call could not be read: it is not valid JSON with a tool name and its arguments. "
+        f"You sent: {start!r}\nCall the tool again with valid JSON arguments, or call finish."
+    )
+
+
 def recovered_result(tool: str, content: str) -> str:
     """A tool result sent back as a user message (the call was written as text, so there is no tool_call_id)."""
     return f"Result of {tool}:\n{content}"
