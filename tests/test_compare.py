@@ -99,7 +99,7 @@ def test_compare_two_models_on_two_tasks(
             [
                 "compare", "--tasks", str(tasks_file),
                 "--model", f"fixer={good.base_url},FIXER_KEY", "--model", f"quitter={bad.base_url}",
-                "--runs", "2", "--concurrency", "4", "--max-turns", "5",
+                "--runs", "2", "--concurrency", "4", "--max-turns", "5", "--price", "fixer=1.0,2.0",
             ],
         )  # fmt: skip
     assert result.exit_code == 0, result.output
@@ -121,6 +121,11 @@ def test_compare_two_models_on_two_tasks(
     )
     assert by_model["fixer"]["mean_turns"] == 2 and by_model["quitter"]["mean_turns"] == 1
     assert by_model["fixer"]["prompt_tokens"] > 0
+    paid = by_model["fixer"]
+    assert paid["cost_usd"] == pytest.approx(
+        (paid["prompt_tokens"] * 1.0 + paid["completion_tokens"] * 2.0) / 1e6
+    )
+    assert by_model["quitter"]["cost_usd"] == 0
     (pair,) = data["pairs"]
     assert (pair["a"], pair["b"], pair["mean_diff"], pair["a_better"]) == ("fixer", "quitter", 1.0, 2)
     assert [row["instance_id"] for row in data["tasks"]] == ["calc-add", "calc-mul"]

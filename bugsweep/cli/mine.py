@@ -7,7 +7,7 @@ Exit codes: 0 done, 1 mining found no task, 2 could not run (bad arguments, unre
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
@@ -163,6 +163,13 @@ def compare_command(
         str | None,
         typer.Option(help="Name of the comparison, the runs' folder (default: compare-<tasks file>)."),
     ] = None,
+    price: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="NAME=PROMPT,COMPLETION: a model's USD per million prompt and completion tokens, for the cost "
+            "column and --max-cost (default 0, as for a self-hosted model)."
+        ),
+    ] = None,
     max_turns: Annotated[int, typer.Option(help="Model replies per run before the agent stops.")] = 40,
     max_cost: Annotated[
         float | None, typer.Option(help="Token cost per run (USD) before the agent stops.")
@@ -188,6 +195,7 @@ def compare_command(
         from flows.compare import ModelEntry, compare
 
         entries = [ModelEntry.parse(m) for m in model]
+        apply_prices(entries, price or [])
         for entry in entries:
             entry.settings()  # fails now, not thirty runs later, when a key variable is missing
         if not tasks.startswith("s3://") and not Path(tasks).is_file():
@@ -224,6 +232,21 @@ def compare_command(
         console.print(f"wall time {report.wall_s:.0f} s for runs adding up to {report.sum_run_wall_s:.0f} s")
     if report.report_dir:
         console.print(f"report: {Path(report.report_dir) / 'report.html'}")
+
+
+def apply_prices(entries: list[Any], prices: list[str]) -> None:
+    """Set each `--price NAME=PROMPT,COMPLETION` on the model entry of that name."""
+    by_name = {e.name: e for e in entries}
+    for text in prices:
+        name, _, values = text.partition("=")
+        parts = values.split(",")
+        if name not in by_name or len(parts) != 2:
+            _fail(f"--price {text!r}: expected NAME=PROMPT,COMPLETION for one of the --model names")
+        try:
+            prompt, completion = float(parts[0]), float(parts[1])
+        except ValueError:
+            _fail(f"--price {text!r}: prices must be numbers (USD per million tokens)")
+        by_name[name].price_prompt_per_mtok, by_name[name].price_completion_per_mtok = prompt, completion
 
 
 def _fail(message: str) -> NoReturn:
