@@ -152,6 +152,14 @@ def solve_bug(
     The run ends Completed with the grade when the task could be run (resolved or not), and Failed when it could
     not (setup failed, tests already passing, an outage that outlasted the retries) or its artifacts could not
     be uploaded; grade.json says which kind of failure it was either way.
+
+    Args:
+        task: The bug: a repository (git URL or a path on the worker), the task text, and the test command.
+        sweep: Folder name in the artifact store (SWEEP/TASK/MODEL); runs of one sweep share it.
+        model_block: Name of a ModelEndpoint block; when the default one does not exist, the LLM_* variables.
+        sandbox: Where commands run: `local` (bubblewrap on the worker) or `runtime` (Runtime microVMs).
+        store_block: Name of an ArtifactStoreBlock (S3 or a folder); default missing: BUGSWEEP_STORE_URL.
+        limits: The agent's budget: turns, tokens, cost, wall-clock time.
     """
     run = load_run_config(model_block, sandbox, store_block, limits, flow_run_id=current_flow_run_id())
     with model_endpoint(run) as run:

@@ -64,6 +64,19 @@ def sweep(
 
     A task that cannot be run becomes a failed grade and never stops the others. Tasks already graded for this
     model at this commit under the same sweep name are skipped, unless `redo_graded`.
+
+    Args:
+        source: A task file (`kind: file`, a path on the worker or s3://), or a repository and branch
+            (`kind: repo`) whose failing test files become the tasks.
+        name: Sweep name, the folder in the artifact store; default: the task file's or repository's name.
+        model_block: Name of a ModelEndpoint block; when the default one does not exist, the LLM_* variables.
+        sandbox: Where commands run: `local` (bubblewrap on the worker) or `runtime` (Runtime microVMs).
+        store_block: Name of an ArtifactStoreBlock (S3 or a folder); default missing: BUGSWEEP_STORE_URL.
+        limits: The agent's budget per task: turns, tokens, cost, wall-clock time.
+        concurrency: Tasks at once (in this process, or solve-bug runs in flight on the workers).
+        run_on: `this-process`, or `workers`: each task as a run of the solve-bug deployment, on any worker.
+        deployment: The solve-bug deployment to use with `run_on: workers`.
+        redo_graded: Run tasks again even when already graded for this model and commit.
     """
     run = load_run_config(model_block, sandbox, store_block, limits, flow_run_id=current_flow_run_id())
     sweep_name = name or default_name(source)
