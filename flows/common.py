@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, Field
 
-from bugsweep.errors import BugsweepError, ConfigError, failure_kind
+from bugsweep.errors import BugsweepError, ConfigError
 from bugsweep.grading import Grade
 from bugsweep.settings import AgentSettings, ModelSettings, SandboxSettings
 from bugsweep.spec import TaskSpec
@@ -247,9 +247,9 @@ def failed_grade(
 
 def classify(exc: BaseException) -> str:
     """failure_kind, with a step's timeout counted as infrastructure (a hung sandbox or endpoint)."""
-    if isinstance(exc, TimeoutError):
-        return "infra"
-    return failure_kind(exc) if isinstance(exc, Exception) else "cancelled"
+    from tasks.steps import step_failure_kind
+
+    return step_failure_kind(exc)
 
 
 def previous_grade(store: ArtifactStore, key: str, spec: TaskSpec) -> Grade | None:

@@ -57,9 +57,18 @@ def _exception(state: State[Any]) -> BaseException | None:
         return data
     try:
         result = state.result(raise_on_failure=False)
-    except BaseException as exc:  # a failed state can raise its exception here
+    except Exception as exc:  # a failed state can raise its exception here
         return exc
     return result if isinstance(result, BaseException) else None
+
+
+def step_failure_kind(exc: BaseException | None) -> str:
+    """bugsweep's failure_kind, with a step's timeout counted as infrastructure (a hung sandbox or endpoint)."""
+    if isinstance(exc, TimeoutError):
+        return "infra"
+    if exc is None or isinstance(exc, Exception):
+        return failure_kind(exc) if exc else "crash"
+    return "cancelled"  # KeyboardInterrupt, a termination signal
 
 
 def retry_on_infra(task: Task[..., Any], task_run: TaskRun, state: State[Any]) -> bool:
@@ -78,7 +87,7 @@ def log_failure_kind(task: Task[..., Any], task_run: TaskRun, state: State[Any])
     from prefect.logging.loggers import task_run_logger
 
     exc = _exception(state)
-    kind = failure_kind(exc) if isinstance(exc, Exception) else "crash"
+    kind = step_failure_kind(exc)
     task_run_logger(task_run, task).warning(
         "step %s (%s) ended by a %s failure: %s",
         task.name,
