@@ -25,7 +25,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.support.seaweed import die_with_parent
+from tests.support.processes import die_with_parent
 
 STARTUP_TIMEOUT_S = 120
 

@@ -24,6 +24,7 @@ import pytest
 from pydantic import SecretStr
 
 from bugsweep.storage import S3Store
+from tests.support.processes import die_with_parent
 
 ACCESS_KEY = "bugsweep-test"
 SECRET_KEY = "bugsweep-test-secret"
@@ -32,16 +33,6 @@ _PORT_FLAGS = [
     "master.port", "master.port.grpc", "volume.port", "volume.port.grpc", "filer.port", "filer.port.grpc",
     "s3.port", "s3.port.grpc", "s3.port.iceberg", "s3.port.lance", "admin.port", "admin.port.grpc", "metricsPort",
 ]  # fmt: skip
-
-
-def die_with_parent() -> None:
-    """preexec_fn: the kernel sends SIGTERM to the child when the test process dies, even if killed, so a
-    crashed test session never leaves a server behind. The kernel ties this to the *thread* that started the
-    child: start servers from a thread that outlives them (the main thread)."""
-    import ctypes
-
-    pr_set_pdeathsig = 1
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
 
 
 def free_ports(count: int) -> list[int]:
