@@ -150,8 +150,17 @@ def test_edit_that_breaks_python_syntax_is_refused(box: Toolbox, repo: Path) -> 
         "edit_file", args(path="calc.py", old="    return a - b", new="  return a + b\n    x = (1")
     )
     assert not out.ok
-    assert "calc.py would no longer be valid Python" in out.content and "line 3" in out.content
+    assert "calc.py would no longer be valid Python" in out.content and "The file is unchanged" in out.content
+    assert "2|    return a - b" in out.content  # the lines as they still are, not as they would have been
     assert (repo / "calc.py").read_text() == before
+
+
+def test_old_equal_to_new_but_absent_reports_not_found(box: Toolbox) -> None:
+    """A model that believes an edit was made repeats it with old == new: show it the real lines instead."""
+    out = box.call("edit_file", args(path="calc.py", old="return a + b", new="return a + b"))
+    assert "was not found in calc.py" in out.content and "2|    return a - b" in out.content
+    same = box.call("edit_file", args(path="calc.py", old="return a - b", new="return a - b"))
+    assert "old and new are the same" in same.content
 
 
 def test_non_python_files_are_not_syntax_checked(box: Toolbox, repo: Path) -> None:

@@ -317,11 +317,13 @@ def edit_done(
     )
 
 
-def edit_breaks_syntax(path: str, message: str, line: int, numbered: str) -> str:
+def edit_breaks_syntax(path: str, message: str, numbered: str) -> str:
     return (
-        f"Error: the edit was not made, because {path} would no longer be valid Python ({message}, line {line}). "
-        f"The file would read (line number, then |, then the line):\n{numbered}\n"
-        "Check the indentation and brackets in new, and call edit_file again."
+        f"Error: the edit was not made: with it, {path} would no longer be valid Python ({message}). "
+        f"The file is unchanged; around that place it still reads (line number, then |, then the line):\n"
+        f"{numbered}\n"
+        "Put every line you want to change into old, copied exactly, and all of their replacement lines, "
+        "with the same indentation, into new. Then call edit_file again."
     )
 
 

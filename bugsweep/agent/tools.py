@@ -364,8 +364,6 @@ class Toolbox:
         refusal = self._refuse_kind(kind, rel)
         if refusal:
             return refusal
-        if old == new:
-            return ToolOutcome(prompts.old_equals_new(rel), ok=False, short_arg=rel)
         try:
             content = self.sandbox.files.read_text(real)
         except UnicodeDecodeError:
@@ -383,6 +381,10 @@ class Toolbox:
         if len(spans) > 1:
             lines = [content.count("\n", 0, i) + 1 for i, _ in spans]
             return ToolOutcome(prompts.old_not_unique(rel, len(spans), lines), ok=False, short_arg=rel)
+        if old == new:
+            # Checked only after the match: when old is not in the file, "not found" with the real lines tells the
+            # model more (a small model that believes its edit was made repeats it with old == new).
+            return ToolOutcome(prompts.old_equals_new(rel), ok=False, short_arg=rel)
         [(start, end)] = spans
         updated = content[:start] + new + content[end:]
         first = updated.count("\n", 0, start) + 1
@@ -390,11 +392,13 @@ class Toolbox:
         if rel.endswith(".py"):
             broken = _new_syntax_error(content, updated, rel)
             if broken is not None:
-                line, message = broken
-                shown = _numbered(updated, line - 2, line + 2)
-                return ToolOutcome(
-                    prompts.edit_breaks_syntax(rel, message, line, shown), ok=False, short_arg=rel
-                )
+                message = broken[1]
+                # Show the file as it still is, around the place of the edit: showing the would-be file made a
+                # small model believe the edit had been made.
+                old_first = content.count("\n", 0, start) + 1
+                old_last = old_first + content.count("\n", start, end)
+                shown = _numbered(content, old_first - 2, old_last + 2)
+                return ToolOutcome(prompts.edit_breaks_syntax(rel, message, shown), ok=False, short_arg=rel)
         self.sandbox.files.write(real, updated)
         text = prompts.edit_done(rel, first, last, _snippet(updated, first, last), loose, self.test_command)
         return ToolOutcome(text, short_arg=rel)
