@@ -13,8 +13,12 @@ Tuned against the embedded Qwen2.5-Coder-1.5B (temperature 0, local sandbox) on 
 - read one line (start_line=end_line=1) and edited blind: a file that fits in the cap is now returned whole;
 - wrote `old` with the function's two lines joined on one line, four times in a row: a single whitespace-insensitive
   match is now applied (and an edit that would break Python syntax is refused instead);
-- edited, then finished without running the tests: a successful edit now names the test command as the next step.
-With these, both tasks were resolved (7 turns, about a minute each), the tests run before finish.
+- edited, then finished without running the tests: a successful edit now names the test command as the next step;
+- replaced only a `def` line, was refused for the syntax error, took the would-be file shown in the refusal for the
+  real one, and repeated the edit with old == new until max_turns: the refusal now shows the file as it still is,
+  and old == new is only reported when old is actually in the file (else "not found" shows the real lines).
+With these, both tasks were resolved (7 turns, 1-2 minutes each), with the tests run before finish. Replies at
+temperature 0 still vary between runs (the server's prompt cache), so a single run proves little.
 """
 
 from __future__ import annotations
