@@ -8,6 +8,7 @@ the call the UI's Run button makes. Stand-in: the scripted model server (real HT
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 import time
@@ -32,8 +33,17 @@ FINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
 
 
 def fixer(body: dict[str, Any]) -> dict[str, Any]:
-    """Fix on the first turn, finish on the next; works for any number of tasks at once."""
-    if any(m.get("role") == "tool" for m in body["messages"]):
+    """Fix on the first turn, finish on the next; works for any number of tasks at once.
+
+    A task whose text says CANCEL-ME instead runs the tests, then stalls the next reply, so the run is mid-task
+    when the test cancels it."""
+    cancel_me = "CANCEL-ME" in json.dumps(body["messages"][:2])
+    answered = any(m.get("role") == "tool" for m in body["messages"])
+    if cancel_me:
+        if answered:
+            return {"sleep": 45, **tool_call("finish", summary="too late")}
+        return tool_call("run", command="python -m pytest -q || true")
+    if answered:
         return tool_call("finish", summary="add() now adds")
     return tool_call("edit_file", path="calc.py", old="return a - b", new="return a + b")
 
@@ -200,3 +210,74 @@ def test_a_sweep_fans_out_to_both_workers_and_collects_every_grade(
     assert all(re.search(rf"{task_id}.*?true", str(rows), re.IGNORECASE) for task_id in ids), (
         "every grade collected, resolved"
     )
+
+
+def sandboxes_of(pid: int) -> list[Path]:
+    """The local sandboxes a process made (their meta.json names the owner process)."""
+    import tempfile
+
+    root = Path(tempfile.gettempdir()) / "bugsweep-sandboxes"
+    found = []
+    for meta in root.glob("local-*/meta.json"):
+        try:
+            if json.loads(meta.read_text()).get("owner_pid") == pid:
+                found.append(meta.parent)
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+def sandbox_leftovers(sandbox_dirs: list[Path]) -> list[str]:
+    """Mounts, processes and cgroups of these local sandboxes still on the machine."""
+    mounts = Path("/proc/mounts").read_text()
+    found = [f"mount {d}" for d in sandbox_dirs if str(d) in mounts]
+    for proc in Path("/proc").iterdir():
+        try:
+            cmdline = (proc / "cmdline").read_bytes().decode(errors="replace") if proc.name.isdigit() else ""
+        except OSError:
+            continue
+        found += [f"process {proc.name}" for d in sandbox_dirs if d.name in cmdline]
+    for d in sandbox_dirs:
+        meta = d / "meta.json"
+        cgroups = json.loads(meta.read_text()).get("cgroups", []) if meta.exists() else []
+        found += [f"cgroup {c}" for c in cgroups if Path(c).exists()]
+    return found
+
+
+def test_cancelling_a_run_from_the_ui_releases_its_sandbox(deployed: Deployed, tmp_path: Path) -> None:
+    """Cancel from the UI (the API call its Cancel button makes) while the agent waits for the model."""
+    repo = make_repo(tmp_path / "calc")
+    task = TaskSpec(
+        instance_id="calc-cancel",
+        repo=str(repo),
+        problem_statement="CANCEL-ME",
+        test_command="python -m pytest -q",
+    )
+    run_id = deployed.run_deployment(
+        "solve-bug/solve-bug", {"task": task.model_dump(mode="json"), "sweep": "cancel"}
+    )
+
+    def stalled() -> bool:  # the second model request has come: the agent ran a command and now waits
+        return any("CANCEL-ME" in json.dumps(r["messages"][:2]) and any(m.get("role") == "tool" for m in r["messages"])
+                   for r in list(deployed.model.requests))  # fmt: skip
+
+    deadline = time.monotonic() + 150
+    while not stalled() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert stalled(), "the run reached the agent loop"
+    run = deployed.api("GET", f"/flow_runs/{run_id}")
+    sandboxes = sandboxes_of(int(str(run["infrastructure_pid"]).rsplit(":", 1)[-1]))
+    assert sandboxes and sandbox_leftovers(sandboxes), "the run holds a mounted sandbox"
+
+    deployed.api(
+        "POST", f"/flow_runs/{run_id}/set_state", json={"state": {"type": "CANCELLING"}, "force": True}
+    )
+    run = deployed.wait(run_id, timeout_s=120)
+
+    assert run["state"]["type"] == "CANCELLED"
+    deadline = (
+        time.monotonic() + 20
+    )  # the state is set as the run's process ends: allow its cleanup to finish
+    while sandbox_leftovers(sandboxes) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert sandbox_leftovers(sandboxes) == []
