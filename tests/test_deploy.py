@@ -1,4 +1,5 @@
-"""Deployment end to end, as a user runs it: server, blocks, deploy, a run from the UI's API, process workers.
+"""Deployment end to end, as a user runs it: server, blocks, deploy, runs from the UI's API, process workers:
+one run, a sweep shared by two workers, and a run cancelled mid-task.
 
 Real parts: `prefect server start` (SQLite, its own PREFECT_HOME), `bugsweep blocks create` and `bugsweep deploy`
 run as commands, two `prefect worker start` process workers running the flows in their own processes, the
