@@ -156,6 +156,12 @@ def test_compare_two_models_on_two_tasks(
         artifacts = client.read_artifacts(
             artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["compare-tasks"]))
         )
+        flow_runs = client.read_flow_runs()
+    compare_runs = [r for r in flow_runs if r.name and r.parameters.get("models")]
+    assert compare_runs, "the compare-models flow run is recorded in Prefect"
+    assert all(
+        SECRET not in json.dumps(r.parameters, default=str) for r in flow_runs
+    )  # only FIXER_KEY's name
     assert artifacts and artifacts[-1].type == "table"
     rows = json.loads(artifacts[-1].data) if isinstance(artifacts[-1].data, str) else artifacts[-1].data
     assert {r["model"]: r["rate"] for r in rows} == {"fixer": "100%", "quitter": "0%"}
