@@ -30,6 +30,7 @@ import subprocess
 import time
 import tomllib
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path, PurePosixPath
@@ -663,6 +664,7 @@ def mine(
     runs: int = 3,
     max_candidates: int | None = None,
     merges: bool = False,
+    concurrency: int = 1,
     out: Path | None = None,
     on_progress: ProgressCallback | None = None,
     test_timeout: float = 900.0,
@@ -670,6 +672,8 @@ def mine(
 ) -> MiningResult:
     """Scan `repo`'s history newest first and keep up to `limit` validated tasks (`merges`: see scan_history).
 
+    Up to `concurrency` candidates are validated at once (each in its own sandboxes), never more than could still
+    be kept, so the history is scanned no further than with one at a time. Tasks stay in history order.
     `out`, when given, is rewritten (atomically) after every kept task, so an interrupted run keeps what it found.
     """
     started = time.monotonic()
@@ -677,50 +681,37 @@ def mine(
     git_dir = local_clone(repo)
     repo_name = repo if looks_like_url(repo) else str(Path(repo).expanduser().resolve())
     result = MiningResult(repo=repo_name)
+    # Scan order of each commit, so that results coming back out of order are still kept newest first.
+    position: dict[str, int] = {}
 
-    def finish() -> MiningResult:
-        result.elapsed_s = time.monotonic() - started
-        return result
+    def event(kind: str, commit: Commit, message: str = "") -> MiningEvent:
+        return MiningEvent(
+            kind, commit.sha, commit.subject, message, scanned=result.scanned, kept=len(result.tasks)
+        )
 
-    for commit in scan_history(
-        git_dir, branch=branch, since=since, max_commits=max_candidates, merges=merges
-    ):
-        if len(result.tasks) >= limit:
-            break
-        result.scanned += 1
-        progress(
-            MiningEvent("scan", commit.sha, commit.subject, scanned=result.scanned, kept=len(result.tasks))
-        )
-        screened = screen(commit)
-        if isinstance(screened, Rejection):
-            result.rejected.append(screened)
-            progress(_rejected_event(screened, result))
-            continue
-        spec = build_task(
-            git_dir,
-            screened,
-            repo_name=repo_name,
-            test_command=test_command,
-            setup_command=setup_command,
-            task_prefix=task_prefix,
-        )
-        if git_dir != Path(repo_name):
-            # Validate against the local clone (fast); the task file names the repository as the user gave it.
-            spec_for_sandbox = spec.model_copy(update={"repo": str(git_dir)})
-        else:
-            spec_for_sandbox = spec
-        progress(
-            MiningEvent(
-                "validate",
-                commit.sha,
-                commit.subject,
-                f"{len(screened.runnable_tests)} test module(s), {runs} run(s) each",
-                scanned=result.scanned,
-                kept=len(result.tasks),
+    def next_candidate(history: Iterator[Commit]) -> tuple[Commit, TaskSpec, int] | None:
+        """Scan and screen until a commit needs the sandbox; None when the history is used up."""
+        for commit in history:
+            result.scanned += 1
+            position[commit.sha] = result.scanned
+            progress(event("scan", commit))
+            screened = screen(commit)
+            if isinstance(screened, Rejection):
+                result.rejected.append(screened)
+                progress(_rejected_event(screened, result))
+                continue
+            spec = build_task(
+                git_dir,
+                screened,
+                repo_name=repo_name,
+                test_command=test_command,
+                setup_command=setup_command,
+                task_prefix=task_prefix,
             )
-        )
-        result.validated += 1
-        verdict = validate(spec_for_sandbox, provider, runs=runs, timeout=test_timeout)
+            return commit, spec, len(screened.runnable_tests)
+        return None
+
+    def record(commit: Commit, spec: TaskSpec, verdict: Verdict) -> None:
         if verdict.flaky:
             result.flaky_tests[commit.sha] = verdict.flaky
         if verdict.reason is not None:
@@ -729,23 +720,52 @@ def mine(
             )
             result.rejected.append(rejection)
             progress(_rejected_event(rejection, result))
-            continue
+            return
         spec.FAIL_TO_PASS = verdict.fail_to_pass
         spec.PASS_TO_PASS = verdict.pass_to_pass
         if verdict.flaky:
             spec.test_command = deselect(spec.test_command, verdict.flaky)
         result.tasks.append(spec)
+        result.tasks.sort(key=lambda t: position[t.fix_commit or ""])
         if out is not None:
             dump_tasks(result.tasks, out)
         note = f"{len(verdict.fail_to_pass)} fail->pass, {len(verdict.pass_to_pass)} pass->pass"
         if verdict.flaky:
             note += f", {len(verdict.flaky)} flaky test(s) deselected"
-        progress(
-            MiningEvent(
-                "kept", commit.sha, commit.subject, note, scanned=result.scanned, kept=len(result.tasks)
-            )
-        )
-    return finish()
+        progress(event("kept", commit, note))
+
+    history = scan_history(git_dir, branch=branch, since=since, max_commits=max_candidates, merges=merges)
+    pending: dict[Future[Verdict], tuple[Commit, TaskSpec]] = {}
+    exhausted = False
+    with ThreadPoolExecutor(max_workers=max(1, concurrency), thread_name_prefix="mine") as pool:
+        while True:
+            while (
+                not exhausted
+                and len(pending) < max(1, concurrency)
+                and len(result.tasks) + len(pending) < limit
+            ):
+                found = next_candidate(history)
+                if found is None:
+                    exhausted = True
+                    break
+                commit, spec, modules = found
+                # Validate against the local clone (fast); the task file names the repository as the user gave it.
+                in_sandbox = spec.model_copy(update={"repo": str(git_dir)})
+                progress(event("validate", commit, f"{modules} test module(s), {runs} run(s) each"))
+                result.validated += 1
+                pending[pool.submit(validate, in_sandbox, provider, runs=runs, timeout=test_timeout)] = (
+                    commit,
+                    spec,
+                )
+            if not pending:
+                break
+            done, _ = wait(pending, return_when=FIRST_COMPLETED)
+            for future in sorted(done, key=lambda f: position[pending[f][0].sha]):
+                commit, spec = pending.pop(future)
+                record(commit, spec, future.result())
+    result.rejected.sort(key=lambda r: position.get(r.commit, 0))
+    result.elapsed_s = time.monotonic() - started
+    return result
 
 
 def _rejected_event(rejection: Rejection, result: MiningResult) -> MiningEvent:

@@ -253,7 +253,10 @@ def test_mine_keeps_real_fixes_and_rejects_the_rest_for_the_right_reason(tmp_pat
     shas = build_history(repo)
     out = tmp_path / "tasks.jsonl"
     events = []
-    result = mine(str(repo), provider=get_provider("local"), runs=2, out=out, on_progress=events.append)
+    # three candidates validated at once: the outcome must be what one at a time gives, in history order
+    result = mine(
+        str(repo), provider=get_provider("local"), runs=2, out=out, on_progress=events.append, concurrency=3
+    )
 
     reasons = {r.commit: r.reason for r in result.rejected}
     details = {r.commit: r.detail for r in result.rejected}
@@ -281,6 +284,9 @@ def test_mine_keeps_real_fixes_and_rejects_the_rest_for_the_right_reason(tmp_pat
     # the file a sweep reads back holds the same tasks, newest first
     assert [t.fix_commit for t in load_tasks(out)] == [shas["kept_with_flaky"], shas["fix"]]
     assert {e.kind for e in events} >= {"scan", "validate", "kept", "rejected"}
+    assert [r.commit for r in result.rejected] == [
+        sha for sha in reversed(list(shas.values())) if sha not in kept
+    ] + [git(repo, "rev-list", "--max-parents=0", "HEAD")]
 
 
 @needs_bwrap

@@ -59,6 +59,9 @@ def mine_command(
     name: Annotated[
         str | None, typer.Option(help="Prefix of the instance ids (default: the repository's name).")
     ] = None,
+    concurrency: Annotated[
+        int, typer.Option(help="Candidates validated at once, each in its own sandboxes.")
+    ] = 1,
     merges: Annotated[
         bool,
         typer.Option(
@@ -79,8 +82,8 @@ def mine_command(
     from bugsweep.mining import MiningEvent, mine
     from bugsweep.sandbox import get_provider
 
-    if limit < 1 or runs < 1:
-        _fail("--limit and --runs must be at least 1")
+    if limit < 1 or runs < 1 or concurrency < 1:
+        _fail("--limit, --runs and --concurrency must be at least 1")
 
     def show(event: MiningEvent) -> None:
         sha, subject = event.commit[:10], escape(event.subject[:70])
@@ -107,6 +110,7 @@ def mine_command(
             on_progress=show,
             task_prefix=name,
             merges=merges,
+            concurrency=concurrency,
         )
     except BugsweepError as exc:
         _fail(str(exc))
