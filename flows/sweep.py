@@ -19,6 +19,7 @@ from pydantic import Field
 
 from blocks import MODEL_BLOCK, STORE_BLOCK
 from bugsweep.discover import RepoBranch, TaskFile
+from bugsweep.errors import ConfigError
 from bugsweep.grading import Grade
 from bugsweep.spec import TaskSpec
 from bugsweep.storage import GRADE_FILE, run_key
@@ -156,8 +157,6 @@ def run_on_workers(
     `parameters` are the sweep's own that each solve-bug run takes too (model_block, sandbox, store_block, limits).
     """
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.objects import FlowRun
-    from prefect.deployments import run_deployment
 
     logger = get_run_logger()
     parameters = {**parameters, "limits": parameters["limits"].model_dump(mode="json")}
@@ -165,26 +164,54 @@ def run_on_workers(
     running: dict[Any, tuple[TaskSpec, float]] = {}
     outcomes: list[TaskOutcome] = []
     with get_client(sync_client=True) as client:
-        while pending or running:
-            while pending and len(running) < concurrency:
-                spec = pending.pop(0)
-                flow_run: FlowRun = run_deployment(  # type: ignore[assignment]  # sync here
-                    deployment,
-                    parameters={**parameters, "task": spec.model_dump(mode="json"), "sweep": sweep_name},
-                    timeout=0,
-                    tags=[f"sweep:{sweep_name}"],
-                )
-                logger.info("%s -> flow run %s", spec.instance_id, flow_run.name)
-                running[flow_run.id] = (spec, time.monotonic())
-            time.sleep(POLL_S)
-            for run_id, (spec, started) in list(running.items()):
-                flow_run = client.read_flow_run(run_id)
-                if flow_run.state is None or not flow_run.state.is_final():
-                    continue
-                del running[run_id]
-                outcomes.append(collect(spec, str(run_id), flow_run.state, run, sweep_name, started))
-                logger.info("%s: %s", spec.instance_id, flow_run.state.name)
+        try:
+            while pending or running:
+                while pending and len(running) < concurrency:
+                    spec = pending.pop(0)
+                    flow_run = start_solve_bug(deployment, spec, sweep_name, parameters)
+                    logger.info("%s -> flow run %s", spec.instance_id, flow_run.name)
+                    running[flow_run.id] = (spec, time.monotonic())
+                time.sleep(POLL_S)
+                for run_id, (spec, started) in list(running.items()):
+                    flow_run = client.read_flow_run(run_id)
+                    if flow_run.state is None or not flow_run.state.is_final():
+                        continue
+                    del running[run_id]
+                    outcomes.append(collect(spec, str(run_id), flow_run.state, run, sweep_name, started))
+                    logger.info("%s: %s", spec.instance_id, flow_run.state.name)
+        except BaseException:
+            cancel_runs(client, list(running))  # the sweep was cancelled or crashed: its tasks stop too
+            raise
     return outcomes
+
+
+def start_solve_bug(deployment: str, spec: TaskSpec, sweep_name: str, parameters: dict[str, Any]) -> Any:
+    """A new run of the solve-bug deployment for one task (returns at once; a worker picks it up)."""
+    from prefect.deployments import run_deployment
+    from prefect.exceptions import ObjectNotFound
+
+    try:
+        return run_deployment(
+            deployment,
+            parameters={**parameters, "task": spec.model_dump(mode="json"), "sweep": sweep_name},
+            timeout=0,
+            tags=[f"sweep:{sweep_name}"],
+        )
+    except ObjectNotFound as exc:
+        raise ConfigError(
+            f"no deployment {deployment!r} to run the tasks on: deploy it first (`bugsweep deploy`)"
+        ) from exc
+
+
+def cancel_runs(client: Any, run_ids: list[Any]) -> None:
+    """Ask the workers to cancel these flow runs (best effort: the sweep is ending anyway)."""
+    from prefect.states import Cancelling
+
+    for run_id in run_ids:
+        try:
+            client.set_flow_run_state(run_id, Cancelling(message="its sweep ended"), force=True)
+        except Exception:
+            get_run_logger().warning("could not cancel flow run %s", run_id, exc_info=True)
 
 
 def collect(

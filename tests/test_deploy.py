@@ -282,3 +282,41 @@ def test_cancelling_a_run_from_the_ui_releases_its_sandbox(deployed: Deployed, t
     while sandbox_leftovers(sandboxes) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert sandbox_leftovers(sandboxes) == []
+
+
+def test_cancelling_a_sweep_on_workers_cancels_its_task_runs(deployed: Deployed, tmp_path: Path) -> None:
+    """Without the sweep passing the cancellation on, its solve-bug runs would finish (COMPLETED) 45 s later."""
+    repo = make_repo(tmp_path / "calc")
+    ids = ["calc-cancel-sweep-0", "calc-cancel-sweep-1"]
+    tasks_file = tmp_path / "cancel.jsonl"
+    specs = [TaskSpec(instance_id=i, repo=str(repo), problem_statement="CANCEL-ME", test_command="python -m pytest -q")
+             for i in ids]  # fmt: skip
+    dump_tasks(specs, tasks_file)
+    sweep_id = deployed.run_deployment(
+        "sweep/nightly-sweep",
+        {"source": {"kind": "file", "path": str(tasks_file)}, "name": "cancel-sweep", "run_on": "workers"},
+    )
+
+    def children() -> list[dict[str, Any]]:
+        return list(
+            deployed.api(
+                "POST", "/flow_runs/filter", json={"flow_runs": {"tags": {"all_": ["sweep:cancel-sweep"]}}}
+            )
+        )
+
+    deadline = time.monotonic() + 150
+    while time.monotonic() < deadline and not (
+        len(children()) == 2 and all(c["state"]["type"] == "RUNNING" for c in children())
+    ):
+        time.sleep(1)
+    assert [c["state"]["type"] for c in children()] == ["RUNNING", "RUNNING"]
+
+    deployed.api(
+        "POST", f"/flow_runs/{sweep_id}/set_state", json={"state": {"type": "CANCELLING"}, "force": True}
+    )
+
+    assert deployed.wait(sweep_id, timeout_s=120)["state"]["type"] == "CANCELLED"
+    assert [deployed.wait(c["id"], timeout_s=120)["state"]["type"] for c in children()] == [
+        "CANCELLED",
+        "CANCELLED",
+    ]

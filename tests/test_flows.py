@@ -427,3 +427,47 @@ def test_bugsweep_sweep_command_runs_the_flow_and_prints_the_grades(
     assert result.exit_code == 0, result.output
     assert "calc-cli" in result.output and "1 of 1 resolved" in result.output
     assert made["_store"].exists("cli/calc-cli/scripted-model/patch.diff")
+
+
+def test_a_rerun_skips_only_real_grades_for_the_same_commit(tmp_path: Path) -> None:
+    """The skip rule on its own (no Prefect): a stored grade counts only if it is a grade and for this commit."""
+    from bugsweep.grading import Grade
+    from bugsweep.storage import LocalStore
+    from flows.common import previous_grade
+
+    store = LocalStore(tmp_path / "store")
+    spec = calc_task(tmp_path / "repo", "calc-1", base_commit="a" * 40)
+
+    def stored(grade: Grade, commit: str) -> None:
+        store.put_bytes("s/calc-1/m/grade.json", grade.model_dump_json().encode())
+        store.put_bytes(
+            "s/calc-1/m/task.json", spec.model_copy(update={"base_commit": commit}).model_dump_json().encode()
+        )
+
+    assert previous_grade(store, "s/calc-1/m", spec) is None, "nothing stored yet"
+    stored(Grade(instance_id="calc-1", resolved=False), "a" * 40)
+    assert previous_grade(store, "s/calc-1/m", spec) is not None, "not resolved is still a grade"
+    stored(Grade(instance_id="calc-1", resolved=True), "b" * 40)
+    assert previous_grade(store, "s/calc-1/m", spec) is None, "graded at another commit"
+    stored(Grade(instance_id="calc-1", error="setup failed", failure_kind="task"), "a" * 40)
+    assert previous_grade(store, "s/calc-1/m", spec) is None, "a failure is tried again"
+
+
+def test_a_sweep_on_workers_without_the_deployment_says_to_deploy(
+    blocks, scripted_model, tmp_path: Path
+) -> None:
+    from bugsweep.discover import TaskFile
+    from bugsweep.errors import ConfigError
+    from flows.sweep import sweep
+
+    made = blocks(scripted_model([]))
+    tasks_file = tmp_path / "t.jsonl"
+    dump_tasks([calc_task(tmp_path, "calc-nowhere")], tasks_file)
+
+    with pytest.raises(ConfigError, match="bugsweep deploy"):
+        sweep(
+            source=TaskFile(path=str(tasks_file)),
+            run_on="workers",
+            deployment="solve-bug/nope",
+            **flow_kwargs(made),
+        )
