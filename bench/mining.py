@@ -67,11 +67,18 @@ def bench_mining(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     screened = sum(not isinstance(screen(c), Rejection) for c in scan_history(repo))
     commits = sum(1 for _ in scan_history(repo))
     screen_s = time.monotonic() - t
-    result = mine(str(repo), provider=get_provider("local"), runs=args.runs, limit=args.limit or 10_000)
+    result = mine(
+        str(repo),
+        provider=get_provider("local"),
+        runs=args.runs,
+        limit=args.limit or 10_000,
+        concurrency=args.mine_concurrency,
+    )
     minutes = result.elapsed_s / 60
     return {
         "repo": str(args.repo or f"generated ({args.fixes} fixes, {commits} commits)"),
         "runs_per_state": args.runs,
+        "validations_at_once": args.mine_concurrency,
         "commits_in_history": commits,
         "screening_passed": screened,
         "screening_only_s": round(screen_s, 2),
@@ -153,6 +160,7 @@ def main() -> None:
     p.add_argument("--models", type=int, default=3)
     p.add_argument("--latency", type=float, default=2.0)
     p.add_argument("--concurrency", type=int, default=6)
+    p.add_argument("--mine-concurrency", type=int, default=1, help="candidates validated at once")
     p.add_argument("--json", type=Path)
     p.add_argument(
         "--no-sequential", dest="sequential", action="store_false", help="skip the concurrency=1 baseline"
