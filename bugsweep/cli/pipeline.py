@@ -90,6 +90,8 @@ def sweep_command(
         _fail("give exactly one of --tasks FILE and --repo REPO")
     if sandbox not in ("local", "runtime"):
         _fail(f"--sandbox must be 'local' or 'runtime', not {sandbox!r}")
+    if on_workers and not os.environ.get("PREFECT_API_URL"):
+        _fail("--on-workers needs the Prefect server the workers use: set PREFECT_API_URL")
     _hint_server()
 
     from bugsweep.discover import RepoBranch, TaskFile
