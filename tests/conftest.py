@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 from bugsweep.testing.repos import make_repo
 from bugsweep.testing.scripted_model import ScriptedModelServer
+
+# Prefect binds its console log handlers to whatever sys.stderr is when its logging is first set up. Under pytest that
+# can be a CliRunner's temporary stream, closed once the command returns, and every later Prefect log line then fails
+# with "I/O operation on closed file". The process's own stderr never closes (pytest still captures it at the fd level).
+os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_STREAM", "ext://sys.__stderr__")
+os.environ.setdefault("PREFECT_LOGGING_HANDLERS_DEBUG_STREAM", "ext://sys.__stderr__")
 
 
 @pytest.fixture
