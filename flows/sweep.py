@@ -37,7 +37,8 @@ from flows.common import (
 from flows.solve_bug import RUN_FILE, TaskOutcome, solve_one_task
 from tasks import steps
 
-TaskSource = Annotated[TaskFile | RepoBranch, Field(discriminator="kind")]
+#: A plain union (not a discriminated one): the Prefect UI draws it as a choice of two forms, not a JSON box.
+TaskSource = TaskFile | RepoBranch
 #: How often the sweep looks at its solve-bug runs when they run on workers.
 POLL_S = 2.0
 
