@@ -115,6 +115,7 @@ def solve(
         on_event=on_event,
         trajectory_path=(out_dir / "trajectory.json") if out_dir else None,
         test_command=prepared.spec.test_command,
+        protected_paths=prepared.spec.test_files,
     )
 
 
