@@ -41,10 +41,17 @@ class ModelSettings(BaseSettings):
     """Sampling temperature."""
 
     def cost_usd(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> float:
-        cached_price = self.price_prompt_per_mtok if self.price_cached_prompt_per_mtok is None else self.price_cached_prompt_per_mtok
+        cached_price = (
+            self.price_prompt_per_mtok
+            if self.price_cached_prompt_per_mtok is None
+            else self.price_cached_prompt_per_mtok
+        )
         uncached = max(prompt_tokens - cached_tokens, 0)
-        return (uncached * self.price_prompt_per_mtok + cached_tokens * cached_price
-                + completion_tokens * self.price_completion_per_mtok) / 1e6
+        return (
+            uncached * self.price_prompt_per_mtok
+            + cached_tokens * cached_price
+            + completion_tokens * self.price_completion_per_mtok
+        ) / 1e6
 
 
 class AgentSettings(BaseSettings):

@@ -46,7 +46,9 @@ class TaskSpec(BaseModel):
 
     def model_post_init(self, __context: object) -> None:
         if not self.instance_id:
-            digest = hashlib.sha256(f"{self.repo}\0{self.base_commit}\0{self.problem_statement}".encode()).hexdigest()
+            digest = hashlib.sha256(
+                f"{self.repo}\0{self.base_commit}\0{self.problem_statement}".encode()
+            ).hexdigest()
             stem = re.sub(r"[^A-Za-z0-9]+", "-", Path(self.repo.rstrip("/")).name).strip("-") or "repo"
             self.instance_id = f"{stem}-{digest[:10]}"
 
@@ -68,7 +70,9 @@ def parse_tasks(text: str, source: str = "tasks.jsonl") -> list[TaskSpec]:
         except json.JSONDecodeError as exc:
             raise BadTaskFile(f"{source}:{lineno}: not valid JSON ({exc.msg} at column {exc.colno})") from exc
         except ValidationError as exc:
-            problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'line'}: {e['msg']}" for e in exc.errors())
+            problems = "; ".join(
+                f"{'.'.join(map(str, e['loc'])) or 'line'}: {e['msg']}" for e in exc.errors()
+            )
             raise BadTaskFile(f"{source}:{lineno}: not a valid task ({problems})") from exc
         if task.instance_id in seen:
             raise BadTaskFile(f"{source}:{lineno}: duplicate instance_id {task.instance_id!r}")

@@ -28,7 +28,9 @@ from bugsweep.testing.repos import make_repo
 
 
 def _run(tests: dict[str, str] | None, exit_code: int) -> TestRun:
-    return TestRun(command="pytest", exit_code=exit_code, timed_out=False, log="", duration_s=0.1, tests=tests)
+    return TestRun(
+        command="pytest", exit_code=exit_code, timed_out=False, log="", duration_s=0.1, tests=tests
+    )
 
 
 def test_parse_junit_gives_pytest_node_ids(tmp_path: Path) -> None:
@@ -40,7 +42,17 @@ def test_parse_junit_gives_pytest_node_ids(tmp_path: Path) -> None:
     )
     xml = tmp_path / "out.xml"
     subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", f"--junitxml={xml}", "-o", "junit_family=xunit1", "-p", "no:cacheprovider"],
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            f"--junitxml={xml}",
+            "-o",
+            "junit_family=xunit1",
+            "-p",
+            "no:cacheprovider",
+        ],
         cwd=repo,
         capture_output=True,
     )
@@ -72,7 +84,9 @@ def test_grade_checks_the_tasks_own_fail_to_pass_list() -> None:
     """A mined task names the tests that must pass; passing the command alone is not enough if one is missing."""
     before = _run({"t::a": "failed"}, 1)
     after = _run({"t::a": "passed"}, 0)
-    assert grade(instance_id="x", before=before, after=after, touched=[], expected_fail_to_pass=["t::a"]).resolved
+    assert grade(
+        instance_id="x", before=before, after=after, touched=[], expected_fail_to_pass=["t::a"]
+    ).resolved
     assert not grade(
         instance_id="x", before=before, after=after, touched=[], expected_fail_to_pass=["t::a", "t::gone"]
     ).resolved
@@ -80,7 +94,11 @@ def test_grade_checks_the_tasks_own_fail_to_pass_list() -> None:
 
 def test_touched_test_files_uses_the_protected_patterns() -> None:
     changed = ["calc.py", "tests/test_calc.py", "conftest.py", "pkg/test_util.py", "docs/testing.md"]
-    assert touched_test_files(changed, DEFAULT_TEST_GLOBS) == ["conftest.py", "pkg/test_util.py", "tests/test_calc.py"]
+    assert touched_test_files(changed, DEFAULT_TEST_GLOBS) == [
+        "conftest.py",
+        "pkg/test_util.py",
+        "tests/test_calc.py",
+    ]
     assert touched_test_files(["data/golden.json"], DEFAULT_TEST_GLOBS, extra=["data/golden.json"]) == [
         "data/golden.json"
     ]

@@ -21,10 +21,14 @@ CALC_FIX = ("calc.py", "return a - b", "return a + b")
 
 def git(repo: Path, *args: str) -> str:
     env = {
-        "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.com",
-        "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.com",
-        "GIT_AUTHOR_DATE": "2026-01-01T00:00:00Z", "GIT_COMMITTER_DATE": "2026-01-01T00:00:00Z",
-        "PATH": "/usr/bin:/bin:/usr/local/bin", "HOME": str(repo),
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@example.com",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@example.com",
+        "GIT_AUTHOR_DATE": "2026-01-01T00:00:00Z",
+        "GIT_COMMITTER_DATE": "2026-01-01T00:00:00Z",
+        "PATH": "/usr/bin:/bin:/usr/local/bin",
+        "HOME": str(repo),
     }
     out = subprocess.run(["git", *args], cwd=repo, env=env, check=True, capture_output=True, text=True)
     return out.stdout.strip()

@@ -79,12 +79,16 @@ class ScriptedModelServer:
                     self.connection.shutdown(2)
                     return
                 if "status" in step:
-                    err = step.get("body") or {"error": {"message": f"scripted error {step['status']}", "type": "scripted"}}
+                    err = step.get("body") or {
+                        "error": {"message": f"scripted error {step['status']}", "type": "scripted"}
+                    }
                     self._send(int(step["status"]), err, step.get("headers") or {})
                     return
                 self._send(200, server._completion(body, step))
 
-            def _send(self, status: int, payload: dict[str, Any], headers: dict[str, str] | None = None) -> None:
+            def _send(
+                self, status: int, payload: dict[str, Any], headers: dict[str, str] | None = None
+            ) -> None:
                 data = json.dumps(payload).encode()
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
@@ -129,11 +133,16 @@ class ScriptedModelServer:
         calls = []
         for call in step.get("tool_calls") or []:
             args = call.get("arguments", {})
-            calls.append({
-                "id": call.get("id") or f"call_{uuid.uuid4().hex[:12]}",
-                "type": "function",
-                "function": {"name": call["name"], "arguments": args if isinstance(args, str) else json.dumps(args)},
-            })
+            calls.append(
+                {
+                    "id": call.get("id") or f"call_{uuid.uuid4().hex[:12]}",
+                    "type": "function",
+                    "function": {
+                        "name": call["name"],
+                        "arguments": args if isinstance(args, str) else json.dumps(args),
+                    },
+                }
+            )
         if calls:
             message["tool_calls"] = calls
         prompt_chars = len(json.dumps(request.get("messages", [])))
