@@ -312,17 +312,15 @@ def _terminate(pid: int, timeout_s: float = 30.0) -> None:
 
 
 def _alive(pid: int) -> bool:
+    """Whether `pid` still runs. Reaps it when it is our child that has exited, so no zombie is left behind."""
     with contextlib.suppress(ChildProcessError):
-        done, _ = os.waitpid(pid, os.WNOHANG)  # reap it if it is our child, or it stays a zombie
-        if done == pid:
+        if os.waitpid(pid, os.WNOHANG)[0] == pid:
             return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+    if _proc_state(pid) in ("", "Z", "X"):
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)  # it may have turned into a zombie since the first look
         return False
-    except PermissionError:
-        return True
-    return Path(f"/proc/{pid}").exists() and "Z" not in _proc_state(pid)
+    return True
 
 
 def _proc_state(pid: int) -> str:
