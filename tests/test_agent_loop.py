@@ -498,3 +498,18 @@ def test_symlinks_out_of_the_repo_are_refused_inside_the_real_sandbox(scripted_m
         assert not sbx.files.exists("/workspace/escaped.py")
     refusals = [m["content"] for m in result.messages if m["role"] == "tool"][:3]
     assert all("is outside the repository" in text for text in refusals), refusals
+
+
+def test_an_identical_failed_call_is_called_a_repeat(
+    scripted_model, sandbox: Sandbox, tmp_path: Path
+) -> None:
+    """Small models repeat one failed edit until the turn limit; the second time, the answer says it is a repeat."""
+    wrong = tool_call("edit_file", path="calc.py", old="return a-b", new="return a + b")
+    server = scripted_model(
+        [wrong, tool_call("read_file", path="calc.py"), wrong, tool_call("finish", summary="x")]
+    )
+    solve(server, sandbox, tmp_path)
+    first = tool_messages(server.requests[1])[-1]["content"]
+    again = tool_messages(server.requests[3])[-1]["content"]
+    assert "was not found in calc.py" in first and "same edit_file call" not in first
+    assert again.startswith(first) and "same edit_file call as in turn 1" in again

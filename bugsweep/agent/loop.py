@@ -11,9 +11,10 @@ conversation no longer fits.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
@@ -159,6 +160,8 @@ class _AgentRun:
         self.cost = 0.0
         self.format_errors = 0
         self.summary = ""
+        self.failed_calls: dict[tuple[str, str], tuple[int, str]] = {}
+        """Failed read_file/edit_file calls by (tool, arguments): the turn and the error, to recognise repeats."""
 
     # -- the loop ----------------------------------------------------------------------------------------------
     def run(self) -> AgentResult:
@@ -266,6 +269,7 @@ class _AgentRun:
         started = time.monotonic()
         outcome = self.toolbox.call(call.name, call.arguments)
         duration = time.monotonic() - started
+        outcome = self._mark_repeat(call, outcome)
         self.trajectory.add(
             "tool",
             turn=self.turn,
@@ -289,6 +293,27 @@ class _AgentRun:
             recovered=call.recovered,
         )
         return outcome
+
+    def _mark_repeat(self, call: ToolCall, outcome: ToolOutcome) -> ToolOutcome:
+        """Say so when a read_file or edit_file call fails exactly as an identical earlier call did.
+
+        The call still runs (the files may have changed since), so the answer is always true; `run` is left alone,
+        since running the same failing tests again is normal work.
+        """
+        if call.name not in ("read_file", "edit_file"):
+            return outcome
+        try:
+            key = (call.name, json.dumps(call.arguments, sort_keys=True, default=str))
+        except (TypeError, ValueError):
+            return outcome
+        if outcome.ok:
+            self.failed_calls.pop(key, None)
+            return outcome
+        earlier = self.failed_calls.get(key)
+        if earlier is None or earlier[1] != outcome.content:
+            self.failed_calls[key] = (self.turn, outcome.content)
+            return outcome
+        return replace(outcome, content=prompts.repeated_failure(call.name, earlier[0], outcome.content))
 
     def _format_error(self, why: str) -> None:
         self.format_errors += 1

@@ -23,6 +23,7 @@ temperature 0 still vary between runs (the server's prompt cache), so a single r
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 REPO_DIR = "/workspace/repo"
@@ -286,13 +287,34 @@ def old_equals_new(path: str) -> str:
     return f"Error: old and new are the same, so {path} was not changed. Put the corrected text in new."
 
 
-def old_not_found(path: str, closest: str) -> str:
-    why = f"The text in old was not found in {path}, so nothing was changed."
+def old_not_found(
+    path: str, closest: str, other_files: Sequence[str] = (), test_files: Sequence[str] = ()
+) -> str:
+    text = f"Error: The text in old was not found in {path}, so nothing was changed."
+    if test_files:
+        # Seen on the 1.5B model: it copies the failing assertion from the test and tries to "fix" it in the code.
+        text += (
+            f" That text is in {' and '.join(test_files)}, a test file: the test is right and stays as it is. "
+            f"Change the code in {path} that gives the wrong result, so that the test passes."
+        )
+    elif other_files:
+        text += (
+            f" That text is in {' and '.join(other_files)}: call edit_file with that path if you meant it."
+        )
     if not closest:
-        return f"Error: {why} Call read_file on {path} and copy the exact text into old."
+        return text + f" Call read_file on {path} and copy the exact text to replace into old."
     return (
-        f"Error: {why} The closest lines in the file are (line number, then |, then the line):\n{closest}\n"
-        "Copy the exact text of those lines, without the line numbers and the |, into old and call edit_file again."
+        f"{text}\nThe {path} text most like old is at {closest}\n"
+        "To change those lines, copy them exactly into old and call edit_file again."
+    )
+
+
+def repeated_failure(tool: str, first_turn: int, error: str) -> str:
+    """An identical failed call, again: small models repeat one until the turn limit if nothing changes."""
+    return (
+        f"{error}\nThis is the same {tool} call as in turn {first_turn}, and it failed in the same way again. "
+        "Repeating it will not work. Do something different: look at the error above, change the arguments, "
+        "or use another tool."
     )
 
 

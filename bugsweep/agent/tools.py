@@ -377,7 +377,10 @@ class Toolbox:
             spans = _loose_matches(content, old)
         if not spans:
             closest = closest_lines(content, old)
-            return ToolOutcome(prompts.old_not_found(rel, closest), ok=False, short_arg=rel)
+            elsewhere = self._files_containing(old, exclude=rel)
+            tests = [f for f in elsewhere if self._is_protected(f)]
+            others = [f for f in elsewhere if f not in tests]
+            return ToolOutcome(prompts.old_not_found(rel, closest, others, tests), ok=False, short_arg=rel)
         if len(spans) > 1:
             lines = [content.count("\n", 0, i) + 1 for i, _ in spans]
             return ToolOutcome(prompts.old_not_unique(rel, len(spans), lines), ok=False, short_arg=rel)
@@ -402,6 +405,20 @@ class Toolbox:
         self.sandbox.files.write(real, updated)
         text = prompts.edit_done(rel, first, last, _snippet(updated, first, last), loose, self.test_command)
         return ToolOutcome(text, short_arg=rel)
+
+    def _files_containing(self, text: str, exclude: str) -> list[str]:
+        """Repository files (at most five) that contain the first line of `text`: a small model often copies
+        `old` from another file it read, typically the test."""
+        needle = next((line.strip() for line in text.split("\n") if line.strip()), "")
+        if len(needle) < 4:
+            return []
+        command = f"grep -rlF --exclude-dir=.git -e {shlex.quote(needle)} . | head -5"
+        try:
+            result = self.sandbox.exec(command, timeout=30, stdin="")
+        except Exception:  # only a hint: never let it turn an error message into a crash
+            return []
+        found = [line.removeprefix("./") for line in result.stdout.split("\n") if line.strip()]
+        return [f for f in found if f != exclude]
 
     def _create(self, real: str, rel: str, kind: str, parent_exists: bool, new: str) -> ToolOutcome:
         if kind == "dir":
@@ -492,7 +509,8 @@ def _snippet(text: str, first: int, last: int, context: int = 2, max_lines: int 
 
 
 def closest_lines(content: str, old: str, context: int = 1, max_lines: int = 20) -> str:
-    """The lines of `content` most like `old`, numbered as `  12|text`; empty when nothing is close.
+    """The lines of `content` most like `old`, as "lines 12-14:" then the lines as they are; empty when nothing is
+    close.
 
     Slides a window the height of `old` over the file and scores each with difflib; quick_ratio picks the
     candidates first so that a long file stays cheap.
@@ -518,5 +536,6 @@ def closest_lines(content: str, old: str, context: int = 1, max_lines: int = 20)
         return ""
     lo = max(best_index - context, 0)
     hi = min(best_index + height + context, len(file_lines), lo + max_lines)
-    width = len(str(hi))
-    return "\n".join(f"{n:>{width}}|{file_lines[n - 1]}" for n in range(lo + 1, hi + 1))
+    # Plain lines under a header, not "12|text": a small model copied the number prefixes into old.
+    header = f"line {lo + 1}" if hi == lo + 1 else f"lines {lo + 1}-{hi}"
+    return header + ":\n" + "\n".join(file_lines[n - 1] for n in range(lo + 1, hi + 1))
