@@ -4,7 +4,11 @@ MONTH_DAYS = [31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31]
 
 
 def is_leap_year(year: int) -> bool:
-    """Return True when `year` is a leap year in the Gregorian calendar."""
+    """Return True when `year` is a leap year in the Gregorian calendar.
+
+    Years divisible by 4 are leap years, except years divisible by 100, which are leap years only when they
+    are also divisible by 400: 2000 was a leap year, 1900 was not.
+    """
     return year % 4 == 0
 
 
