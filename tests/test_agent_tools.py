@@ -136,6 +136,19 @@ def test_edit_old_copied_from_the_test_says_where_it_is(box: Toolbox, repo: Path
     )
     assert not out.ok
     assert "That text is in tests/test_calc.py, a test file" in out.content
+    # the definition of what the assertion calls, not lines that merely look alike
+    assert (
+        "The test calls add, defined in calc.py at line 1:\ndef add(a, b):\n    return a - b\n" in out.content
+    )
+    assert "def mul" not in out.content
+    assert "copy that line into old" in out.content
+
+
+def test_edit_old_from_a_test_without_a_known_definition_shows_closest_lines(
+    box: Toolbox, repo: Path
+) -> None:
+    out = box.call("edit_file", args(path="calc.py", old="def test_mul():", new="def test_mul2():"))
+    assert "That text is in tests/test_calc.py, a test file" in out.content
     assert "Change the code in calc.py" in out.content
 
 

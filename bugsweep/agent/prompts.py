@@ -309,6 +309,21 @@ def old_not_found(
     )
 
 
+def old_from_test(path: str, test_files: Sequence[str], definitions: Sequence[tuple[str, int, str]]) -> str:
+    """old was copied from a test: point at the code the test calls, which is where the fix goes."""
+    text = (
+        f"Error: The text in old was not found in {path}, so nothing was changed. That text is in "
+        f"{' and '.join(test_files)}, a test file: the test is right and stays as it is.\n"
+    )
+    for name, line, source in definitions:
+        text += f"The test calls {name}, defined in {path} at line {line}:\n{source}\n"
+    names = " or ".join(name for name, _, _ in definitions)
+    return text + (
+        f"The bug is in {names}: find the line that gives the wrong result, copy that line into old, "
+        "and write the corrected line in new."
+    )
+
+
 def repeated_failure(tool: str, first_turn: int, error: str) -> str:
     """An identical failed call, again: small models repeat one until the turn limit if nothing changes."""
     return (

@@ -376,10 +376,15 @@ class Toolbox:
         if loose:
             spans = _loose_matches(content, old)
         if not spans:
-            closest = closest_lines(content, old)
             elsewhere = self._files_containing(old, exclude=rel)
             tests = [f for f in elsewhere if self._is_protected(f)]
             others = [f for f in elsewhere if f not in tests]
+            # old copied from a test names the code under test: show its definition here rather than the lines
+            # that merely look alike (which sent a 1.5B model to a call site instead of the function).
+            definitions = definitions_named_in(content, old) if tests else []
+            if definitions:
+                return ToolOutcome(prompts.old_from_test(rel, tests, definitions), ok=False, short_arg=rel)
+            closest = closest_lines(content, old)
             return ToolOutcome(prompts.old_not_found(rel, closest, others, tests), ok=False, short_arg=rel)
         if len(spans) > 1:
             lines = [content.count("\n", 0, i) + 1 for i, _ in spans]
@@ -539,3 +544,31 @@ def closest_lines(content: str, old: str, context: int = 1, max_lines: int = 20)
     # Plain lines under a header, not "12|text": a small model copied the number prefixes into old.
     header = f"line {lo + 1}" if hi == lo + 1 else f"lines {lo + 1}-{hi}"
     return header + ":\n" + "\n".join(file_lines[n - 1] for n in range(lo + 1, hi + 1))
+
+
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def definitions_named_in(content: str, text: str, max_lines: int = 30) -> list[tuple[str, int, str]]:
+    """(name, first line, source) of each function or class defined in `content` whose name appears in `text`.
+
+    A definition runs from its `def`/`class` line to the last line indented deeper than it.
+    """
+    lines = _lines(content)
+    wanted = set(_IDENTIFIER.findall(text))
+    found: list[tuple[str, int, str]] = []
+    for index, line in enumerate(lines):
+        match = re.match(r"(\s*)(?:async\s+)?(?:def|class)\s+([A-Za-z_][A-Za-z0-9_]*)", line)
+        if not match or match.group(2) not in wanted:
+            continue
+        indent = len(match.group(1))
+        end = index + 1
+        while end < len(lines) and (
+            not lines[end].strip() or len(lines[end]) - len(lines[end].lstrip()) > indent
+        ):
+            end += 1
+        while end > index + 1 and not lines[end - 1].strip():
+            end -= 1
+        block = lines[index : min(end, index + max_lines)]
+        found.append((match.group(2), index + 1, "".join(block).rstrip("\n")))
+    return found[:3]
