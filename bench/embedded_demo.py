@@ -80,8 +80,12 @@ def run_bugsweep(base_url: str, model: str, out_dir: Path, max_turns: int) -> di
     }
 
 
-def run_mini(base_url: str, model: str, out_dir: Path, max_turns: int) -> dict[str, Any]:
-    """One mini-swe-agent run on a fresh copy of the demo project, graded like bugsweep grades."""
+def run_mini(base_url: str, model: str, out_dir: Path, max_turns: int, text: bool = False) -> dict[str, Any]:
+    """One mini-swe-agent run on a fresh copy of the demo project, graded like bugsweep grades.
+
+    `text`: mini's text-based mode (`mini_textbased.yaml`, the command in a fenced block, no `tools`) instead of
+    its default tool-calling mode (`mini.yaml`).
+    """
     os.environ.setdefault("MSWEA_SILENT_STARTUP", "1")
     os.environ.setdefault("MSWEA_COST_TRACKING", "ignore_errors")
     import yaml
@@ -89,12 +93,16 @@ def run_mini(base_url: str, model: str, out_dir: Path, max_turns: int) -> dict[s
     from minisweagent.config import builtin_config_dir
     from minisweagent.environments.local import LocalEnvironment
     from minisweagent.models.litellm_model import LitellmModel
+    from minisweagent.models.litellm_textbased_model import LitellmTextbasedModel
 
-    config = yaml.safe_load((builtin_config_dir / "mini.yaml").read_text())
+    config = yaml.safe_load(
+        (builtin_config_dir / ("mini_textbased.yaml" if text else "mini.yaml")).read_text()
+    )
     work = Path(tempfile.mkdtemp(prefix="mini-demo-"))
     repo = materialise_demo_repo(work / "repo")
     before = subprocess.run(DEMO_TEST_COMMAND, shell=True, cwd=repo, capture_output=True, text=True)
-    model_obj = LitellmModel(
+    model_class = LitellmTextbasedModel if text else LitellmModel
+    model_obj = model_class(
         model_name=f"openai/{model}",
         model_kwargs={
             "api_base": base_url,
@@ -144,7 +152,7 @@ def run_mini(base_url: str, model: str, out_dir: Path, max_turns: int) -> dict[s
         completion += int(usage.get("completion_tokens") or 0)
     shutil.rmtree(work, ignore_errors=True)
     return {
-        "agent": "mini-swe-agent",
+        "agent": "mini-swe-agent-text" if text else "mini-swe-agent",
         "resolved": before.returncode != 0 and after.returncode == 0,
         "stop_reason": exit_status,
         "turns": agent.n_calls,
@@ -174,7 +182,9 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=5)
-    parser.add_argument("--agents", default="bugsweep,mini", help="comma-separated: bugsweep, mini")
+    parser.add_argument(
+        "--agents", default="bugsweep,mini", help="comma-separated: bugsweep, mini (tool calls), mini-text"
+    )
     parser.add_argument("--max-turns", type=int, default=30)
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = parser.parse_args()
@@ -188,8 +198,12 @@ def main() -> None:
         for agent in agents:
             for i in range(1, args.runs + 1):
                 out_dir = run_root / f"{agent}-{i}"
-                runner = run_bugsweep if agent == "bugsweep" else run_mini
-                row = runner(endpoint.base_url, endpoint.model, out_dir, args.max_turns)
+                if agent == "bugsweep":
+                    row = run_bugsweep(endpoint.base_url, endpoint.model, out_dir, args.max_turns)
+                else:
+                    row = run_mini(
+                        endpoint.base_url, endpoint.model, out_dir, args.max_turns, text=agent == "mini-text"
+                    )
                 row["run"], row["load"] = i, load()
                 report["runs"].append(row)
                 print(
@@ -200,7 +214,7 @@ def main() -> None:
                     flush=True,
                 )
     report["load_after"] = load()
-    names = {"bugsweep": "bugsweep", "mini": "mini-swe-agent"}
+    names = {"bugsweep": "bugsweep", "mini": "mini-swe-agent", "mini-text": "mini-swe-agent-text"}
     report["summary"] = {
         names[a]: summarise([r for r in report["runs"] if r["agent"] == names[a]]) for a in agents
     }
