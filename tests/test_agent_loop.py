@@ -63,7 +63,13 @@ def solve(
 
 
 def tool_messages(request: dict[str, Any]) -> list[dict[str, Any]]:
-    return [m for m in request["messages"] if m["role"] == "tool"]
+    """Tool results as the model sees them: tool messages, and the notes that stand in for failed edits."""
+    return [
+        m
+        for m in request["messages"][2:]
+        if m["role"] == "tool"
+        or (m["role"] == "user" and m["content"].startswith("Your last edit_file call"))
+    ]
 
 
 # -- the whole path ------------------------------------------------------------------------------------------
@@ -496,7 +502,7 @@ def test_symlinks_out_of_the_repo_are_refused_inside_the_real_sandbox(scripted_m
     with get_provider("local").create(RepoSource(str(repo))) as sbx:
         result, _ = solve(server, sbx, tmp_path)
         assert not sbx.files.exists("/workspace/escaped.py")
-    refusals = [m["content"] for m in result.messages if m["role"] == "tool"][:3]
+    refusals = [m["content"] for m in tool_messages({"messages": result.messages})][:3]
     assert all("is outside the repository" in text for text in refusals), refusals
 
 
@@ -513,3 +519,21 @@ def test_an_identical_failed_call_is_called_a_repeat(
     again = tool_messages(server.requests[3])[-1]["content"]
     assert "was not found in calc.py" in first and "same edit_file call" not in first
     assert again.startswith(first) and "same edit_file call as in turn 1" in again
+
+
+def test_a_failed_edit_leaves_the_conversation_but_not_the_trajectory(
+    scripted_model, sandbox: Sandbox, tmp_path: Path
+) -> None:
+    """A small model copies a wrong `old` from its own history: the failed call is replaced by a note that keeps
+    only what went wrong, while the prompt prefix before it is untouched and the trajectory keeps everything."""
+    wrong = tool_call("edit_file", path="calc.py", old="assert add(2, 3) == 5", new="assert True")
+    server = scripted_model([tool_call("read_file", path="calc.py"), wrong, tool_call("finish", summary="x")])
+    solve(server, sandbox, tmp_path)
+    before, after = server.requests[1]["messages"], server.requests[2]["messages"]
+    assert after[: len(before)] == before, "the prefix the server has cached is unchanged"
+    added = after[len(before) :]
+    assert [m["role"] for m in added] == ["user"]
+    assert added[0]["content"].startswith("Your last edit_file call failed and changed nothing.")
+    assert "assert add(2, 3) == 5" not in json.dumps(added)
+    trajectory = json.dumps(load(tmp_path / "run" / "trajectory.json"))
+    assert "assert add(2, 3) == 5" in trajectory and "forgotten" in trajectory

@@ -160,6 +160,7 @@ class _AgentRun:
         self.cost = 0.0
         self.format_errors = 0
         self.summary = ""
+        self._last_outcome: ToolOutcome | None = None
         self.failed_calls: dict[tuple[str, str], tuple[int, str]] = {}
         """Failed read_file/edit_file calls by (tool, arguments): the turn and the error, to recognise repeats."""
 
@@ -259,6 +260,7 @@ class _AgentRun:
             self.trajectory.save()
         if finished:
             return True
+        self._forget_failed_edit(reply.tool_calls)
         if usable:
             self.format_errors = 0
         else:
@@ -270,6 +272,7 @@ class _AgentRun:
         outcome = self.toolbox.call(call.name, call.arguments)
         duration = time.monotonic() - started
         outcome = self._mark_repeat(call, outcome)
+        self._last_outcome = outcome
         self.trajectory.add(
             "tool",
             turn=self.turn,
@@ -293,6 +296,28 @@ class _AgentRun:
             recovered=call.recovered,
         )
         return outcome
+
+    def _forget_failed_edit(self, calls: list[ToolCall]) -> None:
+        """Take a failed edit_file call out of the conversation, keeping only what went wrong.
+
+        Seen on the 1.5B model: once a wrong `old` text is in the history, the model sends it again and again,
+        whatever the error says. The reply and its result are the last two messages, so replacing them with one
+        note keeps the prompt prefix (and the server's cache) intact; the trajectory keeps the whole call.
+        """
+        if len(calls) != 1 or calls[0].recovered or calls[0].name != "edit_file":
+            return
+        last = self.messages[-1]
+        if last.get("role") != "tool" or not self._last_outcome or self._last_outcome.ok:
+            return
+        if self._last_outcome.format_error:
+            return
+        del self.messages[-2:]
+        while self.result_indices and self.result_indices[-1] >= len(self.messages):
+            self.result_indices.pop()
+        note = prompts.failed_edit_note(self._last_outcome.content)
+        self._append({"role": "user", "content": note}, result=True)
+        self.trajectory.add("forgotten", turn=self.turn, detail="failed edit_file call replaced by a note")
+        self.trajectory.save()
 
     def _mark_repeat(self, call: ToolCall, outcome: ToolOutcome) -> ToolOutcome:
         """Say so when a read_file or edit_file call fails exactly as an identical earlier call did.

@@ -324,6 +324,11 @@ def old_from_test(path: str, test_files: Sequence[str], definitions: Sequence[tu
     )
 
 
+def failed_edit_note(error: str) -> str:
+    """Stands in for a failed edit_file call that was taken out of the conversation (see loop.py)."""
+    return f"Your last edit_file call failed and changed nothing. {error.removeprefix('Error: ')}"
+
+
 def repeated_failure(tool: str, first_turn: int, error: str) -> str:
     """An identical failed call, again: small models repeat one until the turn limit if nothing changes."""
     return (
