@@ -40,6 +40,7 @@ from pydantic import BaseModel, Field
 from bugsweep.errors import BugsweepError, ConfigError, SetupFailed
 from bugsweep.grading import TestRun, run_tests
 from bugsweep.sandbox.base import SandboxProvider
+from bugsweep.sandbox.sources import is_git_url
 from bugsweep.settings import DEFAULT_TEST_GLOBS
 from bugsweep.spec import TaskSpec, dump_tasks
 from bugsweep.testfiles import is_test_file
@@ -195,13 +196,9 @@ def _git(repo: Path, *args: str, timeout: float = 120) -> str:
     return proc.stdout
 
 
-def looks_like_url(repo: str) -> bool:
-    return bool(re.match(r"^(https?|ssh|git|file)://|^[\w.-]+@[\w.-]+:", repo))
-
-
 def local_clone(repo: str, cache_dir: Path | None = None) -> Path:
     """A local git directory for `repo`: the path itself, or a bare clone of a URL kept in a cache folder."""
-    if not looks_like_url(repo):
+    if not is_git_url(repo):
         path = Path(repo).expanduser().resolve()
         if not path.exists():
             raise ConfigError(f"{repo!r} is neither a folder nor a git URL")
@@ -679,7 +676,7 @@ def mine(
     started = time.monotonic()
     progress = on_progress or (lambda e: None)
     git_dir = local_clone(repo)
-    repo_name = repo if looks_like_url(repo) else str(Path(repo).expanduser().resolve())
+    repo_name = repo if is_git_url(repo) else str(Path(repo).expanduser().resolve())
     result = MiningResult(repo=repo_name)
     # Scan order of each commit, so that results coming back out of order are still kept newest first.
     position: dict[str, int] = {}

@@ -71,11 +71,12 @@ def solve_command(
 
     The model is LLM_BASE_URL / LLM_MODEL / LLM_API_KEY; with no LLM_BASE_URL the embedded open model is used.
     """
+    from bugsweep.sandbox.sources import is_git_url
     from bugsweep.spec import TaskSpec
 
-    if not _looks_like_url(repo) and not Path(repo).expanduser().is_dir():
+    if not is_git_url(repo) and not Path(repo).expanduser().is_dir():
         _fail(f"--repo {repo!r} is neither a folder nor a git URL")
-    repo_arg = repo if _looks_like_url(repo) else str(Path(repo).expanduser().resolve())
+    repo_arg = repo if is_git_url(repo) else str(Path(repo).expanduser().resolve())
     spec = TaskSpec(
         repo=repo_arg,
         base_commit=ref,
@@ -271,10 +272,6 @@ def print_summary(verdict: Any, out_dir: Path, *, show_patch: bool = False) -> N
     console.print(
         f"  outputs: {out_dir}/ (grade.json, patch.diff, trajectory.json, tests_before.log, tests_after.log)"
     )
-
-
-def _looks_like_url(repo: str) -> bool:
-    return bool(re.match(r"^(https?|ssh|git|file)://", repo)) or bool(re.match(r"^[\w.-]+@[\w.-]+:", repo))
 
 
 def _fail(message: str) -> None:
