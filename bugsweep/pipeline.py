@@ -6,7 +6,6 @@ The command line calls `solve_task`, which runs them all and always releases the
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable
@@ -272,7 +271,3 @@ def _describe(exc: BaseException) -> str:
     if isinstance(exc, BugsweepError):
         return str(exc)
     return f"{type(exc).__name__}: {exc}"
-
-
-def load_grade(path: Path) -> Grade:
-    return Grade.model_validate(json.loads(path.read_text(encoding="utf-8")))
