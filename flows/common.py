@@ -228,6 +228,14 @@ def release_sandboxes(flow: Flow[..., Any], flow_run: FlowRun, state: State[Any]
             log.exception("could not clean up Runtime sandboxes of flow run %s", run_id)
 
 
+#: The hooks every flow that holds sandboxes is declared with: `@flow(..., **RELEASE_SANDBOXES_HOOKS)`.
+RELEASE_SANDBOXES_HOOKS: dict[str, Any] = {
+    "on_failure": [release_sandboxes],
+    "on_crashed": [release_sandboxes],
+    "on_cancellation": [release_sandboxes],
+}
+
+
 # -- grades -----------------------------------------------------------------------------------------------------
 
 

@@ -36,13 +36,13 @@ from bugsweep.report import (
 from bugsweep.settings import ModelSettings
 from bugsweep.spec import TaskSpec
 from flows.common import (
+    RELEASE_SANDBOXES_HOOKS,
     AgentLimits,
     RunConfig,
     SandboxName,
     current_flow_run_id,
     failed_grade,
     load_run_config,
-    release_sandboxes,
 )
 from flows.solve_bug import solve_one_task
 from flows.sweep import TaskSource
@@ -118,9 +118,7 @@ def run_configs(
 @flow(
     name="compare-models",
     log_prints=True,
-    on_failure=[release_sandboxes],
-    on_crashed=[release_sandboxes],
-    on_cancellation=[release_sandboxes],
+    **RELEASE_SANDBOXES_HOOKS,
 )
 def compare_models(
     source: TaskSource,

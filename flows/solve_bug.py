@@ -25,6 +25,7 @@ from bugsweep.spec import TaskSpec
 from bugsweep.storage import run_key
 from flows.common import (
     LIVE_SANDBOXES,
+    RELEASE_SANDBOXES_HOOKS,
     AgentLimits,
     RunConfig,
     SandboxName,
@@ -32,7 +33,6 @@ from flows.common import (
     failed_grade,
     load_run_config,
     model_endpoint,
-    release_sandboxes,
 )
 from tasks import steps
 
@@ -135,9 +135,7 @@ def fresh_folder(path: Path) -> Path:
 @flow(
     name="solve-bug",
     log_prints=True,
-    on_failure=[release_sandboxes],
-    on_crashed=[release_sandboxes],
-    on_cancellation=[release_sandboxes],
+    **RELEASE_SANDBOXES_HOOKS,
 )
 def solve_bug(
     task: TaskSpec,

@@ -24,6 +24,7 @@ from bugsweep.grading import Grade
 from bugsweep.spec import TaskSpec
 from bugsweep.storage import GRADE_FILE, run_key
 from flows.common import (
+    RELEASE_SANDBOXES_HOOKS,
     AgentLimits,
     RunConfig,
     SandboxName,
@@ -32,7 +33,6 @@ from flows.common import (
     load_run_config,
     model_endpoint,
     previous_grade,
-    release_sandboxes,
 )
 from flows.solve_bug import RUN_FILE, TaskOutcome, solve_one_task
 from tasks import steps
@@ -46,9 +46,7 @@ POLL_S = 2.0
 @flow(
     name="sweep",
     log_prints=True,
-    on_failure=[release_sandboxes],
-    on_crashed=[release_sandboxes],
-    on_cancellation=[release_sandboxes],
+    **RELEASE_SANDBOXES_HOOKS,
 )
 def sweep(
     source: TaskSource,
