@@ -19,14 +19,21 @@ SOLVE = [sys.executable, "-m", "bugsweep.cli"]
 
 
 def solve(
-    repo: Path, out: Path, base_url: str, *extra: str, task: str = "test_add fails: add() is wrong. Fix it."
+    repo: Path,
+    out: Path,
+    base_url: str,
+    *extra: str,
+    task: str = "test_add fails: add() is wrong. Fix it.",
+    test_command: str = "python -m pytest -q",
+    env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess:
-    env = {
+    environment = {
         **os.environ,
         "LLM_BASE_URL": base_url,
         "LLM_MODEL": "scripted",
         "LLM_API_KEY": "sk-test-SECRET-do-not-leak",
         "COLUMNS": "200",
+        **(env or {}),
     }
     args = [
         *SOLVE,
@@ -36,12 +43,11 @@ def solve(
         "--task",
         task,
         "--test-command",
-        "python -m pytest -q",
+        test_command,
         "--out",
         str(out),
-        *extra,
     ]
-    return subprocess.run(args, env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.run([*args, *extra], env=environment, capture_output=True, text=True, timeout=300)
 
 
 def read_grade(out: Path) -> dict:
@@ -115,23 +121,8 @@ def test_tests_that_already_pass_could_not_run(buggy_repo: Path, tmp_path: Path,
     server = scripted_model([])
     out = tmp_path / "out"
     # the test command names only the passing test
-    proc = subprocess.run(
-        [
-            *SOLVE,
-            "solve",
-            "--repo",
-            str(buggy_repo),
-            "--task",
-            "x",
-            "--out",
-            str(out),
-            "--test-command",
-            "python -m pytest -q tests/test_calc.py::test_mul",
-        ],
-        env={**os.environ, "LLM_BASE_URL": server.base_url},
-        capture_output=True,
-        text=True,
-        timeout=300,
+    proc = solve(
+        buggy_repo, out, server.base_url, test_command="python -m pytest -q tests/test_calc.py::test_mul"
     )
     assert proc.returncode == 2
     assert "already pass" in proc.stderr
@@ -141,25 +132,8 @@ def test_tests_that_already_pass_could_not_run(buggy_repo: Path, tmp_path: Path,
 
 def test_an_unreachable_model_could_not_run(buggy_repo: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
-    env_url = "http://127.0.0.1:9/v1"  # discard port: nothing listens
-    proc = subprocess.run(
-        [
-            *SOLVE,
-            "solve",
-            "--repo",
-            str(buggy_repo),
-            "--task",
-            "x",
-            "--out",
-            str(out),
-            "--test-command",
-            "python -m pytest -q",
-        ],
-        env={**os.environ, "LLM_BASE_URL": env_url, "LLM_MAX_RETRIES": "1"},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    # the discard port: nothing listens there
+    proc = solve(buggy_repo, out, "http://127.0.0.1:9/v1", env={"LLM_MAX_RETRIES": "1"})
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "could not run" in proc.stderr
     assert read_grade(out)["failure_kind"] == "infra"
