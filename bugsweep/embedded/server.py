@@ -297,18 +297,17 @@ def stop_background(settings: EmbeddedSettings, timeout_s: float = 30.0) -> Serv
 
 
 def _terminate(pid: int, timeout_s: float = 30.0) -> None:
-    """SIGTERM, then SIGKILL if the process is still there after `timeout_s`."""
-    try:
-        os.kill(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if not _alive(pid):
+    """SIGTERM, then SIGKILL if the process is still there after `timeout_s`; returns once it is gone (reaped)."""
+    for sig, wait_s in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 10.0)):
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
             return
-        time.sleep(0.2)
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            if not _alive(pid):
+                return
+            time.sleep(0.2)
 
 
 def _alive(pid: int) -> bool:
