@@ -30,6 +30,7 @@ from bugsweep.embedded import (
     ModelPart,
     ModelSpec,
 )
+from bugsweep.embedded import server as embedded_server
 from bugsweep.embedded.check import check_endpoint, classify, probe_conversations
 from bugsweep.embedded.install import ensure_model_file, join_parts, missing_parts, verify_file
 from bugsweep.embedded.server import ensure_embedded_model
@@ -354,7 +355,10 @@ def test_embedded_model_starts_from_the_pinned_parts_and_answers_with_a_tool_cal
         assert tool in {"run", "read_file"}
         assert isinstance(json.loads(arguments or ""), dict)
         pid = endpoint.pid
-    assert not Path(f"/proc/{pid}").exists()  # the server this test started is gone
+    # the server this test started is gone (the message says in which state it lingered, if it did)
+    assert not Path(f"/proc/{pid}").exists(), (
+        f"server {pid} still there, state {embedded_server._proc_state(pid)!r}"
+    )
     with pytest.raises(httpx.ConnectError):
         httpx.get(f"{settings.base_url}/models", timeout=2)
     for leftover in settings.state_dir.glob(f"server-{settings.port}.*"):  # this test's log and lock file
