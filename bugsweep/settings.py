@@ -7,6 +7,8 @@ the documentation.
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -77,6 +79,11 @@ class AgentSettings(BaseSettings):
     """Files `edit_file` refuses to change (test files): the model must fix the code, not the test."""
     max_consecutive_format_errors: int = 5
     """Replies in a row without a usable tool call before the run stops with 'format_errors'."""
+    edit_style: Literal["auto", "replace", "whole_function"] = "auto"
+    """'replace': edit_file calls are applied as sent. 'whole_function': an edit_file call inside one Python function
+    is answered with a request for the whole corrected function as a ```python block, which then replaces it (small
+    models write much better code as text than inside JSON arguments: bench/README.md). 'auto': whole_function for
+    the embedded model, replace for every other model."""
 
 
 class SandboxSettings(BaseSettings):

@@ -4,9 +4,10 @@ budget runs out.
 One turn is one model reply. Before each turn the budgets are checked (turns, total tokens, cost, wall time); after
 each reply its tool calls run in order. A reply without a usable tool call is a format error: the model gets the nudge
 or the error text, and after `max_consecutive_format_errors` of them in a row the run stops. The history only ever
-grows at its end, so a server's prompt cache (llama.cpp) reuses the whole previous prompt every turn; the single
-exception is the context-length shortening, which replaces the oldest tool outputs when the endpoint says the
-conversation no longer fits.
+grows at its end, so a server's prompt cache (llama.cpp) reuses the whole previous prompt every turn. The exceptions
+touch only the last reply or the oldest outputs: a failed edit_file call, and (edit_style "whole_function", see
+rewrite.py) an edit inside one function, are replaced by a note, and the context-length shortening replaces the
+oldest tool outputs when the endpoint says the conversation no longer fits.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from bugsweep.agent.model import (
     Usage,
     unreadable_text_tool_call,
 )
+from bugsweep.agent.rewrite import FunctionSpan, code_blocks
 from bugsweep.agent.tools import Toolbox, ToolOutcome, short
 from bugsweep.agent.trajectory import Trajectory
 from bugsweep.sandbox.base import Sandbox
@@ -51,8 +53,9 @@ class AgentEvent:
     """One line of progress for the command line or the Prefect logs."""
 
     kind: str
-    """"model" (a reply arrived), "tool" (a tool call ran), "nudge" (a reply had no tool call), "error" (a format
-    error, a model retry, a shortened context) or "stop" (the run ended)."""
+    """"model" (a reply arrived), "tool" (a tool call ran), "rewrite" (an edit_file call was answered with a request
+    for the whole function), "nudge" (a reply had no tool call), "error" (a format error, a model retry, a
+    shortened context) or "stop" (the run ended)."""
     turn: int
     tool: str | None = None
     short_arg: str | None = None
@@ -161,6 +164,9 @@ class _AgentRun:
         self.format_errors = 0
         self.summary = ""
         self._last_outcome: ToolOutcome | None = None
+        self.whole_functions = resolve_edit_style(settings.edit_style, model.name) == "whole_function"
+        self.pending_rewrite: FunctionSpan | None = None
+        """The function the last turn asked to be rewritten whole (edit_style "whole_function")."""
         self.failed_calls: dict[tuple[str, str], tuple[int, str]] = {}
         """Failed read_file/edit_file calls by (tool, arguments): the turn and the error, to recognise repeats."""
 
@@ -221,6 +227,19 @@ class _AgentRun:
         )
         self.trajectory.save()
         self._emit("model", detail=f"{len(reply.tool_calls)} tool call(s)", recovered=reply.recovered)
+
+        pending, self.pending_rewrite = self.pending_rewrite, None
+        if pending is not None:
+            # Asked once: an edit_file call sent instead of the code block runs as sent.
+            if code_blocks(reply.content) or not reply.tool_calls:
+                self._answer_rewrite(pending, reply.content)
+                if not reply.tool_calls:
+                    return False
+        elif self.whole_functions and len(reply.tool_calls) == 1 and reply.tool_calls[0].name == "edit_file":
+            span = self.toolbox.function_to_rewrite(reply.tool_calls[0].arguments)
+            if span is not None:
+                self._request_rewrite(span, reply.tool_calls[0])
+                return False
 
         if not reply.tool_calls:
             self._format_error("the reply had no tool call")
@@ -318,6 +337,66 @@ class _AgentRun:
         self._append({"role": "user", "content": note}, result=True)
         self.trajectory.add("forgotten", turn=self.turn, detail="failed edit_file call replaced by a note")
         self.trajectory.save()
+
+    def _request_rewrite(self, span: FunctionSpan, call: ToolCall) -> None:
+        """Answer an edit_file call inside one function by asking for the whole function as a code block.
+
+        The reply with the call leaves the conversation (it is the last message, so the cached prefix holds): a
+        small model shown its own `new` copies it into the function it writes next. The trajectory keeps it.
+        """
+        self.messages.pop()
+        source = None if self.toolbox.has_seen(span) else span.source
+        request = prompts.rewrite_request(span.name, span.path, span.first, span.last, source)
+        self._append({"role": "user", "content": request}, result=True)
+        self.pending_rewrite = span
+        self.trajectory.add(
+            "rewrite_requested",
+            turn=self.turn,
+            function=span.name,
+            path=span.path,
+            lines=[span.first, span.last],
+            arguments=call.arguments,
+        )
+        self.trajectory.save()
+        self._emit(
+            "rewrite",
+            tool="edit_file",
+            short_arg=f"{span.path}: {span.name}",
+            detail=f"asked for the whole {span.name}",
+        )
+
+    def _answer_rewrite(self, span: FunctionSpan, content: str) -> None:
+        """Apply the function written in a reply's code block; a failure goes back with what to send instead."""
+        started = time.monotonic()
+        outcome = self.toolbox.rewrite_function(span, content)
+        self.trajectory.add(
+            "tool",
+            turn=self.turn,
+            id=None,
+            name="edit_file",
+            arguments={"path": span.path, "function": span.name},
+            ok=outcome.ok,
+            format_error=False,
+            exit_code=None,
+            timed_out=False,
+            recovered=True,
+            duration_s=round(time.monotonic() - started, 4),
+        )
+        self._emit(
+            "tool",
+            tool="edit_file",
+            short_arg=f"{span.path}: whole {span.name}",
+            ok=outcome.ok,
+            detail=None if outcome.ok else short(outcome.content, 160),
+            recovered=True,
+        )
+        self._append({"role": "user", "content": outcome.content}, result=True)
+        self.trajectory.save()
+        if outcome.ok:
+            self.format_errors = 0
+        else:
+            self.pending_rewrite = span
+            self._format_error("the code block could not replace the function")
 
     def _mark_repeat(self, call: ToolCall, outcome: ToolOutcome) -> ToolOutcome:
         """Say so when a read_file or edit_file call fails exactly as an identical earlier call did.
@@ -459,6 +538,15 @@ class _AgentRun:
             messages=self.messages,
             detail=detail,
         )
+
+
+def resolve_edit_style(style: str, model_name: str) -> str:
+    """'auto' becomes 'whole_function' for the embedded model and 'replace' for every other one."""
+    if style != "auto":
+        return style
+    from bugsweep.embedded import MODEL_NAME
+
+    return "whole_function" if model_name == MODEL_NAME else "replace"
 
 
 def shorten_oldest_tool_outputs(messages: list[dict[str, Any]], candidates: list[int]) -> list[int]:

@@ -24,7 +24,10 @@ temperature 0 still vary between runs (the server's prompt cache), so a single r
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from bugsweep.agent.rewrite import FunctionSpan
 
 REPO_DIR = "/workspace/repo"
 
@@ -400,3 +403,47 @@ def unreadable_text_call(sent: str) -> str:
 def recovered_result(tool: str, content: str) -> str:
     """A tool result sent back as a user message (the call was written as text, so there is no tool_call_id)."""
     return f"Result of {tool}:\n{content}"
+
+
+# -- whole-function edits (edit_style "whole_function", see rewrite.py) ---------------------------------------
+
+
+def rewrite_request(name: str, path: str, first: int, last: int, source: str | None = None) -> str:
+    """Sent in place of an edit_file call inside one function. Measured wording (bench/README.md): the model's own
+    call is not shown again, and the function is shown only when its file was not read in this run."""
+    shown = f", which now reads:\n```python\n{source}\n```\n" if source is not None else ". "
+    return (
+        f"Your edit_file call changes the function {name} ({path}, lines {first}-{last}){shown}"
+        f"Instead of a tool call, reply with the whole corrected {name} function, from its def line to its end, "
+        f"in a ```python block. It will replace lines {first}-{last} of {path}."
+    )
+
+
+def rewrite_unusable(problem: str, span: FunctionSpan) -> str:
+    return (
+        f"Error: {span.path} was not changed: {problem}. Reply with the whole corrected {span.name} function, "
+        f"from its def line to its end, in one ```python block, or call a tool."
+    )
+
+
+def rewrite_unchanged(span: FunctionSpan) -> str:
+    return (
+        f"Error: your {span.name} is the same as the one in {span.path}, so nothing was changed. "
+        "Find the line that gives the wrong result and write the corrected function."
+    )
+
+
+def function_gone(name: str, path: str) -> str:
+    return f"Error: {path} no longer defines {name}, so nothing was changed. Read {path} again."
+
+
+def function_rewritten(span: FunctionSpan, last: int, snippet: str, test_command: str | None = None) -> str:
+    check = (
+        f"Run the tests to check the fix: {test_command.strip()}"
+        if test_command
+        else "Run the tests to check the fix."
+    )
+    return (
+        f"Replaced {span.name} in {span.path} (lines {span.first}-{span.last}) with your version. "
+        f"Lines {span.first}-{last} of {span.path} now read:\n{snippet}\n{check}"
+    )

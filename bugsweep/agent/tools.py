@@ -18,6 +18,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from bugsweep.agent import prompts
+from bugsweep.agent.rewrite import (
+    FunctionSpan,
+    RewriteError,
+    current_span,
+    enclosing_function,
+    function_from_reply,
+    splice,
+)
 from bugsweep.sandbox.base import Sandbox, tail
 from bugsweep.settings import AgentSettings
 from bugsweep.testfiles import is_test_file
@@ -93,6 +101,8 @@ class Toolbox:
         self.time_left = time_left
         self.test_command = test_command
         """Named after each successful edit as the next step (a small model otherwise finishes untested)."""
+        self.seen: dict[str, tuple[int, int]] = {}
+        """Line ranges shown by read_file, by repo-relative path: whether the model has seen a function."""
 
     def schemas(self) -> list[dict[str, Any]]:
         s = self.settings
@@ -335,6 +345,7 @@ class Toolbox:
         if cut_at and cut_at <= total:
             text_out += prompts.read_cut(cut_at, limit)
         short_arg = rel if (first, last) == (1, total) else f"{rel}:{first}-{shown_last}"
+        self.seen[rel] = (first, shown_last)
         return ToolOutcome(text_out.rstrip("\n"), short_arg=short_arg)
 
     def _refuse_kind(self, kind: str, rel: str) -> ToolOutcome | None:
@@ -410,6 +421,65 @@ class Toolbox:
         self.sandbox.files.write(real, updated)
         text = prompts.edit_done(rel, first, last, _snippet(updated, first, last), loose, self.test_command)
         return ToolOutcome(text, short_arg=rel)
+
+    # -- whole-function edits (edit_style "whole_function", see rewrite.py) -----------------------------------
+    def function_to_rewrite(self, raw_arguments: str | dict[str, Any] | None) -> FunctionSpan | None:
+        """The Python function that an edit_file call would change, when the call is valid and its `old` matches
+        exactly one place inside one function of a code file; None for every other call (those run as usual,
+        so their errors and refusals stay the same)."""
+        args, _ = parse_arguments(raw_arguments)
+        if args is None or not all(isinstance(args.get(k), str) for k in ("path", "old", "new")):
+            return None
+        path, old, new = args["path"], args["old"], args["new"]
+        if not path.strip().endswith(".py") or not old.strip() or old == new:
+            return None
+        resolved = self.resolve(path)
+        if isinstance(resolved, ToolOutcome):
+            return None
+        real, rel, kind, _ = resolved
+        if kind != "file" or self._is_protected(rel):
+            return None
+        try:
+            content = self.sandbox.files.read_text(real)
+        except UnicodeDecodeError:
+            return None
+        spans = [(i, i + len(old)) for i in _occurrences(content, old)] or _loose_matches(content, old)
+        if len(spans) != 1:
+            return None
+        return enclosing_function(content, rel, *spans[0])
+
+    def has_seen(self, span: FunctionSpan) -> bool:
+        """Whether the last read_file of the span's file showed the whole function."""
+        first, last = self.seen.get(span.path, (0, -1))
+        return first <= span.first and span.last <= last
+
+    def rewrite_function(self, span: FunctionSpan, reply: str) -> ToolOutcome:
+        """Replace the function of `span` with its version from the code block in `reply`."""
+        resolved = self.resolve(span.path)
+        if isinstance(resolved, ToolOutcome):
+            return resolved
+        real, rel, kind, _ = resolved
+        refusal = self._refuse_kind(kind, rel)
+        if refusal:
+            return refusal
+        content = self.sandbox.files.read_text(real)
+        now = current_span(content, span)
+        if now is None:
+            return ToolOutcome(prompts.function_gone(span.name, rel), ok=False, short_arg=rel)
+        try:
+            function = function_from_reply(reply, span.name)
+        except RewriteError as exc:
+            return ToolOutcome(prompts.rewrite_unusable(str(exc), now), ok=False, short_arg=rel)
+        updated = splice(content, now, function)
+        if updated == content:
+            return ToolOutcome(prompts.rewrite_unchanged(now), ok=False, short_arg=rel)
+        broken = _new_syntax_error(content, updated, rel)
+        if broken is not None:
+            return ToolOutcome(prompts.rewrite_unusable(broken[1], now), ok=False, short_arg=rel)
+        self.sandbox.files.write(real, updated)
+        last = now.first + function.rstrip("\n").count("\n")
+        text = prompts.function_rewritten(now, last, _snippet(updated, now.first, last), self.test_command)
+        return ToolOutcome(text, short_arg=rel, arguments={"path": rel, "function": span.name})
 
     def _files_containing(self, text: str, exclude: str) -> list[str]:
         """Repository files (at most five) that contain the first line of `text`: a small model often copies

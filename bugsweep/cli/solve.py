@@ -229,6 +229,10 @@ class ProgressPrinter:
                 status = "[green]ok[/]"
             via = " [dim](from text)[/]" if event.recovered else ""
             console.print(f"{head} [bold]{event.tool or '?':<9}[/] {arg:<70} {status}{via} [dim]{tok}[/]")
+        elif event.kind == "rewrite":
+            arg = escape(event.short_arg or "")[:70]
+            status = "[cyan]asked for the whole function[/]"
+            console.print(f"{head} [bold]{event.tool or '?':<9}[/] {arg:<70} {status} [dim]{tok}[/]")
         elif event.kind in ("nudge", "error", "stop"):
             console.print(
                 f"{head} [magenta]{event.kind:<9}[/] {escape(event.detail or '')[:90]} [dim]{tok}[/]"

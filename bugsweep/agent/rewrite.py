@@ -1,0 +1,143 @@
+"""Whole-function edits: the model writes the corrected function as plain code instead of inside JSON arguments.
+
+Why: small models reason far worse about code they write inside a tool call's JSON than about code they write as
+text. Measured on the embedded Qwen2.5-Coder-1.5B (bench/README.md, "whole-function edits"): at the point where it
+had read the buggy function, its edit_file calls carried a correct fix in about 1 of 5 samples, while asked in one
+sentence for the whole corrected function in a ```python block it wrote a correct one in 5 of 5.
+
+So with `edit_style = "whole_function"` an edit_file call whose `old` lies inside one Python function is used to
+find *where* to edit, not *what* to write: the loop takes that call out of the conversation (the model would copy
+its own `new` again), asks for the whole function as a code block, and the code block of the next reply replaces
+the function. Everything here is pure text-in, text-out, so it is tested without a model or a sandbox.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import textwrap
+from dataclasses import dataclass
+
+#: Functions longer than this are edited with old/new as usual: rewriting them whole costs more than it helps.
+MAX_FUNCTION_LINES = 80
+
+_BLOCK = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)(?:^[ \t]*```|\Z)", re.DOTALL | re.MULTILINE)
+
+
+@dataclass(frozen=True)
+class FunctionSpan:
+    """One function definition in a file: where it is and what it says now."""
+
+    path: str
+    """Repository-relative path of the file."""
+    name: str
+    first: int
+    """First line (1-based), decorators included."""
+    last: int
+    """Last line (1-based), inclusive."""
+    indent: str
+    """The indentation of its `def` line (a method's is the class body's)."""
+    source: str
+    """The lines first..last as they are in the file."""
+
+
+def enclosing_function(
+    source: str, path: str, start: int, end: int, max_lines: int = MAX_FUNCTION_LINES
+) -> FunctionSpan | None:
+    """The innermost function whose lines hold the characters source[start:end]; None when the text is not inside
+    one function (module level, several functions, a class body), the file does not parse, or the function is
+    longer than `max_lines`."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return None
+    first_line = source.count("\n", 0, start) + 1
+    last_line = source.count("\n", 0, max(end - 1, start)) + 1
+    best: ast.FunctionDef | ast.AsyncFunctionDef | None = None
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) or node.end_lineno is None:
+            continue
+        top = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+        if top <= first_line and last_line <= node.end_lineno and (best is None or node.lineno > best.lineno):
+            best = node
+    if best is None or best.end_lineno is None:
+        return None
+    top = min([best.lineno, *(d.lineno for d in best.decorator_list)])
+    if best.end_lineno - top + 1 > max_lines:
+        return None
+    lines = source.split("\n")
+    def_line = lines[best.lineno - 1]
+    return FunctionSpan(
+        path=path,
+        name=best.name,
+        first=top,
+        last=best.end_lineno,
+        indent=def_line[: len(def_line) - len(def_line.lstrip())],
+        source="\n".join(lines[top - 1 : best.end_lineno]),
+    )
+
+
+def code_blocks(text: str) -> list[str]:
+    """The fenced code blocks of a reply (```python, ```py or a bare ```), in order. The last one may be unclosed:
+    llama.cpp's tool-call parser can swallow a closing fence at the very end of a reply."""
+    return [m.group(1) for m in _BLOCK.finditer(text or "")]
+
+
+class RewriteError(ValueError):
+    """The reply holds no usable version of the function; the message says what to send instead."""
+
+
+def function_from_reply(text: str, name: str) -> str:
+    """The definition of `name` (decorators included, dedented) from the first code block of `text` that has it.
+
+    Anything else in the block (imports, other functions, a class around a method) is left out: only the one
+    function is replaced. Raises RewriteError when no block defines `name` or the block is not valid Python.
+    """
+    blocks = code_blocks(text)
+    if not blocks:
+        raise RewriteError("your reply had no ```python code block")
+    problem = f"no code block in your reply defines {name}"
+    for block in blocks:
+        code = textwrap.dedent(block)
+        if not re.search(rf"\bdef\s+{re.escape(name)}\s*\(", code):
+            continue
+        try:
+            tree = ast.parse(code)
+        except SyntaxError as exc:
+            problem = f"the code block is not valid Python (line {exc.lineno}: {exc.msg})"
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == name:
+                assert node.end_lineno is not None
+                top = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+                lines = code.split("\n")[top - 1 : node.end_lineno]
+                return textwrap.dedent("\n".join(lines))
+    raise RewriteError(problem)
+
+
+def splice(source: str, span: FunctionSpan, function: str) -> str:
+    """`source` with the lines of `span` replaced by `function` (dedented code), indented like the original."""
+    lines = source.split("\n")
+    new_lines = [span.indent + line if line.strip() else "" for line in function.rstrip("\n").split("\n")]
+    return "\n".join([*lines[: span.first - 1], *new_lines, *lines[span.last :]])
+
+
+def current_span(source: str, span: FunctionSpan) -> FunctionSpan | None:
+    """`span` found again in the file as it is now (the model may have edited it since the request); None when
+    the function is gone or no longer parses."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return None
+    candidates = [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == span.name
+    ]
+    if not candidates:
+        return None
+    node = min(candidates, key=lambda n: abs(n.lineno - span.first))
+    lines = source.split("\n")
+    offset = lines[node.lineno - 1]
+    start = sum(len(line) + 1 for line in lines[: node.lineno - 1]) + len(offset) - len(offset.lstrip())
+    return enclosing_function(source, span.path, start, start + 1, max_lines=10**6)
