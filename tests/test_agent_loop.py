@@ -22,6 +22,7 @@ from bugsweep.agent.trajectory import load
 from bugsweep.errors import ConfigError, ModelUnavailable
 from bugsweep.sandbox import RepoSource, Sandbox, get_provider
 from bugsweep.settings import AgentSettings, ModelSettings
+from bugsweep.testing.repos import make_repo
 from bugsweep.testing.scripted_model import ScriptedModelServer, text_reply, tool_call
 
 KEY = "sk-test-secret-key-0123456789"
@@ -537,3 +538,145 @@ def test_a_failed_edit_leaves_the_conversation_but_not_the_trajectory(
     assert "assert add(2, 3) == 5" not in json.dumps(added)
     trajectory = json.dumps(load(tmp_path / "run" / "trajectory.json"))
     assert "assert add(2, 3) == 5" in trajectory and "forgotten" in trajectory
+
+
+# -- whole-function edits (edit_style "whole_function") --------------------------------------------------------
+
+WHOLE = AgentSettings(edit_style="whole_function")
+ADD_FIXED = "```python\ndef add(a, b):\n    return a + b\n"  # no closing fence: llama.cpp may drop it
+
+
+def test_an_edit_inside_a_function_asks_for_the_whole_function_and_its_code_block_replaces_it(
+    scripted_model, sandbox: Sandbox, tmp_path: Path
+) -> None:
+    server = scripted_model(
+        [
+            tool_call("read_file", path="calc.py"),
+            tool_call("edit_file", path="calc.py", old="return a - b", new="return a - b + 0"),
+            text_reply(ADD_FIXED),
+            tool_call("run", command=TEST_COMMAND),
+            tool_call("finish", summary="add adds"),
+        ]
+    )
+    result, events = solve(server, sandbox, tmp_path, settings=WHOLE)
+
+    assert result.stop_reason == "finished"
+    code = sandbox.files.read_text(f"{sandbox.workdir}/calc.py")
+    assert code == "def add(a, b):\n    return a + b\n\n\ndef mul(a, b):\n    return a * b\n"
+    before, asked = server.requests[1]["messages"], server.requests[2]["messages"]
+    assert asked[: len(before)] == before, "the cached prefix is kept: the call is replaced, nothing earlier"
+    request = asked[len(before) :]
+    assert [m["role"] for m in request] == ["user"]
+    assert request[0]["content"] == prompts.rewrite_request("add", "calc.py", 1, 2)
+    assert "a - b + 0" not in json.dumps(asked), "the model's own `new` is not shown back to it"
+    applied = server.requests[3]["messages"][-1]
+    assert applied["role"] == "user" and applied["content"].startswith("Replaced add in calc.py (lines 1-2)")
+    assert TEST_COMMAND in applied["content"]
+    runs = [e.exit_code for e in events if e.kind == "tool" and e.tool == "run"]
+    assert runs == [0]
+    assert [e.kind for e in events if e.kind in ("rewrite", "tool")][:3] == ["tool", "rewrite", "tool"]
+    trajectory = load(tmp_path / "run" / "trajectory.json")
+    asked_event = next(e for e in trajectory if e["type"] == "rewrite_requested")
+    assert asked_event["function"] == "add" and asked_event["arguments"]["new"] == "return a - b + 0"
+
+
+def test_the_function_is_shown_when_its_file_was_not_read(
+    scripted_model, sandbox: Sandbox, tmp_path: Path
+) -> None:
+    server = scripted_model(
+        [
+            tool_call("edit_file", path="calc.py", old="return a - b", new="return a + b"),
+            tool_call("finish", summary="x"),
+        ]
+    )
+    solve(server, sandbox, tmp_path, settings=WHOLE)
+    request = server.requests[1]["messages"][-1]["content"]
+    assert request == prompts.rewrite_request("add", "calc.py", 1, 2, "def add(a, b):\n    return a - b")
+
+
+def test_a_reply_without_the_function_is_asked_again_and_a_tool_call_instead_runs_as_sent(
+    scripted_model, sandbox: Sandbox, tmp_path: Path
+) -> None:
+    server = scripted_model(
+        [
+            tool_call("read_file", path="calc.py"),
+            tool_call("edit_file", path="calc.py", old="return a - b", new="return a + b"),
+            text_reply("The function should add."),
+            tool_call("edit_file", path="calc.py", old="return a - b", new="return b + a"),
+            tool_call("finish", summary="x"),
+        ]
+    )
+    result, _ = solve(server, sandbox, tmp_path, settings=WHOLE)
+    again = server.requests[3]["messages"][-1]
+    assert again["role"] == "user"
+    assert again["content"].startswith(
+        "Error: calc.py was not changed: your reply had no ```python code block."
+    )
+    assert "Reply with the whole corrected add function" in again["content"]
+    assert "return b + a" in sandbox.files.read_text(f"{sandbox.workdir}/calc.py")
+    assert result.stop_reason == "finished"
+
+
+def test_edits_outside_one_function_and_the_replace_style_run_as_sent(
+    scripted_model, sandbox: Sandbox, tmp_path: Path
+) -> None:
+    server = scripted_model(
+        [
+            tool_call(
+                "edit_file",
+                path="calc.py",
+                old="def add(a, b):\n    return a - b\n\n\ndef mul",
+                new="def add(a, b):\n    return a + b\n\n\ndef mul",
+            ),
+            tool_call("finish", summary="x"),
+        ]
+    )
+    solve(server, sandbox, tmp_path, settings=WHOLE)
+    assert "return a + b" in sandbox.files.read_text(f"{sandbox.workdir}/calc.py")
+
+    server = scripted_model([tool_call("edit_file", path="calc.py", old="return a * b", new="return a ** b")])
+    server.steps.append(tool_call("finish", summary="x"))
+    solve(server, sandbox, tmp_path, settings=AgentSettings(edit_style="replace"))
+    assert "return a ** b" in sandbox.files.read_text(f"{sandbox.workdir}/calc.py")
+
+
+def test_auto_edit_style_is_whole_function_only_for_the_embedded_model() -> None:
+    from bugsweep.agent.loop import resolve_edit_style
+    from bugsweep.embedded import MODEL_NAME
+
+    assert resolve_edit_style("auto", MODEL_NAME) == "whole_function"
+    assert resolve_edit_style("auto", "deepseek-chat") == "replace"
+    assert resolve_edit_style("replace", MODEL_NAME) == "replace"
+
+
+def test_an_unchanged_function_points_at_the_functions_it_calls(scripted_model, tmp_path: Path) -> None:
+    """Seen on the 1.5B model: asked for a function it had edited at a call site, it wrote the function back
+    unchanged; the answer names the function it calls, and an edit there is again asked for whole."""
+    files = {
+        "calc.py": "def _combine(a, b):\n    return a - b\n\n\ndef add(a, b):\n    return _combine(a, b)\n",
+        "tests/test_calc.py": "from calc import add\n\n\ndef test_add():\n    assert add(2, 3) == 5\n",
+    }
+    repo = make_repo(tmp_path / "combine", files)
+    unchanged = "```python\ndef add(a, b):\n    return _combine(a, b)\n```"
+    server = scripted_model(
+        [
+            tool_call("read_file", path="calc.py"),
+            tool_call("edit_file", path="calc.py", old="return _combine(a, b)", new="return a + b"),
+            text_reply(unchanged),
+            tool_call("edit_file", path="calc.py", old="return a - b", new="return a + b"),
+            text_reply("```python\ndef _combine(a, b):\n    return a + b\n```"),
+            tool_call("finish", summary="x"),
+        ]
+    )
+    with get_provider("local").create(RepoSource(str(repo))) as sbx:
+        result, _ = solve(server, sbx, tmp_path, settings=WHOLE)
+        assert sbx.files.read_text(f"{sbx.workdir}/calc.py").startswith(
+            "def _combine(a, b):\n    return a + b\n"
+        )
+    answer = server.requests[3]["messages"][-1]["content"]
+    assert answer.startswith("Error: your add is the same as the one in calc.py, so nothing was changed.")
+    assert "add calls _combine (line 1) of calc.py" in answer
+    assert server.requests[4]["messages"][-1]["content"] == prompts.rewrite_request(
+        "_combine", "calc.py", 1, 2
+    )
+    assert result.stop_reason == "finished" and result.turns == 6

@@ -29,7 +29,7 @@ from bugsweep.agent.model import (
     unreadable_text_tool_call,
 )
 from bugsweep.agent.rewrite import FunctionSpan, code_blocks
-from bugsweep.agent.tools import Toolbox, ToolOutcome, short
+from bugsweep.agent.tools import Toolbox, ToolOutcome, parse_arguments, short
 from bugsweep.agent.trajectory import Trajectory
 from bugsweep.sandbox.base import Sandbox
 from bugsweep.settings import AgentSettings
@@ -355,7 +355,7 @@ class _AgentRun:
             function=span.name,
             path=span.path,
             lines=[span.first, span.last],
-            arguments=call.arguments,
+            arguments=parse_arguments(call.arguments)[0],
         )
         self.trajectory.save()
         self._emit(
@@ -392,11 +392,11 @@ class _AgentRun:
         )
         self._append({"role": "user", "content": outcome.content}, result=True)
         self.trajectory.save()
-        if outcome.ok:
-            self.format_errors = 0
-        else:
+        if outcome.format_error:
             self.pending_rewrite = span
-            self._format_error("the code block could not replace the function")
+            self._format_error("the reply had no usable version of the function")
+        else:
+            self.format_errors = 0
 
     def _mark_repeat(self, call: ToolCall, outcome: ToolOutcome) -> ToolOutcome:
         """Say so when a read_file or edit_file call fails exactly as an identical earlier call did.

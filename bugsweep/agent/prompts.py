@@ -426,11 +426,17 @@ def rewrite_unusable(problem: str, span: FunctionSpan) -> str:
     )
 
 
-def rewrite_unchanged(span: FunctionSpan) -> str:
-    return (
-        f"Error: your {span.name} is the same as the one in {span.path}, so nothing was changed. "
-        "Find the line that gives the wrong result and write the corrected function."
-    )
+def rewrite_unchanged(span: FunctionSpan, called: Sequence[tuple[str, int]] = ()) -> str:
+    text = f"Error: your {span.name} is the same as the one in {span.path}, so nothing was changed."
+    if called:
+        names = ", ".join(f"{name} (line {line})" for name, line in called)
+        text += (
+            f" {span.name} calls {names} of {span.path}: if the wrong result comes from there, "
+            "read that function and fix it instead."
+        )
+    else:
+        text += " Find the line that gives the wrong result, and fix that line."
+    return text
 
 
 def function_gone(name: str, path: str) -> str:

@@ -454,7 +454,10 @@ class Toolbox:
         return first <= span.first and span.last <= last
 
     def rewrite_function(self, span: FunctionSpan, reply: str) -> ToolOutcome:
-        """Replace the function of `span` with its version from the code block in `reply`."""
+        """Replace the function of `span` with its version from the code block in `reply`.
+
+        A reply without a usable version of the function is a format_error (the loop asks again); one that does
+        not change the function is not (the model may well be right that the bug lies elsewhere)."""
         resolved = self.resolve(span.path)
         if isinstance(resolved, ToolOutcome):
             return resolved
@@ -469,13 +472,24 @@ class Toolbox:
         try:
             function = function_from_reply(reply, span.name)
         except RewriteError as exc:
-            return ToolOutcome(prompts.rewrite_unusable(str(exc), now), ok=False, short_arg=rel)
+            return ToolOutcome(
+                prompts.rewrite_unusable(str(exc), now), ok=False, format_error=True, short_arg=rel
+            )
         updated = splice(content, now, function)
         if updated == content:
-            return ToolOutcome(prompts.rewrite_unchanged(now), ok=False, short_arg=rel)
+            # Seen: asked for a function it had edited at a call site, the model wrote it back unchanged, turn
+            # after turn. Name what the function calls in this file: that is where the wrong value comes from.
+            called = [
+                (name, line)
+                for name, line, _ in definitions_named_in(content, now.source.split("\n", 1)[-1])
+                if name != now.name
+            ]
+            return ToolOutcome(prompts.rewrite_unchanged(now, called), ok=False, short_arg=rel)
         broken = _new_syntax_error(content, updated, rel)
         if broken is not None:
-            return ToolOutcome(prompts.rewrite_unusable(broken[1], now), ok=False, short_arg=rel)
+            return ToolOutcome(
+                prompts.rewrite_unusable(broken[1], now), ok=False, format_error=True, short_arg=rel
+            )
         self.sandbox.files.write(real, updated)
         last = now.first + function.rstrip("\n").count("\n")
         text = prompts.function_rewritten(now, last, _snippet(updated, now.first, last), self.test_command)

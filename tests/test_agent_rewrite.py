@@ -1,0 +1,152 @@
+"""Whole-function edits (bugsweep/agent/rewrite.py): finding the function an edit lands in, reading the function
+out of a model's reply, and putting it in its place. Pure text in, text out: no model, no sandbox."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from bugsweep.agent.rewrite import (
+    RewriteError,
+    code_blocks,
+    current_span,
+    enclosing_function,
+    function_from_reply,
+    splice,
+)
+
+SOURCE = textwrap.dedent(
+    '''\
+    """Shapes."""
+    import functools
+
+    SIDES = 4
+
+
+    @functools.cache
+    def area(w, h):
+        """Area of a rectangle."""
+        return w + h
+
+
+    class Square:
+        side = 1
+
+        def perimeter(self):
+            def double(x):
+                return x * 2
+            return double(self.side) * 3
+    '''
+)
+
+
+def span_of(text: str, source: str = SOURCE):
+    start = source.index(text)
+    return enclosing_function(source, "shapes.py", start, start + len(text))
+
+
+def test_an_edit_inside_a_function_names_the_whole_function_with_its_decorators() -> None:
+    span = span_of("return w + h")
+    assert span is not None
+    assert (span.name, span.first, span.last, span.indent) == ("area", 7, 10, "")
+    assert span.source.startswith("@functools.cache\ndef area(w, h):") and span.source.endswith(
+        "return w + h"
+    )
+
+
+def test_the_innermost_function_is_chosen_and_a_method_keeps_its_indentation() -> None:
+    inner = span_of("return x * 2")
+    method = span_of("return double(self.side) * 3")
+    assert inner is not None and (inner.name, inner.indent) == ("double", " " * 8)
+    assert method is not None and (method.name, method.first, method.last, method.indent) == (
+        "perimeter",
+        16,
+        19,
+        " " * 4,
+    )
+
+
+@pytest.mark.parametrize(
+    "text", ["SIDES = 4", "side = 1", "import functools", "return w + h\n\n\nclass Square:"]
+)
+def test_text_outside_one_function_is_not_a_whole_function_edit(text: str) -> None:
+    assert span_of(text) is None
+
+
+def test_long_functions_and_broken_files_are_edited_as_sent() -> None:
+    start = SOURCE.index("return w + h")
+    assert enclosing_function(SOURCE, "shapes.py", start, start + 3, max_lines=3) is None
+    broken = SOURCE.replace("def area(w, h):", "def area(w, h)")
+    start = broken.index("return w + h")
+    assert enclosing_function(broken, "shapes.py", start, start + 3) is None
+
+
+def test_code_blocks_accept_a_missing_closing_fence_at_the_end() -> None:
+    """llama.cpp's tool-call parser can drop the closing fence of a reply's last block."""
+    reply = "Here:\n```python\ndef f():\n    return 1\n```\nand\n```py\ndef g():\n    return 2\n"
+    assert code_blocks(reply) == ["def f():\n    return 1\n", "def g():\n    return 2\n"]
+    assert code_blocks("no code here") == []
+
+
+def test_only_the_named_function_is_taken_from_the_reply() -> None:
+    reply = textwrap.dedent(
+        """\
+        The sum should be a product.
+        ```python
+        import functools
+
+        @functools.cache
+        def area(w, h):
+            return w * h
+
+        print(area(2, 3))
+        ```
+        """
+    )
+    assert function_from_reply(reply, "area") == "@functools.cache\ndef area(w, h):\n    return w * h"
+
+
+def test_a_method_written_inside_its_class_or_indented_is_found() -> None:
+    in_class = "```python\nclass Square:\n    def perimeter(self):\n        return self.side * 4\n```"
+    indented = "```python\n    def perimeter(self):\n        return self.side * 4\n```"
+    expected = "def perimeter(self):\n    return self.side * 4"
+    assert function_from_reply(in_class, "perimeter") == expected
+    assert function_from_reply(indented, "perimeter") == expected
+
+
+@pytest.mark.parametrize(
+    ("reply", "problem"),
+    [
+        ("I would multiply.", "no ```python code block"),
+        (
+            "```python\ndef volume(w, h, d):\n    return w * h * d\n```",
+            "no code block in your reply defines area",
+        ),
+        ("```python\ndef area(w, h)\n    return w * h\n```", "not valid Python (line 1"),
+    ],
+)
+def test_an_unusable_reply_says_what_is_wrong(reply: str, problem: str) -> None:
+    with pytest.raises(RewriteError, match=problem.replace("(", r"\(")):
+        function_from_reply(reply, "area")
+
+
+def test_splice_replaces_exactly_the_function_lines_at_their_indentation() -> None:
+    method = span_of("return double(self.side) * 3")
+    assert method is not None
+    updated = splice(SOURCE, method, "def perimeter(self):\n\n    return self.side * 4\n")
+    assert updated == SOURCE.replace(
+        "    def perimeter(self):\n        def double(x):\n            return x * 2\n"
+        "        return double(self.side) * 3\n",
+        "    def perimeter(self):\n\n        return self.side * 4\n",
+    )
+    compile(updated, "shapes.py", "exec")
+
+
+def test_the_function_is_found_again_after_the_file_moved() -> None:
+    span = span_of("return w + h")
+    assert span is not None
+    moved = SOURCE.replace('"""Shapes."""\n', '"""Shapes."""\n# a new comment\n# and another\n')
+    again = current_span(moved, span)
+    assert again is not None and (again.first, again.last) == (span.first + 2, span.last + 2)
+    assert current_span(SOURCE.replace("def area", "def surface"), span) is None
