@@ -649,21 +649,24 @@ def test_auto_edit_style_is_whole_function_only_for_the_embedded_model() -> None
     assert resolve_edit_style("replace", MODEL_NAME) == "replace"
 
 
-def test_an_unchanged_function_points_at_the_functions_it_calls(scripted_model, tmp_path: Path) -> None:
-    """Seen on the 1.5B model: asked for a function it had edited at a call site, it wrote the function back
-    unchanged; the answer names the function it calls, and an edit there is again asked for whole."""
-    files = {
-        "calc.py": "def _combine(a, b):\n    return a - b\n\n\ndef add(a, b):\n    return _combine(a, b)\n",
-        "tests/test_calc.py": "from calc import add\n\n\ndef test_add():\n    assert add(2, 3) == 5\n",
-    }
-    repo = make_repo(tmp_path / "combine", files)
-    unchanged = "```python\ndef add(a, b):\n    return _combine(a, b)\n```"
+COMBINE = {
+    "calc.py": "def _combine(a, b):\n    return a - b\n\n\ndef add(a, b):\n    return _combine(a, b)\n",
+    "tests/test_calc.py": "from calc import add\n\n\ndef test_add():\n    assert add(2, 3) == 5\n",
+}
+UNCHANGED_ADD = "```python\ndef add(a, b):\n    return _combine(a, b)\n```"
+
+
+def test_a_function_written_back_unchanged_moves_the_request_to_the_function_it_calls(
+    scripted_model, tmp_path: Path
+) -> None:
+    """Seen on the 1.5B model: asked for the function it had edited at a call site, it wrote that function back
+    unchanged, turn after turn. The exchange leaves the conversation and the request moves to the callee."""
+    repo = make_repo(tmp_path / "combine", COMBINE)
     server = scripted_model(
         [
             tool_call("read_file", path="calc.py"),
             tool_call("edit_file", path="calc.py", old="return _combine(a, b)", new="return a + b"),
-            text_reply(unchanged),
-            tool_call("edit_file", path="calc.py", old="return a - b", new="return a + b"),
+            text_reply(UNCHANGED_ADD),
             text_reply("```python\ndef _combine(a, b):\n    return a + b\n```"),
             tool_call("finish", summary="x"),
         ]
@@ -673,10 +676,40 @@ def test_an_unchanged_function_points_at_the_functions_it_calls(scripted_model, 
         assert sbx.files.read_text(f"{sbx.workdir}/calc.py").startswith(
             "def _combine(a, b):\n    return a + b\n"
         )
-    answer = server.requests[3]["messages"][-1]["content"]
-    assert answer.startswith("Error: your add is the same as the one in calc.py, so nothing was changed.")
-    assert "add calls _combine (line 1) of calc.py" in answer
-    assert server.requests[4]["messages"][-1]["content"] == prompts.rewrite_request(
-        "_combine", "calc.py", 1, 2
+    before, moved = server.requests[1]["messages"], server.requests[3]["messages"]
+    assert moved[: len(before)] == before
+    assert [m["content"] for m in moved[len(before) :]] == [
+        prompts.rewrite_request("_combine", "calc.py", 1, 2, caller="add")
+    ]
+    assert "return _combine(a, b)\n```" not in json.dumps(moved)
+    assert server.requests[4]["messages"][-1]["content"].startswith(
+        "Replaced _combine in calc.py (lines 1-2)"
     )
-    assert result.stop_reason == "finished" and result.turns == 6
+    assert result.stop_reason == "finished" and result.turns == 5
+
+
+def test_a_function_written_back_unchanged_names_its_callees_when_there_are_several(
+    scripted_model, tmp_path: Path
+) -> None:
+    files = dict(COMBINE)
+    files["calc.py"] = (
+        "def _left(a):\n    return a\n\n\ndef _right(b):\n    return -b\n\n\n"
+        "def add(a, b):\n    return _left(a) + _right(b)\n"
+    )
+    repo = make_repo(tmp_path / "several", files)
+    server = scripted_model(
+        [
+            tool_call("read_file", path="calc.py"),
+            tool_call("edit_file", path="calc.py", old="return _left(a) + _right(b)", new="return a + b"),
+            text_reply("```python\ndef add(a, b):\n    return _left(a) + _right(b)\n```"),
+            tool_call("finish", summary="x"),
+        ]
+    )
+    with get_provider("local").create(RepoSource(str(repo))) as sbx:
+        solve(server, sbx, tmp_path, settings=WHOLE)
+    note = server.requests[3]["messages"][-1]
+    assert note["role"] == "user"
+    assert note["content"] == (
+        "Error: your add is the same as the one in calc.py, so nothing was changed. add calls _left (line 1), "
+        "_right (line 5) of calc.py: if the wrong result comes from there, read that function and fix it instead."
+    )

@@ -166,6 +166,8 @@ class _AgentRun:
         self._last_outcome: ToolOutcome | None = None
         self.whole_functions = resolve_edit_style(settings.edit_style, model.name) == "whole_function"
         self.pending_rewrite: FunctionSpan | None = None
+        self.rewrite_from = 0
+        """Where the last rewrite request starts in `messages`."""
         """The function the last turn asked to be rewritten whole (edit_style "whole_function")."""
         self.failed_calls: dict[tuple[str, str], tuple[int, str]] = {}
         """Failed read_file/edit_file calls by (tool, arguments): the turn and the error, to recognise repeats."""
@@ -338,15 +340,17 @@ class _AgentRun:
         self.trajectory.add("forgotten", turn=self.turn, detail="failed edit_file call replaced by a note")
         self.trajectory.save()
 
-    def _request_rewrite(self, span: FunctionSpan, call: ToolCall) -> None:
-        """Answer an edit_file call inside one function by asking for the whole function as a code block.
+    def _request_rewrite(self, span: FunctionSpan, call: ToolCall | None, caller: str | None = None) -> None:
+        """Ask for the whole function `span` as a code block, in place of an edit_file call inside it.
 
         The reply with the call leaves the conversation (it is the last message, so the cached prefix holds): a
         small model shown its own `new` copies it into the function it writes next. The trajectory keeps it.
         """
-        self.messages.pop()
+        if call is not None:
+            self.messages.pop()
         source = None if self.toolbox.has_seen(span) else span.source
-        request = prompts.rewrite_request(span.name, span.path, span.first, span.last, source)
+        request = prompts.rewrite_request(span.name, span.path, span.first, span.last, source, caller)
+        self.rewrite_from = len(self.messages)
         self._append({"role": "user", "content": request}, result=True)
         self.pending_rewrite = span
         self.trajectory.add(
@@ -355,7 +359,8 @@ class _AgentRun:
             function=span.name,
             path=span.path,
             lines=[span.first, span.last],
-            arguments=parse_arguments(call.arguments)[0],
+            arguments=parse_arguments(call.arguments)[0] if call is not None else None,
+            caller=caller,
         )
         self.trajectory.save()
         self._emit(
@@ -366,7 +371,12 @@ class _AgentRun:
         )
 
     def _answer_rewrite(self, span: FunctionSpan, content: str) -> None:
-        """Apply the function written in a reply's code block; a failure goes back with what to send instead."""
+        """Apply the function written in a reply's code block.
+
+        A reply without a usable function is asked again. A function written back unchanged leaves the
+        conversation together with the request (the model copies its own last reply), and the request moves to
+        the function it calls, when there is exactly one in the file.
+        """
         started = time.monotonic()
         outcome = self.toolbox.rewrite_function(span, content)
         self.trajectory.add(
@@ -376,7 +386,7 @@ class _AgentRun:
             name="edit_file",
             arguments={"path": span.path, "function": span.name},
             ok=outcome.ok,
-            format_error=False,
+            format_error=outcome.format_error,
             exit_code=None,
             timed_out=False,
             recovered=True,
@@ -390,13 +400,25 @@ class _AgentRun:
             detail=None if outcome.ok else short(outcome.content, 160),
             recovered=True,
         )
-        self._append({"role": "user", "content": outcome.content}, result=True)
-        self.trajectory.save()
         if outcome.format_error:
+            self._append({"role": "user", "content": outcome.content}, result=True)
+            self.trajectory.save()
             self.pending_rewrite = span
             self._format_error("the reply had no usable version of the function")
-        else:
-            self.format_errors = 0
+            return
+        self.format_errors = 0
+        if outcome.callees is not None:
+            del self.messages[self.rewrite_from :]
+            while self.result_indices and self.result_indices[-1] >= len(self.messages):
+                self.result_indices.pop()
+            self.trajectory.add(
+                "forgotten", turn=self.turn, detail="unchanged function and its request removed"
+            )
+            if len(outcome.callees) == 1:
+                self._request_rewrite(outcome.callees[0], None, caller=span.name)
+                return
+        self._append({"role": "user", "content": outcome.content}, result=True)
+        self.trajectory.save()
 
     def _mark_repeat(self, call: ToolCall, outcome: ToolOutcome) -> ToolOutcome:
         """Say so when a read_file or edit_file call fails exactly as an identical earlier call did.

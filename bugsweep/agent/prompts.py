@@ -408,14 +408,27 @@ def recovered_result(tool: str, content: str) -> str:
 # -- whole-function edits (edit_style "whole_function", see rewrite.py) ---------------------------------------
 
 
-def rewrite_request(name: str, path: str, first: int, last: int, source: str | None = None) -> str:
+def rewrite_request(
+    name: str, path: str, first: int, last: int, source: str | None = None, caller: str | None = None
+) -> str:
     """Sent in place of an edit_file call inside one function. Measured wording (bench/README.md): the model's own
-    call is not shown again, and the function is shown only when its file was not read in this run."""
-    shown = f", which now reads:\n```python\n{source}\n```\n" if source is not None else ". "
+    call is not shown again, and the function is shown only when its file was not read in this run. With `caller`:
+    the model wrote the function its edit was in (`caller`) back unchanged, so the request moves to the function
+    of the same file that `caller` calls."""
+    where = f"{path}, lines {first}-{last}"
+    shown = f"It now reads:\n```python\n{source}\n```\n" if source is not None else ""
+    if caller is None:
+        head = f"Your edit_file call changes the function {name} ({where}). "
+        what = f"the whole corrected {name} function, from its def line to its end"
+    else:
+        head = (
+            f"Your edit_file call changes {caller}, but the wrong result comes from a function that {caller} "
+            "calls. "
+        )
+        what = f"the whole corrected {name} function ({where}), from its def line to its end"
     return (
-        f"Your edit_file call changes the function {name} ({path}, lines {first}-{last}){shown}"
-        f"Instead of a tool call, reply with the whole corrected {name} function, from its def line to its end, "
-        f"in a ```python block. It will replace lines {first}-{last} of {path}."
+        f"{head}{shown}Instead of a tool call, reply with {what}, in a ```python block. "
+        f"It will replace lines {first}-{last} of {path}."
     )
 
 

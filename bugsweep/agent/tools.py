@@ -50,6 +50,9 @@ class ToolOutcome:
     summary: str = ""
     arguments: dict[str, Any] | None = None
     """The parsed arguments, for the trajectory."""
+    callees: list[FunctionSpan] | None = None
+    """Whole-function edits only: set when the model wrote the function back unchanged, to the functions of the same
+    file that it calls (where the wrong result must come from)."""
 
 
 def short(text: str, limit: int = 80) -> str:
@@ -448,6 +451,22 @@ class Toolbox:
             return None
         return enclosing_function(content, rel, *spans[0])
 
+    @staticmethod
+    def callees(content: str, span: FunctionSpan) -> list[FunctionSpan]:
+        """The functions of the same file that `span`'s function calls (by name, in its body), in file order."""
+        body = span.source.split("\n", 1)[-1] if "\n" in span.source else ""
+        lines = _lines(content)
+        found = []
+        for name, line, _ in definitions_named_in(content, body):
+            if name == span.name or not re.search(rf"\b{re.escape(name)}\s*\(", body):
+                continue
+            def_line = lines[line - 1]
+            start = sum(len(x) for x in lines[: line - 1]) + len(def_line) - len(def_line.lstrip())
+            callee = enclosing_function(content, span.path, start, start + 1)
+            if callee is not None and callee.name == name:
+                found.append(callee)
+        return found
+
     def has_seen(self, span: FunctionSpan) -> bool:
         """Whether the last read_file of the span's file showed the whole function."""
         first, last = self.seen.get(span.path, (0, -1))
@@ -478,13 +497,14 @@ class Toolbox:
         updated = splice(content, now, function)
         if updated == content:
             # Seen: asked for a function it had edited at a call site, the model wrote it back unchanged, turn
-            # after turn. Name what the function calls in this file: that is where the wrong value comes from.
-            called = [
-                (name, line)
-                for name, line, _ in definitions_named_in(content, now.source.split("\n", 1)[-1])
-                if name != now.name
-            ]
-            return ToolOutcome(prompts.rewrite_unchanged(now, called), ok=False, short_arg=rel)
+            # after turn. What the function calls in this file is where the wrong value comes from.
+            callees = self.callees(content, now)
+            return ToolOutcome(
+                prompts.rewrite_unchanged(now, [(c.name, c.first) for c in callees]),
+                ok=False,
+                short_arg=rel,
+                callees=callees,
+            )
         broken = _new_syntax_error(content, updated, rel)
         if broken is not None:
             return ToolOutcome(
