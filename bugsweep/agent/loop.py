@@ -28,7 +28,7 @@ from bugsweep.agent.model import (
     Usage,
     unreadable_text_tool_call,
 )
-from bugsweep.agent.rewrite import FunctionSpan, code_blocks
+from bugsweep.agent.rewrite import FunctionSpan
 from bugsweep.agent.tools import Toolbox, ToolOutcome, parse_arguments, short
 from bugsweep.agent.trajectory import Trajectory
 from bugsweep.sandbox.base import Sandbox
@@ -232,11 +232,11 @@ class _AgentRun:
 
         pending, self.pending_rewrite = self.pending_rewrite, None
         if pending is not None:
-            # Asked once: an edit_file call sent instead of the code block runs as sent.
-            if code_blocks(reply.content) or not reply.tool_calls:
+            # The answer is a reply without tool calls. Asked once: tool calls sent instead (an edit_file call
+            # included) run as sent.
+            if not reply.tool_calls:
                 self._answer_rewrite(pending, reply.content)
-                if not reply.tool_calls:
-                    return False
+                return False
         elif self.whole_functions and len(reply.tool_calls) == 1 and reply.tool_calls[0].name == "edit_file":
             span = self.toolbox.function_to_rewrite(reply.tool_calls[0].arguments)
             if span is not None:
