@@ -2,6 +2,7 @@
 
     python bench/embedded_demo.py --runs 5                # both agents
     python bench/embedded_demo.py --runs 5 --agents bugsweep
+    python bench/embedded_demo.py --runs 3 --agents bugsweep,bugsweep-replace --case bench/cases/pages
 
 What it measures (issue 3's bar: resolved in >= 4 of 5 runs, median wall time < 5 min on 2 cores):
 - bugsweep: `bugsweep demo` exactly as a user runs it (a subprocess), graded by bugsweep (tests fail before, pass
@@ -9,6 +10,10 @@ What it measures (issue 3's bar: resolved in >= 4 of 5 runs, median wall time < 
 - mini-swe-agent (PyPI `mini-swe-agent`, its default `mini.yaml` tool-calling config, DefaultAgent, LocalEnvironment
   in a temporary copy of the same demo project) with the same model server, task text and turn limit. Graded the
   same way here: test files restored from git, then the test command must pass (and failed before).
+- bugsweep-replace: the same with BUGSWEEP_EDIT_STYLE=replace (edit_file applied as sent, no whole-function
+  edits), to measure what that setting does, side by side.
+`--case DIR` runs another small project instead of the demo (DIR holds the files and a case.json with "task" and
+"test_command"; bench/cases/ has two); bugsweep then runs as `bugsweep solve` on a git copy of it.
 The server is started once (or reused) for all runs, so its 3-15 s start is not in the per-run times. Machine load
 (`uptime`) is recorded before and after, because other processes share the 2 cores.
 Results go to bench/results/embedded_demo-<time>.json and a table on stdout.
@@ -31,6 +36,7 @@ from typing import Any
 
 from bugsweep.cli.solve import DEMO_TASK, DEMO_TEST_COMMAND, materialise_demo_repo
 from bugsweep.embedded.server import ensure_embedded_model
+from bugsweep.testing.repos import make_repo
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -39,16 +45,46 @@ def load() -> str:
     return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
 
 
-def run_bugsweep(base_url: str, model: str, out_dir: Path, max_turns: int) -> dict[str, Any]:
-    """One `bugsweep demo` run against the running server; the grade comes from its grade.json."""
+class Case:
+    """The project the agents work on: the bundled demo, or a folder with the files and a case.json."""
+
+    def __init__(self, folder: Path | None) -> None:
+        self.folder = folder
+        if folder is None:
+            self.name, self.task, self.test_command = "demo", DEMO_TASK, DEMO_TEST_COMMAND
+        else:
+            meta = json.loads((folder / "case.json").read_text())
+            self.name, self.task, self.test_command = folder.name, meta["task"], meta["test_command"]
+
+    def materialise(self, dest: Path) -> Path:
+        """A git repository with the project in one commit, at `dest`."""
+        if self.folder is None:
+            return materialise_demo_repo(dest)
+        files = {
+            str(p.relative_to(self.folder)): p.read_text()
+            for p in sorted(self.folder.rglob("*"))
+            if p.is_file() and p.name != "case.json" and "__pycache__" not in p.parts
+        }
+        return make_repo(dest, files, message=f"{self.name}: with a bug")
+
+
+def run_bugsweep(
+    case: Case, base_url: str, model: str, out_dir: Path, max_turns: int, edit_style: str | None = None
+) -> dict[str, Any]:
+    """One `bugsweep demo` (or `bugsweep solve` on a copy of the case) run against the running server; the grade
+    comes from its grade.json."""
     env = {**os.environ, "LLM_BASE_URL": base_url, "LLM_MODEL": model, "LLM_API_KEY": "none"}
+    if edit_style:
+        env["BUGSWEEP_EDIT_STYLE"] = edit_style
+    command = ["bugsweep", "demo", "--out", str(out_dir), "--max-turns", str(max_turns)]
+    if case.folder is not None:
+        repo = case.materialise(Path(tempfile.mkdtemp(prefix=f"bench-{case.name}-")) / "repo")
+        command = [
+            "bugsweep", "solve", "--repo", str(repo), "--task", case.task, "--test-command", case.test_command,
+            "--out", str(out_dir), "--max-turns", str(max_turns),
+        ]  # fmt: skip
     started = time.monotonic()
-    proc = subprocess.run(
-        ["bugsweep", "demo", "--out", str(out_dir), "--max-turns", str(max_turns)],
-        env=env,
-        capture_output=True,
-        text=True,
-    )
+    proc = subprocess.run(command, env=env, capture_output=True, text=True)
     wall = time.monotonic() - started
     (out_dir / "console.log").parent.mkdir(parents=True, exist_ok=True)
     (out_dir / "console.log").write_text(proc.stdout + proc.stderr)
@@ -56,7 +92,7 @@ def run_bugsweep(base_url: str, model: str, out_dir: Path, max_turns: int) -> di
         grade = json.loads((out_dir / "grade.json").read_text())
     except (OSError, ValueError):
         return {
-            "agent": "bugsweep",
+            "agent": "bugsweep" if not edit_style else f"bugsweep-{edit_style}",
             "resolved": False,
             "error": f"exit {proc.returncode}, no grade.json",
             "wall_s": wall,
@@ -66,7 +102,7 @@ def run_bugsweep(base_url: str, model: str, out_dir: Path, max_turns: int) -> di
             "out": str(out_dir),
         }
     return {
-        "agent": "bugsweep",
+        "agent": "bugsweep" if not edit_style else f"bugsweep-{edit_style}",
         "resolved": bool(grade.get("resolved")),
         "stop_reason": grade.get("stop_reason"),
         "turns": grade.get("turns", 0),
@@ -80,8 +116,10 @@ def run_bugsweep(base_url: str, model: str, out_dir: Path, max_turns: int) -> di
     }
 
 
-def run_mini(base_url: str, model: str, out_dir: Path, max_turns: int, text: bool = False) -> dict[str, Any]:
-    """One mini-swe-agent run on a fresh copy of the demo project, graded like bugsweep grades.
+def run_mini(
+    case: Case, base_url: str, model: str, out_dir: Path, max_turns: int, text: bool = False
+) -> dict[str, Any]:
+    """One mini-swe-agent run on a fresh copy of the project, graded like bugsweep grades.
 
     `text`: mini's text-based mode (`mini_textbased.yaml`, the command in a fenced block, no `tools`) instead of
     its default tool-calling mode (`mini.yaml`).
@@ -99,8 +137,8 @@ def run_mini(base_url: str, model: str, out_dir: Path, max_turns: int, text: boo
         (builtin_config_dir / ("mini_textbased.yaml" if text else "mini.yaml")).read_text()
     )
     work = Path(tempfile.mkdtemp(prefix="mini-demo-"))
-    repo = materialise_demo_repo(work / "repo")
-    before = subprocess.run(DEMO_TEST_COMMAND, shell=True, cwd=repo, capture_output=True, text=True)
+    repo = case.materialise(work / "repo")
+    before = subprocess.run(case.test_command, shell=True, cwd=repo, capture_output=True, text=True)
     model_class = LitellmTextbasedModel if text else LitellmModel
     model_obj = model_class(
         model_name=f"openai/{model}",
@@ -129,7 +167,7 @@ def run_mini(base_url: str, model: str, out_dir: Path, max_turns: int, text: boo
         wall_time_limit_seconds=3600,
         output_path=out_dir / "trajectory.json",
     )
-    task = f"{DEMO_TASK}\n\nThe tests run with this command: {DEMO_TEST_COMMAND}"
+    task = f"{case.task}\n\nThe tests run with this command: {case.test_command}"
     started = time.monotonic()
     try:
         info = agent.run(task)
@@ -141,7 +179,7 @@ def run_mini(base_url: str, model: str, out_dir: Path, max_turns: int, text: boo
         ["git", "status", "--porcelain", "tests"], cwd=repo, capture_output=True, text=True
     ).stdout.strip()
     subprocess.run(["git", "checkout", "-q", "HEAD", "--", "tests"], cwd=repo, check=False)
-    after = subprocess.run(DEMO_TEST_COMMAND, shell=True, cwd=repo, capture_output=True, text=True)
+    after = subprocess.run(case.test_command, shell=True, cwd=repo, capture_output=True, text=True)
     patch = subprocess.run(["git", "diff"], cwd=repo, capture_output=True, text=True).stdout
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "patch.diff").write_text(patch)
@@ -183,7 +221,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument(
-        "--agents", default="bugsweep,mini", help="comma-separated: bugsweep, mini (tool calls), mini-text"
+        "--agents",
+        default="bugsweep,mini",
+        help="comma-separated: bugsweep, bugsweep-replace, mini (tool calls), mini-text",
+    )
+    parser.add_argument(
+        "--case", type=Path, default=None, help="a folder like bench/cases/pages (default: the demo)"
     )
     parser.add_argument("--max-turns", type=int, default=30)
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
@@ -191,18 +234,37 @@ def main() -> None:
     stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     run_root = Path(tempfile.gettempdir()) / f"bugsweep-bench-{stamp}"
     agents = [a.strip() for a in args.agents.split(",") if a.strip()]
-    report: dict[str, Any] = {"started": stamp, "load_before": load(), "cores": os.cpu_count(), "runs": []}
+    case = Case(args.case)
+    report: dict[str, Any] = {
+        "started": stamp,
+        "case": case.name,
+        "task": case.task,
+        "load_before": load(),
+        "cores": os.cpu_count(),
+        "commit": subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+        ).stdout.strip(),
+        "runs": [],
+    }
     print(f"load before: {report['load_before']}", flush=True)
     with ensure_embedded_model(progress=lambda m: print(m, flush=True)) as endpoint:
         report["model"] = endpoint.model
         for agent in agents:
             for i in range(1, args.runs + 1):
                 out_dir = run_root / f"{agent}-{i}"
-                if agent == "bugsweep":
-                    row = run_bugsweep(endpoint.base_url, endpoint.model, out_dir, args.max_turns)
+                if agent.startswith("bugsweep"):
+                    style = "replace" if agent == "bugsweep-replace" else None
+                    row = run_bugsweep(
+                        case, endpoint.base_url, endpoint.model, out_dir, args.max_turns, style
+                    )
                 else:
                     row = run_mini(
-                        endpoint.base_url, endpoint.model, out_dir, args.max_turns, text=agent == "mini-text"
+                        case,
+                        endpoint.base_url,
+                        endpoint.model,
+                        out_dir,
+                        args.max_turns,
+                        text=agent == "mini-text",
                     )
                 row["run"], row["load"] = i, load()
                 report["runs"].append(row)
@@ -214,12 +276,17 @@ def main() -> None:
                     flush=True,
                 )
     report["load_after"] = load()
-    names = {"bugsweep": "bugsweep", "mini": "mini-swe-agent", "mini-text": "mini-swe-agent-text"}
+    names = {
+        "bugsweep": "bugsweep",
+        "bugsweep-replace": "bugsweep-replace",
+        "mini": "mini-swe-agent",
+        "mini-text": "mini-swe-agent-text",
+    }
     report["summary"] = {
         names[a]: summarise([r for r in report["runs"] if r["agent"] == names[a]]) for a in agents
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"embedded_demo-{stamp}.json"
+    path = args.out / f"embedded_demo-{case.name}-{stamp}.json"
     path.write_text(json.dumps(report, indent=2))
     print(f"\nload after: {report['load_after']}")
     print(

@@ -19,6 +19,10 @@ Tuned against the embedded Qwen2.5-Coder-1.5B (temperature 0, local sandbox) on 
   and old == new is only reported when old is actually in the file (else "not found" shows the real lines).
 With these, both tasks were resolved (7 turns, 1-2 minutes each), with the tests run before finish. Replies at
 temperature 0 still vary between runs (the server's prompt cache), so a single run proves little.
+
+On the demo's leap-year bug, which needs a new rule rather than a flipped operator, none of that was enough: the
+model found the line but wrote a wrong rule inside edit_file's JSON, while as a plain ```python block it wrote the
+right one (5 of 5). The whole-function requests below (rewrite.py) come from that.
 """
 
 from __future__ import annotations
