@@ -294,19 +294,8 @@ class _AgentRun:
         duration = time.monotonic() - started
         outcome = self._mark_repeat(call, outcome)
         self._last_outcome = outcome
-        self.trajectory.add(
-            "tool",
-            turn=self.turn,
-            id=call.id,
-            name=call.name,
-            arguments=outcome.arguments if outcome.arguments is not None else call.arguments,
-            ok=outcome.ok,
-            format_error=outcome.format_error,
-            exit_code=outcome.exit_code,
-            timed_out=outcome.timed_out,
-            recovered=call.recovered,
-            duration_s=round(duration, 4),
-        )
+        arguments = outcome.arguments if outcome.arguments is not None else call.arguments
+        self._record_tool(call.id, call.name, arguments, outcome, call.recovered, duration)
         self._emit(
             "tool",
             tool=call.name,
@@ -317,6 +306,29 @@ class _AgentRun:
             recovered=call.recovered,
         )
         return outcome
+
+    def _record_tool(
+        self,
+        call_id: str | None,
+        name: str,
+        arguments: Any,
+        outcome: ToolOutcome,
+        recovered: bool,
+        duration: float,
+    ) -> None:
+        self.trajectory.add(
+            "tool",
+            turn=self.turn,
+            id=call_id,
+            name=name,
+            arguments=arguments,
+            ok=outcome.ok,
+            format_error=outcome.format_error,
+            exit_code=outcome.exit_code,
+            timed_out=outcome.timed_out,
+            recovered=recovered,
+            duration_s=round(duration, 4),
+        )
 
     def _forget_failed_edit(self, calls: list[ToolCall]) -> None:
         """Take a failed edit_file call out of the conversation, keeping only what went wrong.
@@ -379,19 +391,8 @@ class _AgentRun:
         """
         started = time.monotonic()
         outcome = self.toolbox.rewrite_function(span, content)
-        self.trajectory.add(
-            "tool",
-            turn=self.turn,
-            id=None,
-            name="edit_file",
-            arguments={"path": span.path, "function": span.name},
-            ok=outcome.ok,
-            format_error=outcome.format_error,
-            exit_code=None,
-            timed_out=False,
-            recovered=True,
-            duration_s=round(time.monotonic() - started, 4),
-        )
+        arguments = {"path": span.path, "function": span.name}
+        self._record_tool(None, "edit_file", arguments, outcome, True, time.monotonic() - started)
         self._emit(
             "tool",
             tool="edit_file",

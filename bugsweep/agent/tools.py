@@ -292,14 +292,19 @@ class Toolbox:
         return any(is_test_file(p, self.settings.protected_globs, self.protected_paths) for p in rel_paths)
 
     # -- read_file ---------------------------------------------------------------------------------------------
-    def read_file(self, path: str, start_line: Any = None, end_line: Any = None) -> ToolOutcome:
+    def _existing_file(self, path: str) -> tuple[str, str] | ToolOutcome:
+        """(real path, repo-relative path) of an existing regular file, or the refusal to give the model."""
         resolved = self.resolve(path)
         if isinstance(resolved, ToolOutcome):
             return resolved
         real, rel, kind, _ = resolved
-        refusal = self._refuse_kind(kind, rel)
-        if refusal:
-            return refusal
+        return self._refuse_kind(kind, rel) or (real, rel)
+
+    def read_file(self, path: str, start_line: Any = None, end_line: Any = None) -> ToolOutcome:
+        found = self._existing_file(path)
+        if isinstance(found, ToolOutcome):
+            return found
+        real, rel = found
         try:
             text = self.sandbox.files.read_text(real)
         except UnicodeDecodeError:
@@ -477,13 +482,10 @@ class Toolbox:
 
         A reply without a usable version of the function is a format_error (the loop asks again); one that does
         not change the function is not (the model may well be right that the bug lies elsewhere)."""
-        resolved = self.resolve(span.path)
-        if isinstance(resolved, ToolOutcome):
-            return resolved
-        real, rel, kind, _ = resolved
-        refusal = self._refuse_kind(kind, rel)
-        if refusal:
-            return refusal
+        found = self._existing_file(span.path)
+        if isinstance(found, ToolOutcome):
+            return found
+        real, rel = found
         content = self.sandbox.files.read_text(real)
         now = current_span(content, span)
         if now is None:
