@@ -81,9 +81,9 @@ class AgentSettings(BaseSettings):
     """Replies in a row without a usable tool call before the run stops with 'format_errors'."""
     edit_style: Literal["auto", "replace", "whole_function"] = "auto"
     """'replace': edit_file calls are applied as sent. 'whole_function': an edit_file call inside one Python function
-    is answered with a request for the whole corrected function as a ```python block, which then replaces it (small
-    models write much better code as text than inside JSON arguments: bench/README.md). 'auto': whole_function for
-    the embedded model, replace for every other model."""
+    that does not make the tests pass is undone and answered with a request for the whole corrected function as a
+    ```python block, which then replaces it (small models write much better code as text than inside JSON
+    arguments: bench/README.md). 'auto': whole_function for the embedded model, replace for every other model."""
 
 
 class SandboxSettings(BaseSettings):

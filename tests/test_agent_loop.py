@@ -580,16 +580,41 @@ def test_an_edit_inside_a_function_asks_for_the_whole_function_and_its_code_bloc
     assert asked_event["function"] == "add" and asked_event["arguments"]["new"] == "return a - b + 0"
 
 
+def test_an_edit_inside_a_function_that_makes_the_tests_pass_is_kept(
+    scripted_model, sandbox: Sandbox, tmp_path: Path
+) -> None:
+    """Seen on the 1.5B model: asked for the whole function after a right one-line fix, it copied the function
+    unchanged from the file. So the edit as sent is tried first, and kept when the tests pass with it."""
+    server = scripted_model(
+        [
+            tool_call("edit_file", path="calc.py", old="return a - b", new="return a + b"),
+            tool_call("finish", summary="add adds"),
+        ]
+    )
+    result, events = solve(server, sandbox, tmp_path, settings=WHOLE)
+    assert "return a + b" in sandbox.files.read_text(f"{sandbox.workdir}/calc.py")
+    answer = server.requests[1]["messages"][-1]
+    assert answer["role"] == "tool" and answer["content"].startswith("Edited calc.py.")
+    assert answer["content"].endswith(prompts.tests_pass_after_edit(TEST_COMMAND))
+    assert not any(e.kind == "rewrite" for e in events)
+    tried = [e for e in load(tmp_path / "run" / "trajectory.json") if e["type"] == "edit_tried"]
+    assert [(e["function"], e["tests_exit_code"], e["kept"]) for e in tried] == [("add", 0, True)]
+    assert result.stop_reason == "finished"
+
+
 def test_the_function_is_shown_when_its_file_was_not_read(
     scripted_model, sandbox: Sandbox, tmp_path: Path
 ) -> None:
     server = scripted_model(
         [
-            tool_call("edit_file", path="calc.py", old="return a - b", new="return a + b"),
+            tool_call("edit_file", path="calc.py", old="return a - b", new="return a * b"),
             tool_call("finish", summary="x"),
         ]
     )
     solve(server, sandbox, tmp_path, settings=WHOLE)
+    assert "return a - b" in sandbox.files.read_text(f"{sandbox.workdir}/calc.py"), (
+        "the failing edit was undone"
+    )
     request = server.requests[1]["messages"][-1]["content"]
     assert request == prompts.rewrite_request("add", "calc.py", 1, 2, "def add(a, b):\n    return a - b")
 
@@ -600,7 +625,7 @@ def test_a_reply_without_the_function_is_asked_again_and_a_tool_call_instead_run
     server = scripted_model(
         [
             tool_call("read_file", path="calc.py"),
-            tool_call("edit_file", path="calc.py", old="return a - b", new="return a + b"),
+            tool_call("edit_file", path="calc.py", old="return a - b", new="return a * b"),
             text_reply("The function should add."),
             tool_call("edit_file", path="calc.py", old="return a - b", new="return b + a"),
             tool_call("finish", summary="x"),
@@ -665,7 +690,7 @@ def test_a_function_written_back_unchanged_moves_the_request_to_the_function_it_
     server = scripted_model(
         [
             tool_call("read_file", path="calc.py"),
-            tool_call("edit_file", path="calc.py", old="return _combine(a, b)", new="return a + b"),
+            tool_call("edit_file", path="calc.py", old="return _combine(a, b)", new="return a * b"),
             text_reply(UNCHANGED_ADD),
             text_reply("```python\ndef _combine(a, b):\n    return a + b\n```"),
             tool_call("finish", summary="x"),
@@ -700,7 +725,7 @@ def test_a_function_written_back_unchanged_names_its_callees_when_there_are_seve
     server = scripted_model(
         [
             tool_call("read_file", path="calc.py"),
-            tool_call("edit_file", path="calc.py", old="return _left(a) + _right(b)", new="return a + b"),
+            tool_call("edit_file", path="calc.py", old="return _left(a) + _right(b)", new="return a * b"),
             text_reply("```python\ndef add(a, b):\n    return _left(a) + _right(b)\n```"),
             tool_call("finish", summary="x"),
         ]

@@ -240,7 +240,8 @@ class _AgentRun:
         elif self.whole_functions and len(reply.tool_calls) == 1 and reply.tool_calls[0].name == "edit_file":
             span = self.toolbox.function_to_rewrite(reply.tool_calls[0].arguments)
             if span is not None:
-                self._request_rewrite(span, reply.tool_calls[0])
+                if not self._edit_passes_tests(reply.tool_calls[0], span):
+                    self._request_rewrite(span, reply.tool_calls[0])
                 return False
 
         if not reply.tool_calls:
@@ -351,6 +352,44 @@ class _AgentRun:
         self._append({"role": "user", "content": note}, result=True)
         self.trajectory.add("forgotten", turn=self.turn, detail="failed edit_file call replaced by a note")
         self.trajectory.save()
+
+    def _edit_passes_tests(self, call: ToolCall, span: FunctionSpan) -> bool:
+        """Whole-function edits: try the edit as sent first, and keep it when the tests pass with it.
+
+        Seen on the 1.5B model: a right one-line fix, answered with the request for the whole function, came back
+        as the function copied unchanged from the file. So the request is only for edits that leave the tests
+        failing (or that fail): those are undone without a trace in the conversation.
+        """
+        if not self.test_command:
+            return False
+        before = self.toolbox.file_text(span.path)
+        started = time.monotonic()
+        outcome = self.toolbox.call("edit_file", call.arguments)
+        if not outcome.ok or before is None:
+            return False
+        tests = self.toolbox.run(self.test_command)
+        passed = tests.exit_code == 0
+        self.trajectory.add(
+            "edit_tried", turn=self.turn, function=span.name, tests_exit_code=tests.exit_code, kept=passed
+        )
+        if not passed:
+            self.toolbox.sandbox.files.write(*before)
+            return False
+        self._record_tool(
+            call.id, call.name, outcome.arguments, outcome, call.recovered, time.monotonic() - started
+        )
+        self._emit("tool", tool=call.name, short_arg=outcome.short_arg, ok=True, recovered=call.recovered)
+        # edit_done's last line asks for the test run that has just passed.
+        content = outcome.content.rsplit("\n", 1)[0] + "\n" + prompts.tests_pass_after_edit(self.test_command)
+        if call.recovered:
+            self._append(
+                {"role": "user", "content": prompts.recovered_result(call.name, content)}, result=True
+            )
+        else:
+            self._append({"role": "tool", "tool_call_id": call.id, "content": content}, result=True)
+        self.trajectory.save()
+        self.format_errors = 0
+        return True
 
     def _request_rewrite(self, span: FunctionSpan, call: ToolCall | None, caller: str | None = None) -> None:
         """Ask for the whole function `span` as a code block, in place of an edit_file call inside it.

@@ -436,6 +436,10 @@ def rewrite_request(
     )
 
 
+def tests_pass_after_edit(test_command: str) -> str:
+    return f"Then the tests ran ({test_command.strip()}) and passed. If that fixes the task, call finish."
+
+
 def rewrite_unusable(problem: str, span: FunctionSpan) -> str:
     return (
         f"Error: {span.path} was not changed: {problem}. Reply with the whole corrected {span.name} function, "

@@ -472,6 +472,16 @@ class Toolbox:
                 found.append(callee)
         return found
 
+    def file_text(self, path: str) -> tuple[str, str] | None:
+        """(real path, text) of a repository file, to put it back as it was; None when it cannot be read."""
+        found = self._existing_file(path)
+        if isinstance(found, ToolOutcome):
+            return None
+        try:
+            return found[0], self.sandbox.files.read_text(found[0])
+        except UnicodeDecodeError:
+            return None
+
     def has_seen(self, span: FunctionSpan) -> bool:
         """Whether the last read_file of the span's file showed the whole function."""
         first, last = self.seen.get(span.path, (0, -1))
