@@ -237,6 +237,16 @@ def test_bad_json_and_unknown_tool_go_back_as_tool_errors(
     bad_json = tool_messages(server.requests[1])[-1]
     assert bad_json["tool_call_id"] == "c1"
     assert "not valid JSON" in bad_json["content"] and "'{\"path\": calc.py}'" in bad_json["content"]
+    # In the history the call's arguments are valid JSON: llama.cpp parses them to render the history, and failed
+    # every later request (HTTP 500) when they were not. The trajectory keeps what the model sent.
+    sent_back = server.requests[1]["messages"][2]["tool_calls"][0]
+    assert sent_back["id"] == "c1" and sent_back["function"]["arguments"] == "{}"
+    for request in server.requests:
+        for message in request["messages"]:
+            for call in message.get("tool_calls") or []:
+                json.loads(call["function"]["arguments"])
+    replies = [e for e in load(tmp_path / "run" / "trajectory.json") if e["type"] == "model_reply"]
+    assert replies[0]["message"]["tool_calls"][0]["function"]["arguments"] == '{"path": calc.py}'
     unknown = tool_messages(server.requests[2])[-1]
     assert (
         unknown["tool_call_id"] == "c2"

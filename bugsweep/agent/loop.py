@@ -214,7 +214,7 @@ class _AgentRun:
         self.turn += 1
         self.usage = self.usage + reply.usage
         self.cost = self.model.cost_usd(self.usage)
-        self.messages.append(reply.message)
+        self.messages.append(for_history(reply.message))
         self.trajectory.add(
             "model_reply",
             turn=self.turn,
@@ -600,6 +600,32 @@ class _AgentRun:
             messages=self.messages,
             detail=detail,
         )
+
+
+def for_history(message: dict[str, Any]) -> dict[str, Any]:
+    """The assistant message as it goes back into the history: whole, except that tool-call arguments which are not
+    valid JSON become "{}" (the tool result quotes what was sent and says what is wrong).
+
+    Seen with llama.cpp: after the 1.5B model sent `{"command` as arguments, the server failed every later request
+    (HTTP 500, "Failed to parse tool call arguments as JSON") because it parses the history's tool calls to render
+    them; the run ended as an infrastructure failure. The trajectory keeps the reply as the model sent it.
+    """
+    calls = message.get("tool_calls")
+    if not calls:
+        return message
+    fixed, changed = [], False
+    for call in calls:
+        arguments = (call.get("function") or {}).get("arguments")
+        if isinstance(arguments, str):
+            try:
+                valid = isinstance(json.loads(arguments), dict)
+            except ValueError:
+                valid = False
+            if not valid:
+                call = {**call, "function": {**call["function"], "arguments": "{}"}}
+                changed = True
+        fixed.append(call)
+    return {**message, "tool_calls": fixed} if changed else message
 
 
 def resolve_edit_style(style: str, model_name: str) -> str:
