@@ -9,6 +9,7 @@ import pytest
 
 from bugsweep.agent.rewrite import (
     RewriteError,
+    called_functions,
     code_blocks,
     current_span,
     enclosing_function,
@@ -150,3 +151,30 @@ def test_the_function_is_found_again_after_the_file_moved() -> None:
     again = current_span(moved, span)
     assert again is not None and (again.first, again.last) == (span.first + 2, span.last + 2)
     assert current_span(SOURCE.replace("def area", "def surface"), span) is None
+
+
+def test_called_functions_are_the_functions_of_the_file_that_the_body_calls_in_file_order() -> None:
+    source = textwrap.dedent(
+        '''\
+        def total(items):
+            """Uses helper() in its docstring only."""
+            return sum(price(i) for i in items) + self_tax.rate(items)
+
+
+        def helper():
+            return 1
+
+
+        def rate(items):
+            return 0
+
+
+        def price(item):
+            return item
+        '''
+    )
+    start = source.index("return sum")
+    span = enclosing_function(source, "cart.py", start, start + 1)
+    assert span is not None
+    assert [(f.name, f.first) for f in called_functions(source, span)] == [("rate", 10), ("price", 14)]
+    assert called_functions(source, span, max_lines=1) == []

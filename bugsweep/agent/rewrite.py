@@ -44,40 +44,81 @@ class FunctionSpan:
     """The lines first..last as they are in the file."""
 
 
+_Function = ast.FunctionDef | ast.AsyncFunctionDef
+
+
+def _top(node: _Function) -> int:
+    """A definition's first line: its first decorator's, or the `def` line."""
+    return min([node.lineno, *(d.lineno for d in node.decorator_list)])
+
+
+def _span(source: str, path: str, node: _Function, max_lines: int) -> FunctionSpan | None:
+    """The FunctionSpan of a parsed definition; None when it is longer than `max_lines`."""
+    top, last = _top(node), node.end_lineno or node.lineno
+    if last - top + 1 > max_lines:
+        return None
+    lines = source.split("\n")
+    def_line = lines[node.lineno - 1]
+    return FunctionSpan(
+        path=path,
+        name=node.name,
+        first=top,
+        last=last,
+        indent=def_line[: len(def_line) - len(def_line.lstrip())],
+        source="\n".join(lines[top - 1 : last]),
+    )
+
+
+def _functions(source: str) -> list[_Function] | None:
+    """Every function definition in `source` (methods and nested ones included); None when it does not parse."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return None
+    return [node for node in ast.walk(tree) if isinstance(node, _Function) and node.end_lineno is not None]
+
+
 def enclosing_function(
     source: str, path: str, start: int, end: int, max_lines: int = MAX_FUNCTION_LINES
 ) -> FunctionSpan | None:
     """The innermost function whose lines hold the characters source[start:end]; None when the text is not inside
     one function (module level, several functions, a class body), the file does not parse, or the function is
     longer than `max_lines`."""
-    try:
-        tree = ast.parse(source)
-    except (SyntaxError, ValueError):
-        return None
     first_line = source.count("\n", 0, start) + 1
     last_line = source.count("\n", 0, max(end - 1, start)) + 1
-    best: ast.FunctionDef | ast.AsyncFunctionDef | None = None
-    for node in ast.walk(tree):
-        if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) or node.end_lineno is None:
-            continue
-        top = min([node.lineno, *(d.lineno for d in node.decorator_list)])
-        if top <= first_line and last_line <= node.end_lineno and (best is None or node.lineno > best.lineno):
+    best: _Function | None = None
+    for node in _functions(source) or []:
+        assert node.end_lineno is not None
+        if (
+            _top(node) <= first_line
+            and last_line <= node.end_lineno
+            and (best is None or node.lineno > best.lineno)
+        ):
             best = node
-    if best is None or best.end_lineno is None:
-        return None
-    top = min([best.lineno, *(d.lineno for d in best.decorator_list)])
-    if best.end_lineno - top + 1 > max_lines:
-        return None
-    lines = source.split("\n")
-    def_line = lines[best.lineno - 1]
-    return FunctionSpan(
-        path=path,
-        name=best.name,
-        first=top,
-        last=best.end_lineno,
-        indent=def_line[: len(def_line) - len(def_line.lstrip())],
-        source="\n".join(lines[top - 1 : best.end_lineno]),
-    )
+    return None if best is None else _span(source, path, best, max_lines)
+
+
+def called_functions(
+    source: str, span: FunctionSpan, max_lines: int = MAX_FUNCTION_LINES
+) -> list[FunctionSpan]:
+    """The functions of `source` (up to `max_lines` long) that the function of `span` calls, by name or as a
+    method (`name(...)`, `obj.name(...)`), in file order; the function itself is left out."""
+    functions = _functions(source) or []
+    here = next((f for f in functions if f.name == span.name and _top(f) == span.first), None)
+    if here is None:
+        return []
+    called = {
+        call.func.id if isinstance(call.func, ast.Name) else call.func.attr
+        for statement in here.body
+        for call in ast.walk(statement)
+        if isinstance(call, ast.Call) and isinstance(call.func, ast.Name | ast.Attribute)
+    }
+    spans = [
+        _span(source, span.path, f, max_lines)
+        for f in sorted(functions, key=_top)
+        if f.name in called and f.name != span.name
+    ]
+    return [s for s in spans if s is not None]
 
 
 def code_blocks(text: str) -> list[str]:
@@ -110,10 +151,8 @@ def function_from_reply(text: str, name: str) -> str:
             problem = f"the code block is not valid Python (line {exc.lineno}: {exc.msg})"
             continue
         for node in ast.walk(tree):
-            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == name:
-                assert node.end_lineno is not None
-                top = min([node.lineno, *(d.lineno for d in node.decorator_list)])
-                lines = code.split("\n")[top - 1 : node.end_lineno]
+            if isinstance(node, _Function) and node.name == name:
+                lines = code.split("\n")[_top(node) - 1 : node.end_lineno]
                 return textwrap.dedent("\n".join(lines))
     raise RewriteError(problem)
 
@@ -128,19 +167,8 @@ def splice(source: str, span: FunctionSpan, function: str) -> str:
 def current_span(source: str, span: FunctionSpan) -> FunctionSpan | None:
     """`span` found again in the file as it is now (the model may have edited it since the request); None when
     the function is gone or no longer parses."""
-    try:
-        tree = ast.parse(source)
-    except (SyntaxError, ValueError):
-        return None
-    candidates = [
-        node
-        for node in ast.walk(tree)
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == span.name
-    ]
+    candidates = [node for node in _functions(source) or [] if node.name == span.name]
     if not candidates:
         return None
     node = min(candidates, key=lambda n: abs(n.lineno - span.first))
-    lines = source.split("\n")
-    offset = lines[node.lineno - 1]
-    start = sum(len(line) + 1 for line in lines[: node.lineno - 1]) + len(offset) - len(offset.lstrip())
-    return enclosing_function(source, span.path, start, start + 1, max_lines=10**6)
+    return _span(source, span.path, node, max_lines=10**6)

@@ -21,6 +21,7 @@ from bugsweep.agent import prompts
 from bugsweep.agent.rewrite import (
     FunctionSpan,
     RewriteError,
+    called_functions,
     current_span,
     enclosing_function,
     function_from_reply,
@@ -456,22 +457,6 @@ class Toolbox:
             return None
         return enclosing_function(content, rel, *spans[0])
 
-    @staticmethod
-    def callees(content: str, span: FunctionSpan) -> list[FunctionSpan]:
-        """The functions of the same file that `span`'s function calls (by name, in its body), in file order."""
-        body = span.source.split("\n", 1)[-1] if "\n" in span.source else ""
-        lines = _lines(content)
-        found = []
-        for name, line, _ in definitions_named_in(content, body):
-            if name == span.name or not re.search(rf"\b{re.escape(name)}\s*\(", body):
-                continue
-            def_line = lines[line - 1]
-            start = sum(len(x) for x in lines[: line - 1]) + len(def_line) - len(def_line.lstrip())
-            callee = enclosing_function(content, span.path, start, start + 1)
-            if callee is not None and callee.name == name:
-                found.append(callee)
-        return found
-
     def file_text(self, path: str) -> tuple[str, str] | None:
         """(real path, text) of a repository file, to put it back as it was; None when it cannot be read."""
         found = self._existing_file(path)
@@ -510,7 +495,7 @@ class Toolbox:
         if updated == content:
             # Seen: asked for a function it had edited at a call site, the model wrote it back unchanged, turn
             # after turn. What the function calls in this file is where the wrong value comes from.
-            callees = self.callees(content, now)
+            callees = called_functions(content, now)
             return ToolOutcome(
                 prompts.rewrite_unchanged(now, [(c.name, c.first) for c in callees]),
                 ok=False,
