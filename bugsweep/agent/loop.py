@@ -166,9 +166,9 @@ class _AgentRun:
         self._last_outcome: ToolOutcome | None = None
         self.whole_functions = resolve_edit_style(settings.edit_style, model.name) == "whole_function"
         self.pending_rewrite: FunctionSpan | None = None
+        """The function the last turn asked to be rewritten whole (edit_style "whole_function")."""
         self.rewrite_from = 0
         """Where the last rewrite request starts in `messages`."""
-        """The function the last turn asked to be rewritten whole (edit_style "whole_function")."""
         self.failed_calls: dict[tuple[str, str], tuple[int, str]] = {}
         """Failed read_file/edit_file calls by (tool, arguments): the turn and the error, to recognise repeats."""
 
@@ -345,9 +345,7 @@ class _AgentRun:
             return
         if self._last_outcome.format_error:
             return
-        del self.messages[-2:]
-        while self.result_indices and self.result_indices[-1] >= len(self.messages):
-            self.result_indices.pop()
+        self._drop_messages_from(len(self.messages) - 2)
         note = prompts.failed_edit_note(self._last_outcome.content)
         self._append({"role": "user", "content": note}, result=True)
         self.trajectory.add("forgotten", turn=self.turn, detail="failed edit_file call replaced by a note")
@@ -448,9 +446,7 @@ class _AgentRun:
             return
         self.format_errors = 0
         if outcome.callees is not None:
-            del self.messages[self.rewrite_from :]
-            while self.result_indices and self.result_indices[-1] >= len(self.messages):
-                self.result_indices.pop()
+            self._drop_messages_from(self.rewrite_from)
             self.trajectory.add(
                 "forgotten", turn=self.turn, detail="unchanged function and its request removed"
             )
@@ -533,6 +529,12 @@ class _AgentRun:
             self.result_indices.append(len(self.messages))
         self.messages.append(message)
         self.trajectory.add("message", turn=self.turn, message=message)
+
+    def _drop_messages_from(self, index: int) -> None:
+        """Take messages[index:] out of the conversation (they are the newest, so the cached prefix holds)."""
+        del self.messages[index:]
+        while self.result_indices and self.result_indices[-1] >= index:
+            self.result_indices.pop()
 
     def _emit(self, kind: str, **fields: Any) -> None:
         if self.on_event is None:

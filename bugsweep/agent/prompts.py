@@ -353,20 +353,22 @@ def old_not_unique(path: str, count: int, lines: list[int]) -> str:
     )
 
 
+def _check_step(test_command: str | None) -> str:
+    """The next step after a successful edit: a small model otherwise finishes without running the tests."""
+    if test_command:
+        return f"Run the tests to check the fix: {test_command.strip()}"
+    return "Run the tests to check the fix."
+
+
 def edit_done(
     path: str, first: int, last: int, snippet: str, loose: bool = False, test_command: str | None = None
 ) -> str:
     how = (
         " (old matched the file only when differences in spaces and line breaks are ignored)" if loose else ""
     )
-    check = (
-        f"Run the tests to check the fix: {test_command.strip()}"
-        if test_command
-        else "Run the tests to check the fix."
-    )
     return (
         f"Edited {path}{how}. Lines {first}-{last} changed; with the lines around them the file now reads:\n"
-        f"{snippet}\n{check}"
+        f"{snippet}\n{_check_step(test_command)}"
     )
 
 
@@ -465,12 +467,7 @@ def function_gone(name: str, path: str) -> str:
 
 
 def function_rewritten(span: FunctionSpan, last: int, snippet: str, test_command: str | None = None) -> str:
-    check = (
-        f"Run the tests to check the fix: {test_command.strip()}"
-        if test_command
-        else "Run the tests to check the fix."
-    )
     return (
         f"Replaced {span.name} in {span.path} (lines {span.first}-{span.last}) with your version. "
-        f"Lines {span.first}-{last} of {span.path} now read:\n{snippet}\n{check}"
+        f"Lines {span.first}-{last} of {span.path} now read:\n{snippet}\n{_check_step(test_command)}"
     )
