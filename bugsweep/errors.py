@@ -4,7 +4,8 @@ Three families, because each is handled differently:
 - ConfigError: the user must change something (bad arguments, missing settings, a rejected API key). Never retried.
 - InfraError: the machinery failed (sandbox, network, model endpoint outage, S3). Retried by the Prefect layer,
   and never graded as the model's failure.
-- TaskError: the task itself cannot be run (setup failed, tests already pass). Not retried; reported.
+- TaskError: the task itself cannot be run (setup failed, tests already pass, the test command cannot run). Not
+  retried; reported.
 
 An honest "not resolved" is not an error at all: it is a Grade with resolved=False.
 """
@@ -52,6 +53,13 @@ class SetupFailed(TaskError):
 
 class NotARealTask(TaskError):
     """The tests already pass before the agent starts, so there is no bug to fix."""
+
+
+class TestCommandCannotRun(TaskError):
+    """The test command cannot run at all (program not found, pytest usage error or no test collected), so a
+    failing run says nothing about a bug."""
+
+    __test__ = False  # not a pytest class
 
 
 class BadTaskFile(ConfigError):

@@ -8,6 +8,7 @@ pytest, per-test results come from JUnit XML and FAIL_TO_PASS / PASS_TO_PASS are
 
 from __future__ import annotations
 
+import re
 import shlex
 import uuid
 import xml.etree.ElementTree as ET
@@ -112,6 +113,39 @@ def run_tests(sandbox: Sandbox, test_command: str, timeout: float = 1800.0) -> T
         duration_s=result.duration_s,
         tests=tests,
     )
+
+
+#: pytest's exit codes for "nothing was tested": 4 a usage error (bad option or path), 5 no test collected.
+PYTEST_USAGE_ERROR, PYTEST_NO_TESTS = 4, 5
+_PYTEST = re.compile(r"(^|[\s/;&|(])(py\.test|pytest)(\s|$|;|&|\|)")
+_MISSING_MODULE = re.compile(r"^\S*python[0-9.]*: No module named (\S+)", re.MULTILINE)
+_MISSING_SCRIPT = re.compile(r"^\S*python[0-9.]*: can't open file ", re.MULTILINE)
+
+
+def why_cannot_run(run: TestRun) -> str | None:
+    """Why a test run tested nothing at all (the program is missing, pytest was misused or found no test), or None.
+
+    Such a run fails, but not because of a bug: grading it as "failed before" would set the model a task that does
+    not exist.
+    """
+    if run.timed_out:
+        return None
+    code = run.exit_code
+    if code == 127:
+        return "its program was not found (exit 127)"
+    if code == 126:
+        return "its program cannot be executed (exit 126)"
+    missing = _MISSING_MODULE.search(run.log)
+    if missing and code not in (0, None):
+        return f"Python has no module {missing.group(1)} (`python -m` exited {code})"
+    if _MISSING_SCRIPT.search(run.log) and code not in (0, None):
+        return f"Python cannot open the script it names (exit {code})"
+    if _PYTEST.search(run.command):
+        if code == PYTEST_USAGE_ERROR:
+            return "pytest reports a usage error (exit 4: a bad option or a path that does not exist)"
+        if code == PYTEST_NO_TESTS:
+            return "pytest collected no test (exit 5)"
+    return None
 
 
 def parse_junit(xml_text: str) -> dict[str, str]:

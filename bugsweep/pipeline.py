@@ -13,7 +13,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bugsweep.errors import BugsweepError, NotARealTask, SetupFailed, TaskError, failure_kind
+from bugsweep.errors import (
+    BugsweepError,
+    NotARealTask,
+    SetupFailed,
+    TaskError,
+    TestCommandCannotRun,
+    failure_kind,
+)
 from bugsweep.grading import (
     Grade,
     TestRun,
@@ -24,6 +31,7 @@ from bugsweep.grading import (
     restore_test_files,
     run_tests,
     touched_test_files,
+    why_cannot_run,
 )
 from bugsweep.sandbox.base import RepoSource, Sandbox, SandboxProvider
 from bugsweep.settings import AgentSettings, ModelSettings
@@ -85,8 +93,17 @@ def setup(prepared: PreparedTask, timeout: float = 1800.0, network: bool = True)
 
 
 def baseline(prepared: PreparedTask, timeout: float = 1800.0) -> TestRun:
-    """Run the tests before the agent starts. They must fail, or there is no bug to fix."""
+    """Run the tests before the agent starts. They must fail, or there is no bug to fix; and they must run, or a
+    failure says nothing (TestCommandCannotRun: the program is missing, pytest found no test or was misused)."""
     before = run_tests(prepared.sandbox, prepared.spec.test_command, timeout=timeout)
+    why = why_cannot_run(before)
+    if why:
+        tail = before.log.strip()[-1500:]
+        raise TestCommandCannotRun(
+            f"the test command {prepared.spec.test_command!r} cannot run: {why}. Nothing was tested, so there is "
+            "no failure to fix: check --test-command (or test_command in tasks.jsonl) and that the setup command "
+            f"installs what it needs.\n{tail}"
+        )
     if before.passed:
         raise NotARealTask(
             f"the tests already pass before any change ({prepared.spec.test_command!r} exited 0), so there is no bug "

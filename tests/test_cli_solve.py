@@ -130,6 +130,30 @@ def test_tests_that_already_pass_could_not_run(buggy_repo: Path, tmp_path: Path,
     assert server.requests == [], "the model is never called for a task that is not real"
 
 
+@pytest.mark.parametrize(
+    ("test_command", "why"),
+    [
+        ("no-such-test-runner --all", "not found (exit 127)"),
+        ("python -m no_such_runner", "no module no_such_runner"),
+        ("python -m pytest -q tests/test_missing.py", "usage error (exit 4"),
+        ("python -m pytest -q -k no_test_has_this_name", "collected no test (exit 5)"),
+    ],
+)
+def test_a_test_command_that_cannot_run_stops_before_the_model(
+    buggy_repo: Path, tmp_path: Path, scripted_model, test_command: str, why: str
+) -> None:
+    """A command that tests nothing fails, but not because of a bug: no task, exit 2, the command named."""
+    server = scripted_model([])
+    out = tmp_path / "out"
+    proc = solve(buggy_repo, out, server.base_url, test_command=test_command)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    message = " ".join(proc.stderr.split())
+    assert "cannot run" in message and test_command in message and why in message.lower()
+    grade = read_grade(out)
+    assert grade["failure_kind"] == "task" and test_command in grade["error"]
+    assert server.requests == [], "the model is never called for a task that does not exist"
+
+
 def test_an_unreachable_model_could_not_run(buggy_repo: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
     # the discard port: nothing listens there

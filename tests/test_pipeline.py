@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from bugsweep.errors import NotARealTask, SetupFailed, TaskError
+from bugsweep.errors import NotARealTask, SetupFailed, TaskError, TestCommandCannotRun
 from bugsweep.pipeline import baseline, prepare, regrade, setup
 from bugsweep.sandbox import get_provider
 from bugsweep.spec import TaskSpec
@@ -62,6 +62,40 @@ def test_passing_tests_mean_no_task(tmp_path: Path) -> None:
     )
     with prepared.sandbox, pytest.raises(NotARealTask, match="already pass"):
         baseline(prepared)
+
+
+@pytest.mark.parametrize(
+    "test_command",
+    [
+        "pytest-that-is-not-installed -q",
+        "python -m pytest -q --no-such-option",
+        "python -m pytest -q -k nothing",
+    ],
+)
+def test_a_test_command_that_cannot_run_is_not_a_failing_test(tmp_path: Path, test_command: str) -> None:
+    prepared = prepare(
+        TaskSpec(repo=str(make_repo(tmp_path / "r")), problem_statement="x", test_command=test_command),
+        get_provider("local"),
+    )
+    with prepared.sandbox, pytest.raises(TestCommandCannotRun, match="cannot run") as info:
+        baseline(prepared)
+    assert test_command in str(info.value)
+
+
+def test_a_real_failure_is_not_mistaken_for_a_command_that_cannot_run(tmp_path: Path) -> None:
+    """A test that fails on a missing import is a failing test (the bug), not a missing test runner."""
+    files = {"tests/test_x.py": "def test_x():\n    import not_written_yet\n"}
+    prepared = prepare(
+        TaskSpec(
+            repo=str(make_repo(tmp_path / "r", files)),
+            problem_statement="x",
+            test_command="python -m pytest -q",
+        ),
+        get_provider("local"),
+    )
+    with prepared.sandbox:
+        before = baseline(prepared)
+    assert before.tests == {"tests/test_x.py::test_x": "failed"}
 
 
 def test_setup_output_is_not_part_of_the_patch_and_failures_are_reported(tmp_path: Path) -> None:
