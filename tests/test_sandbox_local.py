@@ -21,9 +21,12 @@ import pytest
 
 from bugsweep.errors import ConfigError, SandboxGone
 from bugsweep.sandbox import RepoSource, Sandbox, get_provider
-from bugsweep.sandbox import local as local_mod
 from bugsweep.sandbox.base import OUTPUT_LIMIT_BYTES
 from bugsweep.sandbox.local import LocalProvider, LocalSandbox
+from bugsweep.sandbox.local import bwrap as bwrap_mod
+from bugsweep.sandbox.local import files as files_mod
+from bugsweep.sandbox.local import stale as stale_mod
+from bugsweep.sandbox.local import workspace as workspace_mod
 from bugsweep.settings import SandboxSettings
 from bugsweep.testing.repos import commit_all, git, make_repo, write_files
 
@@ -153,7 +156,7 @@ def test_files_refuse_fifos_and_huge_files_instead_of_hanging_or_filling_memory(
             sbx.files.read_text(path)
         with pytest.raises(OSError, match="not a regular file"):
             sbx.files.write(path, "x")
-    monkeypatch.setattr(local_mod, "MAX_READ_BYTES", 1000)
+    monkeypatch.setattr(files_mod, "MAX_READ_BYTES", 1000)
     assert sbx.exec("head -c 5000 /dev/zero > big.bin && ln -s /usr/../workspace/repo/big.bin big_link").ok
     for path in ("/workspace/repo/big.bin", "/workspace/repo/big_link"):
         with pytest.raises(OSError, match="at most 1000 bytes"):
@@ -172,7 +175,7 @@ def test_host_folders_and_home_are_not_visible(sbx, tmp_path):
         if path not in ("/root", Path.home()) and not sys.prefix.startswith(path):
             assert "No such file or directory" in result.stdout, (path, result.stdout)
     assert sbx.exec("ls -A /root").stdout.split() in ([], [".pyenv"])
-    python_tops = {prefix.split("/")[1] for prefix in local_mod._python_prefixes()}
+    python_tops = {prefix.split("/")[1] for prefix in bwrap_mod.python_prefixes()}
     own = {"dev", "etc", "proc", "tmp", "usr", "var", "workspace"}
     links = {d for d in ("bin", "lib", "lib32", "lib64", "libx32", "sbin") if os.path.lexists(f"/{d}")}
     assert set(sbx.exec("ls /").stdout.split()) == own | links | python_tops
@@ -359,7 +362,7 @@ def test_release_kills_running_commands_unmounts_and_removes_everything(sbx, pro
 
 
 def test_a_vanished_workspace_is_sandbox_gone(sbx, provider):
-    local_mod._umount(provider.state_dir / sbx.id / "ws" / "repo")
+    workspace_mod.umount(provider.state_dir / sbx.id / "ws" / "repo")
     with pytest.raises(SandboxGone):
         sbx.exec("true")
 
@@ -372,7 +375,7 @@ def test_sandboxes_of_a_dead_process_are_cleaned_up(provider, buggy_repo, monkey
     assert listed[sandbox.id]["owner_alive"] is True
     meta.write_text(meta.read_text().replace(f'"owner_pid": {os.getpid()}', '"owner_pid": 999999999'))
     assert {entry["id"]: entry for entry in provider.sandboxes()}[sandbox.id]["owner_alive"] is False
-    monkeypatch.setattr(local_mod, "_reaped", set())
+    monkeypatch.setattr(stale_mod, "_reaped", set())
     provider.create(RepoSource(str(buggy_repo))).release()  # the next create sweeps
     assert not root.exists()
     assert str(root) not in mounts()
@@ -512,7 +515,7 @@ with p.create(RepoSource({str(buggy_repo)!r})) as s:
 
 def test_overlay_failure_falls_back_to_a_copy(provider, buggy_repo, monkeypatch, caplog):
     """Stand-in: the overlay mount is made to fail, as it would on a filesystem without overlayfs support."""
-    monkeypatch.setattr(local_mod, "_mount_overlay", lambda *a: False)
+    monkeypatch.setattr(workspace_mod, "mount_overlay", lambda *a: False)
     with provider.create(RepoSource(str(buggy_repo))) as sandbox:
         assert sandbox.exec("sed -i 's/a - b/a + b/' calc.py && git diff --stat").ok
         assert str(provider.state_dir / sandbox.id) not in mounts()

@@ -1,0 +1,246 @@
+"""The local sandbox: Linux namespaces through bubblewrap, and an overlayfs copy-on-write workspace.
+
+`LocalProvider.create(source)` makes a sandbox in a few milliseconds on any repository size:
+1. the repository tree comes from `bugsweep.sandbox.sources` (the working tree as it is, or a cached checkout of a
+   ref) and becomes the read-only lower layer of an overlay in the sandbox's folder under `state_dir`
+   (`workspace.py`: the user's checkout is never written to; a copy where overlayfs cannot be mounted);
+2. a per-sandbox cgroup sets the memory and process limits (`limits.py`; prlimit where no cgroup can be made);
+3. every `exec` is then one `bwrap ... /bin/bash -c COMMAND` (`bwrap.py`: a root of read-only binds, new
+   user/pid/ipc/uts/cgroup/net namespaces, a clean environment) whose whole process tree ends with it
+   (`process.py`); files in /workspace and /tmp persist across commands, processes do not;
+4. `files` reads and writes the workspace from the host without following anything out of it (`files.py`);
+5. `release()` kills every running command, removes the cgroups, unmounts the overlay and deletes the folder
+   (`resources.py`); a weakref finaliser runs it at interpreter exit, and what a process killed outright left
+   behind is swept by the next `create()` (`stale.py`).
+
+The environment of every command: PATH, HOME (/workspace), LANG, TERM and a few PIP_* settings, plus the `env`
+argument: nothing of the host's environment, the model's API key least of all. `network=True` (the setup step)
+shares the host's network when `settings.setup_network` allows it; every other command sees only `lo`.
+`pip install` defaults to the user scheme in /workspace/.local (the host's site-packages is read-only); when the
+host Python is a venv, where there is no user scheme, a venv at /workspace/.venv layered on it takes the installs.
+
+Needs: Linux, `bwrap` (Debian `bubblewrap`), root for overlayfs and cgroups (else the fallbacks above).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import tempfile
+import uuid
+import weakref
+from pathlib import Path
+
+from bugsweep.sandbox.base import ExecResult, RepoSource, SandboxUsage
+from bugsweep.sandbox.local import stale, workspace
+from bugsweep.sandbox.local.bwrap import command_argv, find_bwrap, python_bins, system_etc
+from bugsweep.sandbox.local.common import SANDBOX_UID, SANDBOX_USER, WORKSPACE, decode
+from bugsweep.sandbox.local.files import MAX_READ_BYTES, LocalFiles
+from bugsweep.sandbox.local.limits import Limits
+from bugsweep.sandbox.local.process import RawResult, run_command
+from bugsweep.sandbox.local.resources import Resources
+from bugsweep.sandbox.local.stale import list_sandboxes, reap_stale
+from bugsweep.sandbox.sources import PreparedSource, SourceCache
+from bugsweep.settings import SandboxSettings
+
+__all__ = [
+    "MAX_READ_BYTES", "SANDBOX_UID", "WORKSPACE", "LocalFiles", "LocalProvider", "LocalSandbox",
+    "find_bwrap", "list_sandboxes", "reap_stale",
+]  # fmt: skip
+
+log = logging.getLogger(__name__)
+
+
+class LocalProvider:
+    """Creates bubblewrap + overlayfs sandboxes on this machine."""
+
+    name = "local"
+
+    def __init__(
+        self,
+        settings: SandboxSettings | None = None,
+        *,
+        cache_dir: Path | None = None,
+        state_dir: Path | None = None,
+    ) -> None:
+        """`cache_dir` holds clones and ref checkouts (default: settings.cache_dir, else ~/.cache/bugsweep);
+        `state_dir` holds each sandbox's overlay layers, /workspace and /tmp (default: settings.state_dir, else
+        $TMPDIR/bugsweep-sandboxes)."""
+        self.settings = settings or SandboxSettings()
+        cache_dir = cache_dir or (Path(self.settings.cache_dir) if self.settings.cache_dir else None)
+        state_dir = state_dir or (Path(self.settings.state_dir) if self.settings.state_dir else None)
+        self.sources = SourceCache(cache_dir)
+        self.state_dir = state_dir or Path(tempfile.gettempdir()) / "bugsweep-sandboxes"
+
+    def create(self, source: RepoSource, *, labels: dict[str, str] | None = None) -> LocalSandbox:
+        """A new sandbox with `source` at the workdir. Raises ConfigError when bubblewrap is missing or cannot
+        create namespaces (never runs anything unisolated), SandboxError when the workspace cannot be made."""
+        bwrap_path = find_bwrap()
+        workdir = workspace.check_workdir(self.settings.workdir)
+        stale.prepare_state_dir(self.state_dir)
+        prepared = self.sources.prepare(source)
+        return LocalSandbox(
+            bwrap=bwrap_path,
+            settings=self.settings,
+            workdir=workdir,
+            prepared=prepared,
+            state_dir=self.state_dir,
+            labels=labels,
+        )
+
+    def sandboxes(self) -> list[dict[str, object]]:
+        """The sandboxes in this provider's state_dir (any process's): id, owner, labels, creation time."""
+        return list_sandboxes(self.state_dir)
+
+    def reap_stale(self) -> list[str]:
+        """Remove sandboxes left behind by processes that died without releasing them; their ids."""
+        return reap_stale(self.state_dir)
+
+
+class LocalSandbox:
+    """One task's sandbox on this machine. See the package docstring for what is isolated and how."""
+
+    def __init__(
+        self,
+        *,
+        bwrap: str,
+        settings: SandboxSettings,
+        workdir: str,
+        prepared: PreparedSource,
+        state_dir: Path,
+        labels: dict[str, str] | None = None,
+    ) -> None:
+        self.id = f"local-{uuid.uuid4().hex[:12]}"
+        self._etc_dir = system_etc(state_dir)
+        self.workdir = workdir
+        self.labels = dict(labels or {})
+        self.usage = SandboxUsage()
+        self.files = LocalFiles(self)
+        self.settings = settings
+        self.source = prepared
+        root = state_dir / self.id
+        self._res = Resources(root=root, repo_dir=root / "ws" / os.path.relpath(workdir, WORKSPACE))
+        self._res.lease = prepared.lease
+        self._res.labels = self.labels
+        self._finalizer = weakref.finalize(self, self._res.cleanup)
+        try:
+            self._setup(bwrap, prepared)
+        except BaseException:
+            self._finalizer()
+            raise
+
+    def _setup(self, bwrap_path: str, prepared: PreparedSource) -> None:
+        res = self._res
+        for sub in workspace.SUBDIRS:
+            (res.root / sub).mkdir(parents=True)
+        res.repo_dir.mkdir(parents=True)
+        res.write_meta()  # from here on, a crash leaves a folder that stale.py can sweep
+        res.mounted = workspace.populate(prepared, res.root, res.repo_dir)
+        res.limits = Limits.create(
+            self.id, self.settings.memory_mib * 1024 * 1024, self.settings.max_processes
+        )
+        res.write_meta()
+
+        bins = python_bins()
+        if sys.prefix != sys.base_prefix:  # the host Python is a venv, where pip has no user scheme
+            workspace.layer_venv(res.root / "ws" / ".venv")
+            bins.insert(0, f"{WORKSPACE}/.venv/bin")
+        self._base_env = {
+            "PATH": ":".join([f"{WORKSPACE}/.local/bin", *bins, "/usr/local/sbin", "/usr/local/bin",
+                              "/usr/sbin", "/usr/bin", "/sbin", "/bin"]),
+            "HOME": WORKSPACE, "USER": SANDBOX_USER, "LOGNAME": SANDBOX_USER, "SHELL": "/bin/bash",
+            "LANG": "C.UTF-8", "TERM": "dumb", "TMPDIR": "/tmp",
+            "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_BREAK_SYSTEM_PACKAGES": "1", "PIP_NO_INPUT": "1",
+        }  # fmt: skip
+        self._argv_head = command_argv(
+            bwrap_path, etc_dir=self._etc_dir, root=res.root, wrapper=res.limits.wrapper()
+        )
+
+    def exec(
+        self,
+        command: str,
+        *,
+        timeout: float = 300.0,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        network: bool = False,
+        full_output: bool = False,
+        stdin: str | None = None,
+    ) -> ExecResult:
+        """Run `command` under bash in `cwd` (default: workdir); see the Sandbox protocol.
+
+        `network=True` shares the host's network for this command when `settings.setup_network` allows it."""
+        raw = self._run(
+            command,
+            timeout=timeout,
+            cwd=cwd,
+            env=env,
+            network=network,
+            full_output=full_output,
+            stdin=stdin.encode() if stdin is not None else None,
+        )
+        return ExecResult(
+            exit_code=raw.exit_code,
+            stdout=decode(raw.stdout),
+            stderr=decode(raw.stderr),
+            timed_out=raw.timed_out,
+            truncated=raw.truncated,
+            duration_s=raw.duration_s,
+            out_of_memory=raw.out_of_memory,
+        )
+
+    def _run(
+        self,
+        command: str,
+        *,
+        timeout: float,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        network: bool = False,
+        full_output: bool = False,
+        stdin: bytes | None = None,
+    ) -> RawResult:
+        self._res.check_alive(self.id)
+        environ = dict(self._base_env)
+        for key, value in (env or {}).items():
+            if not key or "=" in key or "\0" in key or "\0" in value:
+                raise ValueError(f"bad environment variable {key!r}")
+            environ[key] = value
+        if cwd and not cwd.startswith("/"):
+            cwd = f"{self.workdir}/{cwd}"
+        raw = run_command(
+            self._res,
+            self.id,
+            self._argv_head,
+            command,
+            cwd=cwd or self.workdir,
+            environ=environ,
+            share_network=network and self.settings.setup_network,
+            timeout=timeout,
+            full_output=full_output,
+            stdin=stdin,
+        )
+        self.usage.commands += 1
+        self.usage.command_seconds += raw.duration_s
+        return raw
+
+    def release(self) -> None:
+        """Kill every process, remove the cgroups, unmount the overlay, delete the folder. Idempotent; never raises."""
+        try:
+            self._finalizer()
+        except Exception:  # the finaliser logs its own failures; this is the last guard of "never raises"
+            log.exception("releasing sandbox %s failed", self.id)
+
+    @property
+    def released(self) -> bool:
+        return self._res.released
+
+    def __enter__(self) -> LocalSandbox:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def __repr__(self) -> str:
+        return f"<LocalSandbox {self.id} workdir={self.workdir}>"

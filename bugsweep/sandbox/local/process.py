@@ -1,0 +1,267 @@
+"""Running one command: `bwrap ... bash -c COMMAND` as a process tree that ends as a whole, with output spooled
+to unlinked files on the host (never into memory).
+
+Because each command gets its own pid namespace, killing the namespace's init kills the whole process tree at once:
+that is how a timeout ends a command, and why background processes (`server &`) end with the command that started
+them. A caller gets the last OUTPUT_LIMIT_BYTES of each stream (`truncated=True` when more was written), or
+everything with `full_output=True`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import select
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, TYPE_CHECKING
+
+from bugsweep.errors import SandboxError, SandboxGone
+from bugsweep.sandbox.base import OUTPUT_LIMIT_BYTES
+from bugsweep.sandbox.local.common import decode, short
+from bugsweep.sandbox.local.limits import ATTACH_FAILED
+
+if TYPE_CHECKING:
+    from bugsweep.sandbox.local.resources import Resources
+
+#: Longer commands are passed to bash as a script file (Linux caps one argument at 128 KiB).
+MAX_ARG_BYTES = 64 * 1024
+
+_CHILD_PID = re.compile(rb'"child-pid":\s*(\d+)\s*[,}\n]')
+
+
+@dataclass
+class RawResult:
+    exit_code: int | None
+    stdout: bytes
+    stderr: bytes
+    timed_out: bool
+    truncated: bool
+    duration_s: float
+    out_of_memory: bool
+
+
+class Command:
+    """One running `bwrap ... bash -c COMMAND`.
+
+    `proc` is the outer bwrap; `init_pid` (from bwrap's --info-fd) is the init, pid 1, of the command's pid
+    namespace. When the init dies the kernel kills every process in the namespace, and the init only finishes
+    dying once they are all gone: so waiting for the init is how we know nothing of a command is left, and
+    killing it is how a whole process tree is stopped at once, background processes and fork bombs included.
+    The outer bwrap may exit a moment before the init does; both are waited for. Pidfds make the waits exact
+    (Popen.wait(timeout) polls with sleeps that add milliseconds to every short command)."""
+
+    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+        self.proc = proc
+        self.init_pid: int | None = None
+        self._init_fd: int | None = None
+        self._fd_lock = threading.Lock()  # release() may kill while the exec thread closes
+
+    def read_info(self, info_fd: int, timeout: float) -> None:
+        """Read the init's pid from bwrap's --info-fd (JSON, written in several pieces)."""
+        deadline = time.monotonic() + max(timeout, 0.0)
+        data = b""
+        while True:
+            ready, _, _ = select.select([info_fd], [], [], max(deadline - time.monotonic(), 0.0))
+            chunk = os.read(info_fd, 65536) if ready else b""
+            if not chunk:
+                return  # bwrap ended (or hung) before it said
+            data += chunk
+            found = _CHILD_PID.search(data)
+            if found:
+                break
+        self.init_pid = int(found.group(1))
+        with contextlib.suppress(OSError):
+            self._init_fd = os.pidfd_open(self.init_pid)
+
+    def wait(self, timeout: float) -> bool:
+        """Wait up to `timeout` s for the command and its whole namespace to end; True when they did."""
+        deadline = time.monotonic() + max(timeout, 0.0)
+        if not wait_pid(self.proc, deadline):
+            return False
+        if self._init_fd is not None:
+            ready, _, _ = select.select([self._init_fd], [], [], max(deadline - time.monotonic(), 0.0) + 5.0)
+            if not ready:
+                self._kill_init()
+        return True
+
+    def kill(self) -> None:
+        with self._fd_lock:
+            self._kill_locked()
+
+    def _kill_locked(self) -> None:
+        if self.proc.poll() is None and self.init_pid is None:
+            for child in children(self.proc.pid):  # bwrap has not reported its init yet
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(child, signal.SIGKILL)
+        self._kill_init()
+        if not wait_pid(self.proc, time.monotonic() + 5):
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.kill()  # --die-with-parent then kills the init
+            self.proc.wait(timeout=30)
+        if self._init_fd is not None:
+            select.select([self._init_fd], [], [], 10.0)
+
+    def _kill_init(self) -> None:
+        if self._init_fd is not None:
+            with contextlib.suppress(OSError):
+                signal.pidfd_send_signal(self._init_fd, signal.SIGKILL)
+
+    def close(self) -> None:
+        with self._fd_lock:
+            if self._init_fd is not None:
+                os.close(self._init_fd)
+                self._init_fd = None
+
+
+def wait_pid(proc: subprocess.Popen[bytes], deadline: float) -> bool:
+    """Wait for `proc` until `deadline` (time.monotonic()); True when it exited."""
+    try:
+        pidfd = os.pidfd_open(proc.pid)
+    except OSError:  # already reaped, or no pidfd support
+        try:
+            proc.wait(timeout=max(deadline - time.monotonic(), 0.0))
+            return True
+        except subprocess.TimeoutExpired:
+            return False
+    try:
+        ready, _, _ = select.select([pidfd], [], [], max(deadline - time.monotonic(), 0.0))
+    finally:
+        os.close(pidfd)
+    if not ready:
+        return proc.poll() is not None
+    proc.wait()
+    return True
+
+
+def children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as fh:
+            return [int(x) for x in fh.read().split()]
+    except (OSError, ValueError):
+        return []
+
+
+@contextlib.contextmanager
+def stdin_file(data: bytes | None, spool: Path) -> Iterator[int | IO[bytes]]:
+    if data is None:
+        yield subprocess.DEVNULL
+        return
+    with tempfile.TemporaryFile(dir=spool) as fh:
+        fh.write(data)
+        fh.seek(0)
+        yield fh
+
+
+def read_spool(fh: IO[bytes], full: bool) -> tuple[bytes, bool]:
+    """The whole spool, or its last OUTPUT_LIMIT_BYTES and whether anything was cut."""
+    size = os.fstat(fh.fileno()).st_size
+    if full or size <= OUTPUT_LIMIT_BYTES:
+        fh.seek(0)
+        return fh.read(), False
+    fh.seek(size - OUTPUT_LIMIT_BYTES)
+    data = fh.read(OUTPUT_LIMIT_BYTES)
+    skip = 0
+    while skip < 3 and skip < len(data) and 0x80 <= data[skip] < 0xC0:  # don't start inside a UTF-8 character
+        skip += 1
+    return data[skip:], True
+
+
+def run_command(
+    res: Resources,
+    sandbox_id: str,
+    argv_head: list[str],
+    command: str,
+    *,
+    cwd: str,
+    environ: dict[str, str],
+    share_network: bool,
+    timeout: float,
+    full_output: bool,
+    stdin: bytes | None,
+) -> RawResult:
+    """Run `command` under bash in `cwd` with `argv_head` (see bwrap.command_argv), tracked by `res` so that a
+    release kills it. Raises SandboxGone when the sandbox is released meanwhile, SandboxError when bwrap cannot
+    start the command."""
+    oom_before = res.limits.oom_kills() if res.limits else 0
+    with contextlib.ExitStack() as stack:
+        try:
+            out = stack.enter_context(tempfile.TemporaryFile(dir=res.root / "spool"))
+            err = stack.enter_context(tempfile.TemporaryFile(dir=res.root / "spool"))
+            stdin_fh = stack.enter_context(stdin_file(stdin, res.root / "spool"))
+        except OSError:
+            res.check_alive(sandbox_id)  # released meanwhile: SandboxGone
+            raise
+        info_r, info_w = os.pipe()
+        stack.callback(os.close, info_r)
+        argv = [*argv_head, "--info-fd", str(info_w)]
+        if not share_network:
+            argv.append("--unshare-net")
+        if len(command.encode()) <= MAX_ARG_BYTES:
+            argv += ["--chdir", cwd, "/bin/bash", "-c", command]
+        else:  # the kernel refuses a single argument over 128 KiB (a big heredoc): run it from a file
+            script = res.root / "tmp" / f".bugsweep-command-{uuid.uuid4().hex}.sh"
+            script.write_text(command)
+            stack.callback(script.unlink, missing_ok=True)
+            argv += ["--chdir", cwd, "/bin/bash", f"/tmp/{script.name}"]
+
+        start = time.monotonic()
+        try:
+            proc = subprocess.Popen(
+                argv,
+                stdin=stdin_fh,
+                stdout=out,
+                stderr=err,
+                env=environ,
+                close_fds=True,
+                pass_fds=(info_w,),
+                cwd="/",
+            )
+        except OSError as exc:
+            raise SandboxError(f"could not start bubblewrap: {exc}") from exc
+        finally:
+            os.close(info_w)
+        cmd = Command(proc)
+        try:
+            if not res.track(cmd):
+                cmd.kill()
+                raise SandboxGone(f"sandbox {sandbox_id} was released")
+            cmd.read_info(info_r, timeout)
+            timed_out = not cmd.wait(timeout - (time.monotonic() - start))
+            if timed_out:
+                cmd.kill()
+        except BaseException:  # e.g. KeyboardInterrupt: the command must not outlive its caller
+            cmd.kill()
+            raise
+        finally:
+            cmd.close()
+            res.untrack(cmd)
+        duration = time.monotonic() - start
+        if res.released:
+            raise SandboxGone(f"sandbox {sandbox_id} was released while `{short(command)}` was running")
+        stdout, cut_out = read_spool(out, full_output)
+        stderr, cut_err = read_spool(err, full_output)
+
+    if proc.returncode == 125 and ATTACH_FAILED in stderr:
+        res.check_alive(sandbox_id)
+        raise SandboxError(f"sandbox {sandbox_id}: {decode(stderr).strip()}")
+    if cmd.init_pid is None and not timed_out:  # bwrap never got as far as starting the command
+        res.check_alive(sandbox_id)
+        raise SandboxError(f"bubblewrap could not start the command: {decode(stderr[-2000:]).strip()}")
+    return RawResult(
+        exit_code=None if timed_out else proc.returncode,
+        stdout=stdout,
+        stderr=stderr,
+        timed_out=timed_out,
+        truncated=cut_out or cut_err,
+        duration_s=duration,
+        out_of_memory=bool(res.limits and res.limits.oom_kills() > oom_before),
+    )
