@@ -67,5 +67,21 @@ class BadTaskFile(ConfigError):
 
 
 def failure_kind(exc: BaseException) -> str:
-    """'config', 'infra', 'task' or 'crash' (a bug in bugsweep itself, or an unexpected exception)."""
-    return exc.kind if isinstance(exc, BugsweepError) else "crash"
+    """What kind of failure ended a task, for grade.json and the logs: the one place an exception is classified.
+
+    'config', 'infra' or 'task' for bugsweep's own errors; 'infra' for a timeout (a step's backstop timeout: a hung
+    sandbox or endpoint); 'cancelled' for an interrupt or a termination signal; 'crash' for anything else (a bug in
+    bugsweep itself, or an unexpected exception).
+    """
+    if isinstance(exc, BugsweepError):
+        return exc.kind
+    if isinstance(exc, TimeoutError):
+        return "infra"
+    if not isinstance(exc, Exception):
+        return "cancelled"
+    return "crash"
+
+
+def describe(exc: BaseException) -> str:
+    """The one-line reason a grade records: bugsweep's own message, or the exception's type and message."""
+    return str(exc) if isinstance(exc, BugsweepError) else f"{type(exc).__name__}: {exc}"

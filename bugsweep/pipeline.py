@@ -1,7 +1,8 @@
 """One task end to end, as plain functions: prepare -> setup -> baseline -> solve -> regrade -> write_run_dir.
 
-The command line calls `solve_task`, which runs them all and always releases the sandbox. The Prefect layer
-(tasks/steps.py) calls the steps one by one, to give each its own retries, timeout and artifacts.
+`solve_task` is the only place that orders these steps, for the command line and the Prefect flows alike. It takes
+a step runner: by default each step is a plain call; the Prefect layer (tasks.steps.PrefectSteps) runs each step
+as a Prefect task, with its own retries, timeout and hooks. Either way the grade comes from the same code.
 """
 
 from __future__ import annotations
@@ -11,14 +12,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from bugsweep.errors import (
-    BugsweepError,
+    InfraError,
     NotARealTask,
     SetupFailed,
     TaskError,
     TestCommandCannotRun,
+    describe,
     failure_kind,
 )
 from bugsweep.grading import (
@@ -42,6 +44,8 @@ if TYPE_CHECKING:
     from bugsweep.agent.model import ChatModel
 
 log = logging.getLogger(__name__)
+
+R = TypeVar("R")
 
 
 @dataclass
@@ -221,6 +225,78 @@ def _test_log(run: TestRun) -> str:
     return header + run.log
 
 
+class StepRunner(Protocol):
+    """Runs one named step of a task: `runner(name, fn, *args, **kwargs)` returns `fn(*args, **kwargs)`.
+
+    The names are 'setup', 'baseline', 'solve' and 'regrade'. A runner may retry a step (each step can run again
+    from its arguments: 'setup' makes a new sandbox, 'solve' starts again from the task state), time it out, or
+    record it, but never changes its result.
+    """
+
+    def __call__(self, name: str, fn: Callable[..., R], /, *args: Any, **kwargs: Any) -> R: ...
+
+
+def call_step(name: str, fn: Callable[..., R], /, *args: Any, **kwargs: Any) -> R:
+    """The default step runner: a plain call."""
+    return fn(*args, **kwargs)
+
+
+def ready_sandbox(
+    spec: TaskSpec,
+    provider: SandboxProvider,
+    labels: dict[str, str] | None = None,
+    setup_network: bool = True,
+) -> PreparedTask:
+    """The 'setup' step: a sandbox with the repository in its task state, after the setup command.
+
+    The sandbox is released when anything fails, so running the step again starts over with a new one.
+    """
+    prepared = prepare(spec, provider, labels=labels)
+    try:
+        setup(prepared, network=setup_network)
+    except BaseException:
+        prepared.sandbox.release()
+        raise
+    return prepared
+
+
+def reset_workspace(prepared: PreparedTask) -> None:
+    """Put the repository back to the task state (a solve that runs again must not start from half an attempt)."""
+    result = prepared.sandbox.exec(
+        f"git reset -q --hard {prepared.task_state} && git clean -qfd", timeout=120
+    )
+    if not result.ok:
+        raise InfraError(f"could not reset the workspace to the task state: {result.output.strip()[-500:]}")
+
+
+def solve_from_task_state(
+    prepared: PreparedTask,
+    model_settings: ModelSettings,
+    agent_settings: AgentSettings,
+    on_event: Callable[[AgentEvent], None] | None = None,
+    out_dir: Path | None = None,
+) -> AgentResult:
+    """The 'solve' step: the agent loop, from the task state (the step may be run again after an outage)."""
+    from bugsweep.agent.model import ChatModel
+
+    reset_workspace(prepared)
+    return solve(prepared, ChatModel(model_settings), agent_settings, on_event=on_event, out_dir=out_dir)
+
+
+def failed_grade(
+    spec: TaskSpec, model: str, exc: BaseException, *, failed_before: bool = False, started: float
+) -> Grade:
+    """The grade of a task that could not be run: why, which kind of failure it was, and how long it took."""
+    return Grade(
+        instance_id=spec.instance_id,
+        model=model,
+        failed_before=failed_before,
+        error=describe(exc),
+        failure_kind=failure_kind(exc),
+        wall_s=time.monotonic() - started,
+    )
+
+
 def solve_task(
     spec: TaskSpec,
     *,
@@ -230,16 +306,20 @@ def solve_task(
     out_dir: Path,
     on_event: Callable[[AgentEvent], None] | None = None,
     on_step: Callable[[str, dict[str, Any]], None] | None = None,
+    on_sandbox: Callable[[Sandbox], None] | None = None,
     labels: dict[str, str] | None = None,
     setup_network: bool = True,
+    runner: StepRunner = call_step,
+    raise_on_failure: bool = True,
 ) -> Grade:
-    """Everything for one task, writing `out_dir`. The sandbox is always released.
+    """Everything for one task, writing `out_dir`: the one path of a task, for the CLI and the flows.
 
-    Returns the Grade (resolved or not). When the task cannot be run (config, infra or task error), grade.json is
-    still written with `error` and `failure_kind`, and the exception is raised again for the caller to classify.
+    Returns the Grade (resolved or not). When the task cannot be run (config, infra or task error, a crash),
+    grade.json is still written with `error` and `failure_kind`; then the exception is raised again for the caller
+    to report, or, with `raise_on_failure=False`, that failed Grade is returned. An interrupt is always raised.
+    `on_sandbox` is told of the sandbox as soon as it exists (the flows track it for their crash hooks); the
+    sandbox is always released before this returns.
     """
-    from bugsweep.agent.model import ChatModel
-
     agent_settings = agent_settings or AgentSettings()
     step = on_step or (lambda name, info: None)
     started = time.monotonic()
@@ -247,19 +327,26 @@ def solve_task(
     before: TestRun | None = None
     try:
         step("sandbox", {"backend": getattr(provider, "name", "?")})
-        prepared = prepare(spec, provider, labels=labels)
         if spec.setup_command:
             step("setup", {"command": spec.setup_command})
-            setup(prepared, network=setup_network)
+        prepared = runner("setup", ready_sandbox, spec, provider, labels, setup_network)
+        if on_sandbox is not None:
+            on_sandbox(prepared.sandbox)
         step("baseline", {"command": spec.test_command})
-        before = baseline(prepared)
+        before = runner("baseline", baseline, prepared)
         step("agent", {"model": model_settings.model, "failing": sorted(before.ids("failed", "error"))})
-        agent_result = solve(
-            prepared, ChatModel(model_settings), agent_settings, on_event=on_event, out_dir=out_dir
+        agent_result = runner(
+            "solve", solve_from_task_state, prepared, model_settings, agent_settings, on_event, out_dir
         )
         step("regrade", {"stop_reason": agent_result.stop_reason})
-        verdict, after, patch = regrade(
-            prepared, before, agent_result, model_name=model_settings.model, agent_settings=agent_settings
+        verdict, after, patch = runner(
+            "regrade",
+            regrade,
+            prepared,
+            before,
+            agent_result,
+            model_name=model_settings.model,
+            agent_settings=agent_settings,
         )
         verdict.wall_s = time.monotonic() - started
         write_run_dir(
@@ -267,24 +354,23 @@ def solve_task(
         )
         return verdict
     except BaseException as exc:
-        failed = Grade(
-            instance_id=spec.instance_id,
-            model=model_settings.model,
-            failed_before=before is not None,
-            error=_describe(exc),
-            failure_kind=failure_kind(exc) if isinstance(exc, Exception) else "cancelled",
-            wall_s=time.monotonic() - started,
+        failed = failed_grade(
+            spec, model_settings.model, exc, failed_before=before is not None, started=started
         )
         write_run_dir(
             out_dir, failed, before=before, setup_log=prepared.setup_log if prepared else None, spec=spec
         )
-        raise
+        if raise_on_failure or not isinstance(exc, Exception):
+            raise
+        crash = failed.failure_kind == "crash"
+        log.warning(
+            "%s could not be run (%s): %s",
+            spec.instance_id,
+            failed.failure_kind,
+            failed.error,
+            exc_info=crash,
+        )
+        return failed
     finally:
         if prepared is not None:
             prepared.sandbox.release()
-
-
-def _describe(exc: BaseException) -> str:
-    if isinstance(exc, BugsweepError):
-        return str(exc)
-    return f"{type(exc).__name__}: {exc}"

@@ -12,7 +12,6 @@ import dataclasses
 import json
 import logging
 import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, Field
 
-from bugsweep.errors import BugsweepError, ConfigError
+from bugsweep.errors import ConfigError
 from bugsweep.grading import Grade
 from bugsweep.settings import AgentSettings, ModelSettings, SandboxSettings
 from bugsweep.spec import TaskSpec
@@ -237,27 +236,6 @@ RELEASE_SANDBOXES_HOOKS: dict[str, Any] = {
 
 
 # -- grades -----------------------------------------------------------------------------------------------------
-
-
-def failed_grade(
-    spec: TaskSpec, model: str, exc: BaseException, *, failed_before: bool, started: float
-) -> Grade:
-    """The grade of a task that could not be run: why, and which kind of failure it was."""
-    return Grade(
-        instance_id=spec.instance_id,
-        model=model,
-        failed_before=failed_before,
-        error=str(exc) if isinstance(exc, BugsweepError) else f"{type(exc).__name__}: {exc}",
-        failure_kind=classify(exc),
-        wall_s=time.monotonic() - started,
-    )
-
-
-def classify(exc: BaseException) -> str:
-    """failure_kind, with a step's timeout counted as infrastructure (a hung sandbox or endpoint)."""
-    from tasks.steps import step_failure_kind
-
-    return step_failure_kind(exc)
 
 
 def previous_grade(store: ArtifactStore, key: str, spec: TaskSpec) -> Grade | None:

@@ -19,7 +19,6 @@ from typing import Annotated, Any
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
-from prefect.task_runners import ThreadPoolTaskRunner
 from pydantic import BaseModel, Field, SecretStr
 
 from blocks import MODEL_BLOCK, STORE_BLOCK
@@ -41,10 +40,9 @@ from flows.common import (
     RunConfig,
     SandboxName,
     current_flow_run_id,
-    failed_grade,
     load_run_config,
 )
-from flows.solve_bug import solve_one_task
+from flows.solve_bug import Job, solve_many
 from flows.sweep import TaskSource
 from tasks import steps
 
@@ -169,21 +167,18 @@ def default_name(source: Any) -> str:
 def run_all(
     specs: list[TaskSpec], configs: list[tuple[ModelEntry, RunConfig, str]], runs: int, concurrency: int
 ) -> list[RunRecord]:
-    """Every (run, task, model) on a thread pool of `concurrency`; a crash in one run is that run's failed grade."""
-    jobs = [(r, spec, entry, run, key) for r in range(runs) for spec in specs for entry, run, key in configs]
-    records: list[RunRecord] = []
-    with ThreadPoolTaskRunner(max_workers=concurrency) as runner:
-        futures = [
-            runner.submit(solve_one_task, parameters={"spec": spec, "run": run, "sweep": key, "attempt": r})
-            for r, spec, _, run, key in jobs
-        ]
-        for (r, spec, entry, run, _), future in zip(jobs, futures, strict=True):
-            started = time.monotonic()
-            try:
-                grade = future.result().grade
-            except Exception as exc:
-                grade = failed_grade(spec, run.model.model, exc, failed_before=False, started=started)
-            records.append(RunRecord.from_grade(grade, model=entry.name, run=r))
+    """Every (run, task, model), `concurrency` at once (`solve_many`, as the sweep runs its tasks)."""
+    jobs = [
+        (r, entry, Job(spec, run, key, r))
+        for r in range(runs)
+        for spec in specs
+        for entry, run, key in configs
+    ]
+    outcomes = solve_many([job for _, _, job in jobs], concurrency)
+    records = [
+        RunRecord.from_grade(outcome.grade, model=entry.name, run=r)
+        for (r, entry, _), outcome in zip(jobs, outcomes, strict=True)
+    ]
     # Model-major order: the report lists models as given and tasks in file order.
     model_order = {entry.name: i for i, (entry, _, _) in enumerate(configs)}
     task_order = {spec.instance_id: i for i, spec in enumerate(specs)}

@@ -1,7 +1,7 @@
 """The `solve-bug` flow: one bug-fix task, end to end: setup, baseline, solve, regrade, upload.
 
-`solve_one` is the same steps as a plain function, for flows that run many tasks (the sweep, a model
-comparison): call it inside a flow, or submit `solve_one_task` to a task runner.
+`solve_one` is that task as the flows run it (`pipeline.solve_task` with Prefect steps, then the upload), and
+`solve_many` runs many of them at once for the sweep and the model comparison.
 """
 
 from __future__ import annotations
@@ -12,15 +12,18 @@ import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from prefect import flow, get_run_logger
 from prefect import task as prefect_task
 from prefect.cache_policies import NO_CACHE
+from prefect.task_runners import ThreadPoolTaskRunner
 
 from blocks import MODEL_BLOCK, STORE_BLOCK
+from bugsweep import pipeline
 from bugsweep.errors import BugsweepError, StorageError
-from bugsweep.grading import Grade, TestRun
-from bugsweep.pipeline import PreparedTask, write_run_dir
+from bugsweep.grading import Grade
+from bugsweep.pipeline import failed_grade
 from bugsweep.spec import TaskSpec
 from bugsweep.storage import run_key
 from flows.common import (
@@ -30,11 +33,13 @@ from flows.common import (
     RunConfig,
     SandboxName,
     current_flow_run_id,
-    failed_grade,
     load_run_config,
     model_endpoint,
 )
 from tasks import steps
+
+if TYPE_CHECKING:
+    from bugsweep.sandbox.base import Sandbox
 
 #: Written next to grade.json: which flow run made the run folder.
 RUN_FILE = "run.json"
@@ -60,35 +65,44 @@ class TaskOutcome:
 
 
 def solve_one(spec: TaskSpec, run: RunConfig, sweep: str, *, attempt: int | None = None) -> TaskOutcome:
-    """One task end to end as Prefect steps. Never raises for a task that cannot be run: that is a failed Grade.
+    """One task end to end through `pipeline.solve_task`, each step a Prefect task, then the upload.
 
-    The sandbox is released in `finally` (and, should this process die first, by the flow's hooks).
+    Never raises for a task that cannot be run: that is a failed Grade. The sandbox is released by solve_task
+    (and, should this process die first, by the flow's hooks, which find it in LIVE_SANDBOXES).
     """
-    key = run_key(sweep, spec.instance_id, run.model.model, attempt)
-    out_dir = fresh_folder(run.local_dir / key)
-    flow_run_id = current_flow_run_id()
     started = time.monotonic()
-    prepared: PreparedTask | None = None
-    before: TestRun | None = None
+    key = run_key(sweep, spec.instance_id, run.model.model, attempt)
+    out_dir = run.local_dir / key
+    flow_run_id = current_flow_run_id()
+    held: list[Sandbox] = []
+
+    def hold(sandbox: Sandbox) -> None:
+        held.append(sandbox)
+        LIVE_SANDBOXES.add(flow_run_id, sandbox)
+
     try:
-        prepared = steps.setup(
-            spec, run.provider, labels=sandbox_labels(run, spec), setup_network=run.setup_network
+        fresh_folder(out_dir)
+        verdict = pipeline.solve_task(
+            spec,
+            provider=run.provider,
+            model_settings=run.model,
+            agent_settings=run.agent,
+            out_dir=out_dir,
+            on_event=steps.log_event,
+            on_sandbox=hold,
+            labels=sandbox_labels(run, spec),
+            setup_network=run.setup_network,
+            runner=steps.PrefectSteps(run.agent),
+            raise_on_failure=False,
         )
-        LIVE_SANDBOXES.add(flow_run_id, prepared.sandbox)
-        before = steps.baseline(prepared)
-        result = steps.solve.with_options(timeout_seconds=steps.solve_timeout_s(run.agent))(
-            prepared, run.model, run.agent, out_dir
-        )
-        verdict = steps.regrade(prepared, before, result, run.model, run.agent, out_dir)
-    except Exception as exc:
-        verdict = failed_grade(spec, run.model.model, exc, failed_before=before is not None, started=started)
-        write_run_dir(
-            out_dir, verdict, before=before, setup_log=prepared.setup_log if prepared else None, spec=spec
-        )
+    except (
+        Exception
+    ) as exc:  # outside solve_task's own steps (the run folder): still this task's failed grade
+        verdict = failed_grade(spec, run.model.model, exc, started=started)
+        return TaskOutcome(grade=verdict, key=key, local_dir=out_dir)
     finally:
-        if prepared is not None:
-            prepared.sandbox.release()
-            LIVE_SANDBOXES.discard(flow_run_id, prepared.sandbox)
+        for sandbox in held:
+            LIVE_SANDBOXES.discard(flow_run_id, sandbox)
     write_run_record(out_dir, flow_run_id, key)
     return upload_outcome(TaskOutcome(grade=verdict, key=key, local_dir=out_dir), run)
 
@@ -108,6 +122,43 @@ def upload_outcome(outcome: TaskOutcome, run: RunConfig) -> TaskOutcome:
 def solve_one_task(spec: TaskSpec, run: RunConfig, sweep: str, attempt: int | None = None) -> TaskOutcome:
     """`solve_one` as a task, so a flow can run many at once on a task runner (each task's steps nest under it)."""
     return solve_one(spec, run, sweep, attempt=attempt)
+
+
+@dataclass
+class Job:
+    """One task to run in `solve_many`: the task, its run configuration, the sweep (key prefix) and attempt."""
+
+    spec: TaskSpec
+    run: RunConfig
+    sweep: str
+    attempt: int | None = None
+
+
+def solve_many(jobs: list[Job], concurrency: int) -> list[TaskOutcome]:
+    """Every job in this process, `concurrency` at a time, in the order given (the sweep's and the comparison's
+    fan-out). Each job's outcome is its own: `solve_one` turns whatever ends a task into that task's failed grade.
+    """
+    runner: ThreadPoolTaskRunner[Any]
+    with ThreadPoolTaskRunner(max_workers=concurrency) as runner:
+        futures = [
+            runner.submit(
+                solve_one_task,
+                parameters={"spec": j.spec, "run": j.run, "sweep": j.sweep, "attempt": j.attempt},
+            )
+            for j in jobs
+        ]
+        return [_outcome(job, future) for job, future in zip(jobs, futures, strict=True)]
+
+
+def _outcome(job: Job, future: Any) -> TaskOutcome:
+    """The job's outcome; should Prefect itself fail to run `solve_one` (it never raises), a failed grade."""
+    try:
+        outcome: TaskOutcome = future.result()
+        return outcome
+    except Exception as exc:
+        key = run_key(job.sweep, job.spec.instance_id, job.run.model.model, job.attempt)
+        verdict = failed_grade(job.spec, job.run.model.model, exc, started=time.monotonic())
+        return TaskOutcome(grade=verdict, key=key, local_dir=job.run.local_dir / key)
 
 
 def write_run_record(out_dir: Path, flow_run_id: str | None, key: str) -> None:

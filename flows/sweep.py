@@ -14,13 +14,13 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from prefect import flow, get_run_logger
-from prefect.task_runners import ThreadPoolTaskRunner
 from pydantic import Field
 
 from blocks import MODEL_BLOCK, STORE_BLOCK
 from bugsweep.discover import RepoBranch, TaskFile
-from bugsweep.errors import ConfigError
+from bugsweep.errors import ConfigError, InfraError
 from bugsweep.grading import Grade
+from bugsweep.pipeline import failed_grade
 from bugsweep.spec import TaskSpec
 from bugsweep.storage import GRADE_FILE, run_key
 from flows.common import (
@@ -29,12 +29,11 @@ from flows.common import (
     RunConfig,
     SandboxName,
     current_flow_run_id,
-    failed_grade,
     load_run_config,
     model_endpoint,
     previous_grade,
 )
-from flows.solve_bug import RUN_FILE, TaskOutcome, solve_one_task
+from flows.solve_bug import RUN_FILE, Job, TaskOutcome, solve_many
 from tasks import steps
 
 #: A plain union (not a discriminated one): the Prefect UI draws it as a choice of two forms, not a JSON box.
@@ -92,7 +91,7 @@ def sweep(
         outcomes = run_on_workers(todo, run, sweep_name, concurrency, deployment, shared)
     else:
         with model_endpoint(run) as run:
-            outcomes = run_here(todo, run, sweep_name, concurrency)
+            outcomes = solve_many([Job(spec, run, sweep_name) for spec in todo], concurrency)
     steps.summarize(sweep_name, summary_rows(graded, outcomes), run.store.location)
     return graded + [o.grade for o in outcomes]
 
@@ -121,25 +120,6 @@ def split_graded(
         get_run_logger().info("skipping %d task(s) already graded for %s: %s", len(graded), run.model.model,
                               ", ".join(g.instance_id for g in graded))  # fmt: skip
     return todo, graded
-
-
-def run_here(specs: list[TaskSpec], run: RunConfig, sweep_name: str, concurrency: int) -> list[TaskOutcome]:
-    """Every task in this process, `concurrency` at a time; a crash in one task is that task's failed grade."""
-    with ThreadPoolTaskRunner(max_workers=concurrency) as runner:
-        futures = [
-            runner.submit(solve_one_task, parameters={"spec": spec, "run": run, "sweep": sweep_name})
-            for spec in specs
-        ]
-        outcomes = []
-        for spec, future in zip(specs, futures, strict=True):
-            started = time.monotonic()
-            try:
-                outcomes.append(future.result())
-            except Exception as exc:
-                key = run_key(sweep_name, spec.instance_id, run.model.model)
-                verdict = failed_grade(spec, run.model.model, exc, failed_before=False, started=started)
-                outcomes.append(TaskOutcome(grade=verdict, key=key, local_dir=run.local_dir / key))
-        return outcomes
 
 
 def run_on_workers(
@@ -225,9 +205,8 @@ def collect(
             raise FileNotFoundError(f"{stored_at} holds flow run {written_by}'s results, not this run's")
         verdict = Grade.model_validate_json(run.store.get_bytes(f"{key}/{GRADE_FILE}"))
     except (FileNotFoundError, ValueError) as exc:
-        why = RuntimeError(f"solve-bug run {run_id} ended {state.name} with no grade in the store ({exc})")
-        verdict = failed_grade(spec, run.model.model, why, failed_before=False, started=started)
-        verdict.failure_kind = "infra"
+        why = InfraError(f"solve-bug run {run_id} ended {state.name} with no grade in the store ({exc})")
+        verdict = failed_grade(spec, run.model.model, why, started=started)
         return TaskOutcome(grade=verdict, key=key, local_dir=run.local_dir / key)
     return TaskOutcome(grade=verdict, key=key, local_dir=run.local_dir / key, stored_at=stored_at)
 

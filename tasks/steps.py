@@ -1,4 +1,5 @@
-"""The steps of one bug-fix task as Prefect tasks: setup, baseline, solve, regrade, upload (and a sweep summary).
+"""The steps of one bug-fix task as Prefect tasks: setup, baseline, solve, regrade (through `PrefectSteps`, the
+step runner `pipeline.solve_task` is given), upload, listing a sweep's tasks and its summary.
 
 Each task is a thin wrapper over a plain function of the core (bugsweep.pipeline, bugsweep.storage). What Prefect
 adds here, and nothing else:
@@ -17,35 +18,41 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from prefect import get_run_logger, task
+from prefect import Task, get_run_logger, task
 from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
-from bugsweep import discover, pipeline
+from bugsweep import discover
 from bugsweep.discover import RepoBranch, TaskFile
 from bugsweep.errors import InfraError, SandboxGone, failure_kind
-from bugsweep.grading import Grade, TestRun
-from bugsweep.settings import AgentSettings, ModelSettings
+from bugsweep.grading import Grade
+from bugsweep.settings import AgentSettings
 from bugsweep.spec import TaskSpec
 from bugsweep.storage import ArtifactStore, UploadResult, upload_run
 
 if TYPE_CHECKING:
-    from prefect import Task
     from prefect.client.schemas.objects import TaskRun
     from prefect.states import State
 
-    from bugsweep.agent.loop import AgentEvent, AgentResult
+    from bugsweep.agent.loop import AgentEvent
     from bugsweep.sandbox.base import SandboxProvider
 
-#: Seconds before the first and second retry of a step. Tests and benchmarks shorten them through the variable.
-RETRY_DELAYS_S = [float(s) for s in os.environ.get("BUGSWEEP_RETRY_DELAYS_S", "10,60").split(",")]
+
+def retry_delays_s() -> list[float]:
+    """Seconds before the first and second retry of a step (BUGSWEEP_RETRY_DELAYS_S shortens them in tests)."""
+    return [float(s) for s in os.environ.get("BUGSWEEP_RETRY_DELAYS_S", "10,60").split(",")]
+
+
 #: Margin added to the core's own limits, so the core's timeout (a clear result) fires before Prefect's.
 TIMEOUT_MARGIN_S = 300.0
 #: The core's default test and setup timeouts (bugsweep.pipeline).
 STEP_TIMEOUT_S = 1800.0
+
+R = TypeVar("R")
 
 
 # -- when to retry, and what ended a step ---------------------------------------------------------------------
@@ -60,15 +67,6 @@ def _exception(state: State[Any]) -> BaseException | None:
     except Exception as exc:  # a failed state can raise its exception here
         return exc
     return result if isinstance(result, BaseException) else None
-
-
-def step_failure_kind(exc: BaseException | None) -> str:
-    """bugsweep's failure_kind, with a step's timeout counted as infrastructure (a hung sandbox or endpoint)."""
-    if isinstance(exc, TimeoutError):
-        return "infra"
-    if exc is None or isinstance(exc, Exception):
-        return failure_kind(exc) if exc else "crash"
-    return "cancelled"  # KeyboardInterrupt, a termination signal
 
 
 def retry_on_infra(task: Task[..., Any], task_run: TaskRun, state: State[Any]) -> bool:
@@ -87,133 +85,63 @@ def log_failure_kind(task: Task[..., Any], task_run: TaskRun, state: State[Any])
     from prefect.logging.loggers import task_run_logger
 
     exc = _exception(state)
-    kind = step_failure_kind(exc)
     task_run_logger(task_run, task).warning(
         "step %s (%s) ended by a %s failure: %s",
         task.name,
         task_run.name,
-        kind,
+        failure_kind(exc) if exc else "crash",
         exc if exc else state.message,
     )
 
 
 _STEP: dict[str, Any] = {"cache_policy": NO_CACHE, "persist_result": False, "on_failure": [log_failure_kind]}
 
+#: Prefect's options for each step of `pipeline.solve_task` (the step functions themselves are the core's).
+STEP_OPTIONS: dict[str, dict[str, Any]] = {
+    # A retry starts over with a new sandbox: the step releases the one that failed before it ends.
+    "setup": {"retries": 2, "retry_condition_fn": retry_on_infra, "timeout_seconds": 2 * STEP_TIMEOUT_S},
+    "baseline": {
+        "retries": 1,
+        "retry_condition_fn": retry_on_infra_in_sandbox,
+        "timeout_seconds": STEP_TIMEOUT_S,
+    },
+    # A retry (after a model endpoint outage) starts again from the task state. Timeout: the agent's own.
+    "solve": {"retries": 1, "retry_condition_fn": retry_on_infra_in_sandbox, "timeout_seconds": None},
+    "regrade": {
+        "retries": 1,
+        "retry_condition_fn": retry_on_infra_in_sandbox,
+        "timeout_seconds": STEP_TIMEOUT_S,
+    },
+}
 
-# -- the steps --------------------------------------------------------------------------------------------------
 
+class PrefectSteps:
+    """The step runner of the flows: each step of `pipeline.solve_task` runs as a Prefect task of that name.
 
-@task(
-    name="setup",
-    retries=2,
-    retry_delay_seconds=RETRY_DELAYS_S,
-    retry_condition_fn=retry_on_infra,
-    timeout_seconds=2 * STEP_TIMEOUT_S + TIMEOUT_MARGIN_S,
-    **_STEP,
-)
-def setup(
-    spec: TaskSpec, provider: SandboxProvider, labels: dict[str, str], setup_network: bool = True
-) -> pipeline.PreparedTask:
-    """Create the sandbox with the repository in its task state, and run the setup command.
-
-    A retry starts over with a new sandbox: the one that failed is released here before the step ends.
+    What Prefect adds is only retries for infrastructure failures, a backstop timeout (the core's own limits plus
+    a margin, so the core's clear result comes first), and the failure kind in the step's log.
     """
-    prepared = pipeline.prepare(spec, provider, labels=labels)
-    try:
-        pipeline.setup(prepared, timeout=STEP_TIMEOUT_S, network=setup_network)
-    except BaseException:
-        prepared.sandbox.release()
-        raise
-    return prepared
+
+    def __init__(self, agent_settings: AgentSettings) -> None:
+        self.agent_wall_s = agent_settings.max_wall_s or 3600.0
+        self.retry_delays_s = retry_delays_s()
+
+    def __call__(self, name: str, fn: Callable[..., R], /, *args: Any, **kwargs: Any) -> R:
+        options = dict(STEP_OPTIONS[name])
+        options["timeout_seconds"] = (options["timeout_seconds"] or self.agent_wall_s) + TIMEOUT_MARGIN_S
+        step: Task[..., R] = Task(fn, name=name, retry_delay_seconds=self.retry_delays_s, **options, **_STEP)
+        return step(*args, **kwargs)
 
 
-@task(
-    name="baseline",
-    retries=1,
-    retry_delay_seconds=RETRY_DELAYS_S,
-    retry_condition_fn=retry_on_infra_in_sandbox,
-    timeout_seconds=STEP_TIMEOUT_S + TIMEOUT_MARGIN_S,
-    **_STEP,
-)
-def baseline(prepared: pipeline.PreparedTask) -> TestRun:
-    """Run the tests before the agent starts; they must fail (NotARealTask otherwise)."""
-    return pipeline.baseline(prepared, timeout=STEP_TIMEOUT_S)
-
-
-@task(
-    name="solve",
-    retries=1,
-    retry_delay_seconds=RETRY_DELAYS_S,
-    retry_condition_fn=retry_on_infra_in_sandbox,
-    timeout_seconds=3600.0 + TIMEOUT_MARGIN_S,  # replaced per run by `solve_timeout_s(agent_settings)`
-    **_STEP,
-)
-def solve(
-    prepared: pipeline.PreparedTask,
-    model_settings: ModelSettings,
-    agent_settings: AgentSettings,
-    out_dir: Path,
-) -> AgentResult:
-    """Run the agent loop. A retry (after a model endpoint outage) starts again from the task state."""
-    from bugsweep.agent.model import ChatModel
-
-    logger = get_run_logger()
-    reset_workspace(prepared)
-
-    def on_event(event: AgentEvent) -> None:
-        logger.info("%s", describe_event(event))
-
-    return pipeline.solve(
-        prepared, ChatModel(model_settings), agent_settings, on_event=on_event, out_dir=out_dir
-    )
-
-
-def solve_timeout_s(agent_settings: AgentSettings) -> float:
-    """The solve step's timeout: the agent's own wall-clock limit plus a margin (an hour without one)."""
-    return (agent_settings.max_wall_s or 3600.0) + TIMEOUT_MARGIN_S
-
-
-@task(
-    name="regrade",
-    retries=1,
-    retry_delay_seconds=RETRY_DELAYS_S,
-    retry_condition_fn=retry_on_infra_in_sandbox,
-    timeout_seconds=STEP_TIMEOUT_S + TIMEOUT_MARGIN_S,
-    **_STEP,
-)
-def regrade(
-    prepared: pipeline.PreparedTask,
-    before: TestRun,
-    agent_result: AgentResult,
-    model_settings: ModelSettings,
-    agent_settings: AgentSettings,
-    out_dir: Path,
-) -> Grade:
-    """Restore the test files, rerun the tests, grade, and write the run folder (grade.json, patch, logs)."""
-    verdict, after, patch = pipeline.regrade(
-        prepared,
-        before,
-        agent_result,
-        model_name=model_settings.model,
-        agent_settings=agent_settings,
-        timeout=STEP_TIMEOUT_S,
-    )
-    pipeline.write_run_dir(
-        out_dir,
-        verdict,
-        patch=patch,
-        before=before,
-        after=after,
-        setup_log=prepared.setup_log,
-        spec=prepared.spec,
-    )
-    return verdict
+def log_event(event: AgentEvent) -> None:
+    """The flows' `on_event`: one line in the solve step's log per agent event."""
+    get_run_logger().info("%s", describe_event(event))
 
 
 @task(
     name="upload",
     retries=2,
-    retry_delay_seconds=RETRY_DELAYS_S,
+    retry_delay_seconds=retry_delays_s(),
     retry_condition_fn=retry_on_infra,
     timeout_seconds=600.0,
     **_STEP,
@@ -239,7 +167,7 @@ def upload(out_dir: Path, store: ArtifactStore, key: str, verdict: Grade) -> Upl
 @task(
     name="list-tasks",
     retries=2,
-    retry_delay_seconds=RETRY_DELAYS_S,
+    retry_delay_seconds=retry_delays_s(),
     retry_condition_fn=retry_on_infra,
     timeout_seconds=2 * STEP_TIMEOUT_S + TIMEOUT_MARGIN_S,
     **_STEP,
@@ -264,15 +192,6 @@ def summarize(sweep: str, rows: list[dict[str, Any]], location: str) -> None:
 
 
 # -- plain helpers ----------------------------------------------------------------------------------------------
-
-
-def reset_workspace(prepared: pipeline.PreparedTask) -> None:
-    """Put the repository back to the task state (a retried solve must not start from half an attempt)."""
-    result = prepared.sandbox.exec(
-        f"git reset -q --hard {prepared.task_state} && git clean -qfd", timeout=120
-    )
-    if not result.ok:
-        raise InfraError(f"could not reset the workspace to the task state: {result.output.strip()[-500:]}")
 
 
 def describe_event(event: AgentEvent) -> str:

@@ -471,3 +471,52 @@ def test_a_sweep_on_workers_without_the_deployment_says_to_deploy(
             deployment="solve-bug/nope",
             **flow_kwargs(made),
         )
+
+
+# -- one path ---------------------------------------------------------------------------------------------------
+
+
+def test_the_flow_and_the_cli_grade_a_task_the_same_through_the_same_function(
+    blocks, scripted_model, buggy_repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`bugsweep solve` and the solve-bug flow on one task and one script: one function runs both (the flow with
+    Prefect steps, the CLI with plain calls), and their grades and patches are the same but for the clock."""
+    from typer.testing import CliRunner
+
+    from bugsweep import pipeline
+    from bugsweep.cli import app
+    from flows.solve_bug import solve_bug
+    from tasks.steps import PrefectSteps
+
+    runners: list[Any] = []
+    real_solve_task = pipeline.solve_task
+
+    def recording_solve_task(spec: TaskSpec, **kwargs: Any) -> Any:
+        runners.append(kwargs.get("runner", pipeline.call_step))
+        return real_solve_task(spec, **kwargs)
+
+    monkeypatch.setattr(pipeline, "solve_task", recording_solve_task)
+    script = [FIX, tool_call("finish", summary="add() now adds")]
+    flow_model, cli_model = scripted_model(script), scripted_model(script)
+    spec = calc_task(buggy_repo, "one-path")
+
+    made = blocks(flow_model)
+    flow_grade = solve_bug(task=spec, sweep="one-path", **flow_kwargs(made))
+    flow_patch = made["_store"].get_bytes("one-path/one-path/scripted-model/patch.diff").decode()
+
+    monkeypatch.setenv("LLM_BASE_URL", cli_model.base_url)
+    monkeypatch.setenv("LLM_MODEL", "scripted-model")
+    monkeypatch.setenv("LLM_API_KEY", "sk-test-secret")
+    out = tmp_path / "cli-run"
+    args = ["solve", "--repo", str(buggy_repo), "--task", spec.problem_statement]
+    result = CliRunner().invoke(
+        app, [*args, "--test-command", spec.test_command, "--out", str(out), "--max-turns", "6"]
+    )
+    assert result.exit_code == 0, result.output
+    cli_grade = json.loads((out / "grade.json").read_text())
+
+    assert len(runners) == 2 and isinstance(runners[0], PrefectSteps) and runners[1] is pipeline.call_step
+    clock = {"instance_id", "wall_s", "agent_wall_s"}
+    assert flow_grade.resolved and cli_grade["resolved"]
+    assert flow_grade.model_dump(exclude=clock) == {k: v for k, v in cli_grade.items() if k not in clock}
+    assert flow_patch == (out / "patch.diff").read_text()

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import typer
 
-from bugsweep.cli import mine, model, pipeline, sandboxes, solve
+from bugsweep.cli import compare, mine, model, pipeline, sandboxes, solve
 
 app = typer.Typer(
     name="bugsweep",
@@ -19,7 +19,7 @@ app = typer.Typer(
     add_completion=False,
 )
 
-for _module in (solve, model, sandboxes, pipeline, mine):
+for _module in (solve, model, sandboxes, pipeline, mine, compare):
     _module.register(app)
 
 

@@ -1,0 +1,137 @@
+"""`bugsweep compare`: models side by side on the same tasks, through the compare-models flow.
+
+It runs the tasks.jsonl that `bugsweep mine` writes (schema: docs/tasks-jsonl.md).
+Exit codes: 0 done, 2 could not run (bad arguments, a missing key variable, ...).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+console = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False)
+
+
+def register(app: typer.Typer) -> None:
+    """Add `compare` to the main app."""
+    app.command("compare")(compare_command)
+
+
+def compare_command(
+    tasks: Annotated[
+        str, typer.Option(help="tasks.jsonl (from `bugsweep mine`, or by hand); a path or s3://...")
+    ],
+    model: Annotated[
+        list[str],
+        typer.Option(
+            help="NAME=BASE_URL[,KEY_ENV[,MODEL_ID]], once per model. The API key is read from the environment "
+            "variable KEY_ENV, never printed; MODEL_ID (default NAME) is the model name sent to the endpoint."
+        ),
+    ],
+    runs: Annotated[int, typer.Option(help="Runs of every model on every task.")] = 3,
+    concurrency: Annotated[int, typer.Option(help="Runs (sandboxes) at once.")] = 4,
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            help="Folder for report.md/.json/.html (default: the comparison's folder in the artifact store's local folder)."
+        ),
+    ] = None,
+    name: Annotated[
+        str | None,
+        typer.Option(help="Name of the comparison, the runs' folder (default: compare-<tasks file>)."),
+    ] = None,
+    price: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="NAME=PROMPT,COMPLETION: a model's USD per million prompt and completion tokens, for the cost "
+            "column and --max-cost (default 0, as for a self-hosted model)."
+        ),
+    ] = None,
+    max_turns: Annotated[int, typer.Option(help="Model replies per run before the agent stops.")] = 40,
+    max_cost: Annotated[
+        float | None, typer.Option(help="Token cost per run (USD) before the agent stops.")
+    ] = None,
+    sandbox: Annotated[str, typer.Option(help="Sandbox backend: 'local' or 'runtime'.")] = "local",
+) -> None:
+    """Run every model on every task --runs times, each run in its own sandbox, and compare resolve rates.
+
+    Runs the compare-models Prefect flow (set PREFECT_API_URL to watch it in your Prefect UI; otherwise a temporary
+    Prefect server is started). Every run is graded as in a sweep and stored as NAME/TASK/MODEL/run-N in the
+    artifact store (BUGSWEEP_STORE_URL, default ./artifacts). The report (report.md, report.json and report.html,
+    one self-contained page with a chart) gives each model's resolve rate with a 95% confidence interval, paired
+    per-task differences between models, turns, tokens, cost and time.
+    """
+    from bugsweep.errors import BugsweepError
+
+    if runs < 1 or concurrency < 1:
+        _fail("--runs and --concurrency must be at least 1")
+    if sandbox not in ("local", "runtime"):
+        _fail(f"--sandbox {sandbox!r}: choose 'local' or 'runtime'")
+    try:
+        from flows.common import AgentLimits
+        from flows.compare import ModelEntry, compare
+
+        entries = [ModelEntry.parse(m) for m in model]
+        apply_prices(entries, price or [])
+        for entry in entries:
+            entry.settings()  # fails now, not thirty runs later, when a key variable is missing
+        if not tasks.startswith("s3://") and not Path(tasks).is_file():
+            _fail(f"--tasks {tasks!r}: no such file")
+        console.print(
+            f"[bold]comparing[/] {', '.join(escape(e.name) for e in entries)} on {escape(tasks)}, "
+            f"{runs} run(s) each, {concurrency} at once"
+        )
+        report = compare(
+            tasks,
+            entries,
+            runs=runs,
+            concurrency=concurrency,
+            report_dir=out,
+            name=name,
+            sandbox=sandbox,  # type: ignore[arg-type]
+            limits=AgentLimits(max_turns=max_turns, max_cost_usd=max_cost),
+        )
+    except BugsweepError as exc:
+        _fail(str(exc))
+    from bugsweep.report import summary_rows
+
+    header, rows = summary_rows(report)
+    table = Table(*header)
+    for row in rows:
+        table.add_row(*(escape(c) for c in row))
+    console.print(table)
+    for p in report.pairs:
+        console.print(
+            f"{escape(p.a)} - {escape(p.b)}: {100 * p.mean_diff:+.0f} points per task "
+            f"(95% CI {100 * p.ci_low:+.0f} to {100 * p.ci_high:+.0f}; sign test p={p.sign_test_p:.3g})"
+        )
+    if report.wall_s is not None:
+        console.print(f"wall time {report.wall_s:.0f} s for runs adding up to {report.sum_run_wall_s:.0f} s")
+    if report.report_dir:
+        console.print(f"report: {Path(report.report_dir) / 'report.html'}")
+
+
+def apply_prices(entries: list[Any], prices: list[str]) -> None:
+    """Set each `--price NAME=PROMPT,COMPLETION` on the model entry of that name."""
+    by_name = {e.name: e for e in entries}
+    for text in prices:
+        name, _, values = text.partition("=")
+        parts = values.split(",")
+        if name not in by_name or len(parts) != 2:
+            _fail(f"--price {text!r}: expected NAME=PROMPT,COMPLETION for one of the --model names")
+        try:
+            prompt, completion = float(parts[0]), float(parts[1])
+        except ValueError:
+            _fail(f"--price {text!r}: prices must be numbers (USD per million tokens)")
+        by_name[name].price_prompt_per_mtok, by_name[name].price_completion_per_mtok = prompt, completion
+
+
+def _fail(message: str) -> NoReturn:
+    err.print(f"[red bold]error[/]: {escape(message)}")
+    raise typer.Exit(2)
