@@ -84,6 +84,15 @@ class Grade(BaseModel):
     """Sandbox cost where the backend bills (Runtime); None for the local sandbox."""
     wall_s: float = 0.0
     agent_wall_s: float = 0.0
+    peak_memory_mib: float | None = None
+    """Resource use of the run's sandbox (setup, tests and agent), where the backend measures it (local): the
+    most memory held at once, page cache included."""
+    cpu_s: float | None = None
+    """CPU seconds of every command in the sandbox."""
+    peak_disk_mib: float | None = None
+    """The most disk the sandbox's writable layers held at once."""
+    disk_quota_mib: float | None = None
+    """The disk quota the run had (None: none)."""
     error: str | None = None
     """Why the task could not be run, if it could not."""
     failure_kind: str | None = None

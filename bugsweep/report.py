@@ -50,6 +50,9 @@ class RunRecord(BaseModel):
     error: str | None = None
     failure_kind: str | None = None
     """'infra', 'task' and 'config' runs are left out of rates; 'crash' counts as not resolved."""
+    peak_memory_mib: float | None = None
+    cpu_s: float | None = None
+    peak_disk_mib: float | None = None
 
     @classmethod
     def from_grade(cls, grade: Any, *, model: str, run: int) -> RunRecord:
@@ -161,6 +164,15 @@ class TaskRow(BaseModel):
     cells: dict[str, TaskCell]
 
 
+class TaskResources(BaseModel):
+    """The heaviest run of one task (over all models), for sizing workers; None where no run measured it."""
+
+    instance_id: str
+    peak_memory_mib: float | None = None
+    cpu_s: float | None = None
+    peak_disk_mib: float | None = None
+
+
 class ComparisonReport(BaseModel):
     generated_at: str
     name: str | None = None
@@ -170,12 +182,19 @@ class ComparisonReport(BaseModel):
     models: list[ModelSummary]
     pairs: list[PairedDifference]
     tasks: list[TaskRow]
+    resources: list[TaskResources] = Field(default_factory=list)
+    """Per task, the most memory, CPU seconds and disk any of its runs used."""
     runs_per_task: int
     wall_s: float | None = None
     """Wall time of the whole comparison (all runs at once, within the concurrency limit)."""
     sum_run_wall_s: float
     """What the runs would have taken one after another."""
     records: list[RunRecord]
+
+
+def _max(values: Iterable[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return max(present) if present else None
 
 
 def _mean(values: Iterable[float]) -> float:
@@ -264,12 +283,25 @@ def build_report(records: Sequence[RunRecord], *, wall_s: float | None = None) -
             )
         )
 
+    resources = []
+    for t in task_ids:
+        runs = [r for r in records if r.instance_id == t]
+        resources.append(
+            TaskResources(
+                instance_id=t,
+                peak_memory_mib=_max(r.peak_memory_mib for r in runs),
+                cpu_s=_max(r.cpu_s for r in runs),
+                peak_disk_mib=_max(r.peak_disk_mib for r in runs),
+            )
+        )
+
     runs_per_task = max((len(v) for v in by_cell.values()), default=0)
     return ComparisonReport(
         generated_at=datetime.now(UTC).isoformat(timespec="seconds"),
         models=summaries,
         pairs=pairs,
         tasks=rows,
+        resources=resources,
         runs_per_task=runs_per_task,
         wall_s=wall_s,
         sum_run_wall_s=sum(r.wall_s for r in records),
@@ -358,6 +390,26 @@ def task_rows(report: ComparisonReport) -> tuple[list[str], list[list[str]]]:
     return header, rows
 
 
+def resource_rows(report: ComparisonReport) -> tuple[list[str], list[list[str]]]:
+    """Per task, the heaviest run's resource use ('-' where the sandbox backend does not measure it)."""
+    header = ["task", "peak memory MiB", "CPU s", "peak disk MiB"]
+
+    def cell(value: float | None) -> str:
+        return "-" if value is None else f"{value:.0f}" if value >= 10 else f"{value:.1f}"
+
+    rows = [
+        [r.instance_id, cell(r.peak_memory_mib), cell(r.cpu_s), cell(r.peak_disk_mib)]
+        for r in report.resources
+    ]
+    return header, rows
+
+
+_RESOURCE_NOTE = (
+    "The heaviest run of each task over all models: the most memory its sandbox held at once (page cache "
+    "included), CPU seconds of all its commands (setup, tests, agent), and the most disk its writable layers held."
+)
+
+
 def render_markdown(report: ComparisonReport) -> str:
     parts = [
         "# Model comparison",
@@ -379,6 +431,16 @@ def render_markdown(report: ComparisonReport) -> str:
             "bootstrap CI over tasks; exact two-sided sign test over the tasks where they differ."
         )
     parts += ["", "## Per task (resolved/graded runs)", "", _md_table(*task_rows(report)), ""]
+    if report.resources:
+        parts += [
+            "",
+            "## Resource use per task",
+            "",
+            _md_table(*resource_rows(report)),
+            "",
+            _RESOURCE_NOTE,
+            "",
+        ]
     return "\n".join(parts)
 
 
@@ -488,6 +550,12 @@ def render_html(report: ComparisonReport) -> str:
             "bootstrap CI over tasks, exact two-sided sign test over the tasks where the models differ.</p>",
         ]
     body += ["<h2>Per task (resolved/graded runs)</h2>", _html_table(th, tr, classes)]
+    if report.resources:
+        body += [
+            "<h2>Resource use per task</h2>",
+            _html_table(*resource_rows(report)),
+            f'<p class="note">{html.escape(_RESOURCE_NOTE)}</p>',
+        ]
     return (
         '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>bugsweep model comparison</title>'
         f"<style>{_CSS}</style></head><body>{''.join(body)}</body></html>\n"

@@ -153,3 +153,29 @@ def test_model_names_are_escaped_in_html() -> None:
     recs = [RunRecord(model="<script>alert(1)</script>", instance_id="t", resolved=True)]
     page = render_html(build_report(recs))
     assert "<script>" not in page
+
+
+def test_resource_use_per_task_is_the_heaviest_run_and_is_rendered() -> None:
+    """A team sizes its workers from the report: per task, the most memory, CPU and disk any run used."""
+    recs = [
+        RunRecord(model="A", instance_id="t0", peak_memory_mib=120.0, cpu_s=3.5, peak_disk_mib=40.0),
+        RunRecord(model="B", instance_id="t0", peak_memory_mib=900.0, cpu_s=1.25, peak_disk_mib=2048.0),
+        RunRecord(model="A", instance_id="t1"),  # a backend that measures nothing (Runtime)
+    ]
+    report = build_report(recs)
+    heavy = {r.instance_id: r for r in report.resources}
+    assert (heavy["t0"].peak_memory_mib, heavy["t0"].cpu_s, heavy["t0"].peak_disk_mib) == (900.0, 3.5, 2048.0)
+    assert heavy["t1"].peak_memory_mib is None
+    md = render_markdown(report)
+    assert "| t0 | 900 | 3.5 | 2048 |" in md
+    assert "| t1 | - | - | - |" in md
+    assert "Resource use per task" in render_html(report)
+    assert json.loads(render_json(report))["resources"][0]["peak_disk_mib"] == 2048.0
+
+
+def test_run_record_takes_the_resource_fields_from_a_grade() -> None:
+    from bugsweep.grading import Grade
+
+    grade = Grade(instance_id="t", peak_memory_mib=64.0, cpu_s=2.0, peak_disk_mib=10.5, disk_quota_mib=8192.0)
+    record = RunRecord.from_grade(grade, model="m", run=0)
+    assert (record.peak_memory_mib, record.cpu_s, record.peak_disk_mib) == (64.0, 2.0, 10.5)
