@@ -35,7 +35,7 @@ from bugsweep.grading import (
     touched_test_files,
     why_cannot_run,
 )
-from bugsweep.sandbox.base import RepoSource, Sandbox, SandboxProvider
+from bugsweep.sandbox.base import RepoSource, Sandbox, SandboxProvider, SandboxUsage
 from bugsweep.settings import AgentSettings, ModelSettings
 from bugsweep.spec import TaskSpec
 
@@ -63,7 +63,8 @@ class PreparedTask:
 def prepare(spec: TaskSpec, provider: SandboxProvider, labels: dict[str, str] | None = None) -> PreparedTask:
     """Create the sandbox, apply the task's test patch, and record the task state. Releases the sandbox on failure."""
     started = time.monotonic()
-    sandbox = provider.create(RepoSource(spec.repo, spec.base_commit), labels=labels)
+    disk = {"disk_mib": spec.disk_mib} if spec.disk_mib else {}  # providers without quotas need not know it
+    sandbox = provider.create(RepoSource(spec.repo, spec.base_commit), labels=labels, **disk)
     try:
         if spec.test_patch:
             # Through stdin: no temp file, so no backend's file-size or path rules apply.
@@ -176,6 +177,7 @@ def regrade(
         verdict.cost_usd = agent_result.cost_usd
         verdict.agent_wall_s = agent_result.wall_s
     verdict.sandbox_cost_usd = sandbox_cost(sandbox)
+    record_resources(verdict, sandbox)
     verdict.wall_s = time.monotonic() - prepared.started
     return verdict, after, patch
 
@@ -188,6 +190,22 @@ def sandbox_cost(sandbox: Sandbox) -> float | None:
     except Exception:  # a cost estimate must never sink a grade
         log.warning("could not compute the sandbox cost", exc_info=True)
         return None
+
+
+def record_resources(verdict: Grade, sandbox: Sandbox) -> None:
+    """Copy the sandbox's peak memory, CPU seconds and peak disk (where its backend measures them) into the grade."""
+    usage = getattr(sandbox, "usage", None)
+    if not isinstance(usage, SandboxUsage):
+        return
+    mib = 1024 * 1024
+
+    def in_mib(value: int | None) -> float | None:
+        return None if value is None else round(value / mib, 1)
+
+    verdict.peak_memory_mib = in_mib(usage.peak_memory_bytes)
+    verdict.cpu_s = None if usage.cpu_s is None else round(usage.cpu_s, 2)
+    verdict.peak_disk_mib = in_mib(usage.peak_disk_bytes)
+    verdict.disk_quota_mib = in_mib(usage.disk_quota_bytes)
 
 
 def write_run_dir(
@@ -357,6 +375,8 @@ def solve_task(
         failed = failed_grade(
             spec, model_settings.model, exc, failed_before=before is not None, started=started
         )
+        if prepared is not None:
+            record_resources(failed, prepared.sandbox)
         write_run_dir(
             out_dir, failed, before=before, setup_log=prepared.setup_log if prepared else None, spec=spec
         )

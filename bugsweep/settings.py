@@ -98,7 +98,14 @@ class SandboxSettings(BaseSettings):
     max_processes: int = 512
     """Process limit inside a sandbox (stops fork bombs)."""
     setup_network: bool = True
-    """Whether the setup command may reach the network (e.g. pip install). Agent commands never may on 'local'."""
+    """Whether the setup command may reach the network (e.g. pip install). Agent commands never may on 'local'.
+    On 'local' it reaches the internet through slirp4netns, never the host's loopback or private networks."""
+    setup_network_allow: list[str] = []
+    """'local': private address ranges (CIDR) the setup command may reach anyway, e.g. a package mirror on the
+    company network; everything else private, and the host itself, stays unreachable."""
+    disk_mib: int = 8192
+    """'local': disk quota of a sandbox (its repository changes, $HOME and /tmp together); a write past it fails
+    inside with 'No space left on device'. A task's own `disk_mib` overrides it."""
     workdir: str = "/workspace/repo"
     """Where the repository lives inside the sandbox."""
     cache_dir: str | None = None

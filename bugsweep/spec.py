@@ -43,6 +43,9 @@ class TaskSpec(BaseModel):
     """For mined tasks: the commit that fixed the bug (never shown to the model)."""
     created_at: str | None = None
     """For mined tasks: the fix commit's date."""
+    disk_mib: int | None = Field(default=None, gt=0)
+    """Disk quota of this task's sandbox in MiB (its repository changes, $HOME and /tmp together); unset: the
+    sandbox setting (BUGSWEEP_SANDBOX_DISK_MIB)."""
 
     def model_post_init(self, __context: object) -> None:
         if not self.instance_id:

@@ -201,7 +201,13 @@ def unknown_tool(name: str) -> str:
 
 
 def run_result(
-    exit_code: int | None, output: str, cut: bool, timed_out: bool, timeout_s: float, oom: bool
+    exit_code: int | None,
+    output: str,
+    cut: bool,
+    timed_out: bool,
+    timeout_s: float,
+    oom: bool,
+    disk_full: bool = False,
 ) -> str:
     if timed_out:
         head = (
@@ -214,6 +220,11 @@ def run_result(
         head = "The command was killed."
     else:
         head = f"Exit code: {exit_code}"
+    if disk_full:
+        head += (
+            "\nThe sandbox's disk is full: writing fails with 'No space left on device'. Delete files you do not "
+            "need (large outputs, build folders, files in /tmp) before you go on, and write less output to files."
+        )
     if cut:
         head += f"\n[output cut: these are the last {len(output)} characters]"
     return f"{head}\n{output}" if output.strip() else f"{head}\n(no output)"

@@ -165,7 +165,13 @@ class Toolbox:
         result = self.sandbox.exec(command, timeout=timeout, stdin="")
         output, cut = tail(result.output, self.settings.output_tail_chars)
         text = prompts.run_result(
-            result.exit_code, output, cut or result.truncated, result.timed_out, timeout, result.out_of_memory
+            result.exit_code,
+            output,
+            cut or result.truncated,
+            result.timed_out,
+            timeout,
+            result.out_of_memory,
+            result.disk_full,
         )
         return ToolOutcome(
             text,

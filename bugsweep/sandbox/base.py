@@ -27,6 +27,9 @@ class ExecResult:
     """True when the head of stdout or stderr was dropped (only the tail is kept)."""
     duration_s: float = 0.0
     out_of_memory: bool = False
+    disk_full: bool = False
+    """True when the sandbox's disk quota was (nearly) used up while the command ran: writes fail with
+    "No space left on device" until files are deleted."""
 
     @property
     def ok(self) -> bool:
@@ -108,6 +111,15 @@ class SandboxUsage:
     command_seconds: float = 0.0
     commands: int = 0
     extra: dict[str, float] = field(default_factory=dict)
+    peak_memory_bytes: int | None = None
+    """The most memory the sandbox's processes held at once (page cache of their files included); None where
+    the backend does not say."""
+    cpu_s: float | None = None
+    """CPU seconds (user + system) of all the sandbox's commands."""
+    peak_disk_bytes: int | None = None
+    """The most disk the sandbox's writable layers held at once (sampled while commands run)."""
+    disk_quota_bytes: int | None = None
+    """The sandbox's disk quota; None without one."""
 
 
 class SandboxProvider(Protocol):
@@ -115,8 +127,11 @@ class SandboxProvider(Protocol):
 
     name: str
 
-    def create(self, source: RepoSource, *, labels: dict[str, str] | None = None) -> Sandbox:
-        """Make a sandbox with the repository at its workdir. Raises SandboxError (retryable) or ConfigError."""
+    def create(
+        self, source: RepoSource, *, labels: dict[str, str] | None = None, disk_mib: int | None = None
+    ) -> Sandbox:
+        """Make a sandbox with the repository at its workdir and a disk of `disk_mib` (default: the backend's
+        setting). Raises SandboxError (retryable) or ConfigError."""
         ...
 
 

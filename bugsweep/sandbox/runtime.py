@@ -538,8 +538,11 @@ class RuntimeProvider:
                     ) from exc
             return self._client
 
-    def create(self, source: RepoSource, *, labels: dict[str, str] | None = None) -> RuntimeSandbox:
-        """A running sandbox labelled `labels` + bugsweep=1, with the repository at workdir."""
+    def create(
+        self, source: RepoSource, *, labels: dict[str, str] | None = None, disk_mib: int | None = None
+    ) -> RuntimeSandbox:
+        """A running sandbox labelled `labels` + bugsweep=1, with the repository at workdir (and a disk of
+        `disk_mib`, default: BUGSWEEP_RUNTIME_DISK_MIB, else Runtime's default)."""
         rs = self.runtime_settings
         fields: dict[str, Any] = {
             "labels": {**clean_labels(labels or {}), BUGSWEEP_LABEL[0]: BUGSWEEP_LABEL[1]},
@@ -550,8 +553,8 @@ class RuntimeProvider:
             "idle_pause_seconds": 0,  # a slow model must not find its sandbox paused between two tool calls
             "network": {"internet": not rs.isolate_network},
         }
-        if rs.disk_mib:
-            fields["disk_mib"] = rs.disk_mib
+        if disk_mib or rs.disk_mib:
+            fields["disk_mib"] = disk_mib or rs.disk_mib
         if rs.image:
             fields["image"] = rs.image
         if rs.max_cost_usd is not None:

@@ -15,7 +15,9 @@
 
 The environment of every command: PATH, HOME (/workspace), LANG, TERM and a few PIP_* settings, plus the `env`
 argument: nothing of the host's environment, the model's API key least of all. `network=True` (the setup step)
-shares the host's network when `settings.setup_network` allows it; every other command sees only `lo`.
+gets the internet through slirp4netns, never the host's loopback or private networks (`setup_network.py`), when
+`settings.setup_network` allows it; every other command sees only `lo`. Every command runs under the seccomp
+filter (`seccomp.py`), and everything a sandbox writes is on its own size-limited file system (`disk.py`).
 `pip install` defaults to the user scheme in /workspace/.local (the host's site-packages is read-only); when the
 host Python is a venv, where there is no user scheme, a venv at /workspace/.venv layered on it takes the installs.
 
@@ -33,13 +35,15 @@ import weakref
 from pathlib import Path
 
 from bugsweep.sandbox.base import ExecResult, RepoSource, SandboxUsage
-from bugsweep.sandbox.local import stale, workspace
+from bugsweep.sandbox.local import seccomp, stale, workspace
 from bugsweep.sandbox.local.bwrap import command_argv, find_bwrap, python_bins, system_etc
 from bugsweep.sandbox.local.common import SANDBOX_UID, SANDBOX_USER, WORKSPACE, decode
+from bugsweep.sandbox.local.disk import WritableDisk, templates_dir
 from bugsweep.sandbox.local.files import MAX_READ_BYTES, LocalFiles
 from bugsweep.sandbox.local.limits import Limits
 from bugsweep.sandbox.local.process import RawResult, run_command
 from bugsweep.sandbox.local.resources import Resources
+from bugsweep.sandbox.local.setup_network import NetworkPlan
 from bugsweep.sandbox.local.stale import list_sandboxes, reap_stale
 from bugsweep.sandbox.sources import PreparedSource, SourceCache
 from bugsweep.settings import SandboxSettings
@@ -72,12 +76,19 @@ class LocalProvider:
         state_dir = state_dir or (Path(self.settings.state_dir) if self.settings.state_dir else None)
         self.sources = SourceCache(cache_dir)
         self.state_dir = state_dir or Path(tempfile.gettempdir()) / "bugsweep-sandboxes"
+        self._network: NetworkPlan | None = None
 
-    def create(self, source: RepoSource, *, labels: dict[str, str] | None = None) -> LocalSandbox:
-        """A new sandbox with `source` at the workdir. Raises ConfigError when bubblewrap is missing or cannot
-        create namespaces (never runs anything unisolated), SandboxError when the workspace cannot be made."""
+    def create(
+        self, source: RepoSource, *, labels: dict[str, str] | None = None, disk_mib: int | None = None
+    ) -> LocalSandbox:
+        """A new sandbox with `source` at the workdir and a disk quota of `disk_mib` (default: settings.disk_mib).
+        Raises ConfigError when bubblewrap (or what the setup network and the seccomp filter need) is missing or
+        cannot create namespaces (never runs anything unisolated), SandboxError when the workspace cannot be made."""
         bwrap_path = find_bwrap()
         workdir = workspace.check_workdir(self.settings.workdir)
+        seccomp.filter_program()  # a missing libseccomp is a ConfigError now, not at the first command
+        if self.settings.setup_network and self._network is None:
+            self._network = NetworkPlan.for_host(self.settings.setup_network_allow)
         stale.prepare_state_dir(self.state_dir)
         prepared = self.sources.prepare(source)
         return LocalSandbox(
@@ -87,6 +98,8 @@ class LocalProvider:
             prepared=prepared,
             state_dir=self.state_dir,
             labels=labels,
+            disk_mib=disk_mib or self.settings.disk_mib,
+            network=self._network,
         )
 
     def sandboxes(self) -> list[dict[str, object]]:
@@ -96,6 +109,10 @@ class LocalProvider:
     def reap_stale(self) -> list[str]:
         """Remove sandboxes left behind by processes that died without releasing them; their ids."""
         return reap_stale(self.state_dir)
+
+
+def _templates_meta(path: Path) -> None:
+    stale.write_owner_meta(path, kind="disk-templates")
 
 
 class LocalSandbox:
@@ -110,8 +127,13 @@ class LocalSandbox:
         prepared: PreparedSource,
         state_dir: Path,
         labels: dict[str, str] | None = None,
+        disk_mib: int | None = None,
+        network: NetworkPlan | None = None,
     ) -> None:
         self.id = f"local-{uuid.uuid4().hex[:12]}"
+        self._disk_mib = disk_mib
+        self._network = network
+        self._state_dir = state_dir
         self._etc_dir = system_etc(state_dir)
         self.workdir = workdir
         self.labels = dict(labels or {})
@@ -132,6 +154,14 @@ class LocalSandbox:
 
     def _setup(self, bwrap_path: str, prepared: PreparedSource) -> None:
         res = self._res
+        res.root.mkdir()
+        if self._disk_mib:  # everything the sandbox writes goes on its own size-limited file system
+            res.disk = WritableDisk.create(
+                res.root, self._disk_mib * 1024 * 1024, templates_dir(self._state_dir, _templates_meta)
+            )
+            if res.disk is not None:
+                self.usage.disk_quota_bytes = res.disk.size_bytes
+                self.usage.peak_disk_bytes = res.disk.peak_bytes
         for sub in workspace.SUBDIRS:
             (res.root / sub).mkdir(parents=True)
         res.repo_dir.mkdir(parents=True)
@@ -153,9 +183,9 @@ class LocalSandbox:
             "LANG": "C.UTF-8", "TERM": "dumb", "TMPDIR": "/tmp",
             "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_BREAK_SYSTEM_PACKAGES": "1", "PIP_NO_INPUT": "1",
         }  # fmt: skip
-        self._argv_head = command_argv(
-            bwrap_path, etc_dir=self._etc_dir, root=res.root, wrapper=res.limits.wrapper()
-        )
+        wrapper = res.limits.wrapper()
+        self._bwrap_at = len(wrapper)
+        self._argv_head = command_argv(bwrap_path, etc_dir=self._etc_dir, root=res.root, wrapper=wrapper)
 
     def exec(
         self,
@@ -170,7 +200,8 @@ class LocalSandbox:
     ) -> ExecResult:
         """Run `command` under bash in `cwd` (default: workdir); see the Sandbox protocol.
 
-        `network=True` shares the host's network for this command when `settings.setup_network` allows it."""
+        `network=True` gives this command the setup network (the internet, not the host: setup_network.py) when
+        `settings.setup_network` allows it."""
         raw = self._run(
             command,
             timeout=timeout,
@@ -188,6 +219,7 @@ class LocalSandbox:
             truncated=raw.truncated,
             duration_s=raw.duration_s,
             out_of_memory=raw.out_of_memory,
+            disk_full=raw.disk_full,
         )
 
     def _run(
@@ -216,14 +248,26 @@ class LocalSandbox:
             command,
             cwd=cwd or self.workdir,
             environ=environ,
-            share_network=network and self.settings.setup_network,
+            network=self._network if network and self.settings.setup_network else None,
             timeout=timeout,
             full_output=full_output,
             stdin=stdin,
+            bwrap_at=self._bwrap_at,
         )
         self.usage.commands += 1
         self.usage.command_seconds += raw.duration_s
+        self._note_usage()
         return raw
+
+    def _note_usage(self) -> None:
+        """Peak memory and CPU time from the cgroups, peak disk from the quota's samples (read after every
+        command: the cgroups are gone after release)."""
+        res = self._res
+        if res.limits is not None:
+            self.usage.peak_memory_bytes = res.limits.peak_memory_bytes()
+            self.usage.cpu_s = res.limits.cpu_seconds()
+        if res.disk is not None:
+            self.usage.peak_disk_bytes = res.disk.peak_bytes
 
     def release(self) -> None:
         """Kill every process, remove the cgroups, unmount the overlay, delete the folder. Idempotent; never raises."""

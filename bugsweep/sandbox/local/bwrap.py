@@ -6,13 +6,17 @@ Each command is one `bwrap ... /bin/bash -c COMMAND` (see `command_argv`) with
   path (e.g. /root/.pyenv/versions/3.11.7; nothing else of /root is there), then the root is remounted read-only;
 - `/workspace` writable (HOME and the repository's parent), a private `/tmp`, its own /proc and a minimal /dev;
 - new user (uid 1000, no capabilities, no_new_privs, no nested user namespaces with bubblewrap 0.8+), pid, ipc,
-  uts, cgroup and network namespaces (the caller adds `--unshare-net` unless the command may use the network);
+  uts, cgroup and network namespaces (the caller adds `--unshare-net`, the seccomp filter, and the setup network
+  for a setup command; it passes all options through `options_fd`, so /proc/1/cmdline inside shows no host path);
 - `--die-with-parent` and `--new-session`.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
+import ctypes
+import logging
 import os
 import shutil
 import subprocess
@@ -24,6 +28,11 @@ from pathlib import Path
 from bugsweep.errors import ConfigError
 from bugsweep.sandbox.local.common import SANDBOX_UID, SANDBOX_USER, WORKSPACE, write_text
 from bugsweep.sandbox.local.stale import write_owner_meta
+from bugsweep.sandbox.local.workspace import umount
+
+log = logging.getLogger(__name__)
+_libc = ctypes.CDLL(None, use_errno=True)
+_MS_NOSUID, _MS_NODEV = 2, 4
 
 INSTALL_HINT = (
     "install bubblewrap: `apt-get install bubblewrap` (Debian/Ubuntu) or `dnf install bubblewrap` (Fedora)"
@@ -118,13 +127,17 @@ _etc_lock = threading.Lock()
 def system_etc(state_dir: Path) -> Path:
     """The sandbox's /etc: a copy of the ETC_ALLOW entries (without any `private` folder, where TLS keys live)
     plus a generated passwd, group and hostname. Made once per process and bound as one mount, because ~30
-    separate binds of host files doubled the start time of every command."""
+    separate binds of host files doubled the start time of every command. The folder is a small tmpfs of its
+    own (where this process may mount one), so that the bind's source shows as `/` in the sandbox's
+    /proc/self/mountinfo, not as a host path."""
     with _etc_lock:
         path = _etc_dirs.get(state_dir)
         if path is not None and path.is_dir():
             return path
         path = state_dir / f"etc-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         path.mkdir(parents=True)
+        if _mount_tmpfs(path):
+            atexit.register(_unmount_etc, path)  # registered before the rmtree below, so it runs after it
         write_owner_meta(path, kind="etc")
         for name in ETC_ALLOW:
             src = Path("/etc") / name
@@ -146,6 +159,23 @@ def system_etc(state_dir: Path) -> Path:
         atexit.register(shutil.rmtree, path, True)
         _etc_dirs[state_dir] = path
         return path
+
+
+def _mount_tmpfs(path: Path) -> bool:
+    flags = ctypes.c_ulong(_MS_NOSUID | _MS_NODEV)
+    if _libc.mount(b"tmpfs", os.fsencode(path), b"tmpfs", flags, b"size=64m,mode=0755") == 0:
+        return True
+    log.debug(
+        "no tmpfs for the sandbox's /etc (%s): its host path shows in mountinfo",
+        os.strerror(ctypes.get_errno()),
+    )
+    return False
+
+
+def _unmount_etc(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        umount(path)
+        path.rmdir()
 
 
 def python_prefixes() -> list[str]:
@@ -200,3 +230,17 @@ def command_argv(bwrap: str, *, etc_dir: Path, root: Path, wrapper: list[str]) -
         *python_binds(),  # last: a Python (or venv) under /tmp must not be hidden by the private /tmp
         "--remount-ro", "/",
     ]  # fmt: skip
+
+
+def options_fd(options: list[str]) -> int:
+    """A new file descriptor holding `options` NUL-separated, for `bwrap --args FD`: bubblewrap reads its options
+    from there instead of its command line, so the sandbox's /proc/1/cmdline (bubblewrap is pid 1 inside) shows
+    `bwrap --args N COMMAND` and none of the host paths the options name. The caller closes it."""
+    fd = os.memfd_create("bugsweep-bwrap-args", os.MFD_CLOEXEC)
+    try:
+        os.write(fd, b"".join(os.fsencode(option) + b"\0" for option in options))
+        os.lseek(fd, 0, os.SEEK_SET)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd

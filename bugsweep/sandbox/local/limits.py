@@ -1,6 +1,7 @@
 """Limits: a per-sandbox cgroup (v1 `memory` + `pids` controllers, or v2 `memory.max` + `pids.max`), else rlimits.
 
-The memory limit makes the kernel OOM-kill the biggest process (exit 137, `out_of_memory=True`), the process limit
+The same cgroups measure what the sandbox used (`peak_memory_bytes`, `cpu_seconds`; on cgroup v1 a `cpuacct`
+group is joined for the CPU time). The memory limit makes the kernel OOM-kill the biggest process (exit 137, `out_of_memory=True`), the process limit
 makes fork() fail inside (a fork bomb stalls, the host is unharmed). Every command joins the cgroups before bwrap
 starts (`Limits.wrapper`), so every process it forks is counted. Where no cgroup can be created (non-root,
 undelegated cgroup v2), `prlimit` sets RLIMIT_AS and RLIMIT_NPROC instead: weaker (RLIMIT_NPROC does not bind
@@ -43,6 +44,10 @@ class Limits:
         self.procs_files = procs_files
         self.oom_file = oom_file
         self.rlimit_prefix = rlimit_prefix
+        #: Where the peak memory (bytes) and the CPU time are read: v1 memory.max_usage_in_bytes and
+        #: cpuacct.usage (ns), v2 memory.peak and cpu.stat's usage_usec.
+        self.peak_file: Path | None = None
+        self.cpu_file: Path | None = None
 
     @classmethod
     def create(cls, name: str, memory_bytes: int, max_pids: int) -> Limits:
@@ -58,9 +63,17 @@ class Limits:
                 with contextlib.suppress(OSError):  # only with swap accounting; no swap then
                     write_text(mem / "memory.memsw.limit_in_bytes", str(memory_bytes))
                 write_text(pids / "pids.max", str(max_pids))
-                return cls(
-                    made, [mem / "cgroup.procs", pids / "cgroup.procs"], mem / "memory.oom_control", []
-                )
+                procs = [mem / "cgroup.procs", pids / "cgroup.procs"]
+                v1_cpu = _cgroup_v1_parent("cpuacct")
+                cpu = v1_cpu / f"bugsweep-{name}" if v1_cpu is not None else None
+                if cpu is not None:
+                    cpu.mkdir()
+                    made.append(cpu)
+                    procs.append(cpu / "cgroup.procs")
+                limits = cls(made, procs, mem / "memory.oom_control", [])
+                limits.peak_file = mem / "memory.max_usage_in_bytes"
+                limits.cpu_file = cpu / "cpuacct.usage" if cpu is not None else None
+                return limits
             v2 = _cgroup_v2_parent()
             if v2 is not None:
                 d = v2 / f"bugsweep-{name}"
@@ -70,7 +83,10 @@ class Limits:
                 with contextlib.suppress(OSError):
                     write_text(d / "memory.swap.max", "0")
                 write_text(d / "pids.max", str(max_pids))
-                return cls(made, [d / "cgroup.procs"], d / "memory.events", [])
+                limits = cls(made, [d / "cgroup.procs"], d / "memory.events", [])
+                limits.peak_file = d / "memory.peak" if (d / "memory.peak").exists() else None  # Linux 5.19+
+                limits.cpu_file = d / "cpu.stat"
+                return limits
         except OSError as exc:
             for d in reversed(made):
                 with contextlib.suppress(OSError):
@@ -114,6 +130,31 @@ class Limits:
         except (OSError, ValueError):
             pass
         return 0
+
+    def peak_memory_bytes(self) -> int | None:
+        """The most memory the sandbox's processes held at once so far (None without a cgroup)."""
+        if self.peak_file is None:
+            return None
+        try:
+            return int(self.peak_file.read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return None
+
+    def cpu_seconds(self) -> float | None:
+        """CPU time (user + system) of every process of the sandbox so far (None without a cgroup)."""
+        if self.cpu_file is None:
+            return None
+        try:
+            text = self.cpu_file.read_text()
+        except OSError:
+            return None
+        if self.cpu_file.name == "cpuacct.usage":
+            return int(text.strip()) / 1e9
+        for line in text.splitlines():
+            key, _, value = line.partition(" ")
+            if key == "usage_usec":
+                return int(value) / 1e6
+        return None
 
     def destroy(self) -> None:
         empty_and_remove(self.dirs)

@@ -26,14 +26,20 @@ from typing import IO, TYPE_CHECKING
 
 from bugsweep.errors import SandboxError, SandboxGone
 from bugsweep.sandbox.base import OUTPUT_LIMIT_BYTES
+from bugsweep.sandbox.local import seccomp
+from bugsweep.sandbox.local.bwrap import options_fd
 from bugsweep.sandbox.local.common import decode, short
 from bugsweep.sandbox.local.limits import ATTACH_FAILED
+from bugsweep.sandbox.local.setup_network import NetworkPlan, SetupNetwork
 
 if TYPE_CHECKING:
     from bugsweep.sandbox.local.resources import Resources
 
 #: Longer commands are passed to bash as a script file (Linux caps one argument at 128 KiB).
 MAX_ARG_BYTES = 64 * 1024
+#: How often a running command's disk use is sampled for the sandbox's peak.
+DISK_SAMPLE_S = 0.25
+_ENOSPC = b"No space left on device"
 
 _CHILD_PID = re.compile(rb'"child-pid":\s*(\d+)\s*[,}\n]')
 
@@ -47,6 +53,7 @@ class RawResult:
     truncated: bool
     duration_s: float
     out_of_memory: bool
+    disk_full: bool = False
 
 
 class Command:
@@ -183,15 +190,18 @@ def run_command(
     *,
     cwd: str,
     environ: dict[str, str],
-    share_network: bool,
+    network: NetworkPlan | None,
     timeout: float,
     full_output: bool,
     stdin: bytes | None,
+    bwrap_at: int = 0,
 ) -> RawResult:
-    """Run `command` under bash in `cwd` with `argv_head` (see bwrap.command_argv), tracked by `res` so that a
-    release kills it. Raises SandboxGone when the sandbox is released meanwhile, SandboxError when bwrap cannot
-    start the command."""
+    """Run `command` under bash in `cwd` with `argv_head` (see bwrap.command_argv; bwrap itself at index
+    `bwrap_at`, after the limits' wrapper), tracked by `res` so that a release kills it. The command runs under
+    the seccomp filter, and with the setup network when `network` is given (else with none). Raises SandboxGone
+    when the sandbox is released meanwhile, SandboxError when bwrap cannot start the command."""
     oom_before = res.limits.oom_kills() if res.limits else 0
+    disk_full = False
     with contextlib.ExitStack() as stack:
         try:
             out = stack.enter_context(tempfile.TemporaryFile(dir=res.root / "spool"))
@@ -202,16 +212,35 @@ def run_command(
             raise
         info_r, info_w = os.pipe()
         stack.callback(os.close, info_r)
-        argv = [*argv_head, "--info-fd", str(info_w)]
-        if not share_network:
-            argv.append("--unshare-net")
+        child_fds = [info_w]  # ours to close once bwrap has them
+        filter_fd = seccomp.filter_fd()
+        child_fds.append(filter_fd)
+        options = [
+            *argv_head[bwrap_at + 1 :],
+            "--info-fd",
+            str(info_w),
+            "--unshare-net",
+            "--seccomp",
+            str(filter_fd),
+        ]
+        block_w: int | None = None
+        if network is not None:  # bwrap waits on --block-fd until the namespace has its network
+            block_r, block_w = os.pipe()
+            stack.callback(_close_quietly, block_w)
+            resolv = network.resolv_conf_fd()
+            child_fds += [block_r, resolv]
+            options += ["--block-fd", str(block_r), "--ro-bind-data", str(resolv), "/etc/resolv.conf"]
+        options += ["--chdir", cwd]
+        args_fd = options_fd(options)
+        child_fds.append(args_fd)
+        argv = [*argv_head[: bwrap_at + 1], "--args", str(args_fd)]
         if len(command.encode()) <= MAX_ARG_BYTES:
-            argv += ["--chdir", cwd, "/bin/bash", "-c", command]
+            argv += ["/bin/bash", "-c", command]
         else:  # the kernel refuses a single argument over 128 KiB (a big heredoc): run it from a file
             script = res.root / "tmp" / f".bugsweep-command-{uuid.uuid4().hex}.sh"
             script.write_text(command)
             stack.callback(script.unlink, missing_ok=True)
-            argv += ["--chdir", cwd, "/bin/bash", f"/tmp/{script.name}"]
+            argv += ["/bin/bash", f"/tmp/{script.name}"]
 
         start = time.monotonic()
         try:
@@ -222,26 +251,49 @@ def run_command(
                 stderr=err,
                 env=environ,
                 close_fds=True,
-                pass_fds=(info_w,),
+                pass_fds=tuple(child_fds),
                 cwd="/",
             )
         except OSError as exc:
             raise SandboxError(f"could not start bubblewrap: {exc}") from exc
         finally:
-            os.close(info_w)
+            for fd in child_fds:
+                os.close(fd)
         cmd = Command(proc)
+        setup_net: SetupNetwork | None = None
         try:
             if not res.track(cmd):
                 cmd.kill()
                 raise SandboxGone(f"sandbox {sandbox_id} was released")
             cmd.read_info(info_r, timeout)
-            timed_out = not cmd.wait(timeout - (time.monotonic() - start))
+            if network is not None and block_w is not None:
+                if cmd.init_pid is not None:
+                    try:
+                        setup_net = network.start(cmd.init_pid)
+                    except SandboxError as exc:
+                        cmd.kill()
+                        err.seek(0)
+                        said = decode(err.read()[-2000:]).strip()
+                        raise SandboxError(
+                            f"{exc}" + (f"; bubblewrap said: {said}" if said else "")
+                        ) from None
+                with contextlib.suppress(OSError):  # bwrap is gone already: its error is reported below
+                    os.write(block_w, b"1")
+            deadline = start + timeout
+            while True:  # in slices, so that the disk's peak is seen while the command writes
+                done = cmd.wait(min(DISK_SAMPLE_S, deadline - time.monotonic()))
+                disk_full = res.sample_disk() or disk_full
+                if done or time.monotonic() >= deadline:
+                    break
+            timed_out = not done
             if timed_out:
                 cmd.kill()
         except BaseException:  # e.g. KeyboardInterrupt: the command must not outlive its caller
             cmd.kill()
             raise
         finally:
+            if setup_net is not None:
+                setup_net.stop()
             cmd.close()
             res.untrack(cmd)
         duration = time.monotonic() - start
@@ -249,6 +301,9 @@ def run_command(
             raise SandboxGone(f"sandbox {sandbox_id} was released while `{short(command)}` was running")
         stdout, cut_out = read_spool(out, full_output)
         stderr, cut_err = read_spool(err, full_output)
+        # A file filled and deleted between two samples leaves only the error message behind.
+        if res.disk is not None and (_ENOSPC in stdout or _ENOSPC in stderr):
+            disk_full = True
 
     if proc.returncode == 125 and ATTACH_FAILED in stderr:
         res.check_alive(sandbox_id)
@@ -264,4 +319,10 @@ def run_command(
         truncated=cut_out or cut_err,
         duration_s=duration,
         out_of_memory=bool(res.limits and res.limits.oom_kills() > oom_before),
+        disk_full=disk_full,
     )
+
+
+def _close_quietly(fd: int) -> None:
+    with contextlib.suppress(OSError):
+        os.close(fd)

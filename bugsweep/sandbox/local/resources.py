@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bugsweep.errors import SandboxGone
+from bugsweep.sandbox.local.disk import WritableDisk
 from bugsweep.sandbox.local.limits import Limits
 from bugsweep.sandbox.local.process import Command
 from bugsweep.sandbox.local.stale import write_owner_meta
@@ -31,6 +32,7 @@ class Resources:
         self.repo_dir = repo_dir
         self.mounted = False
         self.limits: Limits | None = None
+        self.disk: WritableDisk | None = None
         self.lease: CheckoutLease | None = None
         self.labels: dict[str, str] = {}
         self.created = time.time()
@@ -55,6 +57,10 @@ class Resources:
     def untrack(self, cmd: Command) -> None:
         with self._lock:
             self._commands.discard(cmd)
+
+    def sample_disk(self) -> bool:
+        """Note the disk quota's current use for its peak; True when it is (nearly) full."""
+        return self.disk.sample() if self.disk is not None else False
 
     def write_meta(self) -> None:
         write_owner_meta(

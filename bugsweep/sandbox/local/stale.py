@@ -20,7 +20,7 @@ from pathlib import Path
 from bugsweep.errors import SandboxError
 from bugsweep.sandbox.local.common import write_text
 from bugsweep.sandbox.local.limits import empty_and_remove
-from bugsweep.sandbox.local.workspace import remove_root
+from bugsweep.sandbox.local.workspace import remove_root, umount
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +50,13 @@ def reap_stale(state_dir: Path) -> list[str]:
                 removed.append(root.name)
         except Exception as exc:
             log.warning("could not remove stale sandbox %s: %s", root.name, exc)
+    for image in state_dir.glob(
+        "local-*.disk"
+    ):  # a disk image whose sandbox folder is gone (a crash mid-release)
+        if not image.with_suffix("").exists():
+            with contextlib.suppress(FileNotFoundError):
+                image.unlink()
+                removed.append(image.name)
     return removed
 
 
@@ -94,7 +101,9 @@ def _reap_if_stale(root: Path) -> bool:
     pid = int(meta.get("owner_pid", 0))
     if pid and start_time(pid) == meta.get("owner_start"):
         return False  # the owner is alive
-    if meta.get("kind") == "etc":
+    if meta.get("kind") in ("etc", "disk-templates"):  # a process's /etc copy (a tmpfs) or template images
+        if os.path.ismount(root):
+            umount(root)
         shutil.rmtree(root)
         return True
     log.warning("removing sandbox %s left behind by process %s", root.name, pid)

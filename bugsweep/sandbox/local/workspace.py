@@ -10,11 +10,17 @@ without capabilities, so it could not write another user's files. A tree without
 `git init` plus one commit inside the overlay, so `git diff` works.
 
 The sandbox's folder: `upper/` and `work/` (the overlay's), `ws/` (/workspace; the repository is mounted at
-`ws/repo`), `tmp/` (/tmp), `spool/` (command output), `meta.json` (owner, for stale-sandbox sweeping).
+`ws/repo`), `tmp/` (/tmp), `spool/` (command output), `meta.json` (owner, for stale-sandbox sweeping). With a disk
+quota (`disk.py`) the folder itself is the mount point of the sandbox's size-limited file system, whose image
+lies beside it (`<folder>.disk`), so all of these are inside the quota.
+
+The overlay is mounted with its layers named as `/proc/self/fd/N` of the mounting process, so its options in the
+sandbox's /proc/self/mountinfo name no host path.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import logging
@@ -26,6 +32,7 @@ import sysconfig
 from pathlib import Path
 
 from bugsweep.errors import ConfigError, SandboxError
+from bugsweep.sandbox.local import disk
 from bugsweep.sandbox.local.common import WORKSPACE, write_text
 from bugsweep.sandbox.sources import PreparedSource
 
@@ -77,10 +84,17 @@ def check_workdir(workdir: str) -> str:
 
 def mount_overlay(lower: Path, root: Path, target: Path) -> bool:
     """Mount lower + root/upper at target. False (with a warning) when overlayfs is not available here."""
-    link = root / "lower"  # a short, comma-free name for the user's path in the mount options
-    link.symlink_to(lower)
-    options = f"lowerdir={link},upperdir={root / 'upper'},workdir={root / 'work'}"
-    rc = _libc.mount(b"overlay", os.fsencode(target), b"overlay", ctypes.c_ulong(0), os.fsencode(options))
+    layers = [
+        os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        for path in (lower, root / "upper", root / "work")
+    ]
+    try:  # short, comma-free names that show no host path (the kernel resolves them at mount time)
+        lower_fd, upper_fd, work_fd = (f"/proc/self/fd/{fd}" for fd in layers)
+        options = f"lowerdir={lower_fd},upperdir={upper_fd},workdir={work_fd}"
+        rc = _libc.mount(b"overlay", os.fsencode(target), b"overlay", ctypes.c_ulong(0), os.fsencode(options))
+    finally:
+        for fd in layers:
+            os.close(fd)
     if rc == 0:
         return True
     code = ctypes.get_errno()
@@ -138,8 +152,12 @@ def remove_root(root: Path, repo_dir: Path, mounted: bool) -> None:
         umount(repo_dir)
     if os.path.ismount(repo_dir):  # never delete through a mount
         raise SandboxError(f"{repo_dir} is still mounted; leaving {root} in place")
+    if os.path.ismount(root):  # the disk quota's file system
+        disk.empty_and_unmount(root)
     if root.exists():
         shutil.rmtree(root)
+    with contextlib.suppress(FileNotFoundError):
+        disk.image_path(root).unlink()
 
 
 def layer_venv(venv: Path) -> None:

@@ -1,0 +1,316 @@
+"""The local sandbox under abuse, for real: a disk quota on a real loop-mounted ext4, the setup step's network through
+a real slirp4netns against real listeners on the host, the seccomp filter in real bubblewrap, a real pip install
+from PyPI, and a whole `bugsweep solve` run against the scripted model server (a scripted stand-in, not a model).
+Every test checks that nothing is left behind: no mount, loop device, slirp4netns process or cgroup.
+Needs Linux (x86-64), root, Debian bubblewrap, slirp4netns, iproute2, e2fsprogs, libseccomp2, and PyPI.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import socketserver
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from bugsweep.agent import prompts
+from bugsweep.sandbox import RepoSource
+from bugsweep.sandbox.local import LocalProvider, LocalSandbox
+from bugsweep.sandbox.local import seccomp as seccomp_mod
+from bugsweep.sandbox.local import setup_network as network_mod
+from bugsweep.settings import SandboxSettings
+from bugsweep.testing.scripted_model import tool_call
+
+MIB = 1024 * 1024
+QUOTA_MIB = 64
+
+
+def leftovers(state_dir: Path, sandbox_ids: list[str]) -> list[str]:
+    """What a released sandbox must not leave: mounts, loop devices, slirp4netns children, cgroups, folders."""
+    found = []
+    # (the process's /etc copy, a small tmpfs in the state folder, stays until the process exits)
+    if f"{state_dir}/local-" in Path("/proc/mounts").read_text():
+        found.append("a sandbox's mount")
+    for backing in Path("/sys/block").glob("loop*/loop/backing_file"):
+        try:
+            if str(state_dir) in backing.read_text():
+                found.append(f"loop device {backing.parent.parent.name}")
+        except OSError:
+            pass
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if cmdline.startswith(b"slirp4netns") and int(stat.rsplit(")", 1)[1].split()[1]) == os.getpid():
+            found.append(f"slirp4netns process {entry}")
+    for sandbox_id in sandbox_ids:
+        if list(Path("/sys/fs/cgroup").glob(f"*/**/bugsweep-{sandbox_id}")):
+            found.append(f"cgroups of {sandbox_id}")
+    if state_dir.exists():
+        found += [f"{p.name} in the state folder" for p in state_dir.iterdir() if p.name.startswith("local-")]
+    return found
+
+
+@pytest.fixture
+def provider(tmp_path: Path) -> LocalProvider:
+    settings = SandboxSettings(memory_mib=512, max_processes=128, disk_mib=QUOTA_MIB)
+    return LocalProvider(settings, cache_dir=tmp_path / "cache", state_dir=tmp_path / "state")
+
+
+@pytest.fixture
+def sbx(provider: LocalProvider, buggy_repo: Path) -> Iterator[LocalSandbox]:
+    sandbox = provider.create(RepoSource(str(buggy_repo)))
+    yield sandbox
+    sandbox.release()
+    assert leftovers(provider.state_dir, [sandbox.id]) == []
+
+
+# -- the disk quota ----------------------------------------------------------------------------------------------
+
+
+def test_writing_past_the_quota_fails_inside_and_the_host_keeps_its_space(sbx, provider):
+    host_free = shutil.disk_usage(provider.state_dir).free
+    # 1 GiB at /tmp and 1 GiB in $HOME: without a quota the host's disk would lose 2 GiB.
+    result = sbx.exec(
+        "dd if=/dev/zero of=/tmp/fill bs=1M count=1024 status=none; echo tmp=$?; "
+        "dd if=/dev/zero of=$HOME/fill bs=1M count=1024 status=none; echo home=$?; "
+        "head -c 1048576 /dev/zero > /workspace/repo/new_file; echo repo=$?",
+        timeout=120,
+    )
+    assert "No space left on device" in result.output
+    assert "tmp=1" in result.stdout and "home=1" in result.stdout and "repo=1" in result.stdout
+    assert result.disk_full
+    image = provider.state_dir / f"{sbx.id}.disk"
+    assert image.stat().st_blocks * 512 <= QUOTA_MIB * MIB * 1.05
+    # Other engineers' jobs share this disk: allow some drift, far less than the 2 GiB an unlimited sandbox takes.
+    assert host_free - shutil.disk_usage(provider.state_dir).free < (QUOTA_MIB + 512) * MIB
+    # The model sees what to do about it.
+    text = prompts.run_result(result.exit_code, result.output, False, False, 60, False, result.disk_full)
+    assert "disk is full" in text and "Delete files" in text
+
+    # Deleting makes room again; the quota covers the repository's changes (the overlay's upper layer) too.
+    assert sbx.exec("rm /tmp/fill $HOME/fill && df -k /tmp | tail -1").ok
+    written = sbx.exec(f"head -c {40 * MIB} /dev/zero > /workspace/repo/big && echo ok")
+    assert written.ok and not written.disk_full
+    more = sbx.exec(f"head -c {40 * MIB} /dev/zero > /tmp/big")
+    assert not more.ok and "No space left on device" in more.stderr
+    assert sbx.usage.peak_disk_bytes is not None and sbx.usage.peak_disk_bytes > (QUOTA_MIB - 8) * MIB
+    assert sbx.usage.disk_quota_bytes == QUOTA_MIB * MIB
+
+
+def test_a_task_can_ask_for_its_own_quota(provider, buggy_repo):
+    with provider.create(RepoSource(str(buggy_repo)), disk_mib=200) as sandbox:
+        assert sandbox.exec(f"head -c {150 * MIB} /dev/zero > /tmp/f && echo ok").ok
+        size_kib = int(sandbox.exec("df -k --output=size /tmp | tail -1").stdout)
+        assert 180 * 1024 < size_kib <= 200 * 1024
+    assert leftovers(provider.state_dir, [sandbox.id]) == []
+
+
+def test_endless_output_fills_the_quota_not_the_host_and_the_sandbox_recovers(sbx, provider):
+    result = sbx.exec("yes 'endless output' ", timeout=60)
+    assert result.exit_code != 0  # `yes` stops when its output can no longer be written
+    assert result.disk_full
+    assert result.truncated and "endless output" in result.stdout
+    assert sbx.exec("echo fine").stdout == "fine\n", "the spool is freed when the command ends"
+
+
+# -- the setup network -------------------------------------------------------------------------------------------
+
+
+class _Greeter(socketserver.BaseRequestHandler):
+    def handle(self) -> None:
+        self.request.sendall(b"hello from the host\n")
+
+
+@pytest.fixture
+def host_server() -> Iterator[int]:
+    """A listener on all the host's addresses (its loopback included)."""
+    server = socketserver.ThreadingTCPServer(("0.0.0.0", 0), _Greeter)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server.server_address[1]
+    server.shutdown()
+    server.server_close()
+
+
+def _host_addresses() -> list[str]:
+    return [str(net.network_address) for net in network_mod.host_networks() if net.prefixlen == 32]
+
+
+def _probe(targets: list[str], port: int) -> str:
+    return (
+        "for h in " + " ".join(targets) + "; do "
+        f'if timeout 5 bash -c "exec 3<>/dev/tcp/$h/{port} && cat <&3"; then echo REACHED $h; '
+        "else echo blocked $h; fi; done"
+    )
+
+
+def test_the_setup_step_reaches_the_package_registry_but_not_the_host(sbx, host_server):
+    plan = network_mod.NetworkPlan.for_host()
+    gateway = str(plan.subnet.network_address + 2)  # slirp4netns's gateway: the host, unless told otherwise
+    local = ["127.0.0.1", *_host_addresses()]
+    setup = sbx.exec(_probe([*local, gateway], host_server), network=True, timeout=60)
+    assert "hello from the host" not in setup.stdout
+    assert "REACHED" not in setup.stdout
+    assert setup.stdout.count("blocked") == len(local) + 1
+    # On the host itself the listener answers on each of its own addresses: the probe can tell. (Only the
+    # host's own addresses: the gateway address means another machine out here.)
+    here = subprocess.run(
+        ["bash", "-c", _probe(local, host_server)], capture_output=True, text=True, timeout=60
+    )
+    assert here.stdout.count("REACHED") == len(local), here.stdout
+
+    routes = sbx.exec("ip route", network=True).stdout
+    for blocked in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "169.254.0.0/16", *_host_addresses()):
+        assert f"prohibit {blocked}" in routes
+
+    installed = sbx.exec(
+        "pip install --no-cache-dir --no-deps --index-url https://pypi.org/simple six==1.16.0 "
+        "&& python -c 'import six; print(six.__version__)'",
+        network=True,
+        timeout=300,
+    )
+    assert installed.ok, installed.output
+    assert "1.16.0" in installed.stdout
+    # The agent's commands stay offline.
+    offline = sbx.exec("getent hosts pypi.org || echo no-dns; tail -n +3 /proc/net/dev | cut -d: -f1")
+    assert "no-dns" in offline.stdout and offline.stdout.split()[-1] == "lo"
+
+
+def test_an_allowed_private_range_gets_a_route_instead_of_a_block():
+    host = [
+        network_mod.ipaddress.IPv4Network("192.168.7.2/32"),
+        network_mod.ipaddress.IPv4Network("192.168.7.0/24"),
+    ]
+    blocked = network_mod.blocked_routes(host, allow=["192.168.7.0/24"])
+    assert network_mod.ipaddress.IPv4Network("192.168.7.0/24") not in blocked
+    assert (
+        network_mod.ipaddress.IPv4Network("192.168.0.0/16") in blocked
+    )  # the rest of the range stays blocked
+    assert network_mod.choose_subnet([network_mod.ipaddress.IPv4Network("10.0.2.0/24")]) != (
+        network_mod.ipaddress.IPv4Network("10.0.2.0/24")
+    )
+
+
+# -- the seccomp filter and the host's paths ----------------------------------------------------------------------
+
+# x86-64 numbers; each call succeeds for an unprivileged process without the filter (checked on the host below).
+_PROBE = r"""
+import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+def call(nr, *args):
+    rc = libc.syscall(ctypes.c_long(nr), *map(ctypes.c_long, args))
+    return "ok" if rc >= 0 else os.strerror(ctypes.get_errno())
+print("keyctl", call(250, 0, -3, 0))          # KEYCTL_GET_KEYRING_ID of the session keyring
+pid = os.fork()
+if pid == 0:
+    print("ptrace", call(101, 0, 0, 0, 0), flush=True)  # PTRACE_TRACEME
+    os._exit(0)
+os.waitpid(pid, 0)
+print("unshare", call(272, 0x400))            # unshare(CLONE_FILES): no namespace, no privilege needed
+print("clone3", call(435, 0, 0))
+print("getpid", call(39))
+"""
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="the probe uses x86-64 system call numbers")
+def test_the_seccomp_filter_blocks_what_a_test_suite_never_needs(sbx):
+    host = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True, timeout=60)
+    assert "keyctl ok" in host.stdout and "ptrace ok" in host.stdout and "unshare ok" in host.stdout
+
+    inside = sbx.exec(f"python3 -c '{_PROBE}'")
+    assert inside.ok, inside.output
+    for name in ("keyctl", "ptrace", "unshare"):
+        assert f"{name} Operation not permitted" in inside.stdout
+    assert "clone3 Function not implemented" in inside.stdout  # so the C library falls back to clone
+    assert "getpid ok" in inside.stdout
+    assert "Seccomp:\t2" in sbx.exec("cat /proc/self/status").stdout
+    assert "Seccomp:\t2" in sbx.exec("cat /proc/self/status", network=True).stdout
+    # What test suites do still works: threads, subprocesses, git, mount listings.
+    normal = sbx.exec(
+        'python3 -c \'import threading, subprocess; t = threading.Thread(target=print, args=("thread",)); '
+        't.start(); t.join(); print(subprocess.run(["git", "status", "--short"]).returncode)\' && mount | head -1'
+    )
+    assert normal.ok, normal.output
+    assert "thread\n0" in normal.stdout
+
+
+def test_the_filter_is_compiled_once_and_denies_each_listed_call():
+    program = seccomp_mod.filter_program()
+    assert program == seccomp_mod.filter_program()
+    assert len(program) % 8 == 0 and len(program) > 8 * len(seccomp_mod.DENIED_SYSCALLS) // 2
+
+
+def test_nothing_of_the_hosts_paths_is_readable_inside(sbx, provider, buggy_repo, tmp_path):
+    seen = sbx.exec(
+        "tr '\\0' ' ' < /proc/1/cmdline; echo; cat /proc/self/mountinfo /proc/1/environ /proc/self/cgroup; "
+        "ls -l /proc/1/cwd /proc/1/root"
+    ).stdout
+    assert "bwrap --args" in seen
+    for host_path in (str(provider.state_dir), str(buggy_repo), str(tmp_path), "bugsweep-sandboxes"):
+        assert host_path not in seen
+    setup_seen = sbx.exec("cat /proc/self/mountinfo; tr '\\0' ' ' < /proc/1/cmdline", network=True).stdout
+    assert str(tmp_path) not in setup_seen
+
+
+# -- a whole run ----------------------------------------------------------------------------------------------
+
+
+def test_a_run_that_fills_its_disk_is_still_graded_with_its_resource_use(
+    buggy_repo, tmp_path, scripted_model
+):
+    """The model fills the disk, is told so, cleans up, fixes the bug: the run resolves, and grade.json says how
+    much memory, CPU and disk it took."""
+    server = scripted_model(
+        [
+            tool_call("run", command="dd if=/dev/zero of=/tmp/fill bs=1M count=500"),
+            tool_call("run", command="rm /tmp/fill"),
+            tool_call("edit_file", path="calc.py", old="return a - b", new="return a + b"),
+            tool_call("finish", summary="fixed add()"),
+        ]
+    )
+    out, state = tmp_path / "out", tmp_path / "state"
+    env = {
+        **os.environ,
+        "LLM_BASE_URL": server.base_url,
+        "LLM_MODEL": "scripted",
+        "LLM_API_KEY": "sk-test",
+        "BUGSWEEP_SANDBOX_DISK_MIB": str(QUOTA_MIB),
+        "BUGSWEEP_SANDBOX_STATE_DIR": str(state),
+    }
+    proc = subprocess.run(
+        [sys.executable, "-m", "bugsweep", "solve", "--repo", str(buggy_repo), "--task", "add() is wrong",
+         "--test-command", "python -m pytest -q", "--out", str(out)],
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    grade = json.loads((out / "grade.json").read_text())
+    assert grade["resolved"]
+    assert grade["disk_quota_mib"] == QUOTA_MIB
+    assert QUOTA_MIB * 0.8 < grade["peak_disk_mib"] <= QUOTA_MIB
+    assert grade["peak_memory_mib"] > 1 and grade["cpu_s"] > 0
+    told = json.dumps(json.loads((out / "trajectory.json").read_text()))
+    assert "disk is full" in told
+    assert leftovers(state, []) == []
+    assert str(state) not in Path("/proc/mounts").read_text(), (
+        "the process's /etc tmpfs went with the process"
+    )
+    assert sorted(p.name for p in state.iterdir()) == [], "its /etc copy and template images too"
+
+
+def test_libseccomp_missing_is_a_config_error_naming_the_fix(monkeypatch):
+    monkeypatch.setattr(seccomp_mod, "_program", None)
+    monkeypatch.setitem(sys.modules, "pyseccomp", None)  # import fails as if not installed
+    with pytest.raises(Exception, match="libseccomp"):
+        seccomp_mod.filter_program()
