@@ -2,7 +2,7 @@
 
     python bench/embedded_demo.py --runs 5                # both agents
     python bench/embedded_demo.py --runs 5 --agents bugsweep
-    python bench/embedded_demo.py --runs 3 --agents bugsweep,bugsweep-replace --case bench/cases/pages
+    python bench/embedded_demo.py --runs 3 --agents bugsweep,bugsweep-plain --case bench/cases/pages
 
 What it measures (issue 3's bar: resolved in >= 4 of 5 runs, median wall time < 5 min on 2 cores):
 - bugsweep: `bugsweep demo` exactly as a user runs it (a subprocess), graded by bugsweep (tests fail before, pass
@@ -10,8 +10,10 @@ What it measures (issue 3's bar: resolved in >= 4 of 5 runs, median wall time < 
 - mini-swe-agent (PyPI `mini-swe-agent`, its default `mini.yaml` tool-calling config, DefaultAgent, LocalEnvironment
   in a temporary copy of the same demo project) with the same model server, task text and turn limit. Graded the
   same way here: test files restored from git, then the test command must pass (and failed before).
-- bugsweep-replace: the same with BUGSWEEP_EDIT_STYLE=replace (edit_file applied as sent, no whole-function
-  edits), to measure what that setting does, side by side.
+- bugsweep runs under BUGSWEEP_POLICY=small-model (what the embedded model's configuration defaults to: the server
+  here is reached through LLM_BASE_URL, so the policy is named explicitly); bugsweep-plain: the same with
+  BUGSWEEP_POLICY=plain (edit_file applied as sent, no whole-function edits), to measure the policy side by side.
+  (Called bugsweep-replace, with BUGSWEEP_EDIT_STYLE=replace, before the policies.)
 `--case DIR` runs another small project instead of the demo (DIR holds the files and a case.json with "task" and
 "test_command"; bench/cases/ has two); bugsweep then runs as `bugsweep solve` on a git copy of it.
 The server is started once (or reused) for all runs, so its 3-15 s start is not in the per-run times. Machine load
@@ -69,13 +71,12 @@ class Case:
 
 
 def run_bugsweep(
-    case: Case, base_url: str, model: str, out_dir: Path, max_turns: int, edit_style: str | None = None
+    case: Case, base_url: str, model: str, out_dir: Path, max_turns: int, policy: str = "small-model"
 ) -> dict[str, Any]:
     """One `bugsweep demo` (or `bugsweep solve` on a copy of the case) run against the running server; the grade
     comes from its grade.json."""
     env = {**os.environ, "LLM_BASE_URL": base_url, "LLM_MODEL": model, "LLM_API_KEY": "none"}
-    if edit_style:
-        env["BUGSWEEP_EDIT_STYLE"] = edit_style
+    env["BUGSWEEP_POLICY"] = policy
     command = ["bugsweep", "demo", "--out", str(out_dir), "--max-turns", str(max_turns)]
     if case.folder is not None:
         repo = case.materialise(Path(tempfile.mkdtemp(prefix=f"bench-{case.name}-")) / "repo")
@@ -92,7 +93,7 @@ def run_bugsweep(
         grade = json.loads((out_dir / "grade.json").read_text())
     except (OSError, ValueError):
         return {
-            "agent": "bugsweep" if not edit_style else f"bugsweep-{edit_style}",
+            "agent": "bugsweep" if policy == "small-model" else f"bugsweep-{policy}",
             "resolved": False,
             "error": f"exit {proc.returncode}, no grade.json",
             "wall_s": wall,
@@ -102,7 +103,7 @@ def run_bugsweep(
             "out": str(out_dir),
         }
     return {
-        "agent": "bugsweep" if not edit_style else f"bugsweep-{edit_style}",
+        "agent": "bugsweep" if policy == "small-model" else f"bugsweep-{policy}",
         "resolved": bool(grade.get("resolved")),
         "stop_reason": grade.get("stop_reason"),
         "turns": grade.get("turns", 0),
@@ -223,7 +224,7 @@ def main() -> None:
     parser.add_argument(
         "--agents",
         default="bugsweep,mini",
-        help="comma-separated: bugsweep, bugsweep-replace, mini (tool calls), mini-text",
+        help="comma-separated: bugsweep, bugsweep-plain, mini (tool calls), mini-text",
     )
     parser.add_argument(
         "--case", type=Path, default=None, help="a folder like bench/cases/pages (default: the demo)"
@@ -253,9 +254,9 @@ def main() -> None:
             for i in range(1, args.runs + 1):
                 out_dir = run_root / f"{agent}-{i}"
                 if agent.startswith("bugsweep"):
-                    style = "replace" if agent == "bugsweep-replace" else None
+                    policy = "plain" if agent == "bugsweep-plain" else "small-model"
                     row = run_bugsweep(
-                        case, endpoint.base_url, endpoint.model, out_dir, args.max_turns, style
+                        case, endpoint.base_url, endpoint.model, out_dir, args.max_turns, policy
                     )
                 else:
                     row = run_mini(
@@ -278,7 +279,7 @@ def main() -> None:
     report["load_after"] = load()
     names = {
         "bugsweep": "bugsweep",
-        "bugsweep-replace": "bugsweep-replace",
+        "bugsweep-plain": "bugsweep-plain",
         "mini": "mini-swe-agent",
         "mini-text": "mini-swe-agent-text",
     }

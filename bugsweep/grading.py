@@ -73,6 +73,9 @@ class Grade(BaseModel):
     PASS_TO_FAIL: list[str] = Field(default_factory=list)
     """Tests the change broke."""
     stop_reason: str | None = None
+    policy: str | None = None
+    """The agent policy the run was under ('plain', 'small-model': bugsweep/agent/policy.py); None when the agent
+    never ran."""
     summary: str | None = None
     turns: int = 0
     prompt_tokens: int = 0

@@ -40,7 +40,7 @@ from bugsweep.settings import AgentSettings, ModelSettings
 from bugsweep.spec import TaskSpec
 
 if TYPE_CHECKING:
-    from bugsweep.agent.loop import AgentEvent, AgentResult
+    from bugsweep.agent.loop import AgentEvent, AgentProgress, AgentResult
     from bugsweep.agent.model import ChatModel
 
 log = logging.getLogger(__name__)
@@ -124,8 +124,9 @@ def solve(
     *,
     on_event: Callable[[AgentEvent], None] | None = None,
     out_dir: Path | None = None,
+    progress: AgentProgress | None = None,
 ) -> AgentResult:
-    """Run the agent loop on the task in the prepared sandbox."""
+    """Run the agent loop on the task in the prepared sandbox; `progress` keeps what it used if it is cut short."""
     from bugsweep.agent.loop import run_agent
 
     return run_agent(
@@ -137,6 +138,7 @@ def solve(
         trajectory_path=(out_dir / "trajectory.json") if out_dir else None,
         test_command=prepared.spec.test_command,
         protected_paths=prepared.spec.test_files,
+        progress=progress,
     )
 
 
@@ -169,6 +171,7 @@ def regrade(
     verdict.model = model_name
     if agent_result is not None:
         verdict.stop_reason = agent_result.stop_reason
+        verdict.policy = agent_result.policy
         verdict.summary = agent_result.summary
         verdict.turns = agent_result.turns
         verdict.prompt_tokens = agent_result.usage.prompt_tokens
@@ -293,12 +296,14 @@ def solve_from_task_state(
     agent_settings: AgentSettings,
     on_event: Callable[[AgentEvent], None] | None = None,
     out_dir: Path | None = None,
+    progress: AgentProgress | None = None,
 ) -> AgentResult:
     """The 'solve' step: the agent loop, from the task state (the step may be run again after an outage)."""
     from bugsweep.agent.model import ChatModel
 
     reset_workspace(prepared)
-    return solve(prepared, ChatModel(model_settings), agent_settings, on_event=on_event, out_dir=out_dir)
+    model = ChatModel(model_settings)
+    return solve(prepared, model, agent_settings, on_event=on_event, out_dir=out_dir, progress=progress)
 
 
 def failed_grade(
@@ -338,7 +343,10 @@ def solve_task(
     `on_sandbox` is told of the sandbox as soon as it exists (the flows track it for their crash hooks); the
     sandbox is always released before this returns.
     """
+    from bugsweep.agent.loop import AgentProgress
+
     agent_settings = agent_settings or AgentSettings()
+    progress = AgentProgress()
     step = on_step or (lambda name, info: None)
     started = time.monotonic()
     prepared: PreparedTask | None = None
@@ -354,7 +362,14 @@ def solve_task(
         before = runner("baseline", baseline, prepared)
         step("agent", {"model": model_settings.model, "failing": sorted(before.ids("failed", "error"))})
         agent_result = runner(
-            "solve", solve_from_task_state, prepared, model_settings, agent_settings, on_event, out_dir
+            "solve",
+            solve_from_task_state,
+            prepared,
+            model_settings,
+            agent_settings,
+            on_event,
+            out_dir,
+            progress=progress,
         )
         step("regrade", {"stop_reason": agent_result.stop_reason})
         verdict, after, patch = runner(
@@ -375,6 +390,8 @@ def solve_task(
         failed = failed_grade(
             spec, model_settings.model, exc, failed_before=before is not None, started=started
         )
+        # What the agent used before it was cut short (Ctrl-C, SIGTERM, a crash): kept reachable by the loop.
+        failed = failed.model_copy(update=progress.grade_fields())
         if prepared is not None:
             record_resources(failed, prepared.sandbox)
         write_run_dir(

@@ -25,7 +25,7 @@ from itertools import combinations
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, computed_field
 
 #: Failure kinds of runs that could not be run, left out of the rates.
 NOT_GRADED_KINDS = frozenset({"infra", "task", "config"})
@@ -47,6 +47,8 @@ class RunRecord(BaseModel):
     cost_usd: float = 0.0
     wall_s: float = 0.0
     stop_reason: str | None = None
+    policy: str | None = None
+    """The agent policy the run was under (bugsweep/agent/policy.py)."""
     error: str | None = None
     failure_kind: str | None = None
     """'infra', 'task' and 'config' runs are left out of rates; 'crash' counts as not resolved."""
@@ -55,11 +57,13 @@ class RunRecord(BaseModel):
     peak_disk_mib: float | None = None
 
     @classmethod
-    def from_grade(cls, grade: Any, *, model: str, run: int) -> RunRecord:
-        """Take the fields a comparison needs from a bugsweep.grading.Grade (or anything with those attributes)."""
+    def from_grade(cls, grade: Any, *, model: str, run: int, policy: str | None = None) -> RunRecord:
+        """Take the fields a comparison needs from a bugsweep.grading.Grade (or anything with those attributes).
+        `policy` is the one the run was configured with, for a run whose agent never started."""
         data = grade.model_dump() if hasattr(grade, "model_dump") else dict(vars(grade))
         fields = {k: data[k] for k in cls.model_fields if k in data and data[k] is not None}
         fields.update(model=model, run=run)
+        fields.setdefault("policy", policy)
         return cls.model_validate(fields)
 
     @property
@@ -132,6 +136,8 @@ class ModelSummary(BaseModel):
     mean_wall_s: float
     total_wall_s: float
     stop_reasons: dict[str, int] = Field(default_factory=dict)
+    policies: list[str] = Field(default_factory=list)
+    """The agent policies its runs were under (one, unless the comparison was set up otherwise)."""
 
 
 class PairedDifference(BaseModel):
@@ -191,6 +197,25 @@ class ComparisonReport(BaseModel):
     """What the runs would have taken one after another."""
     records: list[RunRecord]
 
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def policy(self) -> str | None:
+        """The one policy every model ran under; None when they differ (or no run recorded one)."""
+        policies = {p for s in self.models for p in s.policies}
+        same = len(policies) == 1 and all(len(s.policies) == 1 for s in self.models)
+        return policies.pop() if same else None
+
+
+def policy_note(report: ComparisonReport) -> str:
+    """One sentence on the harness: the same policy for every model, or which model ran under which."""
+    if report.policy is not None:
+        return f"Every model ran under the same agent policy: {report.policy}."
+    each = "; ".join(f"{s.model}: {', '.join(s.policies) or 'unknown'}" for s in report.models)
+    return (
+        f"The models did not all run under the same agent policy ({each}): the comparison is of model and "
+        "harness together."
+    )
+
 
 def _max(values: Iterable[float | None]) -> float | None:
     present = [v for v in values if v is not None]
@@ -238,6 +263,7 @@ def build_report(records: Sequence[RunRecord], *, wall_s: float | None = None) -
                 mean_wall_s=_mean(r.wall_s for r in mine),
                 total_wall_s=sum(r.wall_s for r in mine),
                 stop_reasons=dict(sorted(reasons.items())),
+                policies=sorted({r.policy for r in mine if r.policy}),
             )
         )
 
@@ -326,7 +352,7 @@ def summary_rows(report: ComparisonReport) -> tuple[list[str], list[list[str]]]:
     """The per-model table (shared by markdown, HTML and the Prefect artifact)."""
     header = [
         "model", "resolved", "rate", "95% CI", "mean turns", "prompt tok", "completion tok", "cached tok",
-        "cost USD", "mean wall s", "not graded",
+        "cost USD", "mean wall s", "not graded", "policy",
     ]  # fmt: skip
     rows = [
         [
@@ -341,6 +367,7 @@ def summary_rows(report: ComparisonReport) -> tuple[list[str], list[list[str]]]:
             f"{s.cost_usd:.4f}",
             f"{s.mean_wall_s:.1f}",
             str(s.not_graded),
+            ", ".join(s.policies) or "-",
         ]
         for s in report.models
     ]
@@ -420,6 +447,7 @@ def render_markdown(report: ComparisonReport) -> str:
         parts.append(
             f"Wall time {report.wall_s:.1f} s for runs that add up to {report.sum_run_wall_s:.1f} s one after another."
         )
+    parts.append(policy_note(report))
     parts += ["", "## Per model", "", _md_table(*summary_rows(report)), ""]
     parts.append(
         "Rate: resolved runs over graded runs (runs that could not be run are left out); 95% Wilson interval."
@@ -537,6 +565,7 @@ def render_html(report: ComparisonReport) -> str:
             else ""
         )
         + "</p>",
+        f"<p><strong>{html.escape(policy_note(report))}</strong></p>",
         "<h2>Resolve rate</h2>",
         render_chart_svg(report),
         _html_table(*summary_rows(report)),

@@ -12,6 +12,9 @@ from typing import Literal
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+#: The agent policies (bugsweep/agent/policy.py) a run can be under.
+PolicyName = Literal["plain", "small-model"]
+
 #: Test files, in .gitignore syntax (see bugsweep/testfiles.py): the issue's defaults plus tests/ folders at any depth.
 DEFAULT_TEST_GLOBS = ["tests/**", "**/tests/**", "test_*.py", "*_test.py", "conftest.py"]
 
@@ -79,11 +82,11 @@ class AgentSettings(BaseSettings):
     """Files `edit_file` refuses to change (test files): the model must fix the code, not the test."""
     max_consecutive_format_errors: int = 5
     """Replies in a row without a usable tool call before the run stops with 'format_errors'."""
-    edit_style: Literal["auto", "replace", "whole_function"] = "auto"
-    """'replace': edit_file calls are applied as sent. 'whole_function': an edit_file call inside one Python function
-    that does not make the tests pass is undone and answered with a request for the whole corrected function as a
-    ```python block, which then replaces it (small models write much better code as text than inside JSON
-    arguments: bench/README.md). 'auto': whole_function for the embedded model, replace for every other model."""
+    policy: PolicyName | None = None
+    """What the harness does for the model beyond the plain loop (bugsweep/agent/policy.py): 'plain' (nothing) or
+    'small-model' (whole-function edits tried against the tests, failed edits dropped from the history: the help
+    the embedded 1.5B model needs). Unset: 'small-model' when bugsweep runs its embedded model, 'plain' for every
+    other endpoint. Recorded in grade.json, the trajectory and every report."""
 
 
 class SandboxSettings(BaseSettings):

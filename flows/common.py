@@ -21,7 +21,7 @@ from pydantic import BaseModel, Field
 
 from bugsweep.errors import ConfigError
 from bugsweep.grading import Grade
-from bugsweep.settings import AgentSettings, ModelSettings, SandboxSettings
+from bugsweep.settings import AgentSettings, ModelSettings, PolicyName, SandboxSettings
 from bugsweep.spec import TaskSpec
 from bugsweep.storage import GRADE_FILE, ArtifactStore, LocalStore, StoreSettings, open_store
 
@@ -51,9 +51,14 @@ class AgentLimits(BaseModel):
     )
     max_cost_usd: float | None = Field(default=None, gt=0, description="Token cost in USD; empty: no limit.")
     max_wall_s: float = Field(default=3600.0, gt=0, description="Wall-clock seconds for the agent loop.")
+    policy: PolicyName | None = Field(
+        default=None,
+        description="What the harness does for the model: 'plain' or 'small-model' (bugsweep/agent/policy.py); "
+        "empty: BUGSWEEP_POLICY, else 'small-model' for the embedded model and 'plain' for any other.",
+    )
 
     def settings(self) -> AgentSettings:
-        return AgentSettings(**self.model_dump())
+        return AgentSettings(**self.model_dump(exclude={"policy"} if self.policy is None else set()))
 
 
 # -- the run configuration --------------------------------------------------------------------------------------
@@ -142,12 +147,14 @@ def model_endpoint(run: RunConfig) -> Iterator[RunConfig]:
     if run.model.base_url:
         yield run
         return
-    from bugsweep.embedded import ensure_embedded_model
+    from bugsweep.embedded import DEFAULT_MODEL, ensure_embedded_model
 
     log.info("no model endpoint configured (block or LLM_BASE_URL): using the embedded open model")
     with ensure_embedded_model(progress=lambda message: log.info("%s", message)) as endpoint:
         model = run.model.model_copy(update={"base_url": endpoint.base_url, "model": endpoint.model})
-        yield dataclasses.replace(run, model=model)
+        # The embedded model's configuration names its policy, unless one was chosen.
+        agent = run.agent.model_copy(update={"policy": run.agent.policy or DEFAULT_MODEL.policy})
+        yield dataclasses.replace(run, model=model, agent=agent)
 
 
 def current_flow_run_id() -> str | None:

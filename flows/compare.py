@@ -32,7 +32,7 @@ from bugsweep.report import (
     render_markdown,
     write_report,
 )
-from bugsweep.settings import ModelSettings
+from bugsweep.settings import ModelSettings, PolicyName
 from bugsweep.spec import TaskSpec
 from flows.common import (
     RELEASE_SANDBOXES_HOOKS,
@@ -62,6 +62,8 @@ class ModelEntry(BaseModel):
     """Model id sent to the endpoint; unset: `name`."""
     price_prompt_per_mtok: float = 0.0
     price_completion_per_mtok: float = 0.0
+    policy: PolicyName | None = None
+    """The agent policy for this model only; unset: the comparison's (`limits.policy`), the same for every model."""
 
     @classmethod
     def parse(cls, text: str) -> ModelEntry:
@@ -108,9 +110,20 @@ def run_configs(
     ids = [s.model for s in settings]
     shared_ids = len(set(ids)) != len(ids)
     return [
-        (m, RunConfig(**{**base.__dict__, "model": s}), f"{name}-{m.name}" if shared_ids else name)
+        (
+            m,
+            RunConfig(**{**base.__dict__, "model": s, "agent": agent_settings(base, m)}),
+            f"{name}-{m.name}" if shared_ids else name,
+        )
         for m, s in zip(models, settings, strict=True)
     ]
+
+
+def agent_settings(base: RunConfig, model: ModelEntry) -> Any:
+    """The comparison's agent settings, with the model's own policy when it was given one; unset anywhere: plain,
+    so that every model runs under one named policy."""
+    policy = model.policy or base.agent.policy or "plain"
+    return base.agent.model_copy(update={"policy": policy})
 
 
 @flow(
@@ -176,8 +189,8 @@ def run_all(
     ]
     outcomes = solve_many([job for _, _, job in jobs], concurrency)
     records = [
-        RunRecord.from_grade(outcome.grade, model=entry.name, run=r)
-        for (r, entry, _), outcome in zip(jobs, outcomes, strict=True)
+        RunRecord.from_grade(outcome.grade, model=entry.name, run=r, policy=job.run.agent.policy)
+        for (r, entry, job), outcome in zip(jobs, outcomes, strict=True)
     ]
     # Model-major order: the report lists models as given and tasks in file order.
     model_order = {entry.name: i for i, (entry, _, _) in enumerate(configs)}

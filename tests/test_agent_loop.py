@@ -520,12 +520,13 @@ def test_symlinks_out_of_the_repo_are_refused_inside_the_real_sandbox(scripted_m
 def test_an_identical_failed_call_is_called_a_repeat(
     scripted_model, sandbox: Sandbox, tmp_path: Path
 ) -> None:
-    """Small models repeat one failed edit until the turn limit; the second time, the answer says it is a repeat."""
+    """Small models repeat one failed edit until the turn limit; the second time, the answer says it is a repeat
+    (policy small-model)."""
     wrong = tool_call("edit_file", path="calc.py", old="return a-b", new="return a + b")
     server = scripted_model(
         [wrong, tool_call("read_file", path="calc.py"), wrong, tool_call("finish", summary="x")]
     )
-    solve(server, sandbox, tmp_path)
+    solve(server, sandbox, tmp_path, settings=SMALL)
     first = tool_messages(server.requests[1])[-1]["content"]
     again = tool_messages(server.requests[3])[-1]["content"]
     assert "was not found in calc.py" in first and "same edit_file call" not in first
@@ -536,10 +537,11 @@ def test_a_failed_edit_leaves_the_conversation_but_not_the_trajectory(
     scripted_model, sandbox: Sandbox, tmp_path: Path
 ) -> None:
     """A small model copies a wrong `old` from its own history: the failed call is replaced by a note that keeps
-    only what went wrong, while the prompt prefix before it is untouched and the trajectory keeps everything."""
+    only what went wrong, while the prompt prefix before it is untouched and the trajectory keeps everything
+    (policy small-model)."""
     wrong = tool_call("edit_file", path="calc.py", old="assert add(2, 3) == 5", new="assert True")
     server = scripted_model([tool_call("read_file", path="calc.py"), wrong, tool_call("finish", summary="x")])
-    solve(server, sandbox, tmp_path)
+    solve(server, sandbox, tmp_path, settings=SMALL)
     before, after = server.requests[1]["messages"], server.requests[2]["messages"]
     assert after[: len(before)] == before, "the prefix the server has cached is unchanged"
     added = after[len(before) :]
@@ -550,9 +552,40 @@ def test_a_failed_edit_leaves_the_conversation_but_not_the_trajectory(
     assert "assert add(2, 3) == 5" in trajectory and "forgotten" in trajectory
 
 
-# -- whole-function edits (edit_style "whole_function") --------------------------------------------------------
+def test_the_plain_policy_leaves_the_conversation_as_it_happened(
+    scripted_model, sandbox: Sandbox, tmp_path: Path
+) -> None:
+    """The same failed edit, sent twice, under the plain policy: both calls and their errors stay in the history
+    as sent, with no repeat note, and the policy is named in the trajectory and the result."""
+    wrong = tool_call("edit_file", path="calc.py", old="assert add(2, 3) == 5", new="assert True")
+    server = scripted_model([wrong, wrong, tool_call("finish", summary="x")])
+    result, _ = solve(server, sandbox, tmp_path, settings=AgentSettings(policy="plain"))
+    sent = server.requests[2]["messages"]
+    assert [m["role"] for m in sent[2:]] == ["assistant", "tool", "assistant", "tool"]
+    assert sent[3]["content"] == sent[5]["content"], "no repeat note"
+    assert "assert add(2, 3) == 5" in json.dumps(sent[2])
+    trajectory = load(tmp_path / "run" / "trajectory.json")
+    assert trajectory[0]["type"] == "meta" and trajectory[0]["policy"] == "plain"
+    assert not [e for e in trajectory if e["type"] in ("forgotten", "edit_tried", "rewrite_requested")]
+    assert result.policy == "plain" and trajectory[-1]["policy"] == "plain"
 
-WHOLE = AgentSettings(edit_style="whole_function")
+
+def test_no_policy_setting_means_plain_whatever_the_model(
+    scripted_model, sandbox: Sandbox, tmp_path: Path
+) -> None:
+    """The policy comes from configuration, never from the model's name: the embedded model's name gets `plain`
+    too when nothing chose a policy (only the embedded model's own configuration defaults to small-model)."""
+    from bugsweep.embedded import DEFAULT_MODEL, MODEL_NAME
+
+    server = scripted_model([tool_call("finish", summary="x")])
+    result, _ = solve(server, sandbox, tmp_path, model=chat_model(server, model=MODEL_NAME))
+    assert AgentSettings().policy is None and result.policy == "plain"
+    assert DEFAULT_MODEL.policy == "small-model"
+
+
+# -- whole-function edits (policy small-model) -----------------------------------------------------------------
+
+SMALL = WHOLE = AgentSettings(policy="small-model")
 ADD_FIXED = "```python\ndef add(a, b):\n    return a + b\n"  # no closing fence: llama.cpp may drop it
 
 
@@ -671,17 +704,8 @@ def test_edits_outside_one_function_and_the_replace_style_run_as_sent(
 
     server = scripted_model([tool_call("edit_file", path="calc.py", old="return a * b", new="return a ** b")])
     server.steps.append(tool_call("finish", summary="x"))
-    solve(server, sandbox, tmp_path, settings=AgentSettings(edit_style="replace"))
+    solve(server, sandbox, tmp_path, settings=AgentSettings(policy="plain"))
     assert "return a ** b" in sandbox.files.read_text(f"{sandbox.workdir}/calc.py")
-
-
-def test_auto_edit_style_is_whole_function_only_for_the_embedded_model() -> None:
-    from bugsweep.agent.loop import resolve_edit_style
-    from bugsweep.embedded import MODEL_NAME
-
-    assert resolve_edit_style("auto", MODEL_NAME) == "whole_function"
-    assert resolve_edit_style("auto", "deepseek-chat") == "replace"
-    assert resolve_edit_style("replace", MODEL_NAME) == "replace"
 
 
 COMBINE = {

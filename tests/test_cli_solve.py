@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from bugsweep.testing.scripted_model import tool_call
+from bugsweep.testing.scripted_model import text_reply, tool_call
 
 SOLVE = [sys.executable, "-m", "bugsweep.cli"]
 
@@ -179,3 +179,52 @@ def test_help_explains(args: list[str]) -> None:
         [*SOLVE, *args], capture_output=True, text=True, timeout=60, env={**os.environ, "COLUMNS": "200"}
     )
     assert proc.returncode == 0 and "Usage" in proc.stdout
+
+
+# -- policies: what the harness does for the model is named and recorded ---------------------------------------
+# The same script under each policy: a wrong one-line edit inside add(), then a whole corrected function written as
+# a code block, then finish. The model is the scripted stand-in server, so the difference is the harness's alone.
+WRONG_EDIT = tool_call("edit_file", path="calc.py", old="return a - b", new="return a * b")
+FUNCTION_AS_TEXT = text_reply("```python\ndef add(a, b):\n    return a + b\n```")
+
+
+def test_policy_plain_is_recorded_and_runs_edits_as_sent(
+    buggy_repo: Path, tmp_path: Path, scripted_model
+) -> None:
+    server = scripted_model([WRONG_EDIT, FUNCTION_AS_TEXT, tool_call("finish", summary="x")])
+    out = tmp_path / "out"
+    proc = solve(buggy_repo, out, server.base_url, "--policy", "plain")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    grade = read_grade(out)
+    assert grade["policy"] == "plain" and not grade["resolved"]
+    assert "+    return a * b" in (out / "patch.diff").read_text(), "the edit was applied as sent"
+    events = json.loads((out / "trajectory.json").read_text())
+    assert events[0]["type"] == "meta" and events[0]["policy"] == "plain"
+    assert not [e for e in events if e["type"] in ("edit_tried", "rewrite_requested", "forgotten")]
+    assert "policy: plain" in proc.stdout
+
+
+def test_policy_small_model_is_recorded_and_asks_for_the_whole_function(
+    buggy_repo: Path, tmp_path: Path, scripted_model
+) -> None:
+    server = scripted_model([WRONG_EDIT, FUNCTION_AS_TEXT, tool_call("finish", summary="x")])
+    out = tmp_path / "out"
+    proc = solve(buggy_repo, out, server.base_url, env={"BUGSWEEP_POLICY": "small-model"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    grade = read_grade(out)
+    assert grade["policy"] == "small-model" and grade["resolved"]
+    events = json.loads((out / "trajectory.json").read_text())
+    assert events[0]["policy"] == "small-model"
+    tried = [e for e in events if e["type"] == "edit_tried"]
+    assert [(e["function"], e["kept"]) for e in tried] == [("add", False)], (
+        "the wrong edit was tried and undone"
+    )
+    assert [e["function"] for e in events if e["type"] == "rewrite_requested"] == ["add"]
+    assert "policy: small-model" in proc.stdout
+
+
+def test_an_unknown_policy_is_refused(buggy_repo: Path, tmp_path: Path, scripted_model) -> None:
+    server = scripted_model([])
+    proc = solve(buggy_repo, tmp_path / "out", server.base_url, "--policy", "helpful")
+    assert proc.returncode == 2 and "helpful" in proc.stderr
+    assert server.requests == []

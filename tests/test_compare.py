@@ -105,6 +105,8 @@ def test_compare_two_models_on_two_tasks(
     assert result.exit_code == 0, result.output
     assert SECRET not in result.output
     assert "fixer - quitter: +100 points per task" in result.output
+    assert "every model under policy plain" in result.output
+    assert "Every model ran under the same agent policy: plain." in result.output
 
     report_dir = tmp_path / "artifacts" / "compare-tasks"
     data = json.loads((report_dir / "report.json").read_text())
@@ -129,10 +131,13 @@ def test_compare_two_models_on_two_tasks(
     (pair,) = data["pairs"]
     assert (pair["a"], pair["b"], pair["mean_diff"], pair["a_better"]) == ("fixer", "quitter", 1.0, 2)
     assert [row["instance_id"] for row in data["tasks"]] == ["calc-add", "calc-mul"]
+    assert data["policy"] == "plain" and all(m["policies"] == ["plain"] for m in data["models"])
+    assert {json.loads(g.read_text())["policy"] for g in report_dir.glob("*/*/run-*/grade.json")} == {"plain"}
 
     # the files a user opens
     md = (report_dir / "report.md").read_text()
     assert "| fixer | 4/4 | 100% |" in md and "| quitter | 0/4 | 0% |" in md
+    assert "Every model ran under the same agent policy: plain." in md
     page = (report_dir / "report.html").read_text()
     assert "<svg" in page and "http://" not in page.replace('xmlns="http://www.w3.org/2000/svg"', "")
     # every run graded and stored as NAME/TASK/MODEL/run-N

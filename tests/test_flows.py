@@ -426,6 +426,7 @@ def test_bugsweep_sweep_command_runs_the_flow_and_prints_the_grades(
 
     assert result.exit_code == 0, result.output
     assert "calc-cli" in result.output and "1 of 1 resolved" in result.output
+    assert "agent policy: plain" in result.output
     assert made["_store"].exists("cli/calc-cli/scripted-model/patch.diff")
 
 

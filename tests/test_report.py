@@ -179,3 +179,21 @@ def test_run_record_takes_the_resource_fields_from_a_grade() -> None:
     grade = Grade(instance_id="t", peak_memory_mib=64.0, cpu_s=2.0, peak_disk_mib=10.5, disk_quota_mib=8192.0)
     record = RunRecord.from_grade(grade, model="m", run=0)
     assert (record.peak_memory_mib, record.cpu_s, record.peak_disk_mib) == (64.0, 2.0, 10.5)
+
+
+def test_the_report_says_whether_every_model_ran_under_the_same_policy() -> None:
+    same = [r.model_copy(update={"policy": "plain"}) for r in _records()]
+    report = build_report(same)
+    assert report.policy == "plain"
+    assert "Every model ran under the same agent policy: plain." in render_markdown(report)
+    assert json.loads(render_json(report))["policy"] == "plain"
+
+    mixed = [
+        r.model_copy(update={"policy": "small-model" if r.model == "B" else "plain"}) for r in _records()
+    ]
+    report = build_report(mixed)
+    assert report.policy is None
+    md = render_markdown(report)
+    assert "did not all run under the same agent policy (A: plain; B: small-model; C: plain)" in md
+    assert "| B | 2/8 | 25% |" in md and "| small-model |" in md
+    assert "did not all run under the same agent policy" in render_html(report)

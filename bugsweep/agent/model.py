@@ -9,12 +9,13 @@ instead of `tool_calls` are recovered here too (`recover_text_tool_calls`).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import re
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -91,6 +92,17 @@ class ModelReply:
     @property
     def recovered(self) -> bool:
         return any(call.recovered for call in self.tool_calls)
+
+    def record(self) -> dict[str, Any]:
+        """The reply as a trajectory event's fields."""
+        return {
+            "message": self.message,
+            "usage": self.usage.to_dict(),
+            "latency_s": round(self.latency_s, 4),
+            "finish_reason": self.finish_reason,
+            "attempts": self.attempts,
+            "recovered_tool_calls": self.recovered,
+        }
 
 
 RetryHook = Callable[[int, BaseException, float], None]
@@ -254,6 +266,26 @@ class ChatModel:
 
     def _redact(self, text: str) -> str:
         return text.replace(self._secret, "***") if self._secret else text
+
+
+@contextlib.contextmanager
+def retries_reported(model: object, hook: RetryHook) -> Iterator[None]:
+    """While the block runs, `hook` also hears of every retry of `model` (a ChatModel; any other: nothing)."""
+    if not isinstance(model, ChatModel):
+        yield
+        return
+    previous = model.on_retry
+
+    def both(attempt: int, exc: BaseException, sleep: float) -> None:
+        if previous:
+            previous(attempt, exc, sleep)
+        hook(attempt, exc, sleep)
+
+    model.on_retry = both
+    try:
+        yield
+    finally:
+        model.on_retry = previous
 
 
 def _is_transient(exc: BaseException) -> bool:

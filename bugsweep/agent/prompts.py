@@ -422,7 +422,7 @@ def recovered_result(tool: str, content: str) -> str:
     return f"Result of {tool}:\n{content}"
 
 
-# -- whole-function edits (edit_style "whole_function", see rewrite.py) ---------------------------------------
+# -- whole-function edits (the small-model policy: small_model.py, rewrite.py) -------------------------------
 
 
 def rewrite_request(

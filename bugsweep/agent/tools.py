@@ -8,7 +8,6 @@ as a ToolOutcome whose text (from prompts.py) tells the model what to do next. F
 
 from __future__ import annotations
 
-import difflib
 import json
 import posixpath
 import re
@@ -18,18 +17,22 @@ from dataclasses import dataclass
 from typing import Any
 
 from bugsweep.agent import prompts
-from bugsweep.agent.rewrite import (
-    FunctionSpan,
-    RewriteError,
-    called_functions,
-    current_span,
-    enclosing_function,
-    function_from_reply,
-    splice,
+from bugsweep.agent.rewrite import FunctionSpan
+from bugsweep.agent.text import (
+    closest_lines,
+    definitions_named_in,
+    loose_matches,
+    new_syntax_error,
+    numbered,
+    occurrences,
+    snippet,
+    split_lines,
 )
 from bugsweep.sandbox.base import Sandbox, tail
 from bugsweep.settings import AgentSettings
 from bugsweep.testfiles import is_test_file
+
+__all__ = ["ToolOutcome", "Toolbox", "closest_lines", "parse_arguments", "short"]
 
 
 @dataclass
@@ -54,6 +57,15 @@ class ToolOutcome:
     callees: list[FunctionSpan] | None = None
     """Whole-function edits only: set when the model wrote the function back unchanged, to the functions of the same
     file that it calls (where the wrong result must come from)."""
+
+    def record(self) -> dict[str, Any]:
+        """What a trajectory's tool event says of the outcome."""
+        return {
+            "ok": self.ok,
+            "format_error": self.format_error,
+            "exit_code": self.exit_code,
+            "timed_out": self.timed_out,
+        }
 
 
 def short(text: str, limit: int = 80) -> str:
@@ -261,7 +273,7 @@ class Toolbox:
             defined: dict[str, list[str]] = {}
             for line in result.stdout.split("\n"):
                 path = line.split(":", 1)[0].removeprefix("./")
-                if path and line.count(":") >= 2 and not self._is_protected(path):
+                if path and line.count(":") >= 2 and not self.is_protected(path):
                     defined.setdefault(path, [])
             if defined:
                 return imported, list(defined)[:3]
@@ -287,7 +299,7 @@ class Toolbox:
                 candidates += [f"{root}/{n.strip()}.py" for n in names.split(",") if n.strip().isidentifier()]
         found: list[str] = []
         for path in dict.fromkeys(posixpath.normpath(c) for c in candidates if c):
-            if path.startswith("..") or self._is_protected(path) or (path.endswith("/__init__.py") and found):
+            if path.startswith("..") or self.is_protected(path) or (path.endswith("/__init__.py") and found):
                 continue
             if self.sandbox.files.exists(posixpath.join(self.workdir, path)):
                 found.append(path)
@@ -295,11 +307,11 @@ class Toolbox:
                 break
         return found
 
-    def _is_protected(self, *rel_paths: str) -> bool:
+    def is_protected(self, *rel_paths: str) -> bool:
         return any(is_test_file(p, self.settings.protected_globs, self.protected_paths) for p in rel_paths)
 
     # -- read_file ---------------------------------------------------------------------------------------------
-    def _existing_file(self, path: str) -> tuple[str, str] | ToolOutcome:
+    def existing_file(self, path: str) -> tuple[str, str] | ToolOutcome:
         """(real path, repo-relative path) of an existing regular file, or the refusal to give the model."""
         resolved = self.resolve(path)
         if isinstance(resolved, ToolOutcome):
@@ -308,7 +320,7 @@ class Toolbox:
         return self._refuse_kind(kind, rel) or (real, rel)
 
     def read_file(self, path: str, start_line: Any = None, end_line: Any = None) -> ToolOutcome:
-        found = self._existing_file(path)
+        found = self.existing_file(path)
         if isinstance(found, ToolOutcome):
             return found
         real, rel = found
@@ -318,7 +330,7 @@ class Toolbox:
             return ToolOutcome(prompts.not_text(rel), ok=False, short_arg=rel)
         if "\x00" in text:
             return ToolOutcome(prompts.not_text(rel), ok=False, short_arg=rel)
-        lines = _lines(text)
+        lines = split_lines(text)
         total = len(lines)
         try:
             first = int(start_line) if start_line not in (None, "") else 1
@@ -382,7 +394,7 @@ class Toolbox:
             posixpath.normpath(path if path.startswith("/") else posixpath.join(self.workdir, path)),
             self.workdir,
         )
-        if self._is_protected(rel, lexical_rel):
+        if self.is_protected(rel, lexical_rel):
             names, code = self._code_under_test(real, rel) if kind == "file" else ([], [])
             return ToolOutcome(prompts.protected_file(rel, names, code), ok=False, short_arg=rel)
         if old == "":
@@ -397,13 +409,13 @@ class Toolbox:
         if "\x00" in content or "\ufffd" in content:
             # Binary, or not UTF-8 (a sandbox may decode with errors="replace"): writing it back would lose bytes.
             return ToolOutcome(prompts.not_text(rel), ok=False, short_arg=rel)
-        spans = [(i, i + len(old)) for i in _occurrences(content, old)]
+        spans = [(i, i + len(old)) for i in occurrences(content, old)]
         loose = not spans
         if loose:
-            spans = _loose_matches(content, old)
+            spans = loose_matches(content, old)
         if not spans:
             elsewhere = self._files_containing(old, exclude=rel)
-            tests = [f for f in elsewhere if self._is_protected(f)]
+            tests = [f for f in elsewhere if self.is_protected(f)]
             others = [f for f in elsewhere if f not in tests]
             # old copied from a test names the code under test: show its definition here rather than the lines
             # that merely look alike (which sent a 1.5B model to a call site instead of the function).
@@ -424,99 +436,18 @@ class Toolbox:
         first = updated.count("\n", 0, start) + 1
         last = first + max(new.count("\n") - (1 if new.endswith("\n") else 0), 0)
         if rel.endswith(".py"):
-            broken = _new_syntax_error(content, updated, rel)
+            broken = new_syntax_error(content, updated, rel)
             if broken is not None:
                 message = broken[1]
                 # Show the file as it still is, around the place of the edit: showing the would-be file made a
                 # small model believe the edit had been made.
                 old_first = content.count("\n", 0, start) + 1
                 old_last = old_first + content.count("\n", start, end)
-                shown = _numbered(content, old_first - 2, old_last + 2)
+                shown = numbered(content, old_first - 2, old_last + 2)
                 return ToolOutcome(prompts.edit_breaks_syntax(rel, message, shown), ok=False, short_arg=rel)
         self.sandbox.files.write(real, updated)
-        text = prompts.edit_done(rel, first, last, _snippet(updated, first, last), loose, self.test_command)
+        text = prompts.edit_done(rel, first, last, snippet(updated, first, last), loose, self.test_command)
         return ToolOutcome(text, short_arg=rel)
-
-    # -- whole-function edits (edit_style "whole_function", see rewrite.py) -----------------------------------
-    def function_to_rewrite(self, raw_arguments: str | dict[str, Any] | None) -> FunctionSpan | None:
-        """The Python function that an edit_file call would change, when the call is valid and its `old` matches
-        exactly one place inside one function of a code file; None for every other call (those run as usual,
-        so their errors and refusals stay the same)."""
-        args, _ = parse_arguments(raw_arguments)
-        if args is None or not all(isinstance(args.get(k), str) for k in ("path", "old", "new")):
-            return None
-        path, old, new = args["path"], args["old"], args["new"]
-        if not path.strip().endswith(".py") or not old.strip() or old == new:
-            return None
-        resolved = self.resolve(path)
-        if isinstance(resolved, ToolOutcome):
-            return None
-        real, rel, kind, _ = resolved
-        if kind != "file" or self._is_protected(rel):
-            return None
-        try:
-            content = self.sandbox.files.read_text(real)
-        except UnicodeDecodeError:
-            return None
-        spans = [(i, i + len(old)) for i in _occurrences(content, old)] or _loose_matches(content, old)
-        if len(spans) != 1:
-            return None
-        return enclosing_function(content, rel, *spans[0])
-
-    def file_text(self, path: str) -> tuple[str, str] | None:
-        """(real path, text) of a repository file, to put it back as it was; None when it cannot be read."""
-        found = self._existing_file(path)
-        if isinstance(found, ToolOutcome):
-            return None
-        try:
-            return found[0], self.sandbox.files.read_text(found[0])
-        except UnicodeDecodeError:
-            return None
-
-    def has_seen(self, span: FunctionSpan) -> bool:
-        """Whether the last read_file of the span's file showed the whole function."""
-        first, last = self.seen.get(span.path, (0, -1))
-        return first <= span.first and span.last <= last
-
-    def rewrite_function(self, span: FunctionSpan, reply: str) -> ToolOutcome:
-        """Replace the function of `span` with its version from the code block in `reply`.
-
-        A reply without a usable version of the function is a format_error (the loop asks again); one that does
-        not change the function is not (the model may well be right that the bug lies elsewhere)."""
-        found = self._existing_file(span.path)
-        if isinstance(found, ToolOutcome):
-            return found
-        real, rel = found
-        content = self.sandbox.files.read_text(real)
-        now = current_span(content, span)
-        if now is None:
-            return ToolOutcome(prompts.function_gone(span.name, rel), ok=False, short_arg=rel)
-        try:
-            function = function_from_reply(reply, span.name)
-        except RewriteError as exc:
-            return ToolOutcome(
-                prompts.rewrite_unusable(str(exc), now), ok=False, format_error=True, short_arg=rel
-            )
-        updated = splice(content, now, function)
-        if updated == content:
-            # Seen: asked for a function it had edited at a call site, the model wrote it back unchanged, turn
-            # after turn. What the function calls in this file is where the wrong value comes from.
-            callees = called_functions(content, now)
-            return ToolOutcome(
-                prompts.rewrite_unchanged(now, [(c.name, c.first) for c in callees]),
-                ok=False,
-                short_arg=rel,
-                callees=callees,
-            )
-        broken = _new_syntax_error(content, updated, rel)
-        if broken is not None:
-            return ToolOutcome(
-                prompts.rewrite_unusable(broken[1], now), ok=False, format_error=True, short_arg=rel
-            )
-        self.sandbox.files.write(real, updated)
-        last = now.first + function.rstrip("\n").count("\n")
-        text = prompts.function_rewritten(now, last, _snippet(updated, now.first, last), self.test_command)
-        return ToolOutcome(text, short_arg=rel, arguments={"path": rel, "function": span.name})
 
     def _files_containing(self, text: str, exclude: str) -> list[str]:
         """Repository files (at most five) that contain the first line of `text`: a small model often copies
@@ -551,131 +482,3 @@ class Toolbox:
 
 
 _IMPORT = re.compile(r"^\s*(?:from\s+([\w.]+)\s+import\s+\(?([\w ,]+)|import\s+([\w.]+))", re.MULTILINE)
-
-
-def _lines(text: str) -> list[str]:
-    """Lines split on "\n" only, ends kept: str.splitlines also splits on form feeds and other separators, which
-    would make our line numbers disagree with editors, grep -n and tracebacks."""
-    lines = text.split("\n")
-    out = [line + "\n" for line in lines[:-1]]
-    if lines[-1]:
-        out.append(lines[-1])
-    return out
-
-
-def _loose_matches(content: str, old: str) -> list[tuple[int, int]]:
-    """Where `old` matches when runs of whitespace may differ (spaces for a line break and indentation, say).
-
-    Small models often join or re-indent the lines they copy; a single such match is still the edit they meant.
-    Only the amount and kind of whitespace may differ, never whether there is any.
-    """
-    words = old.split()
-    if not words:
-        return []
-    pattern = re.compile(r"\s+".join(re.escape(w) for w in words))
-    return [m.span() for m in pattern.finditer(content)]
-
-
-def _new_syntax_error(before: str, after: str, filename: str) -> tuple[int, str] | None:
-    """(line, message) when `after` is not valid Python but `before` was; None otherwise.
-
-    Checked with the host's own compiler: a file that uses syntax newer than the host's Python already fails
-    `before`, and then no edit is blocked.
-    """
-    try:
-        compile(before, filename, "exec", dont_inherit=True)
-    except (SyntaxError, ValueError):
-        return None
-    try:
-        compile(after, filename, "exec", dont_inherit=True)
-    except SyntaxError as exc:
-        return exc.lineno or 1, f"{type(exc).__name__}: {exc.msg}"
-    except ValueError as exc:
-        return 1, str(exc)
-    return None
-
-
-def _numbered(text: str, first: int, last: int) -> str:
-    lines = [line.rstrip("\n") for line in _lines(text)]
-    first, last = max(first, 1), min(last, len(lines))
-    width = len(str(last))
-    return "\n".join(f"{n:>{width}}|{lines[n - 1]}" for n in range(first, last + 1))
-
-
-def _occurrences(text: str, part: str) -> list[int]:
-    found, start = [], text.find(part)
-    while start != -1:
-        found.append(start)
-        start = text.find(part, start + 1)
-    return found
-
-
-def _snippet(text: str, first: int, last: int, context: int = 2, max_lines: int = 30) -> str:
-    """The edited lines with a little context, without line numbers (small models copy line numbers into `old`)."""
-    lines = [line.rstrip("\n") for line in _lines(text)]
-    lo, hi = max(first - 1 - context, 0), min(last + context, len(lines))
-    chosen = lines[lo:hi]
-    if len(chosen) > max_lines:
-        chosen = [*chosen[:max_lines], "..."]
-    return "\n".join(chosen)
-
-
-def closest_lines(content: str, old: str, context: int = 1, max_lines: int = 20) -> str:
-    """The lines of `content` most like `old`, as "lines 12-14:" then the lines as they are; empty when nothing is
-    close.
-
-    Slides a window the height of `old` over the file and scores each with difflib; quick_ratio picks the
-    candidates first so that a long file stays cheap.
-    """
-    file_lines = [line.rstrip("\n") for line in _lines(content)]
-    wanted = old.strip("\n").split("\n")
-    if not file_lines or not wanted:
-        return ""
-    height = min(len(wanted), len(file_lines))
-    target = "\n".join(line.strip() for line in wanted)
-    scored: list[tuple[float, int, difflib.SequenceMatcher[str]]] = []
-    for i in range(len(file_lines) - height + 1):
-        window = "\n".join(line.strip() for line in file_lines[i : i + height])
-        matcher = difflib.SequenceMatcher(None, window, target, autojunk=False)
-        scored.append((matcher.quick_ratio(), i, matcher))
-    scored.sort(key=lambda item: -item[0])
-    best_ratio, best_index = 0.0, 0
-    for _, i, matcher in scored[:25]:
-        ratio = matcher.ratio()
-        if ratio > best_ratio:
-            best_ratio, best_index = ratio, i
-    if best_ratio < 0.3:
-        return ""
-    lo = max(best_index - context, 0)
-    hi = min(best_index + height + context, len(file_lines), lo + max_lines)
-    # Plain lines under a header, not "12|text": a small model copied the number prefixes into old.
-    header = f"line {lo + 1}" if hi == lo + 1 else f"lines {lo + 1}-{hi}"
-    return header + ":\n" + "\n".join(file_lines[n - 1] for n in range(lo + 1, hi + 1))
-
-
-_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-
-
-def definitions_named_in(content: str, text: str, max_lines: int = 30) -> list[tuple[str, int, str]]:
-    """(name, first line, source) of each function or class defined in `content` whose name appears in `text`.
-
-    A definition runs from its `def`/`class` line to the last line indented deeper than it.
-    """
-    lines = _lines(content)
-    wanted = set(_IDENTIFIER.findall(text))
-    found: list[tuple[str, int, str]] = []
-    for index, line in enumerate(lines):
-        match = re.match(r"(\s*)(?:async\s+)?(?:def|class)\s+([A-Za-z_][A-Za-z0-9_]*)", line)
-        if not match or match.group(2) not in wanted:
-            continue
-        indent = len(match.group(1))
-        end = index + 1
-        while end < len(lines) and (
-            not lines[end].strip() or len(lines[end]) - len(lines[end].lstrip()) > indent
-        ):
-            end += 1
-        while end > index + 1 and not lines[end - 1].strip():
-            end -= 1
-        block = lines[index : min(end, index + max_lines)]
-        found.append((match.group(2), index + 1, "".join(block).rstrip("\n")))
-    return found[:3]

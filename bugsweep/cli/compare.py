@@ -7,7 +7,7 @@ Exit codes: 0 done, 2 could not run (bad arguments, a missing key variable, ...)
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, Any, Literal, NoReturn
 
 import typer
 from rich.console import Console
@@ -58,6 +58,20 @@ def compare_command(
         float | None, typer.Option(help="Token cost per run (USD) before the agent stops.")
     ] = None,
     sandbox: Annotated[str, typer.Option(help="Sandbox backend: 'local' or 'runtime'.")] = "local",
+    policy: Annotated[
+        Literal["plain", "small-model"] | None,
+        typer.Option(
+            help="The agent policy every model runs under (default: BUGSWEEP_POLICY, else 'plain'). One harness "
+            "for all keeps the comparison fair; the report says which."
+        ),
+    ] = None,
+    model_policy: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="NAME=POLICY: run this one model under another policy (the report then says the models ran "
+            "under different harnesses)."
+        ),
+    ] = None,
 ) -> None:
     """Run every model on every task --runs times, each run in its own sandbox, and compare resolve rates.
 
@@ -74,18 +88,26 @@ def compare_command(
     if sandbox not in ("local", "runtime"):
         _fail(f"--sandbox {sandbox!r}: choose 'local' or 'runtime'")
     try:
+        from bugsweep.settings import AgentSettings
         from flows.common import AgentLimits
         from flows.compare import ModelEntry, compare
 
         entries = [ModelEntry.parse(m) for m in model]
         apply_prices(entries, price or [])
+        apply_policies(entries, model_policy or [])
+        policy = policy or AgentSettings().policy or "plain"
         for entry in entries:
             entry.settings()  # fails now, not thirty runs later, when a key variable is missing
         if not tasks.startswith("s3://") and not Path(tasks).is_file():
             _fail(f"--tasks {tasks!r}: no such file")
         console.print(
             f"[bold]comparing[/] {', '.join(escape(e.name) for e in entries)} on {escape(tasks)}, "
-            f"{runs} run(s) each, {concurrency} at once"
+            f"{runs} run(s) each, {concurrency} at once, "
+            + (
+                f"every model under policy {policy}"
+                if all(e.policy in (None, policy) for e in entries)
+                else "policies: " + ", ".join(f"{escape(e.name)} {e.policy or policy}" for e in entries)
+            )
         )
         report = compare(
             tasks,
@@ -95,11 +117,11 @@ def compare_command(
             report_dir=out,
             name=name,
             sandbox=sandbox,  # type: ignore[arg-type]
-            limits=AgentLimits(max_turns=max_turns, max_cost_usd=max_cost),
+            limits=AgentLimits(max_turns=max_turns, max_cost_usd=max_cost, policy=policy),
         )
     except BugsweepError as exc:
         _fail(str(exc))
-    from bugsweep.report import summary_rows
+    from bugsweep.report import policy_note, summary_rows
 
     header, rows = summary_rows(report)
     table = Table(*header)
@@ -111,6 +133,7 @@ def compare_command(
             f"{escape(p.a)} - {escape(p.b)}: {100 * p.mean_diff:+.0f} points per task "
             f"(95% CI {100 * p.ci_low:+.0f} to {100 * p.ci_high:+.0f}; sign test p={p.sign_test_p:.3g})"
         )
+    console.print(policy_note(report))
     if report.wall_s is not None:
         console.print(f"wall time {report.wall_s:.0f} s for runs adding up to {report.sum_run_wall_s:.0f} s")
     if report.report_dir:
@@ -130,6 +153,21 @@ def apply_prices(entries: list[Any], prices: list[str]) -> None:
         except ValueError:
             _fail(f"--price {text!r}: prices must be numbers (USD per million tokens)")
         by_name[name].price_prompt_per_mtok, by_name[name].price_completion_per_mtok = prompt, completion
+
+
+def apply_policies(entries: list[Any], policies: list[str]) -> None:
+    """Set each `--model-policy NAME=POLICY` on the model entry of that name."""
+    from bugsweep.agent.policy import policy_names
+
+    by_name = {e.name: e for e in entries}
+    for text in policies:
+        name, _, chosen = text.partition("=")
+        if name not in by_name or chosen not in policy_names():
+            _fail(
+                f"--model-policy {text!r}: expected NAME=POLICY for one of the --model names, POLICY one of "
+                f"{', '.join(policy_names())}"
+            )
+        by_name[name].policy = chosen
 
 
 def _fail(message: str) -> NoReturn:

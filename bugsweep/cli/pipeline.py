@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, Any, Literal, NoReturn
 
 import typer
 from rich.console import Console
@@ -73,13 +73,20 @@ def sweep_command(
         str, typer.Option(help="Artifact store block (default: BUGSWEEP_STORE_URL, else ./artifacts).")
     ] = "bugsweep-artifacts",
     max_turns: Annotated[int, typer.Option(min=1, help="Model replies per task.")] = 40,
-    max_cost: Annotated[float | None, typer.Option(help="USD per task.")] = None,
+    max_cost: Annotated[float | None, typer.Option(min=0, help="USD per task.")] = None,
     on_workers: Annotated[
         bool, typer.Option(help="Run each task as a run of the solve-bug deployment, on the pool's workers.")
     ] = False,
     redo: Annotated[
         bool, typer.Option(help="Run tasks again even if already graded for this model.")
     ] = False,
+    policy: Annotated[
+        Literal["plain", "small-model"] | None,
+        typer.Option(
+            help="The agent policy for every task (default: BUGSWEEP_POLICY, else 'small-model' for the embedded "
+            "model and 'plain' for any other); recorded in each grade.json."
+        ),
+    ] = None,
 ) -> None:
     """Run many tasks at once, each graded and uploaded; tasks already graded for this model are skipped.
 
@@ -112,7 +119,7 @@ def sweep_command(
             model_block=model_block,
             sandbox=sandbox,
             store_block=store_block,
-            limits=AgentLimits(max_turns=max_turns, max_cost_usd=max_cost),
+            limits=AgentLimits(max_turns=max_turns, max_cost_usd=max_cost, policy=policy),
             concurrency=concurrency,
             run_on="workers" if on_workers else "this-process",
             redo_graded=redo,
@@ -136,6 +143,9 @@ def _print_grades(grades: list[Any]) -> None:
         )  # fmt: skip
     console.print(table)
     console.print(f"{sum(g.resolved for g in grades)} of {len(grades)} resolved")
+    policies = sorted({g.policy for g in grades if g.policy})
+    if policies:
+        console.print(f"agent policy: {', '.join(policies)}")
 
 
 # -- deploy -------------------------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ import tempfile
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import typer
 from rich.console import Console
@@ -25,6 +25,16 @@ if TYPE_CHECKING:
     from bugsweep.agent.loop import AgentEvent
 
 EXIT_RESOLVED, EXIT_NOT_RESOLVED, EXIT_COULD_NOT_RUN = 0, 1, 2
+
+DEFAULT_POLICY = "plain"
+PolicyOption = (
+    Literal["plain", "small-model"] | None
+)  # typer shows the choices; settings.PolicyName is the same
+POLICY_HELP = (
+    "What the harness does for the model beyond the plain loop: 'plain', or 'small-model' (whole-function "
+    "edits tried against the tests, failed edits dropped from the history). Default: BUGSWEEP_POLICY, else "
+    "'small-model' for the embedded model and 'plain' for any other. Recorded in grade.json."
+)
 
 DEMO_TASK = "tests/test_dates.py fails on leap years. Fix the code."
 DEMO_TEST_COMMAND = "python -m pytest -q"
@@ -66,6 +76,7 @@ def solve_command(
     max_cost: Annotated[
         float | None, typer.Option(help="Stop when the token cost passes this many USD.")
     ] = None,
+    policy: Annotated[PolicyOption, typer.Option(help=POLICY_HELP)] = None,
 ) -> None:
     """Fix a bug in a sandbox and grade the fix: tests must fail before, pass after, with test files untouched.
 
@@ -84,7 +95,9 @@ def solve_command(
         test_command=test_command,
         setup_command=setup_command,
     )
-    raise typer.Exit(run_one(spec, out=out, max_turns=max_turns, backend=sandbox, max_cost=max_cost))
+    raise typer.Exit(
+        run_one(spec, out=out, max_turns=max_turns, backend=sandbox, max_cost=max_cost, policy=policy)
+    )
 
 
 def demo_command(
@@ -92,6 +105,7 @@ def demo_command(
         Path | None, typer.Option(help="Folder for the run's outputs (default: ./runs/demo-...).")
     ] = None,
     max_turns: Annotated[int | None, typer.Option(help="Model replies before the agent stops.")] = None,
+    policy: Annotated[PolicyOption, typer.Option(help=POLICY_HELP)] = None,
 ) -> None:
     """Solve the bundled example: a calendar module whose leap-year rule is wrong, with a failing test.
 
@@ -109,7 +123,13 @@ def demo_command(
     )
     try:
         code = run_one(
-            spec, out=out, max_turns=max_turns, backend="local", show_patch=True, out_prefix="demo"
+            spec,
+            out=out,
+            max_turns=max_turns,
+            backend="local",
+            show_patch=True,
+            out_prefix="demo",
+            policy=policy,
         )
     finally:
         shutil.rmtree(repo, ignore_errors=True)
@@ -144,6 +164,7 @@ def run_one(
     max_cost: float | None = None,
     show_patch: bool = False,
     out_prefix: str | None = None,
+    policy: str | None = None,
 ) -> int:
     """Solve one task with progress output; returns the exit code."""
     from bugsweep.errors import BugsweepError, ConfigError
@@ -152,16 +173,20 @@ def run_one(
     from bugsweep.settings import AgentSettings, ModelSettings
 
     out_dir = out or default_out_dir(out_prefix or spec.instance_id)
-    agent_settings = AgentSettings()
-    if max_turns is not None:
-        agent_settings.max_turns = max_turns
-    if max_cost is not None:
-        agent_settings.max_cost_usd = max_cost
+    overrides: dict[str, Any] = {"max_turns": max_turns, "max_cost_usd": max_cost, "policy": policy}
     try:
+        agent_settings = AgentSettings(**{k: v for k, v in overrides.items() if v is not None})
         model_settings = ModelSettings()
         provider = get_provider(backend)
+        if not model_settings.base_url and agent_settings.policy is None:
+            from bugsweep.embedded import DEFAULT_MODEL  # the embedded model's configuration names its policy
+
+            agent_settings.policy = DEFAULT_MODEL.policy
         with model_endpoint(model_settings) as model_settings:
-            console.print(f"[bold]model[/] {model_settings.model} at {model_settings.base_url}")
+            console.print(
+                f"[bold]model[/] {model_settings.model} at {model_settings.base_url}, "
+                f"policy {agent_settings.policy or DEFAULT_POLICY}"
+            )
             printer = ProgressPrinter()
             verdict = solve_task(
                 spec,
@@ -264,7 +289,8 @@ def print_summary(verdict: Any, out_dir: Path, *, show_patch: bool = False) -> N
     )
     console.print(
         f"  stop: {verdict.stop_reason}   turns: {verdict.turns}   tokens: {verdict.prompt_tokens} prompt + "
-        f"{verdict.completion_tokens} completion   cost: {cost}   time: {verdict.wall_s:.0f}s"
+        f"{verdict.completion_tokens} completion   cost: {cost}   time: {verdict.wall_s:.0f}s   "
+        f"policy: {verdict.policy or '-'}"
     )
     if verdict.summary:
         console.print(

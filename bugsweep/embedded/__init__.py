@@ -24,6 +24,7 @@ from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from bugsweep.errors import ConfigError
+from bugsweep.settings import PolicyName
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,9 @@ class ModelSpec:
     parts: tuple[ModelPart, ...]
     sha256: str
     size: int
+    policy: PolicyName = "small-model"
+    """The agent policy (bugsweep/agent/policy.py) runs on this model are under when BUGSWEEP_POLICY / --policy
+    do not say otherwise: part of the model's configuration, never derived from its name."""
 
     @property
     def requirements(self) -> list[str]:
