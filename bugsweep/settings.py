@@ -30,19 +30,19 @@ class ModelSettings(BaseSettings):
     """Model name sent with every request."""
     api_key: SecretStr = SecretStr("")
     """API key. Never logged, never written to a trajectory, never put into a sandbox."""
-    price_prompt_per_mtok: float = 0.0
+    price_prompt_per_mtok: float = Field(default=0.0, ge=0)
     """USD per million prompt tokens (0 for self-hosted models)."""
-    price_completion_per_mtok: float = 0.0
+    price_completion_per_mtok: float = Field(default=0.0, ge=0)
     """USD per million completion tokens."""
-    price_cached_prompt_per_mtok: float | None = None
+    price_cached_prompt_per_mtok: float | None = Field(default=None, ge=0)
     """USD per million cached prompt tokens; unset: same as prompt tokens."""
-    request_timeout_s: float = 600.0
+    request_timeout_s: float = Field(default=600.0, gt=0)
     """Seconds to wait for one reply (small local models on 2 cores are slow)."""
-    max_retries: int = 6
+    max_retries: int = Field(default=6, ge=0)
     """Retries for 429, 5xx, timeouts and dropped connections (with backoff, honouring Retry-After)."""
-    max_tokens_per_reply: int = 1024
+    max_tokens_per_reply: int = Field(default=1024, ge=1)
     """Cap on completion tokens per reply, so a rambling model cannot stall a turn."""
-    temperature: float = 0.0
+    temperature: float = Field(default=0.0, ge=0)
     """Sampling temperature."""
 
     def cost_usd(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> float:
@@ -64,23 +64,23 @@ class AgentSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="BUGSWEEP_", env_file=".env", extra="ignore")
 
-    max_turns: int = 40
+    max_turns: int = Field(default=40, ge=1)
     """Model replies before the run stops with stop_reason 'max_turns'."""
-    max_total_tokens: int | None = None
+    max_total_tokens: int | None = Field(default=None, ge=1)
     """Prompt plus completion tokens over the whole run; unset: no limit."""
-    max_cost_usd: float | None = None
+    max_cost_usd: float | None = Field(default=None, ge=0)
     """Cost over the whole run, from the model's prices; unset: no limit."""
-    max_wall_s: float | None = 3600.0
+    max_wall_s: float | None = Field(default=3600.0, gt=0)
     """Wall-clock seconds for the agent loop."""
-    command_timeout_s: float = 300.0
+    command_timeout_s: float = Field(default=300.0, gt=0)
     """Timeout of one `run` tool call."""
-    output_tail_chars: int = 6000
+    output_tail_chars: int = Field(default=6000, ge=100)
     """How much of a command's output the model sees (the last N characters)."""
-    read_file_max_chars: int = 20000
+    read_file_max_chars: int = Field(default=20000, ge=100)
     """How much of a file `read_file` returns."""
     protected_globs: list[str] = Field(default_factory=lambda: list(DEFAULT_TEST_GLOBS))
     """Files `edit_file` refuses to change (test files): the model must fix the code, not the test."""
-    max_consecutive_format_errors: int = 5
+    max_consecutive_format_errors: int = Field(default=5, ge=1)
     """Replies in a row without a usable tool call before the run stops with 'format_errors'."""
     policy: PolicyName | None = None
     """What the harness does for the model beyond the plain loop (bugsweep/agent/policy.py): 'plain' (nothing) or
@@ -96,9 +96,9 @@ class SandboxSettings(BaseSettings):
 
     backend: str = "local"
     """'local' (bubblewrap + overlayfs, the default) or 'runtime' (Runtime cloud microVMs)."""
-    memory_mib: int = 4096
+    memory_mib: int = Field(default=4096, ge=64)
     """Memory limit of a sandbox."""
-    max_processes: int = 512
+    max_processes: int = Field(default=512, ge=1)
     """Process limit inside a sandbox (stops fork bombs)."""
     setup_network: bool = True
     """Whether the setup command may reach the network (e.g. pip install). Agent commands never may on 'local'.

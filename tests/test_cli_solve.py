@@ -228,3 +228,119 @@ def test_an_unknown_policy_is_refused(buggy_repo: Path, tmp_path: Path, scripted
     proc = solve(buggy_repo, tmp_path / "out", server.base_url, "--policy", "helpful")
     assert proc.returncode == 2 and "helpful" in proc.stderr
     assert server.requests == []
+
+
+# -- exit codes: 2 for whatever is not the model's failure, with one line and no traceback ------------------------
+
+
+@pytest.mark.parametrize(
+    ("env", "named"),
+    [
+        ({"LLM_MAX_RETRIES": "abc"}, "LLM_MAX_RETRIES"),
+        ({"BUGSWEEP_MAX_TURNS": "0"}, "BUGSWEEP_MAX_TURNS"),
+        ({"LLM_PRICE_PROMPT_PER_MTOK": "-1"}, "LLM_PRICE_PROMPT_PER_MTOK"),
+        ({"BUGSWEEP_POLICY": "helpful"}, "BUGSWEEP_POLICY"),
+    ],
+)
+def test_bad_settings_could_not_run_with_one_line(
+    buggy_repo: Path, tmp_path: Path, scripted_model, env: dict[str, str], named: str
+) -> None:
+    server = scripted_model([])
+    proc = solve(buggy_repo, tmp_path / "out", server.base_url, env=env)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    message = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(message) == 1 and "could not run" in message[0] and named in message[0], proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr
+    assert server.requests == [], "nothing ran"
+
+
+@pytest.mark.parametrize("option", [["--max-turns", "0"], ["--max-cost", "-1"]])
+def test_bad_argument_values_are_refused(buggy_repo: Path, tmp_path: Path, option: list[str]) -> None:
+    proc = solve(buggy_repo, tmp_path / "out", "http://127.0.0.1:9/v1", *option)
+    assert proc.returncode == 2 and option[0] in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_crash_in_bugsweep_could_not_run_and_its_traceback_goes_to_a_log(
+    buggy_repo: Path, tmp_path: Path, scripted_model
+) -> None:
+    """A bug in bugsweep, injected: the real command line in a real process, with pipeline.regrade replaced by a
+    function that raises. Exit 2 (not 1, which would blame the model), one line naming the log, no traceback."""
+    server = scripted_model([tool_call("finish", summary="x")])
+    out = tmp_path / "out"
+    inject = (
+        "import sys, bugsweep.pipeline as p\n"
+        "def regrade(*args, **kwargs):\n"
+        "    raise RuntimeError('injected crash')\n"
+        "p.regrade = regrade\n"
+        "from bugsweep.cli import main\n"
+        "main(sys.argv[1:])\n"
+    )
+    environment = {**os.environ, "LLM_BASE_URL": server.base_url, "LLM_MODEL": "scripted", "COLUMNS": "300"}
+    args = ["solve", "--repo", str(buggy_repo), "--task", "fix add", "--test-command", "python -m pytest -q"]
+    proc = subprocess.run(
+        [sys.executable, "-c", inject, *args, "--out", str(out)],
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr
+    (line,) = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert "crash" in line and "RuntimeError: injected crash" in line
+    log = out / "crash.log"
+    assert str(log.resolve()) in line
+    assert "Traceback" in log.read_text() and "injected crash" in log.read_text()
+    grade = read_grade(out)
+    assert grade["failure_kind"] == "crash" and "injected crash" in grade["error"]
+
+
+# -- an interrupted solve keeps what the agent used ------------------------------------------------------------
+
+
+def test_sigterm_mid_agent_records_turns_tokens_and_time_and_releases_the_sandbox(
+    buggy_repo: Path, tmp_path: Path, scripted_model
+) -> None:
+    """A real SIGTERM to a real `bugsweep solve` process while the agent's second command runs (`sleep 120` in
+    the sandbox): the grade keeps the two turns, their tokens and the time, and no sandbox is left behind."""
+    import signal
+    import time
+
+    server = scripted_model([tool_call("read_file", path="calc.py"), tool_call("run", command="sleep 120")])
+    out, state = tmp_path / "out", tmp_path / "sandboxes"
+    environment = {
+        **os.environ,
+        "LLM_BASE_URL": server.base_url,
+        "LLM_MODEL": "scripted",
+        "BUGSWEEP_SANDBOX_STATE_DIR": str(state),
+        "BUGSWEEP_POLICY": "plain",
+    }
+    args = ["solve", "--repo", str(buggy_repo), "--task", "fix add", "--test-command", "python -m pytest -q"]
+    proc = subprocess.Popen(
+        [*SOLVE, *args, "--out", str(out)],
+        env=environment,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 240
+        while len(server.requests) < 2 and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.2)
+        assert len(server.requests) == 2, "the agent reached its second turn"
+        time.sleep(2)  # the reply is in, and `sleep 120` is running in the sandbox
+        proc.send_signal(signal.SIGTERM)
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 143, stdout + stderr
+    assert "terminated" in stderr and "Traceback" not in stdout + stderr
+    grade = read_grade(out)
+    assert grade["failure_kind"] == "cancelled" and not grade["resolved"]
+    assert grade["turns"] == 2 and grade["policy"] == "plain"
+    assert grade["prompt_tokens"] > 0 and grade["completion_tokens"] > 0
+    assert 2 <= grade["agent_wall_s"] <= grade["wall_s"]
+    assert json.loads((out / "trajectory.json").read_text())[-1]["type"] == "crash"
+    assert not [p for p in state.glob("*") if p.is_dir()], "the sandbox was released"

@@ -23,6 +23,7 @@ from bugsweep.agent.model import (
     ContextLengthExceeded,
     ModelReply,
     ToolCall,
+    Usage,
     retries_reported,
     unreadable_text_tool_call,
 )
@@ -101,9 +102,11 @@ class AgentRun:
     summary: str = ""
 
     def __post_init__(self) -> None:
-        self.progress.policy, self.progress.started = self.policy.name, self.trajectory.started
+        # A progress object counts this run only (a solve step run again after an outage starts from zero).
+        used = self.progress
+        used.policy, used.turns, used.usage, used.cost_usd = self.policy.name, 0, Usage(), 0.0
+        used.started, used.ended = self.trajectory.started, None
 
-    # -- the loop ----------------------------------------------------------------------------------------------
     def run(self) -> AgentResult:
         try:
             with retries_reported(self.model, self._on_retry):
@@ -286,10 +289,8 @@ class AgentRun:
     def _finish(self, reason: StopReason, detail: str) -> AgentResult:
         used = self.progress
         used.ended = time.monotonic()
-        result = AgentResult(
-            reason, self.summary, self.turn, used.usage, used.cost_usd, used.wall_s, [], self.messages, detail
-        )
-        result.policy = self.policy.name
+        counts = (self.turn, used.usage, used.cost_usd, used.wall_s)
+        result = AgentResult(reason, self.summary, *counts, [], self.messages, detail, self.policy.name)
         self.trajectory.add("stop", turn=self.turn, **result.record())
         self.trajectory.save()
         self.emit("stop", detail=f"{reason}: {detail}")

@@ -5,6 +5,8 @@ Heavy imports (prefect, openai, boto3) happen inside the commands, so `bugsweep 
 
 from __future__ import annotations
 
+import sys
+
 import typer
 
 from bugsweep.cli import compare, mine, model, pipeline, sandboxes, solve
@@ -23,5 +25,20 @@ for _module in (solve, model, sandboxes, pipeline, mine, compare):
     _module.register(app)
 
 
-def main() -> None:
-    app()
+def main(argv: list[str] | None = None) -> None:
+    """Run a command. Whatever is not the model's failure (bad arguments or settings, bugsweep's own errors, a
+    crash) ends with one line and exit code 2, never a traceback on the terminal (see exits.py). Usage errors and
+    Ctrl-C are typer's: exit 2 with its message, and 130."""
+    from pydantic import ValidationError
+
+    from bugsweep.cli.exits import could_not_run, crashed, is_settings, settings_problem
+    from bugsweep.errors import BugsweepError, ConfigError
+
+    try:
+        app(args=argv)
+    except BugsweepError as exc:
+        sys.exit(could_not_run(str(exc), "configuration" if isinstance(exc, ConfigError) else exc.kind))
+    except ValidationError as exc:  # bad settings (LLM_*, BUGSWEEP_*); any other is a crash
+        sys.exit(could_not_run(settings_problem(exc), "configuration") if is_settings(exc) else crashed(exc))
+    except Exception as exc:
+        sys.exit(crashed(exc))

@@ -53,9 +53,9 @@ def compare_command(
             "column and --max-cost (default 0, as for a self-hosted model)."
         ),
     ] = None,
-    max_turns: Annotated[int, typer.Option(help="Model replies per run before the agent stops.")] = 40,
+    max_turns: Annotated[int, typer.Option(min=1, help="Model replies per run before the agent stops.")] = 40,
     max_cost: Annotated[
-        float | None, typer.Option(help="Token cost per run (USD) before the agent stops.")
+        float | None, typer.Option(min=0, help="Token cost per run (USD) before the agent stops.")
     ] = None,
     sandbox: Annotated[str, typer.Option(help="Sandbox backend: 'local' or 'runtime'.")] = "local",
     policy: Annotated[
@@ -152,6 +152,8 @@ def apply_prices(entries: list[Any], prices: list[str]) -> None:
             prompt, completion = float(parts[0]), float(parts[1])
         except ValueError:
             _fail(f"--price {text!r}: prices must be numbers (USD per million tokens)")
+        if prompt < 0 or completion < 0:
+            _fail(f"--price {text!r}: prices must be 0 or more")
         by_name[name].price_prompt_per_mtok, by_name[name].price_completion_per_mtok = prompt, completion
 
 

@@ -68,13 +68,13 @@ def solve_command(
         typer.Option(help="Folder for grade.json, patch.diff, trajectory.json and the test logs."),
     ] = None,
     max_turns: Annotated[
-        int | None, typer.Option(help="Model replies before the agent stops (default 40).")
+        int | None, typer.Option(min=1, help="Model replies before the agent stops (default 40).")
     ] = None,
     sandbox: Annotated[
         str, typer.Option(help="Sandbox backend: 'local' (bubblewrap) or 'runtime'.")
     ] = "local",
     max_cost: Annotated[
-        float | None, typer.Option(help="Stop when the token cost passes this many USD.")
+        float | None, typer.Option(min=0, help="Stop when the token cost passes this many USD.")
     ] = None,
     policy: Annotated[PolicyOption, typer.Option(help=POLICY_HELP)] = None,
 ) -> None:
@@ -104,7 +104,9 @@ def demo_command(
     out: Annotated[
         Path | None, typer.Option(help="Folder for the run's outputs (default: ./runs/demo-...).")
     ] = None,
-    max_turns: Annotated[int | None, typer.Option(help="Model replies before the agent stops.")] = None,
+    max_turns: Annotated[
+        int | None, typer.Option(min=1, help="Model replies before the agent stops.")
+    ] = None,
     policy: Annotated[PolicyOption, typer.Option(help=POLICY_HELP)] = None,
 ) -> None:
     """Solve the bundled example: a calendar module whose leap-year rule is wrong, with a failing test.
@@ -167,6 +169,17 @@ def run_one(
     policy: str | None = None,
 ) -> int:
     """Solve one task with progress output; returns the exit code."""
+    from pydantic import ValidationError
+
+    from bugsweep.cli.exits import (
+        EXIT_INTERRUPTED,
+        EXIT_TERMINATED,
+        Terminated,
+        could_not_run,
+        crashed,
+        settings_problem,
+        sigterm_as_interrupt,
+    )
     from bugsweep.errors import BugsweepError, ConfigError
     from bugsweep.pipeline import solve_task
     from bugsweep.sandbox import get_provider
@@ -177,36 +190,45 @@ def run_one(
     try:
         agent_settings = AgentSettings(**{k: v for k, v in overrides.items() if v is not None})
         model_settings = ModelSettings()
-        provider = get_provider(backend)
-        if not model_settings.base_url and agent_settings.policy is None:
-            from bugsweep.embedded import DEFAULT_MODEL  # the embedded model's configuration names its policy
+    except ValidationError as exc:
+        return could_not_run(settings_problem(exc), "configuration")
+    try:
+        with sigterm_as_interrupt():
+            provider = get_provider(backend)
+            if not model_settings.base_url and agent_settings.policy is None:
+                from bugsweep.embedded import (
+                    DEFAULT_MODEL,
+                )  # the embedded model's configuration names its policy
 
-            agent_settings.policy = DEFAULT_MODEL.policy
-        with model_endpoint(model_settings) as model_settings:
-            console.print(
-                f"[bold]model[/] {model_settings.model} at {model_settings.base_url}, "
-                f"policy {agent_settings.policy or DEFAULT_POLICY}"
-            )
-            printer = ProgressPrinter()
-            verdict = solve_task(
-                spec,
-                provider=provider,
-                model_settings=model_settings,
-                agent_settings=agent_settings,
-                out_dir=out_dir,
-                on_event=printer.event,
-                on_step=printer.step,
-                labels={"task": spec.instance_id[:63], "model": model_settings.model[:63]},
-            )
+                agent_settings.policy = DEFAULT_MODEL.policy
+            with model_endpoint(model_settings) as model_settings:
+                console.print(
+                    f"[bold]model[/] {model_settings.model} at {model_settings.base_url}, "
+                    f"policy {agent_settings.policy or DEFAULT_POLICY}"
+                )
+                printer = ProgressPrinter()
+                verdict = solve_task(
+                    spec,
+                    provider=provider,
+                    model_settings=model_settings,
+                    agent_settings=agent_settings,
+                    out_dir=out_dir,
+                    on_event=printer.event,
+                    on_step=printer.step,
+                    labels={"task": spec.instance_id[:63], "model": model_settings.model[:63]},
+                )
     except BugsweepError as exc:
-        kind = "configuration" if isinstance(exc, ConfigError) else exc.kind
-        err.print(f"[red bold]could not run[/] ({kind}): {escape(str(exc))}")
+        code = could_not_run(str(exc), "configuration" if isinstance(exc, ConfigError) else exc.kind)
         if (out_dir / "grade.json").exists():
             err.print(f"details: {out_dir}")
-        return EXIT_COULD_NOT_RUN
-    except KeyboardInterrupt:
-        err.print("[red]interrupted[/]: the sandbox was released")
-        return 130
+        return code
+    except KeyboardInterrupt as exc:
+        terminated = isinstance(exc, Terminated)
+        saved = f"; what the agent did so far is in {out_dir}" if (out_dir / "grade.json").exists() else ""
+        err.print(f"[red]{'terminated' if terminated else 'interrupted'}[/]: the sandbox was released{saved}")
+        return EXIT_TERMINATED if terminated else EXIT_INTERRUPTED
+    except Exception as exc:  # a bug in bugsweep: grade.json (if any) says crash; the traceback goes to a log
+        return crashed(exc, out_dir if out_dir.exists() else None)
     print_summary(verdict, out_dir, show_patch=show_patch)
     return EXIT_RESOLVED if verdict.resolved else EXIT_NOT_RESOLVED
 
