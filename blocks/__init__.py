@@ -1,6 +1,6 @@
 """Prefect blocks: configuration plus a factory for what it configures. Secrets live only here (or in settings).
 
-- `ModelEndpoint` -> `.settings()` (ModelSettings for the agent) and `.client()` (an OpenAI client);
+- `ModelEndpoint` -> `.settings()` (ModelSettings for the agent);
 - `LocalSandbox`, `RuntimeSandbox` -> `.provider()` (a bugsweep SandboxProvider);
 - `ArtifactStoreBlock` -> `.store()` (a bugsweep.storage store: S3 or a local folder).
 

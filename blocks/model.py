@@ -2,15 +2,10 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from prefect.blocks.core import Block
 from pydantic import Field, SecretStr
 
 from bugsweep.settings import ModelSettings
-
-if TYPE_CHECKING:
-    import openai
 
 
 class ModelEndpoint(Block):
@@ -42,16 +37,6 @@ class ModelEndpoint(Block):
     def settings(self) -> ModelSettings:
         """The core's ModelSettings for this endpoint (what the agent loop takes)."""
         return ModelSettings(**self.model_dump(include=set(ModelSettings.model_fields)))
-
-    def client(self) -> openai.OpenAI:
-        """An OpenAI client for this endpoint (for scripts and checks; the agent uses its own retrying client)."""
-        import openai
-
-        return openai.OpenAI(
-            base_url=self.base_url,
-            api_key=self.api_key.get_secret_value() or "none",
-            timeout=self.request_timeout_s,
-        )
 
     @classmethod
     def from_settings(cls, settings: ModelSettings) -> ModelEndpoint:

@@ -106,10 +106,6 @@ class Commit:
     changes: list[tuple[str, str]]
 
     @property
-    def is_merge(self) -> bool:
-        return len(self.parents) > 1
-
-    @property
     def subject(self) -> str:
         """The task text: the first line, or for a pull request's merge commit the PR title (the next line)."""
         lines = [line.strip() for line in self.message.strip().splitlines() if line.strip()]

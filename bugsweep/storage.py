@@ -34,7 +34,7 @@ from bugsweep.errors import ConfigError, StorageError
 
 T = TypeVar("T")
 
-#: Name of the file whose presence means "this task was graded for this model" (see `is_graded`).
+#: Name of the grade file, uploaded last: its presence means the run's other files are all stored.
 GRADE_FILE = "grade.json"
 
 
@@ -459,8 +459,3 @@ def upload_run(store: ArtifactStore, local_dir: str | Path, key: str) -> UploadR
             f"{exc} (uploading to {store.location}/{key}; the artifacts are kept in {local_dir})"
         ) from exc
     return UploadResult(key=key, uris=uris, location=store.location)
-
-
-def is_graded(store: ArtifactStore, key: str) -> bool:
-    """Whether a finished grade.json is stored under `key` (the sweep's skip test)."""
-    return store.exists(f"{key}/{GRADE_FILE}")

@@ -20,7 +20,6 @@ from bugsweep.storage import (
     LocalStore,
     S3Store,
     StoreSettings,
-    is_graded,
     open_store,
     read_text,
     run_key,
@@ -82,8 +81,8 @@ def test_local_store_keeps_a_run_folder_under_its_key(tmp_path: Path) -> None:
     stored = tmp_path / "artifacts" / "sweep1" / "calc-1" / "m"
     for name in result.uris:
         assert (stored / name).read_bytes() == (run / name).read_bytes()
-    assert is_graded(store, "sweep1/calc-1/m")
-    assert not is_graded(store, "sweep1/calc-2/m")
+    assert store.exists("sweep1/calc-1/m/grade.json")
+    assert not store.exists("sweep1/calc-2/m/grade.json")
     assert store.list("sweep1/calc-1") == [f"sweep1/calc-1/m/{n}" for n in sorted(result.uris)]
     with pytest.raises(ConfigError):
         store.put_bytes("../escape.txt", b"x")
@@ -104,8 +103,8 @@ def test_s3_objects_land_under_prefix_sweep_task_model(seaweed: SeaweedServer, t
         assert uri == f"s3://{store.bucket}/bugsweep/runs/nightly/calc-1/qwen_coder/{name}"
         body = store.client.get_object(Bucket=store.bucket, Key=uri.split("/", 3)[3])["Body"].read()
         assert body == (run / name).read_bytes()
-    assert is_graded(store, "nightly/calc-1/qwen_coder")
-    assert not is_graded(store, "nightly/calc-2/qwen_coder")
+    assert store.exists("nightly/calc-1/qwen_coder/grade.json")
+    assert not store.exists("nightly/calc-2/qwen_coder/grade.json")
     assert json.loads(store.get_bytes("nightly/calc-1/qwen_coder/grade.json"))["resolved"] is True
     with pytest.raises(FileNotFoundError):
         store.get_bytes("nightly/calc-1/qwen_coder/nothing.txt")
