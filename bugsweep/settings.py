@@ -108,7 +108,7 @@ class SandboxSettings(BaseSettings):
     company network; everything else private, and the host itself, stays unreachable."""
     disk_mib: int = 8192
     """'local': disk quota of a sandbox (its repository changes, $HOME and /tmp together); a write past it fails
-    inside with 'No space left on device'. A task's own `disk_mib` overrides it."""
+    inside with 'No space left on device'. A task's own `disk_mib` overrides it. 0: no quota."""
     workdir: str = "/workspace/repo"
     """Where the repository lives inside the sandbox."""
     cache_dir: str | None = None

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from bugsweep.agent import prompts
+from bugsweep.errors import ConfigError
 from bugsweep.sandbox import RepoSource
 from bugsweep.sandbox.local import LocalProvider, LocalSandbox
 from bugsweep.sandbox.local import seccomp as seccomp_mod
@@ -185,6 +186,23 @@ def test_the_setup_step_reaches_the_package_registry_but_not_the_host(sbx, host_
     # The agent's commands stay offline.
     offline = sbx.exec("getent hosts pypi.org || echo no-dns; tail -n +3 /proc/net/dev | cut -d: -f1")
     assert "no-dns" in offline.stdout and offline.stdout.split()[-1] == "lo"
+
+
+def test_without_slirp4netns_only_a_setup_command_fails_and_it_names_the_fix(sbx, monkeypatch):
+    """Stand-in: slirp4netns is made to look uninstalled. Never a fallback to the host's network."""
+    real_which = shutil.which
+    monkeypatch.setattr(
+        network_mod.shutil,
+        "which",
+        lambda name, **k: None if name == "slirp4netns" else real_which(name, **k),
+    )
+    network_mod._plan_for.cache_clear()
+    try:
+        assert sbx.exec("echo offline").ok
+        with pytest.raises(ConfigError, match="apt-get install slirp4netns"):
+            sbx.exec("true", network=True)
+    finally:
+        network_mod._plan_for.cache_clear()
 
 
 def test_an_allowed_private_range_gets_a_route_instead_of_a_block():

@@ -76,7 +76,6 @@ class LocalProvider:
         state_dir = state_dir or (Path(self.settings.state_dir) if self.settings.state_dir else None)
         self.sources = SourceCache(cache_dir)
         self.state_dir = state_dir or Path(tempfile.gettempdir()) / "bugsweep-sandboxes"
-        self._network: NetworkPlan | None = None
 
     def create(
         self, source: RepoSource, *, labels: dict[str, str] | None = None, disk_mib: int | None = None
@@ -87,8 +86,6 @@ class LocalProvider:
         bwrap_path = find_bwrap()
         workdir = workspace.check_workdir(self.settings.workdir)
         seccomp.filter_program()  # a missing libseccomp is a ConfigError now, not at the first command
-        if self.settings.setup_network and self._network is None:
-            self._network = NetworkPlan.for_host(self.settings.setup_network_allow)
         stale.prepare_state_dir(self.state_dir)
         prepared = self.sources.prepare(source)
         return LocalSandbox(
@@ -99,7 +96,6 @@ class LocalProvider:
             state_dir=self.state_dir,
             labels=labels,
             disk_mib=disk_mib or self.settings.disk_mib,
-            network=self._network,
         )
 
     def sandboxes(self) -> list[dict[str, object]]:
@@ -128,11 +124,9 @@ class LocalSandbox:
         state_dir: Path,
         labels: dict[str, str] | None = None,
         disk_mib: int | None = None,
-        network: NetworkPlan | None = None,
     ) -> None:
         self.id = f"local-{uuid.uuid4().hex[:12]}"
         self._disk_mib = disk_mib
-        self._network = network
         self._state_dir = state_dir
         self._etc_dir = system_etc(state_dir)
         self.workdir = workdir
@@ -157,7 +151,10 @@ class LocalSandbox:
         res.root.mkdir()
         if self._disk_mib:  # everything the sandbox writes goes on its own size-limited file system
             res.disk = WritableDisk.create(
-                res.root, self._disk_mib * 1024 * 1024, templates_dir(self._state_dir, _templates_meta)
+                res.root,
+                self._disk_mib * 1024 * 1024,
+                templates_dir(self._state_dir, _templates_meta),
+                etc_dir=self._etc_dir,
             )
             if res.disk is not None:
                 self.usage.disk_quota_bytes = res.disk.size_bytes
@@ -185,7 +182,10 @@ class LocalSandbox:
         }  # fmt: skip
         wrapper = res.limits.wrapper()
         self._bwrap_at = len(wrapper)
-        self._argv_head = command_argv(bwrap_path, etc_dir=self._etc_dir, root=res.root, wrapper=wrapper)
+        etc_dir = (
+            res.root / "etc" if res.disk is not None else self._etc_dir
+        )  # the disk's copy shows no host path
+        self._argv_head = command_argv(bwrap_path, etc_dir=etc_dir, root=res.root, wrapper=wrapper)
 
     def exec(
         self,
@@ -248,7 +248,10 @@ class LocalSandbox:
             command,
             cwd=cwd or self.workdir,
             environ=environ,
-            network=self._network if network and self.settings.setup_network else None,
+            # made at the first setup command: a missing slirp4netns is a ConfigError only for tasks that need it
+            network=NetworkPlan.for_host(self.settings.setup_network_allow)
+            if network and self.settings.setup_network
+            else None,
             timeout=timeout,
             full_output=full_output,
             stdin=stdin,

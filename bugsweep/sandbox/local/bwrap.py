@@ -14,9 +14,6 @@ Each command is one `bwrap ... /bin/bash -c COMMAND` (see `command_argv`) with
 from __future__ import annotations
 
 import atexit
-import contextlib
-import ctypes
-import logging
 import os
 import shutil
 import subprocess
@@ -28,11 +25,6 @@ from pathlib import Path
 from bugsweep.errors import ConfigError
 from bugsweep.sandbox.local.common import SANDBOX_UID, SANDBOX_USER, WORKSPACE, write_text
 from bugsweep.sandbox.local.stale import write_owner_meta
-from bugsweep.sandbox.local.workspace import umount
-
-log = logging.getLogger(__name__)
-_libc = ctypes.CDLL(None, use_errno=True)
-_MS_NOSUID, _MS_NODEV = 2, 4
 
 INSTALL_HINT = (
     "install bubblewrap: `apt-get install bubblewrap` (Debian/Ubuntu) or `dnf install bubblewrap` (Fedora)"
@@ -127,17 +119,14 @@ _etc_lock = threading.Lock()
 def system_etc(state_dir: Path) -> Path:
     """The sandbox's /etc: a copy of the ETC_ALLOW entries (without any `private` folder, where TLS keys live)
     plus a generated passwd, group and hostname. Made once per process and bound as one mount, because ~30
-    separate binds of host files doubled the start time of every command. The folder is a small tmpfs of its
-    own (where this process may mount one), so that the bind's source shows as `/` in the sandbox's
-    /proc/self/mountinfo, not as a host path."""
+    separate binds of host files doubled the start time of every command. With a disk quota, the sandbox binds
+    the copy of this folder that its disk image carries (disk.py), so no host path shows in its mountinfo."""
     with _etc_lock:
         path = _etc_dirs.get(state_dir)
         if path is not None and path.is_dir():
             return path
         path = state_dir / f"etc-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         path.mkdir(parents=True)
-        if _mount_tmpfs(path):
-            atexit.register(_unmount_etc, path)  # registered before the rmtree below, so it runs after it
         write_owner_meta(path, kind="etc")
         for name in ETC_ALLOW:
             src = Path("/etc") / name
@@ -159,23 +148,6 @@ def system_etc(state_dir: Path) -> Path:
         atexit.register(shutil.rmtree, path, True)
         _etc_dirs[state_dir] = path
         return path
-
-
-def _mount_tmpfs(path: Path) -> bool:
-    flags = ctypes.c_ulong(_MS_NOSUID | _MS_NODEV)
-    if _libc.mount(b"tmpfs", os.fsencode(path), b"tmpfs", flags, b"size=64m,mode=0755") == 0:
-        return True
-    log.debug(
-        "no tmpfs for the sandbox's /etc (%s): its host path shows in mountinfo",
-        os.strerror(ctypes.get_errno()),
-    )
-    return False
-
-
-def _unmount_etc(path: Path) -> None:
-    with contextlib.suppress(OSError):
-        umount(path)
-        path.rmdir()
 
 
 def python_prefixes() -> list[str]:

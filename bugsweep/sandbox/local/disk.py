@@ -71,14 +71,17 @@ class WritableDisk:
         self.peak_bytes = 0
 
     @classmethod
-    def create(cls, folder: Path, size_bytes: int, templates: Path) -> WritableDisk | None:
+    def create(
+        cls, folder: Path, size_bytes: int, templates: Path, etc_dir: Path | None = None
+    ) -> WritableDisk | None:
         """A new file system of `size_bytes` mounted on the empty folder `folder` (image: `image_path(folder)`),
         or None (with a warning, once per process) where this host cannot make one. `templates` is a folder of
-        this process for the pre-formatted images. Release with `empty_and_unmount(folder)` and delete the
+        this process for the pre-formatted images; they carry a copy of `etc_dir` as `etc/` (the sandbox binds
+        that one, so no host path shows in its mountinfo). Release with `empty_and_unmount(folder)` and delete the
         image (workspace.remove_root does both)."""
         image, mountpoint = image_path(folder), folder
         try:
-            template = _template(templates, size_bytes)
+            template = _template(templates, size_bytes, etc_dir)
         except (OSError, subprocess.SubprocessError) as exc:
             _warn(f"no template image ({exc})")
             return None
@@ -158,7 +161,7 @@ def umount(target: Path) -> None:
         raise OSError(code, f"umount {target}: {os.strerror(code)}")
 
 
-def _template(folder: Path, size_bytes: int) -> Path:
+def _template(folder: Path, size_bytes: int, etc_dir: Path | None) -> Path:
     key = (folder, size_bytes)
     with _template_lock:
         path = _templates.get(key)
@@ -172,14 +175,21 @@ def _template(folder: Path, size_bytes: int) -> Path:
         partial = folder / f".{path.name}.{uuid.uuid4().hex[:8]}"
         with open(partial, "wb") as fh:
             fh.truncate(size_bytes)
+        content = folder / f".root-{uuid.uuid4().hex[:8]}"  # what the new file system starts with (mkfs -d)
+        content.mkdir()
+        if etc_dir is not None:
+            shutil.copytree(
+                etc_dir, content / "etc", symlinks=True, ignore=shutil.ignore_patterns(".owner.json")
+            )
         # No journal (a sandbox's files do not outlive it, so there is nothing to recover after a crash), no
         # reserved blocks (all of the quota is the sandbox's), inode tables initialised lazily and never zeroed
         # afterwards (mount option noinit_itable): formatting writes a few MB whatever the size.
         proc = subprocess.run(
             [mkfs, "-q", "-F", "-m", "0", "-O", "^has_journal", "-E", "lazy_itable_init=1,nodiscard",
-             "-L", "bugsweep", str(partial)],
+             "-L", "bugsweep", "-d", str(content), str(partial)],
             capture_output=True, text=True, timeout=120,
         )  # fmt: skip
+        shutil.rmtree(content)
         if proc.returncode != 0:
             partial.unlink()
             raise OSError(errno.EIO, f"mkfs.ext4 failed: {proc.stderr.strip()}")

@@ -22,6 +22,7 @@ exit fd, then SIGKILL if it lingers) and waits for it.
 from __future__ import annotations
 
 import contextlib
+import functools
 import ipaddress
 import json
 import os
@@ -103,8 +104,12 @@ class NetworkPlan:
 
     @classmethod
     def for_host(cls, allow: Iterable[str] = ()) -> NetworkPlan:
-        """A plan for this host (its networks decide the subnet). Raises ConfigError when a tool is missing or an
-        allowed range is not a CIDR."""
+        """A plan for this host (its networks decide the subnet), made once per process and `allow`. Raises
+        ConfigError when a tool is missing or an allowed range is not a CIDR."""
+        return _plan_for(tuple(allow))
+
+    @classmethod
+    def _make(cls, allow: tuple[str, ...]) -> NetworkPlan:
         for name in ("slirp4netns", "nsenter", "ip"):
             _tool(name)
         allowed = tuple(allow)
@@ -126,6 +131,11 @@ class NetworkPlan:
 
     def start(self, pid: int) -> SetupNetwork:
         return SetupNetwork.start(pid, subnet=self.subnet, allow=self.allow)
+
+
+@functools.lru_cache(maxsize=8)
+def _plan_for(allow: tuple[str, ...]) -> NetworkPlan:
+    return NetworkPlan._make(allow)
 
 
 class SetupNetwork:

@@ -20,7 +20,7 @@ from pathlib import Path
 from bugsweep.errors import SandboxError
 from bugsweep.sandbox.local.common import write_text
 from bugsweep.sandbox.local.limits import empty_and_remove
-from bugsweep.sandbox.local.workspace import remove_root, umount
+from bugsweep.sandbox.local.workspace import remove_root
 
 log = logging.getLogger(__name__)
 
@@ -101,9 +101,7 @@ def _reap_if_stale(root: Path) -> bool:
     pid = int(meta.get("owner_pid", 0))
     if pid and start_time(pid) == meta.get("owner_start"):
         return False  # the owner is alive
-    if meta.get("kind") in ("etc", "disk-templates"):  # a process's /etc copy (a tmpfs) or template images
-        if os.path.ismount(root):
-            umount(root)
+    if meta.get("kind") in ("etc", "disk-templates"):  # a process's /etc copy or its disk template images
         shutil.rmtree(root)
         return True
     log.warning("removing sandbox %s left behind by process %s", root.name, pid)
