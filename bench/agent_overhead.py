@@ -41,8 +41,8 @@ from bugsweep.agent.loop import run_agent
 from bugsweep.agent.model import ChatModel
 from bugsweep.sandbox.base import ExecResult, tail
 from bugsweep.settings import AgentSettings, ModelSettings
-from bugsweep.testing.repos import make_repo
-from bugsweep.testing.scripted_model import ScriptedModelServer, tool_call
+from tests.support.repos import make_repo
+from tests.support.scripted_model import ScriptedModelServer, tool_call
 
 MINI_SUBMIT = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
 

@@ -36,11 +36,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bugsweep.cli.solve import DEMO_TASK, DEMO_TEST_COMMAND, materialise_demo_repo
-from bugsweep.embedded.server import ensure_embedded_model
-from bugsweep.testing.repos import make_repo
-
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bugsweep.cli.solve import DEMO_TASK, DEMO_TEST_COMMAND, materialise_demo_repo  # noqa: E402
+from bugsweep.embedded.server import ensure_embedded_model  # noqa: E402
+from tests.support.repos import make_repo  # noqa: E402
 
 
 def load() -> str:

@@ -31,8 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bugsweep.mining import Rejection, mine, scan_history, screen
 from bugsweep.sandbox import get_provider
 from bugsweep.spec import TaskSpec, dump_tasks
-from bugsweep.testing.repos import commit_all, make_repo, write_files
-from bugsweep.testing.scripted_model import ScriptedModelServer, tool_call
+from tests.support.repos import commit_all, make_repo, write_files
+from tests.support.scripted_model import ScriptedModelServer, tool_call
 
 
 def generated_history(root: Path, fixes: int) -> Path:

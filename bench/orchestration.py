@@ -39,7 +39,7 @@ from tests.support.prefect_server import PrefectServer  # noqa: E402  (sets the 
 
 
 def fixer(body: dict[str, Any]) -> dict[str, Any]:
-    from bugsweep.testing.scripted_model import tool_call
+    from tests.support.scripted_model import tool_call
 
     if any(m.get("role") == "tool" for m in body["messages"]):
         return tool_call("finish", summary="add() now adds")
@@ -48,7 +48,7 @@ def fixer(body: dict[str, Any]) -> dict[str, Any]:
 
 def make_tasks(root: Path, n: int, tag: str) -> list[Any]:
     from bugsweep.spec import TaskSpec
-    from bugsweep.testing.repos import make_repo
+    from tests.support.repos import make_repo
 
     repo = make_repo(root / f"calc-{tag}")
     return [
@@ -234,7 +234,7 @@ def main() -> None:
         from pydantic import SecretStr
 
         from blocks import ArtifactStoreBlock, ModelEndpoint
-        from bugsweep.testing.scripted_model import ScriptedModelServer
+        from tests.support.scripted_model import ScriptedModelServer
 
         model = ScriptedModelServer([fixer] * 10_000).start()
         ModelEndpoint(base_url=model.base_url, model="scripted-model", api_key=SecretStr("")).save(

@@ -9,7 +9,7 @@ What it measures, per backend, interleaved (local, runtime, local, runtime, ...)
   of a call: the SDK, HTTP on 127.0.0.1 and the fake's routing;
 - release.
 
-The Runtime rows run against bugsweep.testing.fake_runtime (a local stand-in; its commands run under bubblewrap
+The Runtime rows run against tests.support.fake_runtime_api (a local stand-in; its commands run under bubblewrap
 like the local backend's), so they measure our client and protocol overhead, NOT Runtime's servers or network.
 
 Usage: python bench/sandbox_runtime.py [--sandboxes 15] [--commands 40] [--json results.json]
@@ -35,8 +35,8 @@ from bugsweep.sandbox.base import RepoSource, Sandbox
 from bugsweep.sandbox.local import LocalProvider
 from bugsweep.sandbox.runtime import RuntimeProvider, RuntimeSettings
 from bugsweep.settings import SandboxSettings
-from bugsweep.testing.fake_runtime import FakeRuntime
-from bugsweep.testing.repos import make_repo
+from tests.support.fake_runtime_api import FakeRuntime
+from tests.support.repos import make_repo
 
 
 def timed(fn: Callable[[], Any]) -> tuple[float, Any]:

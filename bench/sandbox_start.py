@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bugsweep.sandbox.base import RepoSource
 from bugsweep.sandbox.local import LocalProvider
 from bugsweep.settings import SandboxSettings
-from bugsweep.testing.repos import commit_all, git
+from tests.support.repos import commit_all, git
 
 RUNTIME_STATED_MS = 221.0
 TARGET_MS = 50.0

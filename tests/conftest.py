@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from bugsweep.testing.repos import make_repo
-from bugsweep.testing.scripted_model import ScriptedModelServer
+from tests.support.repos import make_repo
+from tests.support.scripted_model import ScriptedModelServer
 
 # Prefect binds its console log handlers to whatever sys.stderr is when its logging is first set up. Under pytest that
 # can be a CliRunner's temporary stream, closed once the command returns, and every later Prefect log line then fails

@@ -1,6 +1,6 @@
 """The agent loop, turn by turn, against the scripted OpenAI-compatible server.
 
-Real parts: HTTP (the openai client talking to bugsweep.testing.scripted_model on 127.0.0.1), tenacity retries,
+Real parts: HTTP (the openai client talking to tests.support.scripted_model on 127.0.0.1), tenacity retries,
 the local sandbox (bubblewrap) from `get_provider("local")` with a real git repo and pytest inside it, the trajectory
 file on disk. Stand-in: the model (a script of replies, not a model).
 """
@@ -22,8 +22,8 @@ from bugsweep.agent.trajectory import load
 from bugsweep.errors import ConfigError, ModelUnavailable
 from bugsweep.sandbox import RepoSource, Sandbox, get_provider
 from bugsweep.settings import AgentSettings, ModelSettings
-from bugsweep.testing.repos import make_repo
-from bugsweep.testing.scripted_model import ScriptedModelServer, text_reply, tool_call
+from tests.support.repos import make_repo
+from tests.support.scripted_model import ScriptedModelServer, text_reply, tool_call
 
 KEY = "sk-test-secret-key-0123456789"
 TEST_COMMAND = "python -m pytest -q -x"
@@ -497,7 +497,7 @@ def test_trajectory_is_saved_after_every_step_and_never_holds_the_key(
 
 def test_symlinks_out_of_the_repo_are_refused_inside_the_real_sandbox(scripted_model, tmp_path: Path) -> None:
     """realpath runs inside the sandbox: a link to /etc or past the repo root never reaches edit_file or read_file."""
-    from bugsweep.testing.repos import commit_all, make_repo
+    from tests.support.repos import commit_all, make_repo
 
     repo = make_repo(tmp_path / "linked")
     (repo / "hosts_link").symlink_to("/etc/hosts")

@@ -1,6 +1,6 @@
 """The four tools' own logic: edits, reads, refusals, argument errors, text tool-call recovery.
 
-Real parts: files on disk, bash, realpath, git repos from bugsweep.testing.repos. Stand-in: `DirSandbox` runs commands
+Real parts: files on disk, bash, realpath, git repos from tests.support.repos. Stand-in: `DirSandbox` runs commands
 with plain subprocess in a temporary folder (no isolation), because these tests are about what the tools tell the
 model, not about the sandbox; tests/test_agent_loop.py runs the loop on the real local sandbox.
 """
@@ -21,7 +21,7 @@ from bugsweep.agent.model import recover_text_tool_calls
 from bugsweep.agent.tools import Toolbox, closest_lines
 from bugsweep.sandbox.base import ExecResult, tail
 from bugsweep.settings import AgentSettings
-from bugsweep.testing.repos import make_repo
+from tests.support.repos import make_repo
 
 
 class _DirFiles:

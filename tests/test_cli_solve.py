@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from bugsweep.testing.scripted_model import text_reply, tool_call
+from tests.support.scripted_model import text_reply, tool_call
 
 SOLVE = [sys.executable, "-m", "bugsweep.cli"]
 

@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 from bugsweep.spec import TaskSpec, dump_tasks
-from bugsweep.testing.repos import BUGGY_CALC, make_repo
-from bugsweep.testing.scripted_model import ScriptedModelServer, tool_call
+from tests.support.repos import BUGGY_CALC, make_repo
+from tests.support.scripted_model import ScriptedModelServer, tool_call
 
 pytest_plugins = ["tests.support.prefect_server"]
 

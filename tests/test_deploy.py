@@ -22,8 +22,8 @@ import httpx
 import pytest
 
 from bugsweep.spec import TaskSpec, dump_tasks
-from bugsweep.testing.repos import make_repo
-from bugsweep.testing.scripted_model import ScriptedModelServer, tool_call
+from tests.support.repos import make_repo
+from tests.support.scripted_model import ScriptedModelServer, tool_call
 
 pytest_plugins = ["tests.support.prefect_server", "tests.support.seaweed"]
 pytestmark = [pytest.mark.prefect, pytest.mark.s3]

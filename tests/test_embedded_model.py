@@ -35,7 +35,7 @@ from bugsweep.embedded.check import check_endpoint, classify, probe_conversation
 from bugsweep.embedded.install import ensure_model_file, join_parts, missing_parts, verify_file
 from bugsweep.embedded.server import ensure_embedded_model
 from bugsweep.errors import ConfigError
-from bugsweep.testing.scripted_model import ScriptedModelServer, text_reply, tool_call
+from tests.support.scripted_model import ScriptedModelServer, text_reply, tool_call
 
 runner = CliRunner()
 

@@ -23,8 +23,8 @@ import pytest
 from pydantic import SecretStr
 
 from bugsweep.spec import TaskSpec, dump_tasks
-from bugsweep.testing.repos import commit_all, make_repo
-from bugsweep.testing.scripted_model import ScriptedModelServer, tool_call
+from tests.support.repos import commit_all, make_repo
+from tests.support.scripted_model import ScriptedModelServer, tool_call
 
 if TYPE_CHECKING:
     from tests.support.seaweed import SeaweedServer

@@ -24,7 +24,7 @@ from bugsweep.grading import (
 )
 from bugsweep.sandbox import RepoSource, get_provider
 from bugsweep.settings import DEFAULT_TEST_GLOBS
-from bugsweep.testing.repos import make_repo
+from tests.support.repos import make_repo
 
 
 def _run(tests: dict[str, str] | None, exit_code: int) -> TestRun:

@@ -1,6 +1,6 @@
 """Mining tasks from git history (bugsweep.mining).
 
-Real parts: real git repositories built by the test (bugsweep.testing.repos), real `git`, the real local sandbox
+Real parts: real git repositories built by the test (tests.support.repos), real `git`, the real local sandbox
 (bubblewrap + overlayfs) running real pytest. No stand-ins. The unit tests of `judge` use hand-made TestRun
 values: they check the decision rules on outcomes a sandbox would report.
 """
@@ -27,7 +27,7 @@ from bugsweep.mining import (
     screen,
 )
 from bugsweep.spec import load_tasks
-from bugsweep.testing.repos import commit_all, git, make_repo, write_files
+from tests.support.repos import commit_all, git, make_repo, write_files
 
 needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="the local sandbox needs bubblewrap")
 

@@ -10,7 +10,7 @@ from bugsweep.errors import NotARealTask, SetupFailed, TaskError, TestCommandCan
 from bugsweep.pipeline import baseline, prepare, regrade, setup
 from bugsweep.sandbox import get_provider
 from bugsweep.spec import TaskSpec
-from bugsweep.testing.repos import make_repo
+from tests.support.repos import make_repo
 
 GOOD_CALC = {
     "calc.py": "def add(a, b):\n    return a + b\n",

@@ -27,7 +27,7 @@ from bugsweep.sandbox.local import LocalProvider, LocalSandbox
 from bugsweep.sandbox.local import seccomp as seccomp_mod
 from bugsweep.sandbox.local import setup_network as network_mod
 from bugsweep.settings import SandboxSettings
-from bugsweep.testing.scripted_model import tool_call
+from tests.support.scripted_model import tool_call
 
 MIB = 1024 * 1024
 QUOTA_MIB = 64

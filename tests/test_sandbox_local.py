@@ -28,7 +28,7 @@ from bugsweep.sandbox.local import files as files_mod
 from bugsweep.sandbox.local import stale as stale_mod
 from bugsweep.sandbox.local import workspace as workspace_mod
 from bugsweep.settings import SandboxSettings
-from bugsweep.testing.repos import commit_all, git, make_repo, write_files
+from tests.support.repos import commit_all, git, make_repo, write_files
 
 PROJECT_DIR = Path(__file__).resolve().parents[1]
 

@@ -2,7 +2,7 @@
 
 Real in every test: the SDK (its HTTP client, retries, idempotency keys, NDJSON streaming), HTTP on 127.0.0.1,
 bash/git/pytest running under bubblewrap. Stand-in in every test: the Runtime API itself, which cannot be reached
-from here, replaced by bugsweep.testing.fake_runtime.FakeRuntime (a local fake of its wire protocol). Where a
+from here, replaced by tests.support.fake_runtime_api.FakeRuntime (a local fake of its wire protocol). Where a
 model is involved it is the scripted OpenAI-compatible server (a stand-in, not a model).
 """
 
@@ -29,9 +29,9 @@ from bugsweep.errors import ConfigError, InfraError, SandboxError, SandboxGone
 from bugsweep.sandbox.base import OUTPUT_LIMIT_BYTES, RepoSource, Sandbox
 from bugsweep.sandbox.runtime import RuntimeProvider, RuntimeSettings
 from bugsweep.settings import SandboxSettings
-from bugsweep.testing.fake_runtime import FakeRuntime
-from bugsweep.testing.repos import commit_all, git, write_files
 from tests.support.fake_runtime import fake_runtime  # noqa: F401 (a fixture)
+from tests.support.fake_runtime_api import FakeRuntime
+from tests.support.repos import commit_all, git, write_files
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="the fake Runtime needs bubblewrap")
 
@@ -403,7 +403,7 @@ def test_the_agent_resolves_a_bug_in_a_runtime_sandbox(
     """pipeline.solve_task end to end on RuntimeProvider: real SDK, real agent loop, real pytest and grading in the
     fake Runtime's sandbox; the model is the scripted server. Resolved, with a sandbox cost beside the token cost,
     the sandbox deleted, and the model's key never sent to the sandbox API."""
-    from bugsweep.testing.scripted_model import tool_call
+    from tests.support.scripted_model import tool_call
 
     steps = [
         tool_call("run", command="python -m pytest -q"),
@@ -428,7 +428,7 @@ def test_a_sandbox_that_vanishes_mid_task_is_an_infra_failure(
 ) -> None:
     """pipeline.solve_task on RuntimeProvider, the fake Runtime deleting the sandbox under the agent's command:
     SandboxGone is raised for the task layer to retry, and grade.json says infra, not a model failure."""
-    from bugsweep.testing.scripted_model import tool_call
+    from tests.support.scripted_model import tool_call
 
     fake.delete_when_running("sleep 20")
     out = tmp_path / "out"
@@ -445,7 +445,7 @@ def test_bugsweep_solve_runs_unchanged_on_runtime(
     """`bugsweep solve --sandbox runtime` as a user runs it (a subprocess; RUNTIME_API_URL / RUNTIME_API_KEY point at
     the fake Runtime; the model is the scripted server): resolved, with the sandbox cost in grade.json, and the
     Runtime key nowhere in the output."""
-    from bugsweep.testing.scripted_model import tool_call
+    from tests.support.scripted_model import tool_call
 
     server = scripted_model(
         [

@@ -1,4 +1,4 @@
-"""The fake Runtime API (bugsweep.testing.fake_runtime) as a pytest fixture, for any test that runs on the
+"""The fake Runtime API (tests.support.fake_runtime_api) as a pytest fixture, for any test that runs on the
 Runtime backend (the sandbox tests, the Prefect flow tests).
 
 `fake_runtime` starts a fresh fake server for the test and points RUNTIME_API_URL / RUNTIME_API_KEY at it, so
@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from bugsweep.testing.fake_runtime import FakeRuntime
+from tests.support.fake_runtime_api import FakeRuntime
 
 
 @pytest.fixture
