@@ -40,8 +40,8 @@ from bugsweep.pipeline import solve_task
 from bugsweep.sandbox.local import LocalProvider
 from bugsweep.settings import AgentSettings, ModelSettings, SandboxSettings
 from bugsweep.spec import TaskSpec
-from bugsweep.testing.repos import make_repo
-from bugsweep.testing.scripted_model import ScriptedModelServer, tool_call
+from tests.support.repos import make_repo
+from tests.support.scripted_model import ScriptedModelServer, tool_call
 
 KINDS = ("honest", "disk", "fork", "memory", "output")
 ABUSE = {
