@@ -344,3 +344,14 @@ def test_sigterm_mid_agent_records_turns_tokens_and_time_and_releases_the_sandbo
     assert 2 <= grade["agent_wall_s"] <= grade["wall_s"]
     assert json.loads((out / "trajectory.json").read_text())[-1]["type"] == "crash"
     assert not [p for p in state.glob("*") if p.is_dir()], "the sandbox was released"
+
+
+def test_the_policy_option_offers_exactly_the_policies() -> None:
+    from typing import get_args
+
+    from bugsweep.agent.policy import policy_names
+    from bugsweep.cli.options import PolicyChoice
+    from bugsweep.settings import PolicyName
+
+    offered = [a for arg in get_args(PolicyChoice) for a in get_args(arg)]
+    assert offered == list(get_args(PolicyName)) == policy_names()

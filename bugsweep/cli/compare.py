@@ -7,12 +7,14 @@ Exit codes: 0 done, 2 could not run (bad arguments, a missing key variable, ...)
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal, NoReturn
+from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+
+from bugsweep.cli.options import PolicyChoice, policy_option
 
 console = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False)
@@ -59,11 +61,7 @@ def compare_command(
     ] = None,
     sandbox: Annotated[str, typer.Option(help="Sandbox backend: 'local' or 'runtime'.")] = "local",
     policy: Annotated[
-        Literal["plain", "small-model"] | None,
-        typer.Option(
-            help="The agent policy every model runs under (default: BUGSWEEP_POLICY, else 'plain'). One harness "
-            "for all keeps the comparison fair; the report says which."
-        ),
+        PolicyChoice, policy_option("BUGSWEEP_POLICY, else 'plain'; one for every model")
     ] = None,
     model_policy: Annotated[
         list[str] | None,

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated, Any, Literal, NoReturn
+from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
 from rich.table import Table
+
+from bugsweep.cli.options import EMBEDDED_OR_PLAIN, PolicyChoice, policy_option
 
 console = Console(highlight=False)
 err = Console(stderr=True, highlight=False)
@@ -80,13 +82,7 @@ def sweep_command(
     redo: Annotated[
         bool, typer.Option(help="Run tasks again even if already graded for this model.")
     ] = False,
-    policy: Annotated[
-        Literal["plain", "small-model"] | None,
-        typer.Option(
-            help="The agent policy for every task (default: BUGSWEEP_POLICY, else 'small-model' for the embedded "
-            "model and 'plain' for any other); recorded in each grade.json."
-        ),
-    ] = None,
+    policy: Annotated[PolicyChoice, policy_option(EMBEDDED_OR_PLAIN)] = None,
 ) -> None:
     """Run many tasks at once, each graded and uploaded; tasks already graded for this model are skipped.
 

@@ -1,7 +1,7 @@
 """`bugsweep solve` and `bugsweep demo`: one task, end to end, with live progress and a one-screen summary.
 
-Exit codes: 0 resolved, 1 not resolved, 2 could not run (bad arguments, model unreachable, setup failed, tests
-already passing, sandbox failure).
+Exit codes: 0 resolved, 1 not resolved, 2 could not run (bad arguments or settings, model unreachable, setup failed,
+tests already passing, sandbox failure, a crash in bugsweep: see exits.py), 130 after Ctrl-C, 143 after SIGTERM.
 """
 
 from __future__ import annotations
@@ -14,12 +14,14 @@ import tempfile
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.syntax import Syntax
+
+from bugsweep.cli.options import EMBEDDED_OR_PLAIN, PolicyChoice, policy_option
 
 if TYPE_CHECKING:
     from bugsweep.agent.loop import AgentEvent
@@ -27,14 +29,6 @@ if TYPE_CHECKING:
 EXIT_RESOLVED, EXIT_NOT_RESOLVED, EXIT_COULD_NOT_RUN = 0, 1, 2
 
 DEFAULT_POLICY = "plain"
-PolicyOption = (
-    Literal["plain", "small-model"] | None
-)  # typer shows the choices; settings.PolicyName is the same
-POLICY_HELP = (
-    "What the harness does for the model beyond the plain loop: 'plain', or 'small-model' (whole-function "
-    "edits tried against the tests, failed edits dropped from the history). Default: BUGSWEEP_POLICY, else "
-    "'small-model' for the embedded model and 'plain' for any other. Recorded in grade.json."
-)
 
 DEMO_TASK = "tests/test_dates.py fails on leap years. Fix the code."
 DEMO_TEST_COMMAND = "python -m pytest -q"
@@ -76,7 +70,7 @@ def solve_command(
     max_cost: Annotated[
         float | None, typer.Option(min=0, help="Stop when the token cost passes this many USD.")
     ] = None,
-    policy: Annotated[PolicyOption, typer.Option(help=POLICY_HELP)] = None,
+    policy: Annotated[PolicyChoice, policy_option(EMBEDDED_OR_PLAIN)] = None,
 ) -> None:
     """Fix a bug in a sandbox and grade the fix: tests must fail before, pass after, with test files untouched.
 
@@ -107,7 +101,7 @@ def demo_command(
     max_turns: Annotated[
         int | None, typer.Option(min=1, help="Model replies before the agent stops.")
     ] = None,
-    policy: Annotated[PolicyOption, typer.Option(help=POLICY_HELP)] = None,
+    policy: Annotated[PolicyChoice, policy_option(EMBEDDED_OR_PLAIN)] = None,
 ) -> None:
     """Solve the bundled example: a calendar module whose leap-year rule is wrong, with a failing test.
 
