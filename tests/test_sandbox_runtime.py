@@ -347,10 +347,15 @@ def test_cost_follows_command_time_lifetime_and_prices(provider: RuntimeProvider
     assert sbx.usage.extra["lifetime_s"] == lifetime
 
 
-def test_cleanup_by_label_from_the_command_line(fake: FakeRuntime, buggy_repo: Path) -> None:
+def test_cleanup_by_label_from_the_command_line(
+    fake: FakeRuntime, buggy_repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """`bugsweep sandboxes cleanup --label` (typer's CliRunner, settings from RUNTIME_API_URL / RUNTIME_API_KEY)
-    against the fake Runtime: deletes the matching bugsweep sandboxes only, never others' sandboxes."""
+    against the fake Runtime, the configured backend (BUGSWEEP_SANDBOX_BACKEND=runtime, no --backend): deletes the
+    matching bugsweep sandboxes only, never others' sandboxes."""
     from bugsweep.cli import app
+
+    monkeypatch.setenv("BUGSWEEP_SANDBOX_BACKEND", "runtime")
 
     provider = RuntimeProvider(SandboxSettings())
     leftovers = [provider.create(RepoSource(str(buggy_repo)), labels={"sweep": "nightly"}) for _ in range(2)]

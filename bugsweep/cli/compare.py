@@ -74,11 +74,12 @@ def compare_command(
     """Run every model on every task --runs times, each run in its own sandbox, and compare resolve rates.
 
     Runs the compare-models Prefect flow (set PREFECT_API_URL to watch it in your Prefect UI; otherwise a temporary
-    Prefect server is started). Every run is graded as in a sweep and stored as NAME/TASK/MODEL/run-N in the
+    Prefect server is started for the command and stopped after it, its log in a file). Every run is graded as in a sweep and stored as NAME/TASK/MODEL/run-N in the
     artifact store (BUGSWEEP_STORE_URL, default ./artifacts). The report (report.md, report.json and report.html,
     one self-contained page with a chart) gives each model's resolve rate with a 95% confidence interval, paired
     per-task differences between models, turns, tokens, cost and time.
     """
+    from bugsweep.cli.pipeline import prefect_server
     from bugsweep.errors import BugsweepError
 
     if runs < 1 or concurrency < 1:
@@ -107,16 +108,17 @@ def compare_command(
                 else "policies: " + ", ".join(f"{escape(e.name)} {e.policy or policy}" for e in entries)
             )
         )
-        report = compare(
-            tasks,
-            entries,
-            runs=runs,
-            concurrency=concurrency,
-            report_dir=out,
-            name=name,
-            sandbox=sandbox,  # type: ignore[arg-type]
-            limits=AgentLimits(max_turns=max_turns, max_cost_usd=max_cost, policy=policy),
-        )
+        with prefect_server():
+            report = compare(
+                tasks,
+                entries,
+                runs=runs,
+                concurrency=concurrency,
+                report_dir=out,
+                name=name,
+                sandbox=sandbox,  # type: ignore[arg-type]
+                limits=AgentLimits(max_turns=max_turns, max_cost_usd=max_cost, policy=policy),
+            )
     except BugsweepError as exc:
         _fail(str(exc))
     from bugsweep.report import policy_note, summary_rows

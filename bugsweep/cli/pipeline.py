@@ -1,13 +1,20 @@
 """`bugsweep sweep`, `bugsweep deploy` and `bugsweep blocks create`: the Prefect pipeline from the command line.
 
-These talk to the Prefect server at PREFECT_API_URL; with none set, Prefect starts a temporary one for the
-command (about 30 s, and its history is gone afterwards): `prefect server start` keeps one running.
+These talk to the Prefect server at PREFECT_API_URL; with none set, `sweep` (and `compare`) start a temporary one
+for the command (about 30 s; its log goes to a file, not the terminal): `prefect server start` keeps one running.
 docs/pipeline.md walks through server, blocks, deployments and workers.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
@@ -40,9 +47,76 @@ def _fail(message: str, code: int = 2) -> NoReturn:
 def _hint_server() -> None:
     if not os.environ.get("PREFECT_API_URL"):
         err.print(
-            "[dim]PREFECT_API_URL is not set: Prefect starts a temporary server for this command (~30 s). "
+            "[dim]PREFECT_API_URL is not set: a temporary Prefect server is started for this command (~30 s). "
             "Run `prefect server start` and set PREFECT_API_URL=http://127.0.0.1:4200/api to keep the runs.[/]"
         )
+
+
+#: Seconds to wait for a temporary Prefect server to answer (it takes 20-35 s on a loaded machine).
+SERVER_START_TIMEOUT_S = 180.0
+
+
+@contextlib.contextmanager
+def prefect_server() -> Iterator[None]:
+    """The Prefect server a command's flow runs report to: the configured one (PREFECT_API_URL), or a temporary one.
+
+    The temporary server is started here rather than by Prefect, so that its output (telemetry errors, the
+    tracebacks of its services being cancelled at shutdown) goes to a log file instead of the terminal of a run
+    that succeeded, and so that it is stopped and waited for before the command returns.
+    """
+    from prefect.settings import PREFECT_API_URL, get_current_settings, temporary_settings
+
+    if get_current_settings().api.url:
+        yield
+        return
+    _hint_server()
+    folder = Path(tempfile.mkdtemp(prefix="bugsweep-prefect-server-"))
+    log_path = folder / "server.log"
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    url = f"http://127.0.0.1:{port}/api"
+    env = {**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1"}
+    env["PREFECT_SERVER_ANALYTICS_ENABLED"] = (
+        "false"  # it reports to the internet, and logs errors without one
+    )
+    command = [sys.executable, "-m", "uvicorn", "--factory", "prefect.server.api.server:create_app",
+               "--host", "127.0.0.1", "--port", str(port), "--log-level", "error", "--lifespan", "on"]  # fmt: skip
+    with log_path.open("wb") as log:
+        server = subprocess.Popen(
+            command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    try:
+        _wait_until_healthy(server, url, log_path)
+        os.environ["PREFECT_API_URL"] = url  # for any process the command starts
+        with temporary_settings({PREFECT_API_URL: url}):
+            yield
+    finally:
+        os.environ.pop("PREFECT_API_URL", None)
+        server.terminate()
+        try:
+            server.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+
+
+def _wait_until_healthy(server: subprocess.Popen[bytes], url: str, log_path: Path) -> None:
+    import httpx
+
+    deadline = time.monotonic() + SERVER_START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            _fail(f"the temporary Prefect server exited with code {server.returncode}; its log: {log_path}")
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    _fail(
+        f"the temporary Prefect server did not answer in {SERVER_START_TIMEOUT_S:.0f} s; its log: {log_path}"
+    )
 
 
 # -- sweep --------------------------------------------------------------------------------------------------------
@@ -95,7 +169,6 @@ def sweep_command(
         _fail(f"--sandbox must be 'local' or 'runtime', not {sandbox!r}")
     if on_workers and not os.environ.get("PREFECT_API_URL"):
         _fail("--on-workers needs the Prefect server the workers use: set PREFECT_API_URL")
-    _hint_server()
 
     from bugsweep.discover import RepoBranch, TaskFile
     from bugsweep.errors import BugsweepError
@@ -109,18 +182,19 @@ def sweep_command(
         assert repo is not None
         source = RepoBranch(repo=repo, branch=branch, test_command=test_command, setup_command=setup_command)
     try:
-        state = sweep(
-            source=source,
-            name=name,
-            model_block=model_block,
-            sandbox=sandbox,
-            store_block=store_block,
-            limits=AgentLimits(max_turns=max_turns, max_cost_usd=max_cost, policy=policy),
-            concurrency=concurrency,
-            run_on="workers" if on_workers else "this-process",
-            redo_graded=redo,
-            return_state=True,
-        )
+        with prefect_server():
+            state = sweep(
+                source=source,
+                name=name,
+                model_block=model_block,
+                sandbox=sandbox,
+                store_block=store_block,
+                limits=AgentLimits(max_turns=max_turns, max_cost_usd=max_cost, policy=policy),
+                concurrency=concurrency,
+                run_on="workers" if on_workers else "this-process",
+                redo_graded=redo,
+                return_state=True,
+            )
         grades = state.result()
     except BugsweepError as exc:
         _fail(str(exc))

@@ -6,7 +6,7 @@ worker, a lost machine). Every bugsweep sandbox carries the label bugsweep=1, an
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, NoReturn
 
 import typer
 
@@ -21,7 +21,22 @@ LabelOption = Annotated[
         "--label", "-l", help="KEY=VALUE to match (repeatable; all must match), e.g. sweep=nightly."
     ),
 ]
-BackendOption = Annotated[str, typer.Option(help="Sandbox backend: 'runtime' (cloud) or 'local'.")]
+BackendOption = Annotated[
+    str | None,
+    typer.Option(
+        help="Sandbox backend: 'local' or 'runtime' (default: BUGSWEEP_SANDBOX_BACKEND, else local)."
+    ),
+]
+
+
+def configured_backend(backend: str | None) -> str:
+    """The backend asked for, or the configured one (BUGSWEEP_SANDBOX_BACKEND; local unless set otherwise)."""
+    from bugsweep.settings import SandboxSettings
+
+    chosen = backend or SandboxSettings().backend
+    if chosen not in ("local", "runtime"):
+        _fail(f"unknown backend {chosen!r}: choose 'local' or 'runtime'")
+    return chosen
 
 
 def register(app: typer.Typer) -> None:
@@ -29,7 +44,7 @@ def register(app: typer.Typer) -> None:
     app.add_typer(sandboxes_app, name="sandboxes")
 
 
-def _fail(message: str, code: int = 2) -> None:
+def _fail(message: str, code: int = 2) -> NoReturn:
     typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
     raise typer.Exit(code)
 
@@ -48,7 +63,7 @@ def parse_labels(items: list[str] | None) -> dict[str, str]:
 @sandboxes_app.command("cleanup")
 def cleanup(
     label: LabelOption = None,
-    backend: BackendOption = "runtime",
+    backend: BackendOption = None,
     all_: Annotated[
         bool, typer.Option("--all", help="With no --label: delete every bugsweep sandbox of the account.")
     ] = False,
@@ -60,21 +75,11 @@ def cleanup(
     from bugsweep.errors import BugsweepError
 
     labels = parse_labels(label)
-    if backend == "local":
-        # Local sandboxes die with the process that made them; what a killed process left (mounts, cgroups,
-        # folders) is reaped here. Sandboxes of live processes are never touched, whatever their labels.
-        from bugsweep.sandbox.local import LocalProvider
-        from bugsweep.settings import SandboxSettings
-
-        removed = LocalProvider(SandboxSettings()).reap_stale()
-        for name in removed:
-            typer.echo(f"removed {name}")
-        typer.echo(f"{len(removed)} left-over local sandboxes removed")
+    if configured_backend(backend) == "local":
+        cleanup_local()
         return
     if not labels and not all_:
         _fail("give at least one --label KEY=VALUE, or --all to delete every bugsweep sandbox")
-    if backend != "runtime":
-        _fail(f"unknown backend {backend!r}: choose 'runtime' or 'local'")
     from bugsweep.sandbox.runtime import RuntimeProvider
 
     provider = RuntimeProvider()
@@ -94,15 +99,41 @@ def cleanup(
         raise typer.Exit(1)
 
 
+def cleanup_local() -> None:
+    """Remove what killed processes left on this machine (overlay mounts, cgroups, folders), saying what.
+
+    Local sandboxes die with the process that made them, so only those whose owner is gone are removed; sandboxes
+    of live processes are never touched, whatever their labels.
+    """
+    from bugsweep.sandbox.local import LocalProvider
+    from bugsweep.settings import SandboxSettings
+
+    provider = LocalProvider(SandboxSettings())
+    known = {str(entry.get("id")): entry for entry in provider.sandboxes()}
+    removed = provider.reap_stale()
+    for name in removed:
+        if name not in known:
+            typer.echo(f"removed {name} (a folder a dead process left)")
+            continue
+        entry = known[name]
+        have = entry.get("labels") or {}
+        tags = ",".join(f"{k}={v}" for k, v in sorted(have.items())) if isinstance(have, dict) else ""
+        owner = (
+            f"left by process {entry['owner_pid']}" if entry.get("owner_pid") else "left by a dead process"
+        )
+        typer.echo(f"removed {name} ({owner}{'; ' + tags if tags else ''}): its mount, cgroups and folder")
+    typer.echo(f"{len(removed)} left-over local sandbox(es) removed from {provider.state_dir}")
+
+
 @sandboxes_app.command("list")
 def list_(
     label: LabelOption = None,
-    backend: BackendOption = "runtime",
+    backend: BackendOption = None,
 ) -> None:
-    """List the live bugsweep sandboxes whose labels all match: id, state, labels."""
+    """List the bugsweep sandboxes whose labels all match: id, state (local: owner running or left over), labels."""
     from bugsweep.errors import BugsweepError
 
-    if backend == "local":
+    if configured_backend(backend) == "local":
         from bugsweep.sandbox.local import LocalProvider
         from bugsweep.settings import SandboxSettings
 
@@ -114,8 +145,6 @@ def list_(
                 alive = "running" if entry.get("owner_alive") else "left over"
                 typer.echo(f"{entry.get('id')}\towner pid {entry.get('owner_pid', '?')} ({alive})\t{tags}")
         return
-    if backend != "runtime":
-        _fail(f"unknown backend {backend!r}: choose 'runtime' or 'local'")
     from bugsweep.sandbox.runtime import RuntimeProvider
 
     provider = RuntimeProvider()
