@@ -16,12 +16,14 @@ upload, so nothing is lost when the store is down.
 
 from __future__ import annotations
 
+import json
 import mimetypes
 import os
 import re
 import shutil
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol, TypeVar, runtime_checkable
 from urllib.parse import urlparse
@@ -34,8 +36,11 @@ from bugsweep.errors import ConfigError, StorageError
 
 T = TypeVar("T")
 
-#: Name of the grade file, uploaded last: its presence means the run's other files are all stored.
+#: Name of the file whose presence means "this task was graded for this model"; uploaded last.
 GRADE_FILE = "grade.json"
+#: Left in a run folder whose upload failed: where it belongs in the store and why it is not there yet. Never
+#: uploaded; removed once the folder is (see `mark_pending`, `upload_pending`).
+PENDING_FILE = "upload-pending.json"
 
 
 class StoreSettings(BaseSettings):
@@ -434,15 +439,16 @@ class UploadResult:
 
 def _files(local_dir: Path) -> Iterator[Path]:
     for path in sorted(local_dir.rglob("*")):
-        if path.is_file() and not path.name.endswith(".tmp"):
+        if path.is_file() and not path.name.endswith(".tmp") and path.name != PENDING_FILE:
             yield path
 
 
 def upload_run(store: ArtifactStore, local_dir: str | Path, key: str) -> UploadResult:
     """Copy every file of a run folder to `key/` in the store; grade.json goes last.
 
-    grade.json is the "this task is done" marker (`is_graded`), so it is written only once every other file is in
-    place: a sweep interrupted mid-upload redoes the task instead of skipping it with half its artifacts missing.
+    grade.json is the "this task is done" marker (a sweep skips tasks that have one), so it is written only once
+    every other file is in place: a sweep interrupted mid-upload redoes the task instead of skipping it with half
+    its artifacts missing. Uploading a folder again writes the same keys again: an upload is idempotent.
     On failure the StorageError says where the local copy is; the local folder is left as it was.
     """
     local_dir = Path(local_dir)
@@ -459,3 +465,43 @@ def upload_run(store: ArtifactStore, local_dir: str | Path, key: str) -> UploadR
             f"{exc} (uploading to {store.location}/{key}; the artifacts are kept in {local_dir})"
         ) from exc
     return UploadResult(key=key, uris=uris, location=store.location)
+
+
+def mark_pending(local_dir: Path, key: str, store: ArtifactStore, error: str) -> Path:
+    """Record in a run folder that its upload failed, so a later run uploads it instead of solving the task again."""
+    marker = local_dir / PENDING_FILE
+    record = {"key": key, "store": store.location, "error": error,
+              "failed_at": datetime.now(UTC).isoformat(timespec="seconds")}  # fmt: skip
+    tmp = marker.with_suffix(".tmp")
+    tmp.write_text(json.dumps(record, indent=2), encoding="utf-8")
+    tmp.replace(marker)
+    return marker
+
+
+def pending_key(local_dir: Path) -> str | None:
+    """The store key a run folder waits to be uploaded under; None when nothing is pending there."""
+    try:
+        return str(json.loads((local_dir / PENDING_FILE).read_text(encoding="utf-8"))["key"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def pending_runs(root: Path) -> list[Path]:
+    """Every run folder below `root` (or `root` itself) whose upload failed and is still pending."""
+    if (root / PENDING_FILE).is_file():
+        return [root]
+    return sorted(marker.parent for marker in root.rglob(PENDING_FILE)) if root.is_dir() else []
+
+
+def upload_pending(store: ArtifactStore, local_dir: Path) -> UploadResult:
+    """Upload a run folder kept after a failed upload, under the key it was meant for, and clear its marker.
+
+    Uploading is idempotent (each file is written whole, under the same key, grade.json last), so a folder half
+    uploaded before is simply uploaded again.
+    """
+    key = pending_key(local_dir)
+    if key is None:
+        raise StorageError(f"{local_dir} has no readable {PENDING_FILE}: nothing is pending there")
+    result = upload_run(store, local_dir, key)
+    (local_dir / PENDING_FILE).unlink(missing_ok=True)
+    return result

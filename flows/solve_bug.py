@@ -25,7 +25,7 @@ from bugsweep.errors import BugsweepError, StorageError
 from bugsweep.grading import Grade
 from bugsweep.pipeline import failed_grade
 from bugsweep.spec import TaskSpec
-from bugsweep.storage import run_key
+from bugsweep.storage import GRADE_FILE, PENDING_FILE, mark_pending, pending_key, run_key
 from flows.common import (
     LIVE_SANDBOXES,
     RELEASE_SANDBOXES_HOOKS,
@@ -57,6 +57,8 @@ class TaskOutcome:
     stored_at: str | None = None
     """The run folder in the artifact store (e.g. s3://bucket/prefix/SWEEP/TASK/MODEL), once uploaded."""
     upload_error: str | None = None
+    reused: bool = False
+    """The grade is an earlier run's, kept after its upload failed and uploaded now: the agent did not run again."""
 
     @property
     def artifacts(self) -> str:
@@ -73,6 +75,15 @@ def solve_one(spec: TaskSpec, run: RunConfig, sweep: str, *, attempt: int | None
     started = time.monotonic()
     key = run_key(sweep, spec.instance_id, run.model.model, attempt)
     out_dir = run.local_dir / key
+    kept = kept_grade(out_dir, spec, run.model.model)
+    if kept is not None:
+        get_run_logger().warning(
+            "%s: an earlier run's grade is kept in %s (its upload failed): uploading it instead of running the "
+            "agent again",
+            spec.instance_id,
+            out_dir,
+        )
+        return upload_outcome(TaskOutcome(grade=kept, key=key, local_dir=out_dir, reused=True), run)
     flow_run_id = current_flow_run_id()
     held: list[Sandbox] = []
 
@@ -108,14 +119,37 @@ def solve_one(spec: TaskSpec, run: RunConfig, sweep: str, *, attempt: int | None
 
 
 def upload_outcome(outcome: TaskOutcome, run: RunConfig) -> TaskOutcome:
-    """Upload the run folder (the step retries S3 outages); when it still fails, say so and keep the local copy."""
+    """Upload the run folder (the step retries S3 outages); when it still fails, keep the folder with a marker, so
+    the next run of the task (or `bugsweep upload`, or a sweep as it starts) uploads it instead of solving again."""
     try:
         uploaded = steps.upload(outcome.local_dir, run.store, outcome.key, outcome.grade)
         outcome.stored_at = f"{uploaded.location}/{uploaded.key}"
+        (outcome.local_dir / PENDING_FILE).unlink(missing_ok=True)
     except StorageError as exc:
-        outcome.upload_error = str(exc)
-        get_run_logger().error("upload failed, the artifacts are kept in %s: %s", outcome.local_dir, exc)
+        mark_pending(outcome.local_dir, outcome.key, run.store, str(exc))
+        outcome.upload_error = (
+            f"{exc}. The run folder is kept with its grade: the next run of this task uploads it instead of running "
+            f"the agent again, or upload it now with `bugsweep upload {outcome.local_dir}`"
+        )
+        get_run_logger().error("upload failed: %s", outcome.upload_error)
     return outcome
+
+
+def kept_grade(out_dir: Path, spec: TaskSpec, model: str) -> Grade | None:
+    """The grade an earlier run of this very task left in `out_dir` when its upload failed; None if there is none.
+
+    Only a real grade (not a failed attempt) of the same task definition by the same model counts.
+    """
+    if pending_key(out_dir) is None:
+        return None
+    try:
+        verdict = Grade.model_validate_json((out_dir / GRADE_FILE).read_text(encoding="utf-8"))
+        stored = TaskSpec.model_validate_json((out_dir / "task.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if verdict.error or verdict.model != model or stored != spec:
+        return None
+    return verdict
 
 
 @prefect_task(name="solve-one", cache_policy=NO_CACHE, persist_result=False)
@@ -232,6 +266,8 @@ class TaskNotRun(BugsweepError):
 def report(outcome: TaskOutcome) -> None:
     g = outcome.grade
     status = "RESOLVED" if g.resolved else ("could not run" if g.error else "not resolved")
+    if outcome.reused:
+        status += " (an earlier run's grade, kept after its upload failed; the agent did not run again)"
     print(
         f"{g.instance_id} with {g.model}: {status} | turns {g.turns} | tokens {g.prompt_tokens}+{g.completion_tokens}"
         f" | ${g.cost_usd:.4f} | {g.wall_s:.1f} s | artifacts: {outcome.artifacts}"

@@ -18,11 +18,11 @@ from pydantic import Field
 
 from blocks import MODEL_BLOCK, STORE_BLOCK
 from bugsweep.discover import RepoBranch, TaskFile
-from bugsweep.errors import ConfigError, InfraError
+from bugsweep.errors import BugsweepError, ConfigError, InfraError, StorageError
 from bugsweep.grading import Grade
 from bugsweep.pipeline import failed_grade
 from bugsweep.spec import TaskSpec
-from bugsweep.storage import GRADE_FILE, run_key
+from bugsweep.storage import GRADE_FILE, key_part, pending_runs, run_key, upload_pending
 from flows.common import (
     RELEASE_SANDBOXES_HOOKS,
     AgentLimits,
@@ -61,8 +61,10 @@ def sweep(
 ) -> list[Grade]:
     """Run every task of a task file (or every failing test file of a branch) and grade each.
 
-    A task that cannot be run becomes a failed grade and never stops the others. Tasks already graded for this
-    model at this commit under the same sweep name are skipped, unless `redo_graded`.
+    A task that cannot be run becomes a failed grade and never stops the others; the sweep then ends Failed (an
+    outage, configuration or a crash; a task whose setup fails or whose tests already pass is the task's own
+    failure and does not fail the sweep). Tasks already graded for this model at this commit under the same sweep
+    name are skipped, unless `redo_graded`; results an earlier run kept after a failed upload are uploaded first.
 
     Args:
         source: A task file (`kind: file`, a path on the worker or s3://), or a repository and branch
@@ -79,6 +81,7 @@ def sweep(
     """
     run = load_run_config(model_block, sandbox, store_block, limits, flow_run_id=current_flow_run_id())
     sweep_name = name or default_name(source)
+    upload_kept(run, sweep_name)
     specs = steps.list_tasks(source, run.provider, run.store, setup_network=run.setup_network)
     todo, graded = (specs, []) if redo_graded else split_graded(specs, run, sweep_name)
     if run_on == "workers":
@@ -92,8 +95,23 @@ def sweep(
     else:
         with model_endpoint(run) as run:
             outcomes = solve_many([Job(spec, run, sweep_name) for spec in todo], concurrency)
-    steps.summarize(sweep_name, summary_rows(graded, outcomes), run.store.location)
-    return graded + [o.grade for o in outcomes]
+    rows = summary_rows(graded, outcomes)
+    steps.summarize(sweep_name, rows, run.store.location)
+    grades = graded + [o.grade for o in outcomes]
+    if not all(r["ran"] for r in rows):
+        raise SweepFailed(f"sweep {sweep_name} {steps.sweep_outcome(rows)}", grades)
+    return grades
+
+
+class SweepFailed(BugsweepError):
+    """Ends a sweep FAILED when a task could not be run (an outage, configuration, a crash) or its result could not
+    be stored; carries every grade, so the command line still shows them."""
+
+    kind = "infra"
+
+    def __init__(self, message: str, grades: list[Grade]) -> None:
+        super().__init__(message)
+        self.grades = grades
 
 
 def default_name(source: TaskFile | RepoBranch) -> str:
@@ -102,6 +120,22 @@ def default_name(source: TaskFile | RepoBranch) -> str:
         return Path(source.path).stem or "tasks"
     repo = Path(source.repo.rstrip("/")).name.removesuffix(".git")
     return re.sub(r"[^A-Za-z0-9._-]+", "-", f"{repo}-{source.branch}")
+
+
+def upload_kept(run: RunConfig, sweep_name: str) -> None:
+    """Upload what earlier runs of this sweep kept on this machine when their upload failed, so that their tasks
+    count as graded and the agent does not run on them again. What still fails stays for the next time."""
+    logger = get_run_logger()
+    for folder in pending_runs(run.local_dir / key_part(sweep_name)):
+        try:
+            uploaded = upload_pending(run.store, folder)
+        except StorageError as exc:
+            logger.error("the result kept in %s is still not uploaded: %s", folder, exc)
+            continue
+        logger.warning(
+            "uploaded the result an earlier run kept in %s (its upload had failed) to %s/%s",
+            folder, uploaded.location, uploaded.key,
+        )  # fmt: skip
 
 
 def split_graded(
@@ -215,5 +249,6 @@ def summary_rows(graded: list[Grade], outcomes: list[TaskOutcome]) -> list[dict[
     rows = [steps.summary_row(g, skipped=True) for g in graded]
     for o in outcomes:
         where = o.stored_at or (f"upload failed, kept at {o.local_dir}" if o.upload_error else "")
-        rows.append(steps.summary_row(o.grade, uploaded_to=where))
+        failed = o.upload_error is not None
+        rows.append(steps.summary_row(o.grade, uploaded_to=where, upload_failed=failed, reused=o.reused))
     return rows

@@ -214,8 +214,24 @@ def artifact_key(*parts: str) -> str:
     return re.sub(r"-+", "-", re.sub(r"[^a-z0-9]+", "-", "-".join(parts).lower())).strip("-")[:200]
 
 
-def summary_row(verdict: Grade, *, skipped: bool = False, uploaded_to: str | None = None) -> dict[str, Any]:
-    """One row of the sweep table."""
+#: Failure kinds of a task that could not be run for reasons outside the task (an outage, bad configuration, a bug
+#: in bugsweep): one of them ends a sweep FAILED. A task error (setup failed, tests already pass) is the task's.
+COULD_NOT_RUN = frozenset({"infra", "config", "crash", "cancelled"})
+
+
+def summary_row(
+    verdict: Grade, *, skipped: bool = False, uploaded_to: str | None = None, upload_failed: bool = False,
+    reused: bool = False,
+) -> dict[str, Any]:  # fmt: skip
+    """One row of the sweep table. `ran` is False when the task could not be run, or its result not stored."""
+    if skipped:
+        status = "skipped (graded before)"
+    elif verdict.error:
+        status = f"failed ({verdict.failure_kind})"
+    elif upload_failed:
+        status = "graded, upload failed"
+    else:
+        status = "graded earlier, uploaded now" if reused else "graded"
     return {
         "task": verdict.instance_id,
         "model": verdict.model,
@@ -225,11 +241,19 @@ def summary_row(verdict: Grade, *, skipped: bool = False, uploaded_to: str | Non
         "completion_tokens": verdict.completion_tokens,
         "cost_usd": round(verdict.cost_usd, 6),
         "wall_s": round(verdict.wall_s, 1),
-        "status": "skipped (graded before)"
-        if skipped
-        else (f"failed ({verdict.failure_kind})" if verdict.error else "graded"),
+        "status": status,
+        "ran": verdict.failure_kind not in COULD_NOT_RUN and not upload_failed,
         "artifacts": uploaded_to or "",
     }
+
+
+def sweep_outcome(rows: list[dict[str, Any]]) -> str:
+    """The sentence that says how a sweep ended, for its summary, its final state and the command line."""
+    not_run = [r for r in rows if not r["ran"]]
+    if not not_run:
+        return f"COMPLETED: all {len(rows)} task(s) ran"
+    names = ", ".join(f"{r['task']} ({r['status']})" for r in not_run[:10])
+    return f"FAILED: {len(not_run)} of {len(rows)} task(s) could not be run or stored: {names}"
 
 
 def summary_markdown(sweep: str, rows: list[dict[str, Any]], location: str) -> str:
@@ -239,6 +263,8 @@ def summary_markdown(sweep: str, rows: list[dict[str, Any]], location: str) -> s
     cost = sum(r["cost_usd"] for r in rows)
     lines = [
         f"# Sweep `{sweep}`",
+        "",
+        f"**{sweep_outcome(rows)}**",
         "",
         f"**{resolved} of {len(rows)}** tasks resolved; {len(failed)} could not be run; "
         f"{tokens:,} tokens; ${cost:.4f}. Artifacts: `{location}`.",

@@ -154,13 +154,16 @@ def test_a_test_command_that_cannot_run_stops_before_the_model(
     assert server.requests == [], "the model is never called for a task that does not exist"
 
 
-def test_an_unreachable_model_could_not_run(buggy_repo: Path, tmp_path: Path) -> None:
+def test_a_model_url_where_nothing_listens_could_not_run_and_is_not_retried(
+    buggy_repo: Path, tmp_path: Path
+) -> None:
     out = tmp_path / "out"
-    # the discard port: nothing listens there
-    proc = solve(buggy_repo, out, "http://127.0.0.1:9/v1", env={"LLM_MAX_RETRIES": "1"})
+    # the discard port: nothing listens there, so the connection is refused (a wrong URL, not an outage)
+    proc = solve(buggy_repo, out, "http://127.0.0.1:9/v1")
     assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert "could not run" in proc.stderr
-    assert read_grade(out)["failure_kind"] == "infra"
+    assert "could not run" in proc.stderr and "http://127.0.0.1:9/v1" in proc.stderr
+    grade = read_grade(out)
+    assert grade["failure_kind"] == "config" and "after 1 attempt" in grade["error"]
 
 
 def test_a_missing_repo_is_a_clear_error(tmp_path: Path) -> None:

@@ -227,27 +227,70 @@ def test_flow_hook_releases_sandboxes_the_run_still_holds(prefect_harness: None,
     assert made[0].released and sandbox_leftovers(made[0].id) == []
 
 
-def test_upload_outage_is_retried_then_reported_with_the_local_copy(
+def test_s3_down_for_a_whole_run_keeps_the_grade_and_the_next_run_uploads_it_without_the_agent(
     blocks, scripted_model, buggy_repo: Path
 ) -> None:
+    """S3 (a SeaweedFS endpoint with nothing listening) down for the whole upload retry window: the run fails saying
+    where the grade is kept; with S3 back, the next run of the same task uploads that grade instead of asking the
+    model again (the scripted model counts the requests)."""
     from bugsweep.errors import StorageError
+    from bugsweep.storage import PENDING_FILE
     from flows.solve_bug import solve_bug
     from tests.support.seaweed import free_ports
 
     server = scripted_model([FIX, tool_call("finish", summary="fixed")])
-    made = blocks(
+    down = blocks(
         server, endpoint_url=f"http://127.0.0.1:{free_ports(1)[0]}", attempts=1
     )  # nothing listens there
+    task = calc_task(buggy_repo, "calc-outage")
 
-    state = solve_bug(task=calc_task(buggy_repo, "calc-outage"), return_state=True, **flow_kwargs(made))
+    state = solve_bug(task=task, sweep="outage", return_state=True, **flow_kwargs(down))
 
     assert state.is_failed()
     with pytest.raises(StorageError) as info:
         state.result()
-    assert "kept in" in str(info.value)
-    folder = Path(str(info.value).split("the artifacts are kept in ")[1].rstrip(")"))
-    assert {p.name for p in folder.iterdir()} == RUN_FILES
+    assert "bugsweep upload" in str(info.value)
+    folder = Path(str(info.value).split("the artifacts are kept in ")[1].split(")")[0])
+    assert {p.name for p in folder.iterdir()} == RUN_FILES | {PENDING_FILE}
     assert json.loads((folder / "grade.json").read_text())["resolved"] is True
+    requests_after_first_run = len(server.requests)
+    assert requests_after_first_run == 2
+
+    back = blocks(server)  # S3 is back (a new bucket on the running SeaweedFS), same local folder
+    grade = solve_bug(task=task, sweep="outage", **flow_kwargs(back))
+
+    assert grade.resolved
+    assert len(server.requests) == requests_after_first_run, "the agent did not run again"
+    store = back["_store"]
+    assert {k.rsplit("/", 1)[1] for k in store.list("outage/calc-outage/scripted-model")} == RUN_FILES
+    assert json.loads(store.get_bytes("outage/calc-outage/scripted-model/grade.json"))["resolved"] is True
+    assert not (folder / PENDING_FILE).exists()
+
+
+def test_bugsweep_upload_puts_a_kept_run_folder_where_it_belongs(tmp_path: Path, monkeypatch) -> None:
+    """`bugsweep upload DIR` on a folder of kept runs (a local folder store: no S3 needed to test the command)."""
+    from typer.testing import CliRunner
+
+    from bugsweep.cli import app
+    from bugsweep.storage import PENDING_FILE, LocalStore, mark_pending
+
+    store = LocalStore(tmp_path / "store")
+    kept = tmp_path / "local" / "nightly" / "calc-1" / "m"
+    kept.mkdir(parents=True)
+    (kept / "patch.diff").write_text("+fix\n")
+    (kept / "grade.json").write_text(json.dumps({"instance_id": "calc-1", "resolved": True}))
+    mark_pending(kept, "nightly/calc-1/m", store, "S3 was down")
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    monkeypatch.setenv("BUGSWEEP_STORE_URL", str(tmp_path / "store"))
+
+    result = CliRunner().invoke(app, ["upload", str(tmp_path / "local")])
+
+    assert result.exit_code == 0, result.output
+    assert "uploaded" in result.output and "nightly/calc-1/m" in result.output
+    assert sorted(store.list("nightly")) == ["nightly/calc-1/m/grade.json", "nightly/calc-1/m/patch.diff"]
+    assert not (kept / PENDING_FILE).exists()
+    again = CliRunner().invoke(app, ["upload", str(tmp_path / "local")])
+    assert again.exit_code == 0 and "nothing to upload" in again.output
 
 
 # -- sweep ------------------------------------------------------------------------------------------------------
@@ -288,6 +331,7 @@ def test_sweep_survives_a_failing_setup_and_a_rerun_skips_graded_tasks(
     assert table is not None and "calc-broken-setup" in str(table.data)
     summary = Artifact.get("sweep-nightly")
     assert summary is not None and "**2 of 3** tasks resolved" in str(summary.data)
+    assert "COMPLETED" in str(summary.data), "a setup that fails is the task's failure, not the sweep's"
     requests_after_first = len(server.requests)
 
     again = sweep(source=TaskFile(path=str(tasks_file)), concurrency=2, **flow_kwargs(made))
@@ -390,6 +434,38 @@ def test_a_sandbox_outage_is_retried_and_the_task_still_graded(
     assert outcome.grade.resolved and outcome.grade.error is None
 
 
+def test_a_model_url_that_refuses_connections_fails_the_run_at_once_naming_the_url(
+    prefect_harness: None, blocks, scripted_model, buggy_repo: Path
+) -> None:
+    """A model endpoint block whose URL has nothing listening: the run fails on the first request, as a config
+    failure naming the URL; neither the model client nor the solve step tries again."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    from blocks import ModelEndpoint
+    from flows.solve_bug import solve_bug
+    from tests.support.seaweed import free_ports
+
+    made = blocks(scripted_model([]))
+    url = f"http://127.0.0.1:{free_ports(1)[0]}/v1"
+    ModelEndpoint(base_url=url, model="nowhere").save("model-refused", overwrite=True)
+
+    state = solve_bug(
+        task=calc_task(buggy_repo, "calc-refused"), return_state=True,
+        **{**flow_kwargs(made), "model_block": "model-refused"},
+    )  # fmt: skip
+
+    assert state.is_failed()
+    grade = json.loads(made["_store"].get_bytes("adhoc/calc-refused/nowhere/grade.json"))
+    assert grade["failure_kind"] == "config" and url in grade["error"] and "after 1 attempt" in grade["error"]
+    with get_client(sync_client=True) as client:
+        runs = client.read_task_runs(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[state.state_details.flow_run_id]))
+        )
+    solve_runs = [r for r in runs if r.name.startswith("solve-") and r.name != "solve-one"]
+    assert len(solve_runs) == 1 and solve_runs[0].run_count == 1, "the solve step was not retried"
+
+
 def test_a_config_error_is_not_retried_and_says_what_kind_it_was(
     blocks, scripted_model, buggy_repo: Path, tmp_path: Path
 ) -> None:
@@ -406,9 +482,15 @@ def test_a_config_error_is_not_retried_and_says_what_kind_it_was(
     assert server.requests == [], "the model was never called"
 
 
-def test_bugsweep_sweep_command_runs_the_flow_and_prints_the_grades(
+def test_bugsweep_sweep_command_runs_the_flow_and_a_task_that_cannot_run_fails_the_sweep(
     blocks, scripted_model, buggy_repo: Path, tmp_path: Path
 ) -> None:
+    """One task runs, one cannot (its repository does not exist: a config failure). The other task is still graded
+    and printed; the flow run ends FAILED, its summary artifact says FAILED, and the command exits 2."""
+    from prefect.artifacts import Artifact
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowFilter, FlowFilterName
+    from prefect.client.schemas.sorting import FlowRunSort
     from typer.testing import CliRunner
 
     from bugsweep.cli import app
@@ -416,7 +498,8 @@ def test_bugsweep_sweep_command_runs_the_flow_and_prints_the_grades(
     server = scripted_model([fixer] * 4)
     made = blocks(server)
     tasks_file = tmp_path / "cli.jsonl"
-    dump_tasks([calc_task(buggy_repo, "calc-cli")], tasks_file)
+    missing = calc_task(tmp_path / "no-such-repo", "calc-missing-repo")
+    dump_tasks([calc_task(buggy_repo, "calc-cli"), missing], tasks_file)
 
     result = CliRunner().invoke(
         app,
@@ -424,10 +507,22 @@ def test_bugsweep_sweep_command_runs_the_flow_and_prints_the_grades(
          "--store-block", made["store_block"], "--max-turns", "4"],
     )  # fmt: skip
 
-    assert result.exit_code == 0, result.output
-    assert "calc-cli" in result.output and "1 of 1 resolved" in result.output
+    assert result.exit_code == 2, result.output
+    assert "1 of 2 resolved" in result.output
+    assert (
+        "FAILED: 1 of 2 task(s)" in result.output and "calc-missing-repo (failed (config))" in result.output
+    )
     assert "agent policy: plain" in result.output
     assert made["_store"].exists("cli/calc-cli/scripted-model/patch.diff")
+    summary = Artifact.get("sweep-cli")
+    assert summary is not None and "FAILED: 1 of 2 task(s)" in str(summary.data)
+    with get_client(sync_client=True) as client:
+        (last,) = client.read_flow_runs(
+            flow_filter=FlowFilter(name=FlowFilterName(any_=["sweep"])),
+            sort=FlowRunSort.START_TIME_DESC,
+            limit=1,
+        )
+    assert last.state is not None and last.state.is_failed()
 
 
 def test_a_rerun_skips_only_real_grades_for_the_same_commit(tmp_path: Path) -> None:

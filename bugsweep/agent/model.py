@@ -2,7 +2,8 @@
 
 Retries live here, with tenacity, because only the client can tell a passing failure from a permanent one:
 429, 5xx, timeouts and dropped connections are retried with exponential backoff (honouring Retry-After);
-400/401/403/404 mean the settings are wrong and raise ConfigError at once; a context-length error raises
+400/401/403/404, and an address where nothing listens (connection refused, unknown host), mean the settings are
+wrong and raise ConfigError at once; a context-length error raises
 ContextLengthExceeded so that the loop can shorten the history and go on. Tool calls that a small model writes as text
 instead of `tool_calls` are recovered here too (`recover_text_tool_calls`).
 """
@@ -13,6 +14,7 @@ import contextlib
 import json
 import random
 import re
+import socket
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -177,7 +179,13 @@ class ChatModel:
                     )
         except openai.APIStatusError as exc:
             raise self._translate(exc, attempts) from None
-        except (openai.APITimeoutError, openai.APIConnectionError) as exc:
+        except openai.APIConnectionError as exc:
+            if _is_refused(exc):
+                raise ConfigError(
+                    f"nothing answers at the model endpoint {self.settings.base_url} (after {attempts} attempt: "
+                    f"{self._redact(str(exc.__cause__ or exc))}); check its base URL (LLM_BASE_URL or the model "
+                    "endpoint block) and that the server is running"
+                ) from None
             raise ModelUnavailable(
                 f"the model endpoint {self.settings.base_url} did not answer after {attempts} attempts: "
                 f"{self._redact(str(exc))}"
@@ -291,7 +299,21 @@ def retries_reported(model: object, hook: RetryHook) -> Iterator[None]:
 def _is_transient(exc: BaseException) -> bool:
     if isinstance(exc, openai.APIStatusError):
         return exc.status_code in (408, 409, 429) or exc.status_code >= 500
-    return isinstance(exc, (openai.APITimeoutError, openai.APIConnectionError))
+    return isinstance(exc, (openai.APITimeoutError, openai.APIConnectionError)) and not _is_refused(exc)
+
+
+def _is_refused(exc: BaseException) -> bool:
+    """A connection that could not be opened at all (refused, unknown host): a wrong URL, not a passing outage."""
+    if isinstance(exc, openai.APITimeoutError):
+        return False
+    cause: BaseException | None = exc
+    for _ in range(8):  # openai -> httpx -> httpcore -> the socket's error
+        if cause is None:
+            return False
+        if isinstance(cause, (ConnectionRefusedError, socket.gaierror)):
+            return True
+        cause = cause.__cause__ or cause.__context__
+    return False
 
 
 def _retry_after(exc: BaseException | None) -> float | None:

@@ -33,9 +33,10 @@ blocks_app = typer.Typer(
 
 
 def register(app: typer.Typer) -> None:
-    """Add `sweep`, `deploy` and the `blocks` group to the main app."""
+    """Add `sweep`, `deploy`, `upload` and the `blocks` group to the main app."""
     app.command("sweep")(sweep_command)
     app.command("deploy")(deploy_command)
+    app.command("upload")(upload_command)
     app.add_typer(blocks_app, name="blocks")
 
 
@@ -160,6 +161,8 @@ def sweep_command(
 ) -> None:
     """Run many tasks at once, each graded and uploaded; tasks already graded for this model are skipped.
 
+    Exit code 0 when every task ran (resolved or not), 2 when any could not be run or stored (the sweep is FAILED).
+
     Tasks come from a task file (as `bugsweep mine` writes it), or from a repository and branch: its tests are
     run, and each failing test file becomes a task. Results go to the artifact store, under SWEEP/TASK/MODEL/.
     """
@@ -173,7 +176,7 @@ def sweep_command(
     from bugsweep.discover import RepoBranch, TaskFile
     from bugsweep.errors import BugsweepError
     from flows.common import AgentLimits
-    from flows.sweep import sweep
+    from flows.sweep import SweepFailed, sweep
 
     source: TaskFile | RepoBranch
     if tasks is not None:
@@ -183,7 +186,7 @@ def sweep_command(
         source = RepoBranch(repo=repo, branch=branch, test_command=test_command, setup_command=setup_command)
     try:
         with prefect_server():
-            state = sweep(
+            grades = sweep(  # type: ignore[call-overload]  # sandbox: checked above
                 source=source,
                 name=name,
                 model_block=model_block,
@@ -193,12 +196,14 @@ def sweep_command(
                 concurrency=concurrency,
                 run_on="workers" if on_workers else "this-process",
                 redo_graded=redo,
-                return_state=True,
             )
-        grades = state.result()
+    except SweepFailed as exc:
+        _print_grades(exc.grades)
+        _fail(str(exc))
     except BugsweepError as exc:
         _fail(str(exc))
     _print_grades(grades)
+    console.print(f"sweep COMPLETED: all {len(grades)} task(s) ran")
 
 
 def _print_grades(grades: list[Any]) -> None:
@@ -216,6 +221,87 @@ def _print_grades(grades: list[Any]) -> None:
     policies = sorted({g.policy for g in grades if g.policy})
     if policies:
         console.print(f"agent policy: {', '.join(policies)}")
+
+
+# -- upload -------------------------------------------------------------------------------------------------------
+
+
+def upload_command(
+    run_dir: Annotated[
+        Path,
+        typer.Argument(
+            help="A run folder kept after its upload failed, or a folder holding many (the store's local folder)."
+        ),
+    ],
+    store_block: Annotated[
+        str | None,
+        typer.Option(
+            help="Artifact store block to upload to (needs PREFECT_API_URL); default: the bugsweep-artifacts "
+            "block when PREFECT_API_URL is set and it exists, else BUGSWEEP_STORE_URL."
+        ),
+    ] = None,
+) -> None:
+    """Upload the graded runs whose upload failed (each kept with an upload-pending.json marker) to the artifact
+    store, under the keys they were meant for, grade.json last. Uploading twice is harmless.
+
+    A sweep does this by itself as it starts, and a solve-bug run of the same task does it instead of running the
+    agent again; this command is for doing it now, by hand.
+    """
+    from bugsweep.errors import BugsweepError
+    from bugsweep.storage import pending_runs, upload_pending
+
+    folders = pending_runs(run_dir.expanduser().resolve())
+    if not folders:
+        console.print(f"nothing to upload: no run folder under {run_dir} waits for an upload", soft_wrap=True)
+        return
+    try:
+        store = _configured_store(store_block)
+    except BugsweepError as exc:
+        _fail(str(exc))
+    failed = 0
+    for folder in folders:
+        try:
+            _check_destination(folder, store.location)
+            result = upload_pending(store, folder)
+        except BugsweepError as exc:
+            failed += 1
+            err.print(f"[red]not uploaded[/] {folder}: {exc}", soft_wrap=True)
+            continue
+        console.print(
+            f"uploaded {folder} -> {result.location}/{result.key} ({len(result.uris)} files)", soft_wrap=True
+        )
+    if failed:
+        _fail(
+            f"{failed} of {len(folders)} run folder(s) could not be uploaded; they are kept for another try"
+        )
+
+
+def _configured_store(store_block: str | None) -> Any:
+    from bugsweep.storage import StoreSettings, open_store
+
+    if store_block or os.environ.get("PREFECT_API_URL"):
+        from blocks import STORE_BLOCK, ArtifactStoreBlock
+        from flows.common import load_block
+
+        block = load_block(ArtifactStoreBlock, store_block or STORE_BLOCK, STORE_BLOCK)
+        if block is not None:
+            return block.store()
+    return open_store(StoreSettings())
+
+
+def _check_destination(folder: Path, location: str) -> None:
+    """Refuse to put a run where it was not meant to go (another bucket, or a local folder by mistake)."""
+    import json
+
+    from bugsweep.errors import ConfigError
+    from bugsweep.storage import PENDING_FILE
+
+    meant = json.loads((folder / PENDING_FILE).read_text(encoding="utf-8")).get("store")
+    if meant and meant.rstrip("/") != location.rstrip("/"):
+        raise ConfigError(
+            f"it belongs in {meant}, but the configured store is {location}: set BUGSWEEP_STORE_URL (and its "
+            "credentials) or pass --store-block"
+        )
 
 
 # -- deploy -------------------------------------------------------------------------------------------------------
