@@ -576,7 +576,7 @@ def test_the_flow_and_the_cli_grade_a_task_the_same_through_the_same_function(
     blocks, scripted_model, buggy_repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """`bugsweep solve` and the solve-bug flow on one task and one script: one function runs both (the flow with
-    Prefect steps, the CLI with plain calls), and their grades and patches are the same but for the clock."""
+    Prefect steps, the CLI with plain calls), and their grades and patches are the same but for the clock and the resources measured."""
     from typer.testing import CliRunner
 
     from bugsweep import pipeline
@@ -612,7 +612,9 @@ def test_the_flow_and_the_cli_grade_a_task_the_same_through_the_same_function(
     cli_grade = json.loads((out / "grade.json").read_text())
 
     assert len(runners) == 2 and isinstance(runners[0], PrefectSteps) and runners[1] is pipeline.call_step
-    clock = {"instance_id", "wall_s", "agent_wall_s"}
+    measured = {"instance_id", "wall_s", "agent_wall_s", "cpu_s", "peak_memory_mib", "peak_disk_mib"}
     assert flow_grade.resolved and cli_grade["resolved"]
-    assert flow_grade.model_dump(exclude=clock) == {k: v for k, v in cli_grade.items() if k not in clock}
+    assert flow_grade.model_dump(exclude=measured) == {
+        k: v for k, v in cli_grade.items() if k not in measured
+    }
     assert flow_patch == (out / "patch.diff").read_text()
