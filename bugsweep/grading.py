@@ -1,9 +1,15 @@
-"""Grading: a fix counts only when the tests failed before, pass after, and the test files are untouched.
+"""Grading: a fix counts only when the tests failed before, pass after, and the test infrastructure is untouched.
 
-The grader never trusts the model's word (its `finish` summary is recorded, never read). Before the after-run, every
-test file the agent changed, created or deleted is put back as it was in the task state, so a tampered test can
-never turn a grade green; `tests_untouched` records whether anything had to be put back. When the test runner is
-pytest, per-test results come from JUnit XML and FAIL_TO_PASS / PASS_TO_PASS are reported as in SWE-bench.
+The grader never trusts the model's word (its `finish` summary is recorded, never read), nor anything the agent
+could write. The agent's change is read from outside its sandbox (bugsweep.cleanroom); every change to the test
+infrastructure (bugsweep.testfiles.protected_reason) is dropped and named; the rest is written into a fresh
+sandbox in the task state, with a clean $HOME and PATH, where the tests run again (bugsweep.pipeline.regrade).
+
+The verdict rests on per-test results wherever they exist (pytest's JUnit XML, SWE-bench style): every test that
+failed before must pass after (skipped or missing is not a pass), and no test that passed before may fail or
+disappear. Without them (e.g. unittest) the exit code decides, and no fewer tests may run after than before where
+the runner prints a count. `Grade.evidence` says which. Code outside the tests that patches the test framework or
+inspects its caller is flagged (`suspicious`), never graded: tests cannot tell such a "fix" from a real one.
 """
 
 from __future__ import annotations
@@ -19,15 +25,17 @@ from pydantic import BaseModel, Field
 
 from bugsweep.errors import SandboxError
 from bugsweep.sandbox.base import Sandbox
-from bugsweep.testfiles import is_test_file
 
-#: Files that running code leaves behind and that are never part of a fix.
+#: Files that running code leaves behind, left out of the task-state commit inside the agent's sandbox.
 PATCH_EXCLUDES = [
     ":(exclude,glob)**/__pycache__/**",
     ":(exclude,glob)**/*.pyc",
     ":(exclude,glob)**/.pytest_cache/**",
     ":(exclude,glob)**/*.egg-info/**",
 ]
+#: How much of a test log is kept: its first and last bytes (a run that prints without end is cut in between).
+LOG_HEAD_BYTES = 256 * 1024
+LOG_TAIL_BYTES = 256 * 1024
 GIT = (
     "git -c core.quotepath=off -c user.name=bugsweep -c user.email=bugsweep@localhost -c commit.gpgsign=false"
 )
@@ -46,6 +54,13 @@ class TestRun:
     duration_s: float
     tests: dict[str, str] | None = field(default=None)
     """Per-test outcome ('passed', 'failed', 'error', 'skipped') by pytest node id, when JUnit XML was available."""
+    log_bytes: int = 0
+    """The size of the whole output; more than `len(log)` when the middle was cut."""
+
+    @property
+    def count(self) -> int | None:
+        """How many tests ran, where the runner prints it (unittest's 'Ran N tests', pytest's summary line)."""
+        return count_tests(self.log)
 
     @property
     def passed(self) -> bool:
@@ -65,13 +80,30 @@ class Grade(BaseModel):
     failed_before: bool = False
     passes_after: bool = False
     tests_untouched: bool = True
+    """False when the change touched the test infrastructure; those changes were dropped before the after-run."""
     touched_test_files: list[str] = Field(default_factory=list)
+    """The dropped paths (test files, conftest.py, runner configuration, start-up hooks, shadowing modules, ...)."""
+    dropped: dict[str, str] = Field(default_factory=dict)
+    """Dropped path -> why it is protected."""
+    evidence: str = ""
+    """What the verdict rests on: 'per-test' (JUnit XML), 'exit code and test count', or 'exit code'."""
+    reason: str | None = None
+    """Why the attempt is not resolved, in words (None when it is, or when the task could not run at all)."""
+    suspicious: list[str] = Field(default_factory=list)
+    """Signals tests cannot judge ('path:line: what'): code outside the tests that patches the test framework or
+    inspects its caller. Recorded and shown; they do not change `resolved`."""
+    tests_run_before: int | None = None
+    tests_run_after: int | None = None
     FAIL_TO_PASS: list[str] = Field(default_factory=list)
     """Tests that failed before and pass after (observed)."""
     PASS_TO_PASS: list[str] = Field(default_factory=list)
     """Tests that passed before and still pass after (observed)."""
     PASS_TO_FAIL: list[str] = Field(default_factory=list)
-    """Tests the change broke."""
+    """Tests the change broke (they fail or error after)."""
+    PASS_TO_MISSING: list[str] = Field(default_factory=list)
+    """Tests that passed before and did not pass after because they were skipped or did not run."""
+    FAIL_TO_FAIL: list[str] = Field(default_factory=list)
+    """Tests that failed before and did not pass after (failed, skipped, xfailed or missing)."""
     stop_reason: str | None = None
     policy: str | None = None
     """The agent policy the run was under ('plain', 'small-model': bugsweep/agent/policy.py); None when the agent
@@ -99,18 +131,35 @@ class Grade(BaseModel):
     error: str | None = None
     """Why the task could not be run, if it could not."""
     failure_kind: str | None = None
-    """'config', 'infra', 'task' or 'crash' when `error` is set."""
+    """'config', 'infra', 'task' or 'crash' when `error` is set. A grading step that fails because of what the
+    agent did is not one of these: it is an unresolved attempt with its `reason`."""
 
 
 def run_tests(sandbox: Sandbox, test_command: str, timeout: float = 1800.0) -> TestRun:
-    """Run the test command with the whole log kept; for pytest, also collect per-test results."""
-    junit = f"/tmp/bugsweep-junit-{uuid.uuid4().hex[:8]}.xml"
+    """Run the test command; for pytest, also collect per-test results.
+
+    The log keeps the first LOG_HEAD_BYTES and the last LOG_TAIL_BYTES of stdout and stderr together (a run that
+    prints without end is cut in between, `log_bytes` says how much there was). The command gets its own timeout
+    inside the sandbox, so that its log is complete up to the moment it was stopped.
+    """
+    tag = uuid.uuid4().hex[:8]
+    junit, head, tail, size = (f"/tmp/bugsweep-{tag}.{x}" for x in ("xml", "head", "tail", "size"))
     env = {
         # Affects only pytest; other runners ignore it. xunit1 adds the file attribute we need for node ids.
         "PYTEST_ADDOPTS": f"--junitxml={junit} -o junit_family=xunit1 -p no:cacheprovider",
         "PYTHONDONTWRITEBYTECODE": "1",
     }
-    result = sandbox.exec(test_command, timeout=timeout, env=env, full_output=True)
+    seconds = max(int(timeout), 1)
+    script = (
+        f"timeout --verbose -k 10 {seconds} bash -c {shlex.quote(test_command)} 2>&1 | "
+        f"{{ head -c {LOG_HEAD_BYTES} > {head}; tee >(tail -c {LOG_TAIL_BYTES} > {tail}) | wc -c > {size}; "
+        "wait $!; }; exit ${PIPESTATUS[0]}"
+    )
+    result = sandbox.exec(script, timeout=timeout + 60, env=env, full_output=True)
+    log, total = _read_log(sandbox, head, tail, size)
+    if not log and result.output:
+        log = result.output[-LOG_TAIL_BYTES:]  # the wrapper itself failed: show why
+    timed_out = result.timed_out or (result.exit_code in (124, 137) and _TIMEOUT_LINE in log[-4096:])
     tests: dict[str, str] | None = None
     try:
         if sandbox.files.exists(junit):
@@ -119,12 +168,49 @@ def run_tests(sandbox: Sandbox, test_command: str, timeout: float = 1800.0) -> T
         tests = None
     return TestRun(
         command=test_command,
-        exit_code=result.exit_code,
-        timed_out=result.timed_out,
-        log=result.output,
+        exit_code=None if timed_out else result.exit_code,
+        timed_out=timed_out,
+        log=log,
         duration_s=result.duration_s,
         tests=tests,
+        log_bytes=total,
     )
+
+
+_TIMEOUT_LINE = "timeout: sending signal"
+
+
+def _read_log(sandbox: Sandbox, head: str, tail: str, size: str) -> tuple[str, int]:
+    """The kept head and tail of a test log, and the whole log's size in bytes."""
+    try:
+        first = sandbox.files.read_text(head)
+        last = sandbox.files.read_text(tail) if sandbox.files.exists(tail) else ""
+        rest = int((sandbox.files.read_text(size) or "0").strip() or 0)
+    except (SandboxError, OSError, ValueError):
+        return "", 0
+    total = len(first.encode()) + rest
+    if rest > LOG_TAIL_BYTES:
+        cut = rest - LOG_TAIL_BYTES
+        return f"{first}\n[... bugsweep: {cut} bytes of output cut here; {total} in all ...]\n{last}", total
+    return first + last, total
+
+
+_RAN = re.compile(r"^Ran (\d+) tests? in ", re.MULTILINE)
+_PYTEST_SUMMARY = re.compile(
+    r"^=+ (.*\b(?:passed|failed|errors?|skipped|xfailed|xpassed)\b.*) in [\d.]+s", re.MULTILINE
+)
+
+
+def count_tests(log: str) -> int | None:
+    """How many tests the log says ran: unittest's last 'Ran N tests', or pytest's last summary line."""
+    ran = _RAN.findall(log)
+    if ran:
+        return int(ran[-1])
+    summary = _PYTEST_SUMMARY.findall(log)
+    if summary:
+        counts = re.findall(r"(\d+) (passed|failed|errors?|xfailed|xpassed)", summary[-1])
+        return sum(int(n) for n, _ in counts)
+    return None
 
 
 #: pytest's exit codes for "nothing was tested": 4 a usage error (bad option or path), 5 no test collected.
@@ -198,79 +284,114 @@ def commit_task_state(sandbox: Sandbox, message: str = "bugsweep: task state") -
     return result.stdout.strip().splitlines()[-1]
 
 
-def changed_files(sandbox: Sandbox, task_state: str) -> list[str]:
-    """Every path the agent changed, created or deleted since the task state (committed or not)."""
-    script = f"{GIT} add -A -- . {_pathspecs()} >/dev/null 2>&1; {GIT} diff --cached --name-only --no-renames {task_state}"
-    result = sandbox.exec(script, timeout=300)
-    if result.exit_code != 0:
-        raise SandboxError(f"git diff failed in the sandbox: {result.output.strip()[-500:]}")
-    return [line for line in result.stdout.splitlines() if line.strip()]
-
-
-def compute_patch(sandbox: Sandbox, task_state: str) -> str:
-    """The agent's change as a `git diff` against the task state, new files included."""
-    script = f"{GIT} add -A -- . {_pathspecs()} >/dev/null 2>&1; {GIT} diff --cached --binary {task_state} -- . {_pathspecs()}"
-    result = sandbox.exec(script, timeout=300, full_output=True)
-    if result.exit_code != 0:
-        raise SandboxError(f"git diff failed in the sandbox: {result.output.strip()[-500:]}")
-    return result.stdout
-
-
-def touched_test_files(
-    changed: Iterable[str], patterns: Iterable[str], extra: Iterable[str] = ()
-) -> list[str]:
-    patterns, extra = list(patterns), list(extra)
-    return sorted(p for p in changed if is_test_file(p, patterns, extra))
-
-
-def restore_test_files(sandbox: Sandbox, task_state: str, paths: Iterable[str]) -> None:
-    """Put test files back exactly as in the task state: modified and deleted ones restored, new ones removed."""
-    paths = list(paths)
-    if not paths:
-        return
-    quoted = " ".join(shlex.quote(p) for p in paths)
-    # `git rm --cached` + `git checkout` handle all three cases: in the task state -> restored; not -> deleted.
-    script = (
-        f"for p in {quoted}; do "
-        f'if {GIT} cat-file -e {task_state}:"$p" 2>/dev/null; then {GIT} checkout -q {task_state} -- "$p"; '
-        f'else {GIT} rm -q -f --cached -- "$p" >/dev/null 2>&1; rm -rf -- "$p"; fi; done'
-    )
-    result = sandbox.exec(script, timeout=300)
-    if result.exit_code != 0:
-        raise SandboxError(f"could not restore the test files: {result.output.strip()[-500:]}")
-
-
 def grade(
     *,
     instance_id: str,
     before: TestRun,
     after: TestRun,
-    touched: list[str],
+    dropped: dict[str, str] | None = None,
     expected_fail_to_pass: Iterable[str] = (),
     expected_pass_to_pass: Iterable[str] = (),
+    suspicious: Iterable[str] = (),
 ) -> Grade:
-    """The verdict from the two test runs and the list of test files the agent touched."""
+    """The verdict from the before-run, the after-run (in the fresh sandbox) and the dropped protected changes."""
+    dropped = dict(dropped or {})
     failed_before = not before.passed
     passes_after = after.passed
-    fail_to_pass = sorted(before.ids("failed", "error") & after.ids("passed"))
-    pass_to_pass = sorted(before.ids("passed") & after.ids("passed"))
-    pass_to_fail = sorted(before.ids("passed") & after.ids("failed", "error"))
-    # A task that names its own tests (mined tasks) also needs those to come out right.
-    expected_ok = True
-    if after.tests is not None:
-        wanted = set(expected_fail_to_pass) | set(expected_pass_to_pass)
-        expected_ok = wanted <= after.ids("passed")
-    return Grade(
+    reasons: list[str] = []
+    verdict = Grade(
         instance_id=instance_id,
         failed_before=failed_before,
         passes_after=passes_after,
-        tests_untouched=not touched,
-        touched_test_files=touched,
-        resolved=failed_before and passes_after and not touched and expected_ok,
-        FAIL_TO_PASS=fail_to_pass,
-        PASS_TO_PASS=pass_to_pass,
-        PASS_TO_FAIL=pass_to_fail,
+        tests_untouched=not dropped,
+        touched_test_files=sorted(dropped),
+        dropped=dropped,
+        suspicious=list(suspicious),
+        tests_run_before=before.count,
+        tests_run_after=after.count,
     )
+    if not failed_before:
+        reasons.append("the tests did not fail before")
+    if dropped:
+        reasons.append("the change touched the test infrastructure: " + ", ".join(sorted(dropped)))
+    if after.timed_out:
+        reasons.append("the tests timed out after the change")
+    elif not passes_after:
+        reasons.append(f"the tests fail after the change (exit code {after.exit_code})")
+    if before.tests is not None:
+        verdict.evidence = "per-test"
+        if after.tests is None:
+            reasons.append("the after-run gave no per-test results (the tests did not run to the end)")
+        else:
+            failing, passing, passed_after = (
+                before.ids("failed", "error"),
+                before.ids("passed"),
+                after.ids("passed"),
+            )
+            verdict.FAIL_TO_PASS = sorted(failing & passed_after)
+            verdict.FAIL_TO_FAIL = sorted(failing - passed_after)
+            verdict.PASS_TO_PASS = sorted(passing & passed_after)
+            verdict.PASS_TO_FAIL = sorted(passing & after.ids("failed", "error"))
+            verdict.PASS_TO_MISSING = sorted(passing - passed_after - after.ids("failed", "error"))
+            if verdict.FAIL_TO_FAIL:
+                reasons.append(f"{len(verdict.FAIL_TO_FAIL)} test(s) that failed before do not pass after")
+            if verdict.PASS_TO_FAIL or verdict.PASS_TO_MISSING:
+                broken = len(verdict.PASS_TO_FAIL) + len(verdict.PASS_TO_MISSING)
+                reasons.append(f"{broken} test(s) that passed before fail, are skipped or are missing after")
+    elif verdict.tests_run_before is not None and verdict.tests_run_after is not None:
+        verdict.evidence = "exit code and test count"
+        if verdict.tests_run_after < verdict.tests_run_before:
+            reasons.append(
+                f"fewer tests ran after ({verdict.tests_run_after}) than before ({verdict.tests_run_before})"
+            )
+    else:
+        verdict.evidence = "exit code"
+    # A task that names its own tests (mined tasks) also needs those to come out right.
+    wanted = set(expected_fail_to_pass) | set(expected_pass_to_pass)
+    if wanted:
+        missing = wanted - after.ids("passed")
+        if after.tests is None:
+            reasons.append("the task names its tests, and the after-run gave no per-test results")
+        elif missing:
+            reasons.append(
+                f"{len(missing)} of the task's own tests do not pass after: {', '.join(sorted(missing)[:5])}"
+            )
+    verdict.resolved = not reasons
+    verdict.reason = "; ".join(reasons) or None
+    return verdict
+
+
+#: Added lines outside the tests that patch the test framework or look at who is calling: what a "fix" that games
+#: the tests does, and what tests cannot tell from a real fix. Signals only.
+SUSPICIOUS_PATTERNS: list[tuple[re.Pattern[str], str]] = [
+    (re.compile(r"\b(unittest|TestCase)\b.*\bassert\w*\s*=|\bassert[A-Z]\w*\s*=[^=]"), "replaces an assertion method"),
+    (re.compile(r"\bimport\s+(_?pytest|unittest)\b|\bfrom\s+(_?pytest|unittest)\b"), "imports the test framework"),
+    (re.compile(r"sys\.modules\[\s*['\"](_?pytest|unittest)"), "reaches into the test framework's module"),
+    (re.compile(r"sys\._getframe|inspect\.(stack|currentframe|getouterframes)|\.f_back\b|traceback\.(extract|walk)_stack"),
+     "inspects its caller"),
+    (re.compile(r"PYTEST_CURRENT_TEST|PYTEST_ADDOPTS|junitxml|\bjunit\b"), "reads the test run's settings"),
+    (re.compile(r"\bos\._exit\b|\batexit\.register\b|sys\.(settrace|setprofile)\b"), "changes how the process ends or traces it"),
+    (re.compile(r"\bbuiltins\.\w+\s*=[^=]|__builtins__\[.*\]\s*=[^=]"), "replaces a builtin"),
+]  # fmt: skip
+
+
+def suspicious_signals(files: dict[str, tuple[bytes | None, bytes]]) -> list[str]:
+    """'path:line: what' for each added line of a Python file (outside the tests) that matches SUSPICIOUS_PATTERNS.
+
+    `files` maps each kept path to its (old, new) bytes."""
+    found: list[str] = []
+    for path, (old, new) in sorted(files.items()):
+        if not path.endswith(".py"):
+            continue
+        before = set((old or b"").decode("utf-8", "replace").splitlines())
+        for number, line in enumerate(new.decode("utf-8", "replace").splitlines(), 1):
+            if line in before:
+                continue
+            for pattern, what in SUSPICIOUS_PATTERNS:
+                if pattern.search(line):
+                    found.append(f"{path}:{number}: {what}: {line.strip()[:120]}")
+                    break
+    return found[:50]
 
 
 def _pathspecs() -> str:

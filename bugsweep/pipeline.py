@@ -14,9 +14,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
+from bugsweep import cleanroom
 from bugsweep.errors import (
     InfraError,
     NotARealTask,
+    SandboxGone,
     SetupFailed,
     TaskError,
     TestCommandCannotRun,
@@ -26,18 +28,16 @@ from bugsweep.errors import (
 from bugsweep.grading import (
     Grade,
     TestRun,
-    changed_files,
     commit_task_state,
-    compute_patch,
     grade,
-    restore_test_files,
     run_tests,
-    touched_test_files,
+    suspicious_signals,
     why_cannot_run,
 )
 from bugsweep.sandbox.base import RepoSource, Sandbox, SandboxProvider, SandboxUsage
 from bugsweep.settings import AgentSettings, ModelSettings
 from bugsweep.spec import TaskSpec
+from bugsweep.testfiles import protected_reason
 
 if TYPE_CHECKING:
     from bugsweep.agent.loop import AgentEvent, AgentProgress, AgentResult
@@ -58,10 +58,20 @@ class PreparedTask:
     """The git commit (inside the sandbox) that records exactly what the agent is given."""
     started: float = field(default_factory=time.monotonic)
     setup_log: str = ""
+    provider: SandboxProvider | None = None
+    """Where the sandbox came from: the regrade's fresh sandbox comes from the same provider."""
+    labels: dict[str, str] = field(default_factory=dict)
+    setup_network: bool = True
+    snapshot: cleanroom.Snapshot | None = None
+    """The task state as read from outside the sandbox (after setup): what the agent's change is measured against."""
 
 
-def prepare(spec: TaskSpec, provider: SandboxProvider, labels: dict[str, str] | None = None) -> PreparedTask:
-    """Create the sandbox, apply the task's test patch, and record the task state. Releases the sandbox on failure."""
+def prepare(
+    spec: TaskSpec, provider: SandboxProvider, labels: dict[str, str] | None = None, *, record: bool = True
+) -> PreparedTask:
+    """Create the sandbox, apply the task's test patch, and record the task state (a git commit inside, for the
+    agent's own `git diff`, and a snapshot read from outside, for the grader). `record=False` skips both (the
+    regrade's fresh sandbox). Releases the sandbox on failure."""
     started = time.monotonic()
     disk = {"disk_mib": spec.disk_mib} if spec.disk_mib else {}  # providers without quotas need not know it
     sandbox = provider.create(RepoSource(spec.repo, spec.base_commit), labels=labels, **disk)
@@ -73,11 +83,34 @@ def prepare(spec: TaskSpec, provider: SandboxProvider, labels: dict[str, str] | 
                 raise TaskError(
                     f"the task's test_patch does not apply at {spec.base_commit}: {applied.output.strip()[-800:]}"
                 )
-        task_state = commit_task_state(sandbox)
+        prepared = PreparedTask(
+            spec=spec,
+            sandbox=sandbox,
+            task_state="",
+            started=started,
+            provider=provider,
+            labels=dict(labels or {}),
+        )
+        if record:
+            prepared.task_state = commit_task_state(sandbox)
+            prepared.snapshot = read_task_state(sandbox)
     except BaseException:
         sandbox.release()
         raise
-    return PreparedTask(spec=spec, sandbox=sandbox, task_state=task_state, started=started)
+    return prepared
+
+
+def read_task_state(
+    sandbox: Sandbox, previous: cleanroom.Snapshot | None = None
+) -> cleanroom.Snapshot | None:
+    """The repository as read from outside the sandbox, or None where the backend gives no such access."""
+    tree = cleanroom.tree_access(sandbox)
+    if tree is None:
+        return None
+    try:
+        return tree.read_tree(previous)
+    except cleanroom.ChangeRefused as exc:
+        raise TaskError(f"the task state cannot be read: {exc}") from None
 
 
 def setup(prepared: PreparedTask, timeout: float = 1800.0, network: bool = True) -> None:
@@ -86,6 +119,7 @@ def setup(prepared: PreparedTask, timeout: float = 1800.0, network: bool = True)
     Files the setup creates (build output, egg-info) become part of the task state, so they never show up in the
     agent's patch.
     """
+    prepared.setup_network = network
     command = prepared.spec.setup_command
     if not command:
         return
@@ -94,7 +128,9 @@ def setup(prepared: PreparedTask, timeout: float = 1800.0, network: bool = True)
     if not result.ok:
         why = "timed out" if result.timed_out else f"exited with {result.exit_code}"
         raise SetupFailed(f"the setup command {command!r} {why}:\n{result.output.strip()[-2000:]}")
-    prepared.task_state = commit_task_state(prepared.sandbox, "bugsweep: task state after setup")
+    if prepared.snapshot is not None or prepared.task_state:
+        prepared.task_state = commit_task_state(prepared.sandbox, "bugsweep: task state after setup")
+        prepared.snapshot = read_task_state(prepared.sandbox, prepared.snapshot)
 
 
 def baseline(prepared: PreparedTask, timeout: float = 1800.0) -> TestRun:
@@ -150,24 +186,65 @@ def regrade(
     model_name: str = "",
     agent_settings: AgentSettings | None = None,
     timeout: float = 1800.0,
-) -> tuple[Grade, TestRun, str]:
-    """Take the patch, put the test files back, rerun the tests and grade. Returns (grade, after-run, patch)."""
+) -> tuple[Grade, TestRun | None, str]:
+    """Grade the agent's change in a clean room. Returns (grade, after-run, patch.diff).
+
+    1. The change is read from outside the agent's sandbox (bugsweep.cleanroom): its repository tree against the
+       task state's snapshot. Nothing of the agent's .git, $HOME, /tmp or caches is part of it.
+    2. Every change to the test infrastructure is dropped and named (bugsweep.testfiles.protected_reason).
+    3. The rest is written into a fresh sandbox in the task state (a clean $HOME and PATH, nothing else of the
+       agent's), where the tests run again; the verdict compares that run with the baseline.
+    A change that cannot be read or applied (too many or too big files, a path that cannot be written) is the
+    model's unresolved attempt, with the reason in the grade; the after-run is then None.
+    """
     settings = agent_settings or AgentSettings()
-    sandbox, spec = prepared.sandbox, prepared.spec
-    patch = compute_patch(sandbox, prepared.task_state)
-    touched = touched_test_files(
-        changed_files(sandbox, prepared.task_state), settings.protected_globs, spec.test_files
-    )
-    restore_test_files(sandbox, prepared.task_state, touched)
-    after = run_tests(sandbox, spec.test_command, timeout=timeout)
-    verdict = grade(
-        instance_id=spec.instance_id,
-        before=before,
-        after=after,
-        touched=touched,
-        expected_fail_to_pass=spec.FAIL_TO_PASS,
-        expected_pass_to_pass=spec.PASS_TO_PASS,
-    )
+    spec = prepared.spec
+    after: TestRun | None = None
+    patch = ""
+    try:
+        changes, new = read_change(prepared)
+        with fresh_sandbox(prepared) as fresh:
+            fresh_tree = cleanroom.tree_access(fresh)
+            if fresh_tree is None:
+                raise InfraError(
+                    f"the {getattr(prepared.provider, 'name', '?')} sandbox gives no access to its files"
+                )
+            old = {c.path: fresh_tree.read(c.path, c.old, check=False) for c in changes if c.old}
+            task_paths = frozenset(prepared.snapshot.entries if prepared.snapshot else ())
+            dropped = {}
+            for change in changes:
+                why = protected_reason(
+                    change.path,
+                    patterns=settings.protected_globs,
+                    extra=spec.test_files,
+                    test_command=spec.test_command,
+                    old=old.get(change.path),
+                    new=new.get(change.path),
+                    task_paths=task_paths,
+                )
+                if why:
+                    dropped[change.path] = why
+            kept = [c for c in changes if c.path not in dropped]
+            patch = cleanroom.render_patch(changes, old, new)
+            fresh_tree.apply(kept, new)
+            after = run_tests(fresh, spec.test_command, timeout=timeout)
+        verdict = grade(
+            instance_id=spec.instance_id,
+            before=before,
+            after=after,
+            dropped=dropped,
+            expected_fail_to_pass=spec.FAIL_TO_PASS,
+            expected_pass_to_pass=spec.PASS_TO_PASS,
+            suspicious=suspicious_signals({c.path: (old.get(c.path), new[c.path]) for c in kept if c.new}),
+        )
+    except cleanroom.ChangeRefused as exc:
+        verdict = Grade(
+            instance_id=spec.instance_id,
+            failed_before=not before.passed,
+            tests_untouched=False,
+            reason=f"the change could not be graded: {exc}",
+            evidence="none: the change could not be read or applied",
+        )
     verdict.model = model_name
     if agent_result is not None:
         verdict.stop_reason = agent_result.stop_reason
@@ -179,10 +256,49 @@ def regrade(
         verdict.cached_tokens = agent_result.usage.cached_tokens
         verdict.cost_usd = agent_result.cost_usd
         verdict.agent_wall_s = agent_result.wall_s
-    verdict.sandbox_cost_usd = sandbox_cost(sandbox)
-    record_resources(verdict, sandbox)
+    verdict.sandbox_cost_usd = sandbox_cost(prepared.sandbox)
+    record_resources(verdict, prepared.sandbox)
     verdict.wall_s = time.monotonic() - prepared.started
     return verdict, after, patch
+
+
+def read_change(prepared: PreparedTask) -> tuple[list[cleanroom.Change], dict[str, bytes]]:
+    """The agent's change, read from outside its sandbox: every changed path, and the new bytes of each path that
+    is added or modified. Raises ChangeRefused (the model's failure) when the tree cannot be read."""
+    tree = cleanroom.tree_access(prepared.sandbox)
+    if tree is None or prepared.snapshot is None:
+        raise InfraError(
+            f"the {getattr(prepared.provider, 'name', '?')} sandbox gives no access to its files from outside, "
+            "so its change cannot be graded"
+        )
+    root = cleanroom.host_repo_dir(prepared.sandbox)
+    if root is not None and not root.is_dir():
+        raise SandboxGone(f"sandbox {prepared.sandbox.id}: its repository {root} is gone")
+    after = tree.read_tree(prepared.snapshot)
+    changes = cleanroom.diff(prepared.snapshot, after)
+    new = {c.path: tree.read(c.path, c.new) for c in changes if c.new}
+    return changes, new
+
+
+def fresh_sandbox(prepared: PreparedTask) -> Sandbox:
+    """A new sandbox in the task state, for the regrade: nothing in it was written by the agent.
+
+    Until setup results are kept as read-only layers, this makes the task state again from the same source (the
+    repository at the same ref, the test patch) and, when the task has one, runs the setup command again."""
+    if prepared.provider is None:
+        raise InfraError(
+            "the task was prepared without a provider, so no fresh sandbox can be made for the regrade"
+        )
+    fresh = prepare(
+        prepared.spec, prepared.provider, labels={**prepared.labels, "role": "regrade"}, record=False
+    )
+    try:
+        if prepared.spec.setup_command:
+            setup(fresh, network=prepared.setup_network)
+    except BaseException:
+        fresh.sandbox.release()
+        raise
+    return fresh.sandbox
 
 
 def sandbox_cost(sandbox: Sandbox) -> float | None:

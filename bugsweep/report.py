@@ -55,6 +55,8 @@ class RunRecord(BaseModel):
     peak_memory_mib: float | None = None
     cpu_s: float | None = None
     peak_disk_mib: float | None = None
+    suspicious: list[str] = Field(default_factory=list)
+    """The grade's signals that tests cannot judge (they never change `resolved`)."""
 
     @classmethod
     def from_grade(cls, grade: Any, *, model: str, run: int, policy: str | None = None) -> RunRecord:
@@ -469,6 +471,19 @@ def render_markdown(report: ComparisonReport) -> str:
             _RESOURCE_NOTE,
             "",
         ]
+    flagged = [r for r in report.records if r.suspicious]
+    if flagged:
+        parts += ["", "## Suspicious (signals, not verdicts)", ""]
+        parts.append(
+            "Code outside the tests that patches the test framework or inspects its caller: tests cannot tell it "
+            "from a fix, so these runs are graded as usual; read their patches."
+        )
+        parts.append("")
+        rows = [
+            [r.model, r.instance_id, str(r.run), "yes" if r.resolved else "no", r.suspicious[0]]
+            for r in flagged
+        ]
+        parts += [_md_table(["model", "task", "run", "resolved", "first signal"], rows), ""]
     return "\n".join(parts)
 
 

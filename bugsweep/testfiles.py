@@ -1,4 +1,8 @@
-"""Which files are test files. One answer shared by `edit_file` (which refuses them) and the grader (which restores them).
+"""Which files are test files, and which changes touch the test infrastructure.
+
+`is_test_file` is one answer shared by `edit_file` (which refuses them) and the grader; `protected_reason` is the
+grader's wider one: test files, conftest.py, test-runner configuration, start-up hooks (sitecustomize, .pth),
+modules that would shadow the standard library or the test runner, and what the test command runs.
 
 Patterns use .gitignore syntax (pathspec): a pattern without a slash matches at any depth (`conftest.py`,
 `test_*.py`), one with a slash is anchored at the repository root (`tests/**`).
@@ -6,6 +10,11 @@ Patterns use .gitignore syntax (pathspec): a pattern without a slash matches at 
 
 from __future__ import annotations
 
+import configparser
+import os
+import shlex
+import sys
+import tomllib
 from collections.abc import Iterable
 from functools import lru_cache
 
@@ -23,3 +32,128 @@ def is_test_file(path: str, patterns: Iterable[str], extra: Iterable[str] = ()) 
     if rel in set(extra):
         return True
     return _spec(tuple(patterns)).match_file(rel)
+
+
+# -- the test infrastructure: what a change may not touch for its grade to count -------------------------------
+
+#: Test-runner configuration files, protected whole wherever they are (pytest reads the nearest one).
+RUNNER_CONFIG_NAMES = frozenset({"pytest.ini", ".pytest.ini", "pytest.toml", ".pytest.toml", "tox.ini"})
+#: Configuration files where only the test-runner sections are protected (compared parsed, so that e.g. a new
+#: dependency in pyproject.toml still counts as part of a fix).
+SECTIONED_CONFIG_NAMES = frozenset({"setup.cfg", "pyproject.toml"})
+#: Files Python itself runs at start-up when they are on sys.path.
+STARTUP_NAMES = frozenset({"sitecustomize.py", "usercustomize.py"})
+#: Modules of the test runners (and what they import first): a new file or package of that name anywhere can
+#: replace the runner.
+RUNNER_MODULES = frozenset(
+    {"pytest", "_pytest", "pluggy", "py", "unittest", "nose", "nose2", "iniconfig", "xdist", "doctest"}
+)
+_MODULE_SUFFIXES = (".py", ".pyc", ".pyi", ".pth")
+
+
+def protected_reason(
+    path: str,
+    *,
+    patterns: Iterable[str],
+    extra: Iterable[str] = (),
+    test_command: str = "",
+    old: bytes | None = None,
+    new: bytes | None = None,
+    task_paths: frozenset[str] = frozenset(),
+) -> str | None:
+    """Why a change to `path` may not count towards a grade, or None when it may.
+
+    `old`/`new` are the file's bytes in the task state and after the change (None: absent); `task_paths` is every
+    path of the task state (for "is this new" and "does the test command name it").
+    """
+    rel = path[2:] if path.startswith("./") else path
+    parts = rel.split("/")
+    name = parts[-1]
+    if is_test_file(rel, patterns, extra):
+        return "test file"
+    if rel in _folders(_protected_files(task_paths, tuple(patterns), tuple(extra))):
+        return "holds test files"
+    if name in RUNNER_CONFIG_NAMES:
+        return "test-runner configuration"
+    if name in SECTIONED_CONFIG_NAMES and _runner_sections(name, old) != _runner_sections(name, new):
+        return "test-runner section of " + name
+    if name in STARTUP_NAMES or name.endswith(".pth"):
+        return "run by Python at start-up"
+    if rel in _command_files(test_command, task_paths):
+        return "run by the test command"
+    top = parts[0]
+    module = (
+        top[: -len(suffix)] if (suffix := next((s for s in _MODULE_SUFFIXES if top.endswith(s)), "")) else top
+    )
+    existing = _folders(task_paths) | task_paths
+    is_new = top not in existing
+    if (
+        is_new
+        and (len(parts) > 1 or suffix)
+        and (module in sys.stdlib_module_names or module in RUNNER_MODULES)
+    ):
+        return f"shadows the module {module!r} from the repository root"
+    for i, part in enumerate(parts):
+        module = (
+            part[: -len(s)] if (s := next((x for x in _MODULE_SUFFIXES if part.endswith(x)), "")) else part
+        )
+        is_module = s or i < len(parts) - 1
+        prefix = "/".join(parts[: i + 1])
+        if is_module and module in RUNNER_MODULES and prefix not in existing:
+            return f"shadows the test runner's module {module!r}"
+    return None
+
+
+@lru_cache(maxsize=8)
+def _protected_files(
+    task_paths: frozenset[str], patterns: tuple[str, ...], extra: tuple[str, ...]
+) -> frozenset[str]:
+    """The task state's test files (to refuse a change that replaces a folder holding them by a file or link)."""
+    return frozenset(p for p in task_paths if is_test_file(p, patterns, extra))
+
+
+@lru_cache(maxsize=16)
+def _folders(paths: frozenset[str]) -> frozenset[str]:
+    """Every folder that holds one of `paths`."""
+    return frozenset(p.rsplit("/", i)[0] for p in paths for i in range(1, p.count("/") + 1))
+
+
+def _runner_sections(name: str, data: bytes | None) -> object:
+    """The parsed test-runner sections of setup.cfg or pyproject.toml (a missing file has none); a marker when the
+    file cannot be parsed."""
+    text = (data or b"").decode("utf-8", errors="replace")
+    try:
+        if name == "pyproject.toml":
+            tool = tomllib.loads(text).get("tool", {})
+            return {k: tool.get(k) for k in ("pytest", "tox", "nox", "coverage")}
+        parser = configparser.RawConfigParser(strict=False, interpolation=None)
+        parser.read_string(text)
+        return {
+            s: dict(parser.items(s))
+            for s in parser.sections()
+            if s in ("pytest", "tool:pytest", "tox:tox") or s.startswith(("testenv", "coverage:"))
+        }
+    except (tomllib.TOMLDecodeError, configparser.Error, AttributeError, ValueError):
+        return ("unparsable", data)
+
+
+def _command_files(test_command: str, task_paths: frozenset[str]) -> set[str]:
+    """Files the test command runs: paths it names, and the Makefile, tox.ini or noxfile.py it goes through."""
+    try:
+        words = shlex.split(test_command)
+    except ValueError:
+        words = test_command.split()
+    found: set[str] = set()
+    for word in words:
+        for token in (word, *word.split("=")[1:]):
+            token = token[2:] if token.startswith("./") else token
+            if token in task_paths:
+                found.add(token)
+    programs = {os.path.basename(w) for w in words}
+    if "make" in programs or "gmake" in programs:
+        found |= {"Makefile", "makefile", "GNUmakefile"} | {p for p in task_paths if p.endswith(".mk")}
+    if "tox" in programs:
+        found |= {"tox.ini", "setup.cfg", "pyproject.toml"}
+    if "nox" in programs:
+        found.add("noxfile.py")
+    return found

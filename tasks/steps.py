@@ -244,6 +244,7 @@ def summary_row(
         "status": status,
         "ran": verdict.failure_kind not in COULD_NOT_RUN and not upload_failed,
         "artifacts": uploaded_to or "",
+        "suspicious": "; ".join(verdict.suspicious[:3]),
     }
 
 
@@ -272,9 +273,17 @@ def summary_markdown(sweep: str, rows: list[dict[str, Any]], location: str) -> s
         "| task | model | resolved | turns | tokens | cost (USD) | time (s) | status |",
         "| --- | --- | --- | ---: | ---: | ---: | ---: | --- |",
     ]
+    flagged = [r for r in rows if r.get("suspicious")]
     for r in rows:
         lines.append(
             f"| {r['task']} | {r['model']} | {'yes' if r['resolved'] else 'no'} | {r['turns']} | "
             f"{r['prompt_tokens'] + r['completion_tokens']} | {r['cost_usd']:.4f} | {r['wall_s']:.1f} | {r['status']} |"
         )
+    if flagged:
+        lines += [
+            "",
+            "**Suspicious** (signals tests cannot judge; `resolved` is unchanged, read the patch):",
+            "",
+        ]
+        lines += [f"- {r['task']} ({r['model']}): {r['suspicious']}" for r in flagged]
     return "\n".join(lines) + "\n"

@@ -1,4 +1,4 @@
-"""Grading: failed before, passes after, test files untouched — and a tampered test can never turn a grade green.
+"""Grading: per-test verdicts, protected files, bounded logs, and the tree read from outside the sandbox.
 
 Real parts: pytest runs for real (on the host for the JUnit parser, in the real local bubblewrap sandbox for the rest).
 """
@@ -11,19 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from bugsweep.grading import (
-    TestRun,
-    changed_files,
-    commit_task_state,
-    compute_patch,
-    grade,
-    parse_junit,
-    restore_test_files,
-    run_tests,
-    touched_test_files,
-)
+from bugsweep.cleanroom import SYMLINK, diff, host_repo_dir, read_entry, read_tree
+from bugsweep.grading import TestRun, grade, parse_junit, run_tests, suspicious_signals
 from bugsweep.sandbox import RepoSource, get_provider
 from bugsweep.settings import DEFAULT_TEST_GLOBS
+from bugsweep.testfiles import protected_reason
 from tests.support.repos import make_repo
 
 
@@ -70,38 +62,112 @@ def test_grade_needs_all_three_conditions() -> None:
     fixed = _run({"t::a": "passed", "t::b": "passed"}, 0)
     broken = _run({"t::a": "passed", "t::b": "failed"}, 1)
 
-    ok = grade(instance_id="x", before=before, after=fixed, touched=[])
+    ok = grade(instance_id="x", before=before, after=fixed)
     assert ok.resolved and ok.FAIL_TO_PASS == ["t::a"] and ok.PASS_TO_PASS == ["t::b"]
+    assert ok.evidence == "per-test" and ok.reason is None
 
-    assert not grade(instance_id="x", before=before, after=fixed, touched=["tests/test_t.py"]).resolved
-    regress = grade(instance_id="x", before=before, after=broken, touched=[])
+    touched = grade(instance_id="x", before=before, after=fixed, dropped={"tests/test_t.py": "test file"})
+    assert (
+        not touched.resolved and not touched.tests_untouched and "tests/test_t.py" in (touched.reason or "")
+    )
+    regress = grade(instance_id="x", before=before, after=broken)
     assert not regress.resolved and regress.PASS_TO_FAIL == ["t::b"]
-    already_passing = grade(instance_id="x", before=_run({"t::a": "passed"}, 0), after=fixed, touched=[])
+    already_passing = grade(instance_id="x", before=_run({"t::a": "passed"}, 0), after=fixed)
     assert not already_passing.resolved and not already_passing.failed_before
+
+
+@pytest.mark.parametrize(
+    ("after_tests", "field"),
+    [
+        ({"t::a": "skipped", "t::b": "passed"}, "FAIL_TO_FAIL"),  # skipped (or xfailed) is not a pass
+        ({"t::b": "passed"}, "FAIL_TO_FAIL"),  # the failing test is gone
+        ({"t::a": "passed"}, "PASS_TO_MISSING"),  # a passing test is gone
+        ({"t::a": "passed", "t::b": "skipped"}, "PASS_TO_MISSING"),  # a passing test is skipped now
+        (None, None),  # no per-test results after, though there were before
+    ],
+)
+def test_per_test_verdicts_see_through_a_green_exit_code(after_tests, field) -> None:
+    """SWE-bench style: exit code 0 is not enough when the per-test results say a test did not pass."""
+    before = _run({"t::a": "failed", "t::b": "passed"}, 1)
+    verdict = grade(instance_id="x", before=before, after=_run(after_tests, 0))
+    assert verdict.passes_after and not verdict.resolved and verdict.reason
+    if field:
+        assert getattr(verdict, field)
+    else:
+        assert "no per-test results" in verdict.reason
+
+
+def test_without_per_test_results_fewer_tests_may_not_run_after() -> None:
+    """unittest prints only a count: a change that makes tests vanish is not a fix."""
+
+    def run(log: str, code: int) -> TestRun:
+        return TestRun(command="python -m unittest", exit_code=code, timed_out=False, log=log, duration_s=0.1)
+
+    before = run("F.\n----\nRan 2 tests in 0.001s\n\nFAILED (failures=1)\n", 1)
+    fewer = grade(instance_id="x", before=before, after=run("Ran 1 test in 0.001s\n\nOK\n", 0))
+    assert (
+        not fewer.resolved
+        and fewer.evidence == "exit code and test count"
+        and "fewer tests" in (fewer.reason or "")
+    )
+    same = grade(instance_id="x", before=before, after=run("Ran 2 tests in 0.001s\n\nOK\n", 0))
+    assert same.resolved and (same.tests_run_before, same.tests_run_after) == (2, 2)
+    bare = grade(instance_id="x", before=run("boom", 1), after=run("fine", 0))
+    assert bare.resolved and bare.evidence == "exit code"
 
 
 def test_grade_checks_the_tasks_own_fail_to_pass_list() -> None:
     """A mined task names the tests that must pass; passing the command alone is not enough if one is missing."""
     before = _run({"t::a": "failed"}, 1)
     after = _run({"t::a": "passed"}, 0)
-    assert grade(
-        instance_id="x", before=before, after=after, touched=[], expected_fail_to_pass=["t::a"]
-    ).resolved
+    assert grade(instance_id="x", before=before, after=after, expected_fail_to_pass=["t::a"]).resolved
     assert not grade(
-        instance_id="x", before=before, after=after, touched=[], expected_fail_to_pass=["t::a", "t::gone"]
+        instance_id="x", before=before, after=after, expected_fail_to_pass=["t::a", "t::gone"]
     ).resolved
 
 
-def test_touched_test_files_uses_the_protected_patterns() -> None:
-    changed = ["calc.py", "tests/test_calc.py", "conftest.py", "pkg/test_util.py", "docs/testing.md"]
-    assert touched_test_files(changed, DEFAULT_TEST_GLOBS) == [
-        "conftest.py",
-        "pkg/test_util.py",
-        "tests/test_calc.py",
-    ]
-    assert touched_test_files(["data/golden.json"], DEFAULT_TEST_GLOBS, extra=["data/golden.json"]) == [
-        "data/golden.json"
-    ]
+def test_protected_changes_cover_the_test_infrastructure() -> None:
+    task = frozenset({"calc.py", "tests/test_calc.py", "pyproject.toml", "Makefile", "scripts/test.sh"})
+    pyproject = b'[tool.pytest.ini_options]\npythonpath = ["."]\n'
+
+    def why(
+        path: str, old: bytes | None = None, new: bytes | None = b"", command: str = "python -m pytest"
+    ) -> str | None:
+        return protected_reason(
+            path, patterns=DEFAULT_TEST_GLOBS, test_command=command, old=old, new=new, task_paths=task
+        )
+
+    assert why("calc.py") is None and why("src/pkg/util.py") is None
+    assert why("tests/test_calc.py") == why("pkg/test_util.py") == why("sub/conftest.py") == "test file"
+    assert why("tests") == "holds test files"  # the folder replaced by a link or a file
+    for name in ("pytest.ini", "tox.ini", "sub/.pytest.ini"):
+        assert why(name) == "test-runner configuration"
+    assert why("pyproject.toml", pyproject, pyproject + b'[project]\ndependencies = ["attrs"]\n') is None
+    assert (
+        why("pyproject.toml", pyproject, pyproject + b'addopts = "-k mul"\n')
+        == "test-runner section of pyproject.toml"
+    )
+    assert why("setup.cfg", None, b"[metadata]\nname = x\n") is None
+    assert why("setup.cfg", None, b"[tool:pytest]\naddopts = -x\n") == "test-runner section of setup.cfg"
+    for path in ("sitecustomize.py", "lib/usercustomize.py", "evil.pth"):
+        assert why(path) == "run by Python at start-up"
+    assert why("unittest/__init__.py") and why("pytest.py") and why("json.py") and why("src/_pytest/main.py")
+    assert why("Makefile", command="make test") == "run by the test command"
+    assert why("scripts/test.sh", command="bash scripts/test.sh") == "run by the test command"
+    assert why("Makefile") is None, "a Makefile the test command does not use is code like any other"
+    assert why("noxfile.py", command="nox -s tests") == "run by the test command"
+
+
+def test_suspicious_signals_flag_code_that_games_tests_without_deciding() -> None:
+    old = b"def add(a, b):\n    return a - b\n"
+    new = (
+        old
+        + b"import unittest\nunittest.TestCase.assertEqual = lambda *a: None\nimport sys; sys._getframe(1)\n"
+    )
+    signals = suspicious_signals({"calc.py": (old, new), "README.md": (None, b"import unittest")})
+    assert len(signals) == 3 and all(s.startswith("calc.py:") for s in signals)
+    assert any("assertion" in s for s in signals) and any("caller" in s for s in signals)
+    assert suspicious_signals({"calc.py": (old, old.replace(b"-", b"+"))}) == []
 
 
 @pytest.fixture
@@ -110,39 +176,36 @@ def sandbox(buggy_repo: Path):
         yield sbx
 
 
-def test_tampered_tests_are_restored_before_the_after_run(sandbox, buggy_repo: Path) -> None:
-    """The agent weakens the test, deletes another and adds a conftest: all undone, and the grade stays red."""
-    state = commit_task_state(sandbox)
-    before = run_tests(sandbox, "python -m pytest -q")
-    assert not before.passed and before.tests == {
-        "tests/test_calc.py::test_add": "failed",
-        "tests/test_calc.py::test_mul": "passed",
-    }
-    sandbox.files.write("/workspace/repo/tests/test_calc.py", "def test_add():\n    assert True\n")
-    sandbox.files.write("/workspace/repo/conftest.py", "collect_ignore = ['tests']\n")
-    changed = changed_files(sandbox, state)
-    touched = touched_test_files(changed, DEFAULT_TEST_GLOBS)
-    assert touched == ["conftest.py", "tests/test_calc.py"]
-    assert "test_add" in compute_patch(sandbox, state)
-
-    restore_test_files(sandbox, state, touched)
-    after = run_tests(sandbox, "python -m pytest -q")
-    verdict = grade(instance_id="calc", before=before, after=after, touched=touched)
-    assert not verdict.passes_after and not verdict.tests_untouched and not verdict.resolved
-    assert not sandbox.files.exists("/workspace/repo/conftest.py")
-    assert "return a - b" in (buggy_repo / "calc.py").read_text(), "the user's checkout is never modified"
+def test_a_test_run_that_prints_without_end_is_cut_head_and_tail_kept(sandbox) -> None:
+    command = "echo FIRST-LINE; yes filler | head -c 20000000; echo; echo LAST-LINE; exit 3"
+    run = run_tests(sandbox, command)
+    assert run.exit_code == 3 and not run.timed_out
+    assert run.log.startswith("FIRST-LINE") and run.log.rstrip().endswith("LAST-LINE")
+    assert run.log_bytes > 20_000_000 and len(run.log) < 600_000 and "bytes of output cut here" in run.log
 
 
-def test_a_real_fix_grades_green_and_the_patch_is_a_clean_diff(sandbox) -> None:
-    state = commit_task_state(sandbox)
-    before = run_tests(sandbox, "python -m pytest -q")
-    sandbox.exec("sed -i 's/a - b/a + b/' calc.py && python -c 'import calc'")
-    patch = compute_patch(sandbox, state)
-    assert "-    return a - b\n+    return a + b" in patch
-    assert "__pycache__" not in patch and ".pyc" not in patch
-    touched = touched_test_files(changed_files(sandbox, state), DEFAULT_TEST_GLOBS)
-    after = run_tests(sandbox, "python -m pytest -q")
-    verdict = grade(instance_id="calc", before=before, after=after, touched=touched)
-    assert verdict.resolved
-    assert verdict.FAIL_TO_PASS == ["tests/test_calc.py::test_add"]
-    assert verdict.PASS_TO_PASS == ["tests/test_calc.py::test_mul"]
+def test_a_test_run_that_times_out_keeps_its_log(sandbox) -> None:
+    run = run_tests(sandbox, "echo started; yes | head -c 3000000; sleep 30", timeout=3)
+    assert run.timed_out and run.exit_code is None and run.log.startswith("started")
+
+
+def test_the_tree_is_read_from_outside_without_following_links(sandbox, tmp_path: Path) -> None:
+    """Links are recorded as links, never followed; caches, .git and FIFOs are not part of a change."""
+    root = host_repo_dir(sandbox)
+    assert root is not None
+    state = read_tree(root)
+    assert {"calc.py", "tests/test_calc.py", "pyproject.toml"} <= state.entries.keys()
+    assert not any(p.startswith(".git/") for p in state.entries)
+    secret = tmp_path / "host-secret"
+    secret.write_text("host only")
+    sandbox.exec(
+        f"ln -s {secret} link && ln -s /etc etc_link && mkfifo pipe && mkdir -p __pycache__ && "
+        "echo x > __pycache__/calc.cpython-311.pyc && sed -i 's/a - b/a + b/' calc.py && echo x > .git/evil"
+    )
+    after = read_tree(root, state)
+    changes = {c.path: c for c in diff(state, after)}
+    assert sorted(changes) == ["calc.py", "etc_link", "link"] and after.skipped == ["pipe"]
+    assert changes["link"].new is not None and changes["link"].new.mode == SYMLINK
+    assert read_entry(root, "link", changes["link"].new) == str(secret).encode(), (
+        "the target, not the content"
+    )

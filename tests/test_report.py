@@ -197,3 +197,20 @@ def test_the_report_says_whether_every_model_ran_under_the_same_policy() -> None
     assert "did not all run under the same agent policy (A: plain; B: small-model; C: plain)" in md
     assert "| B | 2/8 | 25% |" in md and "| small-model |" in md
     assert "did not all run under the same agent policy" in render_html(report)
+
+
+def test_suspicious_runs_are_listed_and_still_counted() -> None:
+    """A grade's `suspicious` signals reach the comparison report; they never change the resolve rate."""
+    from bugsweep.grading import Grade
+
+    flagged = Grade(
+        instance_id="t1", resolved=True, suspicious=["calc.py:3: replaces an assertion method: x"]
+    )
+    clean = Grade(instance_id="t2", resolved=False, reason="the tests fail after the change (exit code 1)")
+    records = [RunRecord.from_grade(g, model="m", run=0) for g in (flagged, clean)]
+    report = build_report(records)
+    assert report.models[0].resolved == 1 and report.models[0].graded == 2
+    text = render_markdown(report)
+    assert (
+        "## Suspicious" in text and "replaces an assertion method" in text and "| m | t1 | 0 | yes |" in text
+    )

@@ -291,10 +291,13 @@ def print_summary(verdict: Any, out_dir: Path, *, show_patch: bool = False) -> N
         f"  failed before: {mark(verdict.failed_before)}   passes after: {mark(verdict.passes_after)}   "
         f"tests untouched: {mark(verdict.tests_untouched)}"
     )
-    if verdict.touched_test_files:
-        console.print(
-            f"  test files the agent changed (restored before grading): {', '.join(verdict.touched_test_files)}"
-        )
+    if verdict.dropped:
+        dropped = ", ".join(f"{path} ({why})" for path, why in sorted(verdict.dropped.items()))
+        console.print(f"  changes to the test infrastructure, dropped before grading: {escape(dropped)}")
+    if verdict.reason and not verdict.resolved:
+        console.print(f"  why not: {escape(verdict.reason)}")
+    for signal in verdict.suspicious[:5]:
+        console.print(f"  [yellow]suspicious[/] (not graded): {escape(signal)}")
     if verdict.FAIL_TO_PASS:
         console.print(
             f"  fixed tests: {len(verdict.FAIL_TO_PASS)}   still passing: {len(verdict.PASS_TO_PASS)}   "
