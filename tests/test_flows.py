@@ -430,7 +430,8 @@ def test_a_sandbox_outage_is_retried_and_the_task_still_graded(
 
     outcome = run_one_with(provider, server, made, calc_task(buggy_repo, "calc-flaky-sandbox"), tmp_path)
 
-    assert provider.calls == 2, "the setup step ran again after the infrastructure failure"
+    # the failed create, the setup step's second try, and the regrade's fresh sandbox
+    assert provider.calls == 3, "the setup step ran again after the infrastructure failure"
     assert outcome.grade.resolved and outcome.grade.error is None
 
 
