@@ -30,14 +30,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from sandbox_start import make_big_repo, ms, tree_mb  # noqa: E402
+from bugsweep.testing.repos import BUGGY_CALC, commit_all, write_files
+from sandbox_start import make_big_repo, ms, tree_mb
 
-from bugsweep import cleanroom, pipeline  # noqa: E402
-from bugsweep.grading import GIT, run_tests  # noqa: E402
-from bugsweep.sandbox.local import LocalProvider  # noqa: E402
-from bugsweep.settings import SandboxSettings  # noqa: E402
-from bugsweep.spec import TaskSpec  # noqa: E402
-from bugsweep.testing.repos import BUGGY_CALC, commit_all, write_files  # noqa: E402
+from bugsweep import cleanroom, pipeline
+from bugsweep.grading import GIT, run_tests
+from bugsweep.sandbox.local import LocalProvider
+from bugsweep.settings import SandboxSettings
+from bugsweep.spec import TaskSpec
 
 EXCLUDES = "':(exclude,glob)**/__pycache__/**' ':(exclude,glob)**/*.pyc' ':(exclude,glob)**/.pytest_cache/**'"
 TEST_COMMAND = "python -m pytest -q tests"
@@ -47,7 +47,9 @@ def old_regrade(prepared: pipeline.PreparedTask) -> float:
     """The pre-#10 regrade, as it was: git inside the agent's sandbox, then the tests in that same sandbox."""
     t0 = time.perf_counter()
     sbx, state = prepared.sandbox, prepared.task_state
-    patch = sbx.exec(f"{GIT} add -A -- . {EXCLUDES} >/dev/null 2>&1; {GIT} diff --cached --binary {state}", timeout=300)
+    patch = sbx.exec(
+        f"{GIT} add -A -- . {EXCLUDES} >/dev/null 2>&1; {GIT} diff --cached --binary {state}", timeout=300
+    )
     names = sbx.exec(f"{GIT} diff --cached --name-only --no-renames {state}", timeout=300)
     assert "return a + b" in patch.stdout and names.stdout.split() == ["calc.py"]
     run = run_tests(sbx, TEST_COMMAND)
@@ -57,7 +59,11 @@ def old_regrade(prepared: pipeline.PreparedTask) -> float:
 
 def new_regrade(prepared: pipeline.PreparedTask, parts: dict[str, list[float]]) -> float:
     """pipeline.regrade, with its parts timed by wrapping the functions it calls."""
-    timers = {"read change": pipeline.read_change, "fresh sandbox": pipeline.fresh_sandbox, "tests": pipeline.run_tests}
+    timers = {
+        "read change": pipeline.read_change,
+        "fresh sandbox": pipeline.fresh_sandbox,
+        "tests": pipeline.run_tests,
+    }
 
     def timed(name, fn):
         def wrapper(*args, **kwargs):
