@@ -30,7 +30,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bugsweep.testing.repos import BUGGY_CALC, commit_all, write_files
 from sandbox_start import make_big_repo, ms, tree_mb
 
 from bugsweep import cleanroom, pipeline
@@ -38,6 +37,7 @@ from bugsweep.grading import GIT, run_tests
 from bugsweep.sandbox.local import LocalProvider
 from bugsweep.settings import SandboxSettings
 from bugsweep.spec import TaskSpec
+from tests.support.repos import BUGGY_CALC, commit_all, write_files
 
 EXCLUDES = "':(exclude,glob)**/__pycache__/**' ':(exclude,glob)**/*.pyc' ':(exclude,glob)**/.pytest_cache/**'"
 TEST_COMMAND = "python -m pytest -q tests"
