@@ -428,6 +428,44 @@ def test_the_agent_resolves_a_bug_in_a_runtime_sandbox(
     assert "return a - b" in (buggy_repo / "calc.py").read_text(), "the user's checkout is untouched"
 
 
+@pytest.mark.parametrize(
+    ("attack", "dropped"),
+    [
+        (
+            "git update-index --assume-unchanged tests/test_calc.py && "
+            "printf 'def test_add():\\n    pass\\n' > tests/test_calc.py",
+            ["tests/test_calc.py"],
+        ),
+        (
+            'SITE=$(python -c "import site; print(site.getusersitepackages())") && mkdir -p "$SITE" && '
+            "echo 'import os; os._exit(0)' > \"$SITE/usercustomize.py\" && echo 'import os; os._exit(0)' > pytest.py",
+            ["pytest.py"],
+        ),
+    ],
+    ids=["git-blinded-test-edit", "usercustomize-and-pytest-shadow"],
+)
+def test_the_regrade_on_runtime_reads_the_change_through_the_files_api(
+    fake: FakeRuntime,
+    provider: RuntimeProvider,
+    buggy_repo: Path,
+    tmp_path: Path,
+    scripted_model,
+    attack: str,
+    dropped: list[str],
+) -> None:
+    """The Runtime half of the clean room: the change is read back through the files API (no command inside is
+    trusted), protected changes are dropped, and the tests rerun in a fresh Runtime sandbox (the fake server)."""
+    from tests.support.scripted_model import tool_call
+
+    out = tmp_path / "out"
+    grade = _solve(
+        provider, buggy_repo, [tool_call("run", command=attack), tool_call("finish")], scripted_model, out
+    )
+    assert not grade.resolved and grade.failure_kind is None and grade.reason
+    assert sorted(grade.dropped) == dropped and grade.FAIL_TO_PASS == []
+    assert fake.live_sandboxes() == [], "both the agent's and the regrade's sandboxes are released"
+
+
 def test_a_sandbox_that_vanishes_mid_task_is_an_infra_failure(
     fake: FakeRuntime, provider: RuntimeProvider, buggy_repo: Path, tmp_path: Path, scripted_model
 ) -> None:
