@@ -51,6 +51,8 @@ FILE, EXECUTABLE, SYMLINK = 0o100644, 0o100755, 0o120000
 #: Limits on what the agent can make the host read: beyond them the change is refused (the model's failure).
 MAX_ENTRIES = 200_000
 MAX_FILE_BYTES = 256 * 1024 * 1024
+MAX_READ_BYTES = 4 * 1024 * 1024 * 1024
+"""Bytes one walk reads (files whose stat data did not change are not read again)."""
 #: A file whose ctime is this close to the previous snapshot's start is read again (like git's racy-clean check).
 _RACY_NS = 2_000_000_000
 
@@ -75,6 +77,7 @@ class Snapshot:
 
     entries: dict[str, Entry]
     started_ns: int
+    read_bytes: int = 0
     skipped: list[str] = field(default_factory=list)
     """Paths left out because they are neither files, folders nor links (FIFOs, sockets, devices)."""
 
@@ -157,6 +160,11 @@ def _walk(dirfd: int, prefix: str, out: Snapshot, reuse: dict[str, Entry], racy_
             if known is not None and known.key == key and st.st_ctime_ns < racy_after:
                 out.entries[rel] = Entry(mode, known.oid, key)
             else:
+                out.read_bytes += st.st_size
+                if out.read_bytes > MAX_READ_BYTES:
+                    raise ChangeRefused(
+                        f"the repository holds more than {MAX_READ_BYTES} bytes of changed files"
+                    )
                 out.entries[rel] = Entry(mode, _hash_file(dirfd, item.name, rel), key)
         else:
             out.skipped.append(rel)
