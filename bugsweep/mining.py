@@ -27,11 +27,13 @@ import hashlib
 import re
 import shlex
 import subprocess
+import threading
 import time
 import tomllib
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
+from datetime import datetime
 from enum import StrEnum
 from pathlib import Path, PurePosixPath
 
@@ -39,7 +41,7 @@ from pydantic import BaseModel, Field
 
 from bugsweep.errors import BugsweepError, ConfigError, SetupFailed
 from bugsweep.grading import TestRun, run_tests
-from bugsweep.sandbox.base import SandboxProvider
+from bugsweep.sandbox.base import Sandbox, SandboxProvider
 from bugsweep.sandbox.sources import is_git_url
 from bugsweep.settings import DEFAULT_TEST_GLOBS
 from bugsweep.spec import TaskSpec, dump_tasks
@@ -50,10 +52,30 @@ FIX_PATTERN = re.compile(
     r"\b(fix(es|ed|ing)?|bug(s|fix)?|hotfix|regression|crash(es|ed|ing)?|errors?|exceptions?|broken|"
     r"incorrect(ly)?|wrong(ly)?|fail(s|ed|ing|ure)?|mistakes?|typo|handle[sd]?|prevent(s|ed)?|avoid(s|ed)?|"
     r"correct(ly|s|ed)?|don't|doesn't|can't|cannot)\b"
-    r"|\w+(Error|Exception)\b"
-    r"|\b(issue|closes|resolves|fixes|gh)\s*-?#?\d+|(^|\s)#\d+\b",
+    r"|\w+(Error|Exception)\b",
     re.IGNORECASE,
 )
+#: An issue named as the thing fixed ("closes #12", "issue 45", "gh-7"). Counts in the subject only: a body's
+#: "Closes #467" is how every pull request ends, features included. A bare "(#123)" is a PR number, not a fix.
+ISSUE_PATTERN = re.compile(r"\b(issue|closes|closed|resolves|resolved|fixes|gh)\s*-?#?\d+", re.IGNORECASE)
+#: Conventional-commit types that are not bug fixes (`feat: ...`, `refactor(core)!: ...`).
+NOT_A_FIX_TYPES = (
+    "feat",
+    "feature",
+    "refactor",
+    "chore",
+    "docs",
+    "doc",
+    "test",
+    "tests",
+    "perf",
+    "style",
+    "build",
+    "ci",
+)
+CONVENTIONAL_SUBJECT = re.compile(r"^\s*(?P<type>[A-Za-z]+)(\([^)]*\))?!?:\s*(?P<rest>.*)$")
+#: What a conventional-commit subject of another type must say to count as a fix anyway ("refactor: fix ...").
+SAYS_FIX = re.compile(r"\b(fix(es|ed|ing)?|bug(s|fix)?|hotfix|regression|crash(es|ed|ing)?)\b", re.IGNORECASE)
 #: The first line of a pull request's (or branch's) merge commit; the PR title follows on the next line.
 MERGE_LINE = re.compile(
     r"^\s*Merge (pull request #\d+|branch '[^']*'|remote-tracking branch '[^']*')( of \S+)?( into \S+)?"
@@ -92,6 +114,7 @@ class RejectReason(StrEnum):
     TESTS_FAIL_AT_FIX = "tests fail at fix"
     FLAKY = "flaky"
     TIMED_OUT = "tests timed out"
+    NO_TEST_RESULTS = "no test results"
     SANDBOX_ERROR = "sandbox error"
 
 
@@ -140,6 +163,13 @@ class Rejection(BaseModel):
     detail: str = ""
 
 
+class Unfinished(BaseModel):
+    """A candidate whose validation a stopped run cut short."""
+
+    commit: str
+    subject: str
+
+
 class MiningResult(BaseModel):
     """What a mining run found: the tasks, every rejected candidate with its reason, and how long it took."""
 
@@ -152,7 +182,24 @@ class MiningResult(BaseModel):
     """Commits looked at."""
     validated: int = 0
     """Candidates that were run in a sandbox (kept or not)."""
+    total: int = 0
+    """Commits in the range (branch, --since/--until, --max-candidates)."""
+    unfinished: list[Unfinished] = Field(default_factory=list)
+    """Candidates whose validation was cut short by a stop: neither kept nor rejected."""
+    stopped: str | None = None
+    """Why the run stopped before its end (Ctrl-C, a test command that is not found), or None."""
     elapsed_s: float = 0.0
+
+    @property
+    def done(self) -> int:
+        """Commits decided: kept or rejected."""
+        return len(self.tasks) + len(self.rejected)
+
+    def write_report(self, path: Path) -> None:
+        """Everything but the tasks (those are in the task file), as JSON, written atomically."""
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(self.model_dump_json(indent=2, exclude={"tasks"}), encoding="utf-8")
+        tmp.replace(path)
 
     def reasons(self) -> dict[str, int]:
         counts: dict[str, int] = {}
@@ -171,6 +218,10 @@ class MiningEvent:
     message: str = ""
     scanned: int = 0
     kept: int = 0
+    done: int = 0
+    """Commits decided so far (rejected or kept)."""
+    total: int = 0
+    """Commits in the range being mined (the most that can be looked at)."""
 
 
 ProgressCallback = Callable[[MiningEvent], None]
@@ -215,27 +266,75 @@ def local_clone(repo: str, cache_dir: Path | None = None) -> Path:
     return target
 
 
+def parse_date(value: str, option: str = "--since") -> str:
+    """Check a --since/--until value and return it in a form git reads the same way.
+
+    git reads anything as a date (an unknown word means "now", so a typo silently scans nothing); here only an
+    ISO 8601 date or time (`2024-01-31`, `2024-01-31T12:00:00+02:00`) or an age (`6 months ago`, `2 weeks ago`,
+    `yesterday`) is taken. Anything else raises ConfigError naming the value.
+    """
+    text = value.strip()
+    if RELATIVE_DATE.fullmatch(text):
+        return text
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        raise ConfigError(
+            f"{option} {value!r} is not a date: give an ISO date (2024-01-31, 2024-01-31T12:00) "
+            "or an age (6 months ago, 2 weeks ago)"
+        ) from None
+    return when.isoformat()
+
+
+#: Ages git understands and means: "3 days ago", "1 year ago", "yesterday".
+RELATIVE_DATE = re.compile(
+    r"(\d+\s+(second|minute|hour|day|week|month|year)s?\s+ago|yesterday|today|now)", re.IGNORECASE
+)
+
+
+def list_history(
+    repo: Path,
+    *,
+    branch: str | None = None,
+    since: str | None = None,
+    until: str | None = None,
+    max_commits: int | None = None,
+    merges: bool = False,
+) -> list[str]:
+    """The shas `scan_history` walks, newest first (so a run knows how many candidates it has)."""
+    args = ["rev-list", "--first-parent", "--merges"] if merges else ["rev-list", "--no-merges"]
+    if since:
+        args.append(f"--since={parse_date(since, '--since')}")
+    if until:
+        args.append(f"--until={parse_date(until, '--until')}")
+    if max_commits:
+        args.append(f"--max-count={max_commits}")
+    args.append(branch or "HEAD")
+    return _git(repo, *args).split()
+
+
 def scan_history(
     repo: Path,
     *,
     branch: str | None = None,
     since: str | None = None,
+    until: str | None = None,
     max_commits: int | None = None,
     merges: bool = False,
+    shas: Sequence[str] | None = None,
 ) -> Iterator[Commit]:
     """Commits reachable from `branch` (default HEAD), newest first, with their changed files.
 
     By default every commit that is not a merge. With `merges=True`, the merge commits of the branch's own line
     (`--first-parent`), each with its whole change against the first parent: a merged pull request as one
-    candidate, for projects whose pull requests put the fix and its test in separate commits.
+    candidate, for projects whose pull requests put the fix and its test in separate commits. `shas`, when given,
+    is the list `list_history` made.
     """
-    args = ["rev-list", "--first-parent", "--merges"] if merges else ["rev-list", "--no-merges"]
-    if since:
-        args.append(f"--since={since}")
-    if max_commits:
-        args.append(f"--max-count={max_commits}")
-    args.append(branch or "HEAD")
-    for sha in _git(repo, *args).split():
+    if shas is None:
+        shas = list_history(
+            repo, branch=branch, since=since, until=until, max_commits=max_commits, merges=merges
+        )
+    for sha in shas:
         meta = _git(repo, "show", "-s", "--format=%P%n%cI%n%B", sha)
         parents_line, date, message = [*meta.split("\n", 2), "", ""][:3]
         parents = parents_line.split()
@@ -269,10 +368,34 @@ def is_runnable_test(path: str) -> bool:
     )
 
 
-def looks_like_fix(message: str, subject: str | None = None) -> bool:
-    """Fix keywords anywhere in `message`, and a subject (default: the first line) that is no revert or release."""
+def not_a_fix_reason(message: str, subject: str | None = None) -> str | None:
+    """Why the message does not read like a bug fix, or None if it does.
+
+    - a subject starting with revert, merge, release or bump is no fix;
+    - a conventional-commit subject of a type other than fix (feat, refactor, chore, docs, test, perf, style,
+      build, ci) is no fix unless the subject itself says fix (fix, bug, hotfix, regression, crash), whatever the
+      body says;
+    - otherwise a fix keyword (FIX_PATTERN) in the subject or body, or an issue named as fixed in the subject
+      ("closes #12"). An issue reference in the body alone does not make a fix.
+    """
     first = subject if subject is not None else (message.strip().splitlines()[0] if message.strip() else "")
-    return not NOT_A_FIX_PATTERN.search(first) and bool(FIX_PATTERN.search(message))
+    if NOT_A_FIX_PATTERN.search(first):
+        return f"the subject starts with {first.split()[0].lower()!r}"
+    conventional = CONVENTIONAL_SUBJECT.match(first)
+    if conventional and conventional["type"].lower() in NOT_A_FIX_TYPES:
+        if SAYS_FIX.search(conventional["rest"]):
+            return None
+        return f"a {conventional['type'].lower()!r} commit whose subject does not say fix"
+    if FIX_PATTERN.search(message) or ISSUE_PATTERN.search(first):
+        return None
+    if ISSUE_PATTERN.search(message) or re.search(r"(^|\s)\(?#\d+\b", message):
+        return "only an issue reference, no fix keyword (fix, bug, error, crash, ...)"
+    return "no fix keyword in the message (fix, bug, error, crash, ...)"
+
+
+def looks_like_fix(message: str, subject: str | None = None) -> bool:
+    """True when the message reads like a bug fix (see not_a_fix_reason)."""
+    return not_a_fix_reason(message, subject) is None
 
 
 def screen(commit: Commit, test_globs: Sequence[str] = MINING_TEST_GLOBS) -> Screened | Rejection:
@@ -293,8 +416,8 @@ def screen(commit: Commit, test_globs: Sequence[str] = MINING_TEST_GLOBS) -> Scr
         return reject(RejectReason.NO_TEST_CHANGE, detail)
     if not sources:
         return reject(RejectReason.NO_SOURCE_CHANGE, f"changes tests only ({', '.join(runnable[:3])})")
-    if not looks_like_fix(commit.text_to_match, commit.subject):
-        return reject(RejectReason.NOT_A_FIX, "no fix keyword in the message (fix, bug, error, #123, ...)")
+    if why := not_a_fix_reason(commit.text_to_match, commit.subject):
+        return reject(RejectReason.NOT_A_FIX, why)
     return Screened(commit=commit, test_files=tests, runnable_tests=runnable, source_files=sources)
 
 
@@ -489,6 +612,20 @@ def judge(before: Sequence[TestRun], after: Sequence[TestRun]) -> Verdict:
     """
     if any(r.timed_out for r in (*before, *after)):
         return Verdict(RejectReason.TIMED_OUT, "a test run timed out")
+    no_results = next((r for r in before if r.tests is None), None)
+    if no_results is not None and after and all(r.tests is not None for r in after):
+        # pytest ran to the end at the fix but not at the task state: the run there was killed (an endless loop
+        # at the memory limit, a crash) before it wrote its results, so no test can be named FAIL_TO_PASS.
+        code = no_results.exit_code
+        how = (
+            f"was killed (exit {code}: out of memory, or a signal)"
+            if code is not None and (code < 0 or code >= 128)
+            else f"exited {code}"
+        )
+        return Verdict(
+            RejectReason.NO_TEST_RESULTS,
+            f"the test run at the task state {how} before pytest wrote its results: no test to name FAIL_TO_PASS",
+        )
     if all(r.tests is not None for r in (*before, *after)):
         return _judge_tests(before, after)
     return _judge_exit_codes(before, after)
@@ -568,6 +705,44 @@ def deselect(test_command: str, flaky: Sequence[str]) -> str:
     return test_command + "".join(f" --deselect {shlex.quote(t)}" for t in flaky)
 
 
+class CommandNotFound(ConfigError):
+    """The test or setup command exited 127: the shell did not find it. Every candidate would fail the same way,
+    so mining stops at the first one instead of rejecting the whole history as "tests fail at fix"."""
+
+
+class Stopper:
+    """The sandboxes of the validations in flight, so that a stopped run (Ctrl-C, a missing command) releases them
+    at once instead of waiting for their tests to finish. Thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._sandboxes: dict[int, Sandbox] = {}
+        self.stopped = False
+
+    def track(self, sandbox: Sandbox) -> None:
+        with self._lock:
+            if not self.stopped:
+                self._sandboxes[id(sandbox)] = sandbox
+                return
+        sandbox.release()
+        raise MiningStopped("mining was stopped")
+
+    def untrack(self, sandbox: Sandbox) -> None:
+        with self._lock:
+            self._sandboxes.pop(id(sandbox), None)
+
+    def stop(self) -> None:
+        with self._lock:
+            self.stopped = True
+            sandboxes, self._sandboxes = list(self._sandboxes.values()), {}
+        for sandbox in sandboxes:
+            sandbox.release()  # never raises; the command running in it returns with SandboxGone
+
+
+class MiningStopped(BugsweepError):
+    """A validation cut short because the run was stopped; its candidate is reported as unfinished, not judged."""
+
+
 def _run_state(
     spec: TaskSpec,
     provider: SandboxProvider,
@@ -576,21 +751,47 @@ def _run_state(
     keep_going: Callable[[list[TestRun]], bool],
     timeout: float,
     setup_timeout: float,
+    stopper: Stopper | None = None,
 ) -> list[TestRun]:
     """Prepare a sandbox exactly as a sweep would (pipeline.prepare + setup), then run the tests up to `runs` times."""
     from bugsweep.pipeline import prepare, setup
 
     prepared = prepare(spec, provider, labels={"purpose": "mining", "task": spec.instance_id})
     try:
-        setup(prepared, timeout=setup_timeout)
+        if stopper is not None:
+            stopper.track(prepared.sandbox)
+        try:
+            setup(prepared, timeout=setup_timeout)
+        except SetupFailed as exc:
+            if "exited with 127" in str(exc).splitlines()[0]:
+                raise CommandNotFound(
+                    f"the setup command {spec.setup_command!r} was not found in the sandbox (exit 127): "
+                    f"{_last_line(prepared.setup_log)}; give --setup-command"
+                ) from None
+            raise
         results: list[TestRun] = []
         for _ in range(runs):
-            results.append(run_tests(prepared.sandbox, spec.test_command, timeout=timeout))
+            run = run_tests(prepared.sandbox, spec.test_command, timeout=timeout)
+            if run.exit_code == 127:
+                raise CommandNotFound(
+                    f"the test command {spec.test_command!r} was not found in the sandbox (exit 127): "
+                    f"{_last_line(run.log)}; give --test-command (and --setup-command to install it)"
+                )
+            results.append(run)
             if not keep_going(results):
                 break
+        if stopper is not None and stopper.stopped:
+            raise MiningStopped("mining was stopped")
         return results
     finally:
+        if stopper is not None:
+            stopper.untrack(prepared.sandbox)
         prepared.sandbox.release()
+
+
+def _last_line(log: str) -> str:
+    lines = [line.strip() for line in log.strip().splitlines() if line.strip()]
+    return lines[-1][:300] if lines else "no output"
 
 
 def validate(
@@ -600,8 +801,13 @@ def validate(
     runs: int = 3,
     timeout: float = 900.0,
     setup_timeout: float = 1800.0,
+    stopper: Stopper | None = None,
 ) -> Verdict:
-    """Run the tests `runs` times at the task state and, if some fail there, `runs` times at the fix commit."""
+    """Run the tests `runs` times at the task state and, if some fail there, `runs` times at the fix commit.
+
+    Raises CommandNotFound when the test or setup command exits 127, and MiningStopped when `stopper` was stopped
+    meanwhile (the verdict would be about a killed sandbox, not about the commit).
+    """
     if not spec.test_command:
         return Verdict(RejectReason.NO_TEST_COMMAND, "no test command detected; give --test-command")
 
@@ -614,26 +820,32 @@ def validate(
         stable, _ = _stable(results, _all_ids(results))
         return any(s == "fail" for s in stable.values())
 
-    try:
-        before = _run_state(
-            spec, provider, runs, keep_going=still_failing, timeout=timeout, setup_timeout=setup_timeout
+    def state(spec: TaskSpec, keep_going: Callable[[list[TestRun]], bool]) -> list[TestRun]:
+        return _run_state(
+            spec,
+            provider,
+            runs,
+            keep_going=keep_going,
+            timeout=timeout,
+            setup_timeout=setup_timeout,
+            stopper=stopper,
         )
+
+    try:
+        before = state(spec, still_failing)
         verdict = judge(before, [])
         if not still_failing(before) or verdict.reason == RejectReason.TIMED_OUT:
             return verdict
         at_fix = spec.model_copy(update={"base_commit": spec.fix_commit, "test_patch": None})
-        after = _run_state(
-            at_fix,
-            provider,
-            runs,
-            keep_going=lambda r: not r[-1].timed_out,
-            timeout=timeout,
-            setup_timeout=setup_timeout,
-        )
+        after = state(at_fix, lambda r: not r[-1].timed_out)
         return judge(before, after)
-    except SetupFailed as exc:
-        return Verdict(RejectReason.SETUP_FAILED, str(exc).strip().splitlines()[-1][:300])
+    except (CommandNotFound, MiningStopped):
+        raise
     except BugsweepError as exc:
+        if stopper is not None and stopper.stopped:
+            raise MiningStopped("mining was stopped") from exc
+        if isinstance(exc, SetupFailed):
+            return Verdict(RejectReason.SETUP_FAILED, str(exc).strip().splitlines()[-1][:300])
         text = str(exc)
         if "does not apply" in text:
             return Verdict(RejectReason.PATCH_DOES_NOT_APPLY, text[:300])
@@ -651,6 +863,7 @@ def mine(
     provider: SandboxProvider,
     limit: int = 10,
     since: str | None = None,
+    until: str | None = None,
     branch: str | None = None,
     test_command: str | None = None,
     setup_command: str | None = None,
@@ -659,6 +872,7 @@ def mine(
     merges: bool = False,
     concurrency: int = 1,
     out: Path | None = None,
+    report: Path | None = None,
     on_progress: ProgressCallback | None = None,
     test_timeout: float = 900.0,
     task_prefix: str | None = None,
@@ -668,18 +882,34 @@ def mine(
     Up to `concurrency` candidates are validated at once (each in its own sandboxes), never more than could still
     be kept, so the history is scanned no further than with one at a time. Tasks stay in history order.
     `out`, when given, is rewritten (atomically) after every kept task, so an interrupted run keeps what it found.
+    `report`, when given, gets the rejections and counts (MiningResult without the tasks) however the run ends.
+
+    A run stops early on Ctrl-C (KeyboardInterrupt) or when the test or setup command is not found
+    (CommandNotFound, exit 127): the candidates in flight are not judged (their sandboxes are released at once and
+    they are listed as `unfinished`), the report is written, and the exception goes on to the caller.
     """
     started = time.monotonic()
     progress = on_progress or (lambda e: None)
     git_dir = local_clone(repo)
     repo_name = repo if is_git_url(repo) else str(Path(repo).expanduser().resolve())
     result = MiningResult(repo=repo_name)
+    shas = list_history(
+        git_dir, branch=branch, since=since, until=until, max_commits=max_candidates, merges=merges
+    )
+    result.total = len(shas)
     # Scan order of each commit, so that results coming back out of order are still kept newest first.
     position: dict[str, int] = {}
 
     def event(kind: str, commit: Commit, message: str = "") -> MiningEvent:
         return MiningEvent(
-            kind, commit.sha, commit.subject, message, scanned=result.scanned, kept=len(result.tasks)
+            kind,
+            commit.sha,
+            commit.subject,
+            message,
+            scanned=result.scanned,
+            kept=len(result.tasks),
+            done=result.done,
+            total=result.total,
         )
 
     def next_candidate(history: Iterator[Commit]) -> tuple[Commit, TaskSpec, int] | None:
@@ -727,10 +957,12 @@ def mine(
             note += f", {len(verdict.flaky)} flaky test(s) deselected"
         progress(event("kept", commit, note))
 
-    history = scan_history(git_dir, branch=branch, since=since, max_commits=max_candidates, merges=merges)
+    history = scan_history(git_dir, shas=shas, merges=merges)
     pending: dict[Future[Verdict], tuple[Commit, TaskSpec]] = {}
     exhausted = False
-    with ThreadPoolExecutor(max_workers=max(1, concurrency), thread_name_prefix="mine") as pool:
+    stopper = Stopper()
+    pool = ThreadPoolExecutor(max_workers=max(1, concurrency), thread_name_prefix="mine")
+    try:
         while True:
             while (
                 not exhausted
@@ -746,18 +978,31 @@ def mine(
                 in_sandbox = spec.model_copy(update={"repo": str(git_dir)})
                 progress(event("validate", commit, f"{modules} test module(s), {runs} run(s) each"))
                 result.validated += 1
-                pending[pool.submit(validate, in_sandbox, provider, runs=runs, timeout=test_timeout)] = (
-                    commit,
-                    spec,
+                future = pool.submit(
+                    validate, in_sandbox, provider, runs=runs, timeout=test_timeout, stopper=stopper
                 )
+                pending[future] = (commit, spec)
             if not pending:
                 break
             done, _ = wait(pending, return_when=FIRST_COMPLETED)
             for future in sorted(done, key=lambda f: position[pending[f][0].sha]):
-                commit, spec = pending.pop(future)
-                record(commit, spec, future.result())
-    result.rejected.sort(key=lambda r: position.get(r.commit, 0))
-    result.elapsed_s = time.monotonic() - started
+                commit, spec = pending[future]
+                verdict = future.result()  # CommandNotFound stops the run here, this candidate unfinished
+                del pending[future]
+                record(commit, spec, verdict)
+    except BaseException as exc:  # Ctrl-C or a command that is not there: judge nothing that was cut short
+        stopper.stop()
+        result.stopped = "interrupted (Ctrl-C)" if isinstance(exc, KeyboardInterrupt) else str(exc)
+        for future, (commit, _) in sorted(pending.items(), key=lambda kv: position[kv[1][0].sha]):
+            future.cancel()
+            result.unfinished.append(Unfinished(commit=commit.sha, subject=commit.subject))
+        raise
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+        result.rejected.sort(key=lambda r: position.get(r.commit, 0))
+        result.elapsed_s = time.monotonic() - started
+        if report is not None:
+            result.write_report(report)
     return result
 
 
@@ -769,4 +1014,6 @@ def _rejected_event(rejection: Rejection, result: MiningResult) -> MiningEvent:
         f"{rejection.reason.value}: {rejection.detail}" if rejection.detail else rejection.reason.value,
         scanned=result.scanned,
         kept=len(result.tasks),
+        done=result.done,
+        total=result.total,
     )

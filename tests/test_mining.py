@@ -23,6 +23,7 @@ from bugsweep.mining import (
     judge,
     looks_like_fix,
     mine,
+    not_a_fix_reason,
     scan_history,
     screen,
 )
@@ -122,10 +123,36 @@ def test_fix_keywords() -> None:
         "crash when empty",
         "closes #12",
         "regression in 2.1",
+        "fix: add() returned the difference",
+        "fix(parser)!: crash on empty input",
+        "refactor: fix the off-by-one in paginate",
+        "Make paginate() stop at the last page\n\nIt raised IndexError past the end.",
     ):
         assert looks_like_fix(message), message
-    for message in ("Add neg()", "Release 1.2.0", "Revert 'fix add'", "Merge branch 'fix-x'", "docs: prefix"):
+    for message in (
+        "Add neg()",
+        "Release 1.2.0",
+        "Revert 'fix add'",
+        "Merge branch 'fix-x'",
+        "docs: prefix",
+        "feat: add neg()\n\nCloses #467",
+        "refactor(core): split the parser\n\nRaises ValueError as before; fixes the layering.",
+        "perf: faster add()\n\nThe old one was wrong about caching.",
+        "chore: bump deps",
+        "Add neg() (#123)",
+        "Add neg()\n\nCloses #467",
+    ):
         assert not looks_like_fix(message), message
+
+
+def test_not_a_fix_says_why() -> None:
+    assert (
+        not_a_fix_reason("feat: add neg()\n\nCloses #467") == "a 'feat' commit whose subject does not say fix"
+    )
+    assert not_a_fix_reason("Add neg()\n\nCloses #467") == (
+        "only an issue reference, no fix keyword (fix, bug, error, crash, ...)"
+    )
+    assert not_a_fix_reason("Release 1.2") == "the subject starts with 'release'"
 
 
 def test_screen_gives_each_commit_its_reason(tmp_path: Path) -> None:
@@ -236,6 +263,11 @@ def test_judge_per_test_outcomes() -> None:
     after3 = [_run({"t::a": "passed", "t::c": "passed"}, 0), _run({"t::a": "passed", "t::c": "failed"})]
     v = judge(before3, after3)
     assert v.reason is None and v.fail_to_pass == ["t::a"] and v.flaky == ["t::c"]
+
+    # the run at the task state was killed before pytest wrote its results (an endless generator at the memory
+    # limit): nothing can be named FAIL_TO_PASS, so no task, whatever the exit codes say
+    v = judge([_run(None, 137)], [_run({"t::a": "passed"}, 0)])
+    assert v.reason == RejectReason.NO_TEST_RESULTS and "killed (exit 137" in v.detail
 
     # without per-test results (not pytest), exit codes decide
     assert judge([_run(None)], [_run(None, 0)]).reason is None
@@ -394,3 +426,165 @@ def test_merged_pull_requests_are_candidates_with_merges(tmp_path: Path) -> None
     assert task.base_commit == git(repo, "rev-parse", "HEAD^1")
     assert task.FAIL_TO_PASS == ["tests/test_calc.py::test_add"]
     assert "calc.py" not in task.test_patch.replace("tests/test_calc.py", "")
+
+
+# -- what is a fix, what went wrong, and stopping --------------------------------------------------------------
+
+
+def conventional_history(root: Path) -> dict[str, str]:
+    """Conventional-commit subjects: features and refactors with tests and an issue reference, and one real fix."""
+    repo = make_repo(root, {"calc.py": CALC, "tests/test_calc.py": TEST_MUL, "pyproject.toml": PYPROJECT})
+    shas: dict[str, str] = {}
+    write_files(repo, {
+        "calc.py": (repo / "calc.py").read_text() + "\n\ndef neg(a):\n    return -a\n",
+        "tests/test_neg.py": "from calc import neg\n\n\ndef test_neg():\n    assert neg(2) == -2\n",
+    })  # fmt: skip
+    shas["feat"] = commit_all(repo, "feat: add neg()\n\nRaises no TypeError any more. Closes #467")
+    write_files(repo, {
+        "calc.py": (repo / "calc.py").read_text().replace("return a * b", "return b * a"),
+        "tests/test_mul2.py": "from calc import mul\n\n\ndef test_mul_order():\n    assert mul(3, 2) == 6\n",
+    })  # fmt: skip
+    shas["refactor"] = commit_all(repo, "refactor(calc): commutative mul\n\nSee #12, the bug report.")
+    write_files(repo, {
+        "calc.py": (repo / "calc.py").read_text().replace("a - b", "a + b"),
+        "tests/test_calc.py": TEST_MUL.replace("import mul", "import add, mul")
+        + "\n\ndef test_add():\n    assert add(2, 3) == 5\n",
+    })  # fmt: skip
+    shas["fix"] = commit_all(repo, "fix: add() returned the difference")
+    return shas
+
+
+@needs_bwrap
+def test_conventional_features_are_rejected_and_the_fix_kept(tmp_path: Path) -> None:
+    from bugsweep.sandbox import get_provider
+
+    shas = conventional_history(tmp_path / "repo")
+    events = []
+    result = mine(str(tmp_path / "repo"), provider=get_provider("local"), runs=1, on_progress=events.append)
+    assert [t.fix_commit for t in result.tasks] == [shas["fix"]]
+    assert result.tasks[0].FAIL_TO_PASS == ["tests/test_calc.py::test_add"]
+    why = {r.commit: (r.reason, r.detail) for r in result.rejected}
+    assert why[shas["feat"]] == (RejectReason.NOT_A_FIX, "a 'feat' commit whose subject does not say fix")
+    assert why[shas["refactor"]] == (
+        RejectReason.NOT_A_FIX,
+        "a 'refactor' commit whose subject does not say fix",
+    )
+    assert result.validated == 1  # neither feature reached the sandbox
+    # progress counts the commits decided out of the commits in range
+    assert result.total == 4 and events[-1].total == 4 and events[-1].done == 4
+    assert [e.done for e in events if e.kind in ("kept", "rejected")] == [1, 2, 3, 4]
+
+
+def _mine_cli(repo: Path, out: Path, *args: str, env: dict[str, str] | None = None) -> list[str]:
+    import sys
+
+    return [sys.executable, "-m", "bugsweep.cli", "mine", str(repo), "--runs", "1", "--out", str(out), *args]
+
+
+def test_bad_dates_exit_2_naming_the_value(tmp_path: Path) -> None:
+    import os
+    import subprocess
+
+    repo = make_repo(tmp_path / "repo", {"calc.py": CALC, "tests/test_calc.py": TEST_MUL})
+    env = {**os.environ, "COLUMNS": "200"}
+    for option, value in (("--since", "last tuesdy"), ("--until", "2024-13-45")):
+        proc = subprocess.run(
+            _mine_cli(repo, tmp_path / "t.jsonl", option, value), capture_output=True, text=True, env=env
+        )
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        assert f"{option} {value!r} is not a date" in proc.stderr
+        assert "Traceback" not in proc.stderr
+    # dates that do parse are taken; nothing in range is exit 1, not an error
+    proc = subprocess.run(
+        _mine_cli(repo, tmp_path / "t.jsonl", "--since", "2099-01-01", "--until", "3 days ago"),
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert proc.returncode == 1 and "0 task(s) from 0 commits scanned" in proc.stdout, (
+        proc.stdout + proc.stderr
+    )
+
+
+@needs_bwrap
+def test_a_missing_test_command_stops_the_run_once(tmp_path: Path) -> None:
+    import os
+    import subprocess
+
+    repo = tmp_path / "repo"
+    build_history(repo)
+    out = tmp_path / "t.jsonl"
+    env = {**os.environ, "COLUMNS": "200"}
+    cmd = _mine_cli(repo, out, "--test-command", "no-such-runner {test_files}", "--concurrency", "2")
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert (
+        proc.stderr.count("no-such-runner") >= 1 and "was not found in the sandbox (exit 127)" in proc.stderr
+    )
+    assert "tests fail at fix" not in proc.stdout + proc.stderr and "Traceback" not in proc.stderr
+    report = json.loads(out.with_name("t.mining.json").read_text())
+    assert "no-such-runner" in report["stopped"] and report["unfinished"]
+    assert "tests pass at parent" not in json.dumps(report)  # no candidate was judged on the missing command
+
+
+@needs_bwrap
+def test_killed_run_at_the_task_state_is_no_task(tmp_path: Path) -> None:
+    """The changed test kills pytest at the task state (as the memory limit kills an endless generator): no
+    JUnit file, so the task would have no FAIL_TO_PASS test. It is rejected, saying so."""
+    from bugsweep.sandbox import get_provider
+
+    repo = make_repo(
+        tmp_path / "repo", {"calc.py": CALC, "tests/test_calc.py": TEST_MUL, "pyproject.toml": PYPROJECT}
+    )
+    write_files(repo, {
+        "calc.py": CALC.replace("a - b", "a + b"),
+        "tests/test_calc.py": "import os, signal\nfrom calc import add\n\n\ndef test_add():\n"
+        "    if add(2, 3) != 5:\n        os.kill(os.getpid(), signal.SIGKILL)\n",
+    })  # fmt: skip
+    sha = commit_all(repo, "Fix add() returning the difference")
+    result = mine(str(repo), provider=get_provider("local"), runs=1)
+    assert result.tasks == []
+    (rejection,) = [r for r in result.rejected if r.commit == sha]
+    assert rejection.reason == RejectReason.NO_TEST_RESULTS
+    assert "killed" in rejection.detail
+
+
+@needs_bwrap
+def test_ctrl_c_writes_the_report_and_judges_nothing_half_way(tmp_path: Path) -> None:
+    import os
+    import signal
+    import subprocess
+    import time
+
+    repo = tmp_path / "repo"
+    build_history(repo)
+    out = tmp_path / "t.jsonl"
+    state = tmp_path / "state"
+    env = {
+        **os.environ,
+        "COLUMNS": "200",
+        "BUGSWEEP_SANDBOX_STATE_DIR": str(state),
+    }  # progress unbuffered: the CLI's job
+    # the first candidate is decided quickly; the tests of the others take ten minutes
+    cmd = _mine_cli(
+        repo, out, "--test-command", "test -e tests/test_sq.py || sleep 600; python -m pytest -q {test_files}"
+    )
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    assert proc.stdout is not None
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if line.lstrip("[0123456789/] ").startswith("validate") and "kept" in "".join(lines):
+            break
+    time.sleep(3)  # the second candidate's sandbox is up and its tests are sleeping
+    proc.send_signal(signal.SIGINT)
+    rest, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, "".join(lines) + rest + stderr
+    assert "interrupted" in stderr and "Traceback" not in stderr
+    report = json.loads(out.with_name("t.mining.json").read_text())
+    assert report["stopped"] == "interrupted (Ctrl-C)"
+    (unfinished,) = report["unfinished"]
+    assert unfinished["commit"] not in {r["commit"] for r in report["rejected"]}  # not judged on a killed run
+    (task,) = load_tasks(out)  # what was kept before the Ctrl-C is still there
+    assert task.problem_statement == "Fix missing sq() (issue #7)"
+    assert not state.exists() or not any(state.iterdir())  # no sandbox left behind

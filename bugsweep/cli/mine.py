@@ -6,6 +6,7 @@ Exit codes: 0 done, 1 mining found no task, 2 could not run (bad arguments, unre
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Annotated, NoReturn
 
@@ -29,7 +30,13 @@ def mine_command(
     ],
     limit: Annotated[int, typer.Option(help="Stop after this many validated tasks.")] = 10,
     since: Annotated[
-        str | None, typer.Option(help="Only commits after this date (anything `git log --since` takes).")
+        str | None,
+        typer.Option(
+            help="Only commits after this date: 2024-01-31, 2024-01-31T12:00, or an age (6 months ago)."
+        ),
+    ] = None,
+    until: Annotated[
+        str | None, typer.Option(help="Only commits before this date (same forms as --since).")
     ] = None,
     branch: Annotated[
         str | None, typer.Option(help="Branch or ref to walk back from (default: HEAD).")
@@ -78,51 +85,65 @@ def mine_command(
     of --runs runs. Flaky tests are reported and left out of the task's test command.
     """
     from bugsweep.errors import BugsweepError
-    from bugsweep.mining import MiningEvent, mine
+    from bugsweep.mining import CommandNotFound, MiningEvent, MiningResult, mine, parse_date
     from bugsweep.sandbox import get_provider
 
     if limit < 1 or runs < 1 or concurrency < 1:
         _fail("--limit, --runs and --concurrency must be at least 1")
+    try:
+        for option, value in (("--since", since), ("--until", until)):
+            if value is not None:
+                parse_date(value, option)
+    except BugsweepError as exc:
+        _fail(str(exc))
+    report_path = out.with_name(out.stem + ".mining.json")
+    if hasattr(sys.stdout, "reconfigure"):
+        sys.stdout.reconfigure(line_buffering=True)  # progress lines show up at once through a pipe or `tee`
 
     def show(event: MiningEvent) -> None:
         sha, subject = event.commit[:10], escape(event.subject[:70])
+        where = f"[dim][{event.done}/{event.total}][/] "
         if event.kind == "validate":
-            console.print(f"[cyan]validate[/] {sha} {subject}  [dim]({escape(event.message)})[/]")
+            console.print(f"{where}[cyan]validate[/] {sha} {subject}  [dim]({escape(event.message)})[/]")
         elif event.kind == "kept":
-            console.print(f"[green bold]kept[/]     {sha} {subject}  [dim]{escape(event.message)}[/]")
+            console.print(f"{where}[green bold]kept[/]     {sha} {subject}  [dim]{escape(event.message)}[/]")
         elif event.kind == "rejected":
-            console.print(f"[dim]skip     {sha} {subject}: {escape(event.message)}[/]")
+            console.print(f"{where}[dim]skip     {sha} {subject}: {escape(event.message)}[/]")
 
-    console.print(f"[bold]mining[/] {escape(repo)} for up to {limit} task(s), {runs} run(s) per state")
+    console.print(
+        f"[bold]mining[/] {escape(repo)} for up to {limit} task(s), {runs} run(s) per state "
+        "[dim]([decided/commits in range])[/]"
+    )
+    result: MiningResult | None = None
     try:
         result = mine(
             repo,
             provider=get_provider(sandbox),
             limit=limit,
             since=since,
+            until=until,
             branch=branch,
             test_command=test_command,
             setup_command=setup_command,
             runs=runs,
             max_candidates=max_candidates,
             out=out,
+            report=report_path,
             on_progress=show,
             task_prefix=name,
             merges=merges,
             concurrency=concurrency,
         )
+    except CommandNotFound as exc:
+        _fail(f"{exc}\nmining stopped; what was done is in {report_path}")
     except BugsweepError as exc:
         _fail(str(exc))
     except KeyboardInterrupt:
-        err.print(f"[red]interrupted[/]: tasks found so far are in {out}")
+        err.print(
+            f"[red]interrupted[/]: tasks kept so far are in {out if out.exists() else '(none kept)'}; "
+            f"every commit decided, and the unfinished ones, in {report_path}"
+        )
         raise typer.Exit(130) from None
-
-    if result.tasks:
-        from bugsweep.spec import dump_tasks
-
-        dump_tasks(result.tasks, out)
-    report_path = out.with_name(out.stem + ".mining.json")
-    report_path.write_text(result.model_dump_json(indent=2, exclude={"tasks"}), encoding="utf-8")
 
     minutes = max(result.elapsed_s / 60, 1e-9)
     console.print(

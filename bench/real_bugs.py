@@ -1,0 +1,334 @@
+"""Benchmark: real bug fixes mined from public projects' history, bugsweep's agent vs mini-swe-agent.
+
+    python bench/real_bugs.py                                   # every task, both agents, the embedded model
+    python bench/real_bugs.py --agents bugsweep --max-tasks 5
+    python bench/real_bugs.py --resume bench/results/real_bugs-<stamp>.json   # skip the runs already done
+
+The tasks (bench/real_bugs.jsonl) were made by `bugsweep mine` on clones of the repositories the file names (a
+repository URL, the fix's parent commit, the fix's test changes and test ids: no project source is committed here).
+`--mirrors DIR` points at local clones laid out as DIR/<owner>+<name>/repo (default /work/.mirror); without one the
+repository URL is cloned.
+
+Both agents get the same task in the same kind of sandbox, the same model server, the same turn limit, and are
+graded by the same grader:
+- bugsweep: `pipeline.solve_task`, as `bugsweep sweep` runs a task (prepare, setup, baseline, agent, regrade), with
+  the agent settings of the environment (BUGSWEEP_POLICY / BUGSWEEP_EDIT_STYLE); the policy in force is read back
+  from grade.json.
+- mini-swe-agent (PyPI `mini-swe-agent`, its default `mini.yaml` tool-calling config and DefaultAgent): its
+  `bash` tool runs in a bugsweep sandbox prepared exactly as for bugsweep (test patch applied, setup run, tests
+  failing), then `pipeline.regrade` grades it (test files restored, FAIL_TO_PASS and PASS_TO_PASS checked). Its task
+  text is the problem statement plus the test command (bugsweep's agent is told the test command too).
+One run at a time (the machine is shared); results are written after every run, so a stopped benchmark keeps what it
+measured. Results: bench/results/real_bugs-<time>.json and a table on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_TASKS = ROOT / "bench" / "real_bugs.jsonl"
+
+
+def load() -> str:
+    return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+
+
+def local_repo(url: str, mirrors: Path) -> str:
+    """The local clone of `url` under `mirrors` (owner+name/repo), or the URL itself."""
+    m = re.match(r"https://github\.com/([^/]+)/([^/]+?)(\.git)?/?$", url)
+    if m:
+        path = mirrors / f"{m[1]}+{m[2]}" / "repo"
+        if path.exists():
+            return str(path)
+    return url
+
+
+def policy_of(grade: dict[str, Any]) -> str:
+    policy = grade.get("policy")
+    if isinstance(policy, dict):
+        return str(policy.get("name", policy))
+    if policy:
+        return str(policy)
+    return f"edit_style={os.environ.get('BUGSWEEP_EDIT_STYLE', 'auto')} (no policy key in grade.json)"
+
+
+def run_bugsweep(spec: Any, base_url: str, model: str, out_dir: Path, max_turns: int) -> dict[str, Any]:
+    from bugsweep.pipeline import solve_task
+    from bugsweep.sandbox import get_provider
+    from bugsweep.settings import AgentSettings, ModelSettings
+
+    settings = ModelSettings(base_url=base_url, model=model, api_key="none")  # type: ignore[arg-type]
+    started = time.monotonic()
+    error = None
+    try:
+        solve_task(
+            spec,
+            provider=get_provider("local"),
+            model_settings=settings,
+            agent_settings=AgentSettings(max_turns=max_turns),
+            out_dir=out_dir,
+        )
+    except Exception as exc:  # recorded in grade.json by solve_task; the run is counted as not resolved
+        error = f"{type(exc).__name__}: {exc}"[:500]
+    wall = time.monotonic() - started
+    try:
+        grade = json.loads((out_dir / "grade.json").read_text())
+    except (OSError, ValueError):
+        grade = {}
+    return {
+        "agent": "bugsweep",
+        "policy": policy_of(grade),
+        "resolved": bool(grade.get("resolved")),
+        "stop_reason": grade.get("stop_reason"),
+        "turns": grade.get("turns", 0),
+        "prompt_tokens": grade.get("prompt_tokens", 0),
+        "completion_tokens": grade.get("completion_tokens", 0),
+        "agent_wall_s": grade.get("agent_wall_s"),
+        "wall_s": wall,
+        "error": error or grade.get("error"),
+        "failure_kind": grade.get("failure_kind"),
+        "out": str(out_dir),
+    }
+
+
+def run_mini(spec: Any, base_url: str, model: str, out_dir: Path, max_turns: int) -> dict[str, Any]:
+    """One mini-swe-agent run whose bash commands run in a bugsweep sandbox, graded by bugsweep's grader."""
+    os.environ.setdefault("MSWEA_SILENT_STARTUP", "1")
+    os.environ.setdefault("MSWEA_COST_TRACKING", "ignore_errors")
+    import yaml
+    from minisweagent.agents.default import DefaultAgent
+    from minisweagent.config import builtin_config_dir
+    from minisweagent.environments.local import LocalEnvironment
+    from minisweagent.models.litellm_model import LitellmModel
+
+    from bugsweep.pipeline import baseline, prepare, regrade, setup, write_run_dir
+    from bugsweep.sandbox import get_provider
+
+    class SandboxEnvironment(LocalEnvironment):  # type: ignore[misc]
+        """mini's environment protocol over a bugsweep sandbox (the same sandbox bugsweep's agent gets)."""
+
+        def __init__(self, sandbox: Any, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            self.sandbox = sandbox
+
+        def execute(self, action: dict, cwd: str = "", *, timeout: int | None = None) -> dict[str, Any]:
+            result = self.sandbox.exec(
+                action.get("command", ""), cwd=cwd or None, timeout=timeout or self.config.timeout
+            )
+            output = {
+                "output": result.output + ("\n(timed out)" if result.timed_out else ""),
+                "returncode": result.exit_code if result.exit_code is not None else -1,
+                "exception_info": "",
+            }
+            self._check_finished(output)
+            return output
+
+    config = yaml.safe_load((builtin_config_dir / "mini.yaml").read_text())
+    started = time.monotonic()
+    prepared = None
+    row: dict[str, Any] = {"agent": "mini-swe-agent", "policy": "mini.yaml (mini-swe-agent's default)"}
+    try:
+        prepared = prepare(spec, get_provider("local"), labels={"purpose": "bench", "task": spec.instance_id})
+        setup(prepared)
+        before = baseline(prepared)
+        model_obj = LitellmModel(
+            model_name=f"openai/{model}",
+            model_kwargs={
+                "api_base": base_url,
+                "api_key": "none",
+                "temperature": 0.0,
+                "max_tokens": 1024,
+                "drop_params": True,
+            },
+            cost_tracking="ignore_errors",
+            **{
+                k: v
+                for k, v in config.get("model", {}).items()
+                if k in {"observation_template", "format_error_template"}
+            },
+        )
+        env = SandboxEnvironment(
+            prepared.sandbox,
+            cwd=prepared.sandbox.workdir,
+            env=config.get("environment", {}).get("env", {}),
+            timeout=300,
+        )
+        agent_config = {
+            k: v for k, v in config["agent"].items() if k in {"system_template", "instance_template"}
+        }
+        agent = DefaultAgent(
+            model_obj,
+            env,
+            **agent_config,
+            step_limit=max_turns,
+            cost_limit=0.0,
+            wall_time_limit_seconds=3600,
+            output_path=out_dir / "trajectory.json",
+        )
+        task = f"{spec.problem_statement}\n\nThe tests run with this command: {spec.test_command}"
+        agent_started = time.monotonic()
+        try:
+            info = agent.run(task)
+            exit_status = info.get("exit_status", "")
+        except Exception as exc:  # a crash of the agent is a failed run, recorded as such
+            exit_status = f"crash: {type(exc).__name__}: {exc}"[:300]
+        agent_wall = time.monotonic() - agent_started
+        verdict, after, patch = regrade(prepared, before, None, model_name=model)
+        prompt = completion = 0
+        for message in agent.messages:
+            usage = ((message.get("extra") or {}).get("response") or {}).get("usage") or {}
+            prompt += int(usage.get("prompt_tokens") or 0)
+            completion += int(usage.get("completion_tokens") or 0)
+        verdict.stop_reason, verdict.turns = exit_status, agent.n_calls
+        verdict.prompt_tokens, verdict.completion_tokens = prompt, completion
+        write_run_dir(out_dir, verdict, patch=patch, before=before, after=after, spec=spec)
+        row |= {
+            "resolved": verdict.resolved,
+            "stop_reason": exit_status,
+            "turns": agent.n_calls,
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "agent_wall_s": agent_wall,
+            "tests_changed_by_agent": bool(verdict.touched_test_files),
+        }
+    except Exception as exc:
+        row |= {"resolved": False, "error": f"{type(exc).__name__}: {exc}"[:500], "turns": 0}
+        row.setdefault("prompt_tokens", 0)
+        row.setdefault("completion_tokens", 0)
+    finally:
+        if prepared is not None:
+            prepared.sandbox.release()
+    row["wall_s"] = time.monotonic() - started
+    row["out"] = str(out_dir)
+    return row
+
+
+def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    resolved = [r for r in rows if r["resolved"]]
+    tokens = [r["prompt_tokens"] + r["completion_tokens"] for r in resolved]
+    return {
+        "resolved": len(resolved),
+        "runs": len(rows),
+        "errors": sum(1 for r in rows if r.get("error")),
+        "median_turns": statistics.median(r["turns"] for r in rows) if rows else None,
+        "median_tokens": statistics.median(r["prompt_tokens"] + r["completion_tokens"] for r in rows)
+        if rows
+        else None,
+        "tokens_per_resolved": sum(r["prompt_tokens"] + r["completion_tokens"] for r in rows) / len(resolved)
+        if resolved
+        else None,
+        "median_tokens_resolved_run": statistics.median(tokens) if tokens else None,
+        "median_wall_s": statistics.median(r["wall_s"] for r in rows) if rows else None,
+        "total_wall_s": sum(r["wall_s"] for r in rows),
+        "policies": sorted({str(r.get("policy")) for r in rows}),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--tasks", type=Path, default=DEFAULT_TASKS)
+    parser.add_argument("--agents", default="bugsweep,mini", help="comma-separated: bugsweep, mini")
+    parser.add_argument("--max-turns", type=int, default=30)
+    parser.add_argument("--max-tasks", type=int, default=None, help="only the first N tasks of the file")
+    parser.add_argument("--only", default=None, help="comma-separated instance ids")
+    parser.add_argument("--mirrors", type=Path, default=Path("/work/.mirror"))
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    parser.add_argument("--resume", type=Path, default=None, help="a results file to continue")
+    parser.add_argument(
+        "--base-url", default=None, help="a running model server (default: the embedded model)"
+    )
+    parser.add_argument("--model", default=None)
+    args = parser.parse_args()
+
+    from bugsweep.embedded.server import ensure_embedded_model
+    from bugsweep.spec import load_tasks
+
+    tasks = load_tasks(args.tasks)
+    if args.only:
+        wanted = set(args.only.split(","))
+        tasks = [t for t in tasks if t.instance_id in wanted]
+    if args.max_tasks:
+        tasks = tasks[: args.max_tasks]
+    agents = [a.strip() for a in args.agents.split(",") if a.strip()]
+    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
+    if args.resume:
+        path = args.resume
+        report = json.loads(path.read_text())
+    else:
+        args.out.mkdir(parents=True, exist_ok=True)
+        path = args.out / f"real_bugs-{stamp}.json"
+        report = {
+            "started": stamp,
+            "tasks_file": str(args.tasks),
+            "max_turns": args.max_turns,
+            "cores": os.cpu_count(),
+            "load_before": load(),
+            "commit": subprocess.run(
+                ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+            ).stdout.strip(),
+            "runs": [],
+        }
+    run_root = Path(tempfile.gettempdir()) / f"bugsweep-real-bugs-{report['started']}"
+    done = {(r["task"], r["agent"]) for r in report["runs"]}
+    names = {"bugsweep": "bugsweep", "mini": "mini-swe-agent"}
+
+    def save() -> None:
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(report, indent=2))
+        tmp.replace(path)
+
+    print(f"{len(tasks)} task(s), agents {agents}, max {args.max_turns} turns; load: {load()}", flush=True)
+    with ensure_embedded_model(progress=lambda m: print(m, flush=True)) as endpoint:
+        base_url = args.base_url or endpoint.base_url
+        model = args.model or endpoint.model
+        report["model"] = model
+        for spec in tasks:
+            spec = spec.model_copy(update={"repo": local_repo(spec.repo, args.mirrors)})
+            for agent in agents:
+                if (spec.instance_id, names[agent]) in done:
+                    continue
+                out_dir = run_root / spec.instance_id / agent
+                runner = run_bugsweep if agent == "bugsweep" else run_mini
+                row = runner(spec, base_url, model, out_dir, args.max_turns)
+                row["task"], row["load"] = spec.instance_id, load()
+                report["runs"].append(row)
+                save()
+                print(
+                    f"{spec.instance_id:<28} {names[agent]:<15} "
+                    f"{'RESOLVED' if row['resolved'] else 'not resolved':<13} stop={row.get('stop_reason')} "
+                    f"turns={row['turns']} tokens={row['prompt_tokens']}+{row['completion_tokens']} "
+                    f"wall={row['wall_s']:.0f}s {('error: ' + row['error'][:120]) if row.get('error') else ''}",
+                    flush=True,
+                )
+    report["load_after"] = load()
+    report["summary"] = {
+        names[a]: summarise([r for r in report["runs"] if r["agent"] == names[a]]) for a in agents
+    }
+    save()
+    print("\n| agent | resolved/runs | median turns | tokens per resolved task | median wall | policy |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for agent, s in report["summary"].items():
+        per = f"{s['tokens_per_resolved']:.0f}" if s["tokens_per_resolved"] else "-"
+        wall = f"{s['median_wall_s']:.0f} s" if s["median_wall_s"] is not None else "-"
+        print(
+            f"| {agent} | {s['resolved']}/{s['runs']} | {s['median_turns']} | {per} | {wall} | "
+            f"{'; '.join(s['policies'])} |"
+        )
+    print(f"results: {path}  (run folders in {run_root})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
