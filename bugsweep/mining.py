@@ -40,7 +40,7 @@ from pathlib import Path, PurePosixPath
 from pydantic import BaseModel, Field
 
 from bugsweep.errors import BugsweepError, ConfigError, SetupFailed
-from bugsweep.grading import TestRun, run_tests
+from bugsweep.grading import TestRun, run_tests, why_cannot_run
 from bugsweep.sandbox.base import Sandbox, SandboxProvider
 from bugsweep.sandbox.sources import is_git_url
 from bugsweep.settings import DEFAULT_TEST_GLOBS
@@ -115,6 +115,7 @@ class RejectReason(StrEnum):
     FLAKY = "flaky"
     TIMED_OUT = "tests timed out"
     NO_TEST_RESULTS = "no test results"
+    TESTS_CANNOT_RUN = "tests cannot run"
     SANDBOX_ERROR = "sandbox error"
 
 
@@ -469,6 +470,23 @@ def _setup_cfg_extra(text: str) -> str | None:
     return next((g for g in TEST_GROUP_NAMES if cfg.has_option("options.extras_require", g)), None)
 
 
+def _tox_extra(text: str) -> str | None:
+    """The test extra tox installs ([testenv] extras = tests), if it is one of TEST_GROUP_NAMES."""
+    cfg = configparser.ConfigParser(interpolation=None)
+    try:
+        cfg.read_string(text)
+    except configparser.Error:
+        return None
+    if not cfg.has_option("testenv", "extras"):
+        return None
+    listed = re.split(r"[\s,]+", cfg.get("testenv", "extras"))
+    return next((g for g in TEST_GROUP_NAMES if g in listed), None)
+
+
+#: A test extra declared as a literal in setup.py: `"tests": [` inside extras_require or a dict built for it.
+_SETUP_PY_EXTRA = re.compile(r"""["'](tests|test|testing)["']\s*:\s*\[""")
+
+
 def _tox_deps(text: str) -> list[str]:
     """The plain requirements of tox.ini's [testenv] deps (factor-conditional and templated lines left out)."""
     cfg = configparser.ConfigParser(interpolation=None)
@@ -486,7 +504,8 @@ def detect_commands(repo: Path, commit: str, test_files: Sequence[str]) -> Comma
     """Setup and test commands for common Python layouts, read from the tree at `commit`.
 
     - pyproject.toml with [project] or [build-system], or setup.py: `pip install -e .`, with the
-      `tests`/`test`/`testing` extra when pyproject.toml or setup.cfg declares one;
+      `tests`/`test`/`testing` extra when pyproject.toml, setup.cfg, tox.ini's [testenv] extras or a literal
+      in setup.py's extras_require names one;
     - then the test dependencies where the project keeps them: a requirements file (TEST_REQUIREMENTS), a
       `tests`/`test`/`testing` dependency group in pyproject.toml, or tox.ini's [testenv] deps;
     - tests run with `python -m pytest -q <changed test modules>` (pytest also runs unittest-style tests, and
@@ -499,6 +518,12 @@ def detect_commands(repo: Path, commit: str, test_files: Sequence[str]) -> Comma
     extra, group = _pyproject_test_deps(pyproject) if pyproject else (None, [])
     if extra is None and "setup.cfg" in names:
         extra = _setup_cfg_extra(_show(repo, commit, "setup.cfg") or "")
+    if extra is None and "tox.ini" in names:
+        extra = _tox_extra(_show(repo, commit, "tox.ini") or "")
+    if extra is None and "setup.py" in names:
+        setup_py = _show(repo, commit, "setup.py") or ""
+        found = _SETUP_PY_EXTRA.search(setup_py) if "extras_require" in setup_py else None
+        extra = found[1] if found else None
     installable = "setup.py" in names or bool(
         pyproject and re.search(r"^\[(project|build-system)\]", pyproject, re.M)
     )
@@ -706,8 +731,9 @@ def deselect(test_command: str, flaky: Sequence[str]) -> str:
 
 
 class CommandNotFound(ConfigError):
-    """The test or setup command exited 127: the shell did not find it. Every candidate would fail the same way,
-    so mining stops at the first one instead of rejecting the whole history as "tests fail at fix"."""
+    """The test or setup command exited 127 or 126: the shell did not find it or cannot run it. Every candidate
+    would fail the same way, so mining stops at the first one instead of rejecting the history as "tests fail at
+    fix"."""
 
 
 class Stopper:
@@ -739,6 +765,10 @@ class Stopper:
             sandbox.release()  # never raises; the command running in it returns with SandboxGone
 
 
+class CannotRun(BugsweepError):
+    """The tests of one candidate test nothing (no module, pytest usage error, no test collected)."""
+
+
 class MiningStopped(BugsweepError):
     """A validation cut short because the run was stopped; its candidate is reported as unfinished, not judged."""
 
@@ -763,20 +793,25 @@ def _run_state(
         try:
             setup(prepared, timeout=setup_timeout)
         except SetupFailed as exc:
-            if "exited with 127" in str(exc).splitlines()[0]:
+            first = str(exc).splitlines()[0]
+            if "exited with 127" in first or "exited with 126" in first:
+                code = "127: not found" if "127" in first else "126: cannot be executed"
                 raise CommandNotFound(
-                    f"the setup command {spec.setup_command!r} was not found in the sandbox (exit 127): "
+                    f"the setup command {spec.setup_command!r} cannot run in the sandbox (exit {code}): "
                     f"{_last_line(prepared.setup_log)}; give --setup-command"
                 ) from None
             raise
         results: list[TestRun] = []
         for _ in range(runs):
             run = run_tests(prepared.sandbox, spec.test_command, timeout=timeout)
-            if run.exit_code == 127:
+            why = why_cannot_run(run)
+            if run.exit_code in (126, 127):
                 raise CommandNotFound(
-                    f"the test command {spec.test_command!r} was not found in the sandbox (exit 127): "
+                    f"the test command {spec.test_command!r} cannot run in the sandbox: {why}: "
                     f"{_last_line(run.log)}; give --test-command (and --setup-command to install it)"
                 )
+            if why:
+                raise CannotRun(f"{why}: {_last_line(run.log)}")
             results.append(run)
             if not keep_going(results):
                 break
@@ -841,6 +876,8 @@ def validate(
         return judge(before, after)
     except (CommandNotFound, MiningStopped):
         raise
+    except CannotRun as exc:
+        return Verdict(RejectReason.TESTS_CANNOT_RUN, str(exc))
     except BugsweepError as exc:
         if stopper is not None and stopper.stopped:
             raise MiningStopped("mining was stopped") from exc

@@ -112,7 +112,7 @@ def mine_command(
 
     console.print(
         f"[bold]mining[/] {escape(repo)} for up to {limit} task(s), {runs} run(s) per state "
-        "[dim]([decided/commits in range])[/]"
+        "[dim](\\[decided/commits in range])[/]"
     )
     result: MiningResult | None = None
     try:
