@@ -80,9 +80,11 @@ def mine_command(
     """Find bug-fix commits with tests in REPO's history and turn them into validated tasks.
 
     A candidate is a commit (newest first, no merges) that changes a test module and a source file and whose message
-    reads like a fix (fix, bug, error, regression, crash, #123, ...). Its task starts at the parent commit with the
-    commit's test files copied in; it is kept when the changed tests fail there and pass at the commit, in every one
-    of --runs runs. Flaky tests are reported and left out of the task's test command.
+    reads like a fix (fix, bug, error, regression, crash, "closes #12" in the subject, ...; a feat:, refactor:,
+    chore: ... subject only if it says fix). Its task starts at the parent commit with the commit's test files copied
+    in; it is kept when the changed tests fail there and pass at the commit, in every one of --runs runs. Flaky
+    tests are reported and left out of the task's test command. Ctrl-C or a test command that is not found stops
+    the run and still writes the report (<out>.mining.json). Exit codes: 0 tasks found, 1 none, 2 could not run.
     """
     from bugsweep.errors import BugsweepError
     from bugsweep.mining import CommandNotFound, MiningEvent, MiningResult, mine, parse_date
