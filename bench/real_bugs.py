@@ -4,8 +4,9 @@
     python bench/real_bugs.py --agents bugsweep --max-tasks 5
     python bench/real_bugs.py --resume bench/results/real_bugs-<stamp>.json   # skip the runs already done
 
-The tasks (bench/real_bugs.jsonl) were made by `bugsweep mine` on clones of the repositories the file names (a
-repository URL, the fix's parent commit, the fix's test changes and test ids: no project source is committed here).
+The tasks (bench/real_bugs.jsonl) were made by `bugsweep mine` on clones of the repositories the file names. The file
+holds a repository URL, the fix's parent and fix commits, the test files, test ids and commands, and no project
+source: the test patch is rebuilt here from the clone (the fix commit's diff of its test files).
 `--mirrors DIR` points at local clones laid out as DIR/<owner>+<name>/repo (default /work/.mirror); without one the
 repository URL is cloned.
 
@@ -53,6 +54,19 @@ def local_repo(url: str, mirrors: Path) -> str:
         if path.exists():
             return str(path)
     return url
+
+
+def with_test_patch(spec: Any) -> Any:
+    """The task with its test_patch rebuilt from the local clone: the fix commit's changes to its test files (the
+    task file does not carry them, so that no project source is committed here)."""
+    if spec.test_patch or not spec.fix_commit or not spec.test_files:
+        return spec
+    diff = subprocess.run(
+        ["git", "-C", spec.repo, "diff", "--binary", "--no-renames", spec.base_commit, spec.fix_commit, "--",
+         *spec.test_files],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    return spec.model_copy(update={"test_patch": diff})
 
 
 def policy_of(grade: dict[str, Any]) -> str:
@@ -295,7 +309,7 @@ def main() -> int:
         model = args.model or endpoint.model
         report["model"] = model
         for spec in tasks:
-            spec = spec.model_copy(update={"repo": local_repo(spec.repo, args.mirrors)})
+            spec = with_test_patch(spec.model_copy(update={"repo": local_repo(spec.repo, args.mirrors)}))
             for agent in agents:
                 if (spec.instance_id, names[agent]) in done:
                     continue
