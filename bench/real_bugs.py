@@ -29,6 +29,7 @@ import argparse
 import json
 import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -93,6 +94,7 @@ def run_bugsweep(spec: Any, base_url: str, model: str, out_dir: Path, max_turns:
             model_settings=settings,
             agent_settings=AgentSettings(max_turns=max_turns),
             out_dir=out_dir,
+            labels={"purpose": "bench", "task": spec.instance_id},
         )
     except Exception as exc:  # recorded in grade.json by solve_task; the run is counted as not resolved
         error = f"{type(exc).__name__}: {exc}"[:500]
@@ -250,6 +252,10 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--tasks", type=Path, default=DEFAULT_TASKS)
@@ -265,6 +271,8 @@ def main() -> int:
     )
     parser.add_argument("--model", default=None)
     args = parser.parse_args()
+    # Stopped with SIGTERM (a background job ignores SIGINT): unwind as for Ctrl-C, so sandboxes are released.
+    signal.signal(signal.SIGTERM, _interrupt)
 
     from bugsweep.embedded.server import ensure_embedded_model
     from bugsweep.spec import load_tasks

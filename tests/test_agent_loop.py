@@ -523,14 +523,13 @@ def test_an_identical_failed_call_is_called_a_repeat(
     """Small models repeat one failed edit until the turn limit; the second time, the answer says it is a repeat
     (policy small-model)."""
     wrong = tool_call("edit_file", path="calc.py", old="return a-b", new="return a + b")
-    server = scripted_model(
-        [wrong, tool_call("read_file", path="calc.py"), wrong, tool_call("finish", summary="x")]
-    )
+    read = tool_call("read_file", path="calc.py")  # read first: an edit to an unread file gets another answer
+    server = scripted_model([read, wrong, read, wrong, tool_call("finish", summary="x")])
     solve(server, sandbox, tmp_path, settings=SMALL)
-    first = tool_messages(server.requests[1])[-1]["content"]
-    again = tool_messages(server.requests[3])[-1]["content"]
+    first = tool_messages(server.requests[2])[-1]["content"]
+    again = tool_messages(server.requests[4])[-1]["content"]
     assert "was not found in calc.py" in first and "same edit_file call" not in first
-    assert again.startswith(first) and "same edit_file call as in turn 1" in again
+    assert again.startswith(first) and "same edit_file call as in turn 2" in again
 
 
 def test_a_failed_edit_leaves_the_conversation_but_not_the_trajectory(

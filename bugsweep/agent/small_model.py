@@ -9,6 +9,18 @@ With it the embedded model resolved the demo 5 of 5 times (bench/README.md, "who
 - A failed edit_file call leaves the conversation: the reply and its result are replaced by one note saying what
   went wrong (once a wrong `old` is in the history, the model sends it again and again).
 - A read_file or edit_file call that fails exactly as an identical earlier call did is told so.
+On real repositories (bench/README.md, "Real bugs"), also:
+- A small first prompt: the failing tests, how they fail, and the files their traceback names, instead of the
+  repository's file list (thousands of tokens on a real project: minutes on two cores before the first reply);
+  bounded by focus.FIRST_PROMPT_MAX_CHARS whatever the repository's size.
+- Test output focused on failures: a `run` whose output has pytest's FAILURES/ERRORS section comes back as that
+  section and the short summary, without the progress dots of the passing tests.
+- A `run` of the same command as before is answered with what is new in its output since then, or that nothing
+  is (seen: the same `python -m pytest tests` eight times in a row until the context was full).
+- An edit_file `old` found nowhere as written but in exactly one place once quotes and whitespace are normalised
+  is applied there, and the answer says so.
+- An edit_file call on a file the model never read that finds no match gets the region of the file that best
+  matches its `old`, with more context than usual (seen: three "old text not found" in a row on an unread file).
 Every change is recorded in the trajectory (rewrite_requested, edit_tried, forgotten events and the messages).
 """
 
@@ -19,7 +31,15 @@ import time
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from bugsweep.agent import prompts
+from bugsweep.agent import focus, prompts
+from bugsweep.agent.focus import (
+    failing_tests,
+    files_in_traceback,
+    focus_test_output,
+    normalised_matches,
+    same_output,
+    what_is_new,
+)
 from bugsweep.agent.model import ModelReply, ToolCall
 from bugsweep.agent.policy import Policy
 from bugsweep.agent.rewrite import (
@@ -31,11 +51,36 @@ from bugsweep.agent.rewrite import (
     function_from_reply,
     splice,
 )
-from bugsweep.agent.text import loose_matches, new_syntax_error, occurrences, snippet
+from bugsweep.agent.text import closest_lines, loose_matches, new_syntax_error, occurrences, snippet
 from bugsweep.agent.tools import Toolbox, ToolOutcome, parse_arguments
 
 if TYPE_CHECKING:
     from bugsweep.agent.loop import AgentRun
+
+
+REPEAT_SAME = (
+    "Note: this is the same command as in turn {turn}, and its output is the same: nothing it checks has changed "
+    "since. Running it again will not help. Change the code first: read the function the failing test calls, "
+    "then edit it."
+)
+REPEAT_CHANGED = (
+    "Note: this is the same command as in turn {turn}. What is new in its output since then:\n{lines}"
+)
+EDIT_NORMALISED = (
+    "Note: old was not in {path} exactly as written, but it matched one place (line {line}) once quotes and "
+    "whitespace were normalised. The edit was applied there."
+)
+UNREAD_FILE = (
+    "Error: The text in old was not found in {path}, so nothing was changed. You have not read {path}: edit only "
+    "text you have read. The part of {path} most like your old is at {closest}\n"
+    "To change those lines, copy them exactly into old and call edit_file again."
+)
+
+
+def _range_of(closest: str) -> tuple[int, int]:
+    """The line range in a closest_lines header ("lines 12-20:" or "line 7:")."""
+    numbers = closest.split(":", 1)[0].split()[-1].split("-")
+    return int(numbers[0]), int(numbers[-1])
 
 
 class SmallModelPolicy(Policy):
@@ -51,6 +96,37 @@ class SmallModelPolicy(Policy):
         self.last_calls: list[ToolCall] = []
         """The tool calls of the last reply the loop ran."""
         self.last_outcome: ToolOutcome | None = None
+        self.commands: dict[str, tuple[int, str]] = {}
+        """`run` commands seen: the turn and output of the last run of each."""
+
+    def start(self, run: AgentRun) -> None:
+        """Replace the first message's file list with the failing tests and how they fail (see focus.first_prompt)."""
+        if not run.test_command:
+            return
+        started = time.monotonic()
+        tests = run.toolbox.run(run.test_command)
+        output = tests.content
+        files, _ = run.toolbox.list_files(limit=100_000)
+        named = files_in_traceback(output, set(files))
+        sources = [f for f in named if not run.toolbox.is_protected(f)]
+        shown = sources + [f for f in named if f not in sources]
+        first = focus.first_prompt(
+            run.task,
+            run.test_command,
+            run.toolbox.workdir,
+            failing_tests(output),
+            focus_test_output(output) or output[-2000:],
+            shown,
+        )
+        run.drop_messages_from(1)
+        run.append({"role": "user", "content": first})
+        run.trajectory.add(
+            "first_prompt_focused",
+            tests_exit_code=tests.exit_code,
+            chars=len(first),
+            files_named=shown,
+            duration_s=round(time.monotonic() - started, 3),
+        )
 
     # -- hooks -------------------------------------------------------------------------------------------------
     def before_request(self, run: AgentRun) -> None:
@@ -75,8 +151,75 @@ class SmallModelPolicy(Policy):
         return False
 
     def after_tool(self, run: AgentRun, call: ToolCall, outcome: ToolOutcome) -> ToolOutcome:
+        if call.name == "run":
+            outcome = self._focus_run(run, call, outcome)
+        elif call.name == "edit_file" and not outcome.ok and not outcome.format_error:
+            outcome = self._edit_loosely(run, call, outcome)
         self.last_outcome = outcome = self._mark_repeat(run, call, outcome)
         return outcome
+
+    # -- real repositories ---------------------------------------------------------------------------------------
+    def _focus_run(self, run: AgentRun, call: ToolCall, outcome: ToolOutcome) -> ToolOutcome:
+        """Test output cut to its failures; a repeated command answered with what is new since its last run."""
+        args, _ = parse_arguments(call.arguments)
+        command = str((args or {}).get("command", "")).strip()
+        head, _, output = outcome.content.partition("\n")
+        focused = focus_test_output(output)
+        content = f"{head}\n[test output focused on the failures]\n{focused}" if focused else outcome.content
+        earlier = self.commands.get(command)
+        self.commands[command] = (run.turn, output)
+        if earlier is not None:
+            turn, before = earlier
+            if same_output(before, output):
+                content += "\n\n" + REPEAT_SAME.format(turn=turn)
+            else:
+                new = what_is_new(before, output)
+                content += "\n\n" + REPEAT_CHANGED.format(
+                    turn=turn, lines="\n".join(new) or "(only lines left out)"
+                )
+        if content == outcome.content:
+            return outcome
+        run.trajectory.add(
+            "run_focused", turn=run.turn, repeat_of=earlier[0] if earlier else None, focused=bool(focused)
+        )
+        return replace(outcome, content=content)
+
+    def _edit_loosely(self, run: AgentRun, call: ToolCall, outcome: ToolOutcome) -> ToolOutcome:
+        """A failed edit: apply it where `old` matches once quotes and whitespace are normalised; otherwise, for a
+        file the model never read, show the region most like `old` with more context."""
+        args, _ = parse_arguments(call.arguments)
+        if args is None or not all(isinstance(args.get(k), str) for k in ("path", "old", "new")):
+            return outcome
+        path, old, new = args["path"], args["old"], args["new"]
+        if not old.strip() or "not found" not in outcome.content:
+            return outcome
+        found = run.toolbox.existing_file(path)
+        if isinstance(found, ToolOutcome):
+            return outcome
+        real, rel = found
+        try:
+            content = run.toolbox.sandbox.files.read_text(real)
+        except UnicodeDecodeError:
+            return outcome
+        spans = normalised_matches(content, old)
+        if len(spans) == 1:
+            start, end = spans[0]
+            applied = run.toolbox.call("edit_file", {"path": path, "old": content[start:end], "new": new})
+            if applied.ok:
+                line = content.count("\n", 0, start) + 1
+                run.trajectory.add("edit_normalised", turn=run.turn, path=rel, line=line)
+                return replace(
+                    applied, content=EDIT_NORMALISED.format(path=rel, line=line) + "\n" + applied.content
+                )
+            return outcome
+        if rel in run.toolbox.seen:
+            return outcome
+        closest = closest_lines(content, old, context=6, max_lines=40)
+        if not closest:
+            return outcome
+        run.toolbox.seen[rel] = _range_of(closest)
+        run.trajectory.add("unread_file_region", turn=run.turn, path=rel)
+        return replace(outcome, content=UNREAD_FILE.format(path=rel, closest=closest))
 
     # -- failed calls --------------------------------------------------------------------------------------------
     def _forget_failed_edit(self, run: AgentRun) -> None:

@@ -6,6 +6,7 @@ Exit codes: 0 done, 1 mining found no task, 2 could not run (bad arguments, unre
 
 from __future__ import annotations
 
+import signal
 import sys
 from pathlib import Path
 from typing import Annotated, NoReturn
@@ -99,6 +100,9 @@ def mine_command(
     except BugsweepError as exc:
         _fail(str(exc))
     report_path = out.with_name(out.stem + ".mining.json")
+    signal.signal(
+        signal.SIGTERM, _interrupt
+    )  # `kill` ends the run as Ctrl-C does: report written, sandboxes freed
     if hasattr(sys.stdout, "reconfigure"):
         sys.stdout.reconfigure(line_buffering=True)  # progress lines show up at once through a pipe or `tee`
 
@@ -164,6 +168,10 @@ def mine_command(
         f"tasks: {out if result.tasks else '(none written)'}; every candidate and why: {report_path}"
     )
     raise typer.Exit(0 if result.tasks else 1)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def _fail(message: str) -> NoReturn:

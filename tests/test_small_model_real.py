@@ -1,0 +1,198 @@
+"""The `small-model` policy's help for real repositories (bugsweep/agent/small_model.py, focus.py).
+
+Real parts: HTTP to tests.support.scripted_model on 127.0.0.1, the local sandbox (bubblewrap) with a real git repo
+and pytest inside it, the trajectory on disk. Stand-in: the model (a scripted stand-in: a script of replies, not a
+model). Each test checks what the model is sent, as a user reading the conversation would.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import SecretStr
+
+from bugsweep.agent.focus import FIRST_PROMPT_MAX_CHARS, focus_test_output, normalised_matches, what_is_new
+from bugsweep.agent.loop import run_agent
+from bugsweep.agent.model import ChatModel
+from bugsweep.agent.trajectory import load
+from bugsweep.sandbox import RepoSource, Sandbox, get_provider
+from bugsweep.settings import AgentSettings, ModelSettings
+from tests.support.repos import BUGGY_CALC, make_repo
+from tests.support.scripted_model import ScriptedModelServer, tool_call
+
+SMALL = AgentSettings(policy="small-model")
+TEST_COMMAND = "python -m pytest -q"
+
+
+def sandbox_for(repo: Path) -> Iterator[Sandbox]:
+    sbx = get_provider("local").create(RepoSource(str(repo)))
+    with sbx:
+        yield sbx
+
+
+@pytest.fixture
+def sandbox(buggy_repo: Path) -> Iterator[Sandbox]:
+    yield from sandbox_for(buggy_repo)
+
+
+def solve(
+    server: ScriptedModelServer, sandbox: Sandbox, tmp_path: Path, settings: AgentSettings = SMALL
+) -> Any:
+    model = ChatModel(
+        ModelSettings(base_url=server.base_url, model="scripted", api_key=SecretStr("k")),
+        backoff_initial_s=0.01,
+        backoff_max_s=0.05,
+    )
+    return run_agent(
+        task="add() returns the wrong result. Fix it.",
+        sandbox=sandbox,
+        model=model,
+        settings=settings,
+        trajectory_path=tmp_path / "run" / "trajectory.json",
+        test_command=TEST_COMMAND,
+    )
+
+
+def last_tool_text(request: dict[str, Any]) -> str:
+    return str([m for m in request["messages"] if m["role"] == "tool"][-1]["content"])
+
+
+FINISH = tool_call("finish", summary="done")
+
+
+# -- pure helpers ------------------------------------------------------------------------------------------------
+
+
+PYTEST_OUTPUT = (
+    "tests/test_a.py ........................................................ [ 50%]\n"
+    "tests/test_b.py .......................................F................ [100%]\n"
+    "=================================== FAILURES ===================================\n"
+    "___________________________________ test_add ___________________________________\n"
+    "    def test_add():\n>       assert add(2, 3) == 5\nE       assert -1 == 5\n\n"
+    "tests/test_b.py:5: AssertionError\n"
+    "=========================== short test summary info ============================\n"
+    "FAILED tests/test_b.py::test_add - assert -1 == 5\n"
+    "1 failed, 111 passed in 0.20s\n"
+)
+
+
+def test_focused_output_keeps_the_failure_and_drops_the_dots() -> None:
+    focused = focus_test_output(PYTEST_OUTPUT)
+    assert focused is not None
+    assert "assert -1 == 5" in focused and "FAILED tests/test_b.py::test_add" in focused
+    assert "......" not in focused
+    assert focus_test_output("3 passed in 0.1s\n") is None  # nothing failed: the output stays as it is
+
+
+def test_normalised_matching_and_what_is_new() -> None:
+    content = "def greet(name):\n    return 'hello, ' + name\n"
+    assert normalised_matches(content, 'return "hello, "  +  name') == [(21, 44)]
+    assert content[21:44] == "return 'hello, ' + name"
+    assert normalised_matches(content, "return 'bye'") == []
+    assert what_is_new("a\nb\nc", "a\nb\nd\ne") == ["d", "e"]
+
+
+# -- through the loop --------------------------------------------------------------------------------------------
+
+
+def test_first_prompt_stays_small_on_a_repository_of_1000_files(scripted_model, tmp_path: Path) -> None:
+    """The plain first message lists the repository's files; small-model's holds the failing test and its
+    traceback instead, under FIRST_PROMPT_MAX_CHARS, on a repository of 1,000 files."""
+    files = dict(BUGGY_CALC)
+    files.update({f"pkg/sub{i // 100}/module_{i:04d}.py": f"X = {i}\n" for i in range(997)})
+    repo = make_repo(tmp_path / "big", files)
+    assert len(files) == 1000
+    for settings in (AgentSettings(policy="plain"), SMALL):
+        server = scripted_model([FINISH])
+        for sbx in sandbox_for(repo):
+            solve(server, sbx, tmp_path / settings.policy, settings)  # type: ignore[operator]
+        first = server.requests[0]["messages"][1]["content"]
+        if settings.policy == "plain":
+            assert "pkg/sub0/module_0000.py" in first  # the file list
+            plain_size = len(first)
+            continue
+        assert len(first) <= FIRST_PROMPT_MAX_CHARS, len(first)
+        assert len(first) < plain_size, (len(first), plain_size)
+        assert "module_0000" not in first
+        assert "tests/test_calc.py::test_add" in first  # the failing test, named
+        assert "assert add(2, 3) == 5" in first  # and its failing assertion
+        assert "calc.py" in first  # the file its traceback names
+        events = load(tmp_path / "small-model" / "run" / "trajectory.json")
+        assert any(e.get("type") == "first_prompt_focused" for e in events)
+
+
+def test_a_repeated_command_is_answered_with_what_is_new(
+    scripted_model, sandbox: Sandbox, tmp_path: Path
+) -> None:
+    run_tests = tool_call("run", command=TEST_COMMAND)
+    show = tool_call("run", command="cat calc.py")
+    fix = tool_call("edit_file", path="calc.py", old="return a - b", new="return a + b")
+    server = scripted_model(
+        [run_tests, run_tests, show, tool_call("read_file", path="calc.py"), fix, show, FINISH]
+    )
+    solve(server, sandbox, tmp_path)
+    first, again = last_tool_text(server.requests[1]), last_tool_text(server.requests[2])
+    assert "same command" not in first
+    assert again.endswith(
+        "Note: this is the same command as in turn 1, and its output is the same: nothing it checks has changed "
+        "since. Running it again will not help. Change the code first: read the function the failing test calls, "
+        "then edit it."
+    )
+    after_fix = last_tool_text(server.requests[6])
+    assert "same command as in turn 3. What is new in its output since then:\n    return a + b" in after_fix
+    # the test output the model sees is focused on the failure
+    assert "[test output focused on the failures]" in first and "assert -1 == 5" in first
+
+
+def test_an_edit_to_an_unread_file_gets_the_region_most_like_its_old(
+    scripted_model, sandbox: Sandbox, tmp_path: Path
+) -> None:
+    wrong = tool_call(
+        "edit_file",
+        path="calc.py",
+        old="def add(x, y):\n    return x-y",
+        new="def add(x, y):\n    return x+y",
+    )
+    server = scripted_model([wrong, FINISH])
+    solve(server, sandbox, tmp_path)
+    text = server.requests[1]["messages"][-1][
+        "content"
+    ]  # the failed call's note (it leaves the conversation)
+    assert "The text in old was not found in calc.py, so nothing was changed." in text
+    assert "You have not read calc.py" in text
+    assert "def add(a, b):\n    return a - b" in text  # the real lines, to copy
+    assert sandbox.files.read_text("/workspace/repo/calc.py") == BUGGY_CALC["calc.py"]
+
+
+def test_an_old_with_other_quotes_and_spacing_is_applied_where_it_matches(
+    scripted_model, tmp_path: Path
+) -> None:
+    repo = make_repo(
+        tmp_path / "greet",
+        {
+            "greet.py": "def greet(name):\n    return 'hello, ' + name\n",
+            "tests/test_greet.py": "from greet import greet\n\n\ndef test_greet():\n"
+            "    assert greet('bob') == 'hello, bob!'\n",
+            "pyproject.toml": BUGGY_CALC["pyproject.toml"],
+        },
+    )
+    edit = tool_call(
+        "edit_file", path="greet.py", old='return "hello, "  +  name', new="return 'hello, ' + name + '!'"
+    )
+    server = scripted_model([edit, FINISH])
+    for sbx in sandbox_for(repo):
+        solve(server, sbx, tmp_path)
+        assert sbx.files.read_text("/workspace/repo/greet.py") == (
+            "def greet(name):\n    return 'hello, ' + name + '!'\n"
+        )
+    text = last_tool_text(server.requests[1])
+    assert text.startswith(
+        "Note: old was not in greet.py exactly as written, but it matched one place (line 2) once quotes and "
+        "whitespace were normalised. The edit was applied there."
+    )
+    trajectory = json.dumps(load(tmp_path / "run" / "trajectory.json"))
+    assert "edit_normalised" in trajectory
