@@ -196,3 +196,28 @@ def test_an_old_with_other_quotes_and_spacing_is_applied_where_it_matches(
     )
     trajectory = json.dumps(load(tmp_path / "run" / "trajectory.json"))
     assert "edit_normalised" in trajectory
+
+
+def test_a_full_context_window_keeps_the_failing_assertion(
+    scripted_model, sandbox: Sandbox, tmp_path: Path
+) -> None:
+    """When the endpoint says the conversation no longer fits its 8k window, the oldest tool outputs are elided;
+    the failing assertion stays, since small-model's first message holds it and first messages are never elided."""
+    too_long = {
+        "status": 400,
+        "body": {"error": {"message": "This model's maximum context length is 8192 tokens"}},
+    }
+    server = scripted_model(
+        [tool_call("run", command="seq 1 2000"), tool_call("run", command="seq 5000 7000"), too_long, FINISH]
+    )
+    result = solve(server, sandbox, tmp_path)
+    assert result.stop_reason == "finished"
+    retried = server.requests[3]["messages"]
+    assert (
+        "assert add(2, 3) == 5" in retried[1]["content"]
+        and "tests/test_calc.py::test_add" in retried[1]["content"]
+    )
+    tool_texts = [m["content"] for m in retried if m["role"] == "tool"]
+    assert (
+        "2000" not in tool_texts[0] and "7000" in tool_texts[1]
+    )  # the oldest output went, the newest stayed

@@ -21,6 +21,8 @@ On real repositories (bench/README.md, "Real bugs"), also:
   is applied there, and the answer says so.
 - An edit_file call on a file the model never read that finds no match gets the region of the file that best
   matches its `old`, with more context than usual (seen: three "old text not found" in a row on an unread file).
+- Within an 8k window, the failing assertion is never lost: it is in the first message, which the loop's
+  context-length shortening never elides (only old tool outputs go).
 Every change is recorded in the trajectory (rewrite_requested, edit_tried, forgotten events and the messages).
 """
 
