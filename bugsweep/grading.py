@@ -120,10 +120,10 @@ class Grade(BaseModel):
     wall_s: float = 0.0
     agent_wall_s: float = 0.0
     peak_memory_mib: float | None = None
-    """Resource use of the run's sandbox (setup, tests and agent), where the backend measures it (local): the
-    most memory held at once, page cache included."""
+    """Resource use of the run's sandboxes (the agent's: setup, tests, agent; the regrade's), where the backend
+    measures it (local): the most memory one of them held at once, page cache included."""
     cpu_s: float | None = None
-    """CPU seconds of every command in the sandbox."""
+    """CPU seconds of every command in them."""
     peak_disk_mib: float | None = None
     """The most disk the sandbox's writable layers held at once."""
     disk_quota_mib: float | None = None

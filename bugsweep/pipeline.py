@@ -201,9 +201,11 @@ def regrade(
     spec = prepared.spec
     after: TestRun | None = None
     patch = ""
+    measured: list[Sandbox] = [prepared.sandbox]  # whose resource use the grade records
     try:
         changes, new = read_change(prepared)
         with fresh_sandbox(prepared) as fresh:
+            measured.append(fresh)
             fresh_tree = cleanroom.tree_access(fresh)
             if fresh_tree is None:
                 raise InfraError(
@@ -257,7 +259,7 @@ def regrade(
         verdict.cost_usd = agent_result.cost_usd
         verdict.agent_wall_s = agent_result.wall_s
     verdict.sandbox_cost_usd = sandbox_cost(prepared.sandbox)
-    record_resources(verdict, prepared.sandbox)
+    record_resources(verdict, *measured)
     verdict.wall_s = time.monotonic() - prepared.started
     return verdict, after, patch
 
@@ -311,20 +313,21 @@ def sandbox_cost(sandbox: Sandbox) -> float | None:
         return None
 
 
-def record_resources(verdict: Grade, sandbox: Sandbox) -> None:
-    """Copy the sandbox's peak memory, CPU seconds and peak disk (where its backend measures them) into the grade."""
-    usage = getattr(sandbox, "usage", None)
-    if not isinstance(usage, SandboxUsage):
-        return
+def record_resources(verdict: Grade, *sandboxes: Sandbox) -> None:
+    """Put the run's resource use into the grade, where the sandboxes' backend measures it: the highest peak memory
+    and peak disk of `sandboxes` (the agent's, the regrade's), their CPU seconds added up."""
+    usages = [u for u in (getattr(s, "usage", None) for s in sandboxes) if isinstance(u, SandboxUsage)]
     mib = 1024 * 1024
 
-    def in_mib(value: int | None) -> float | None:
-        return None if value is None else round(value / mib, 1)
+    def peak(values: list[int | None]) -> float | None:
+        present = [v for v in values if v is not None]
+        return round(max(present) / mib, 1) if present else None
 
-    verdict.peak_memory_mib = in_mib(usage.peak_memory_bytes)
-    verdict.cpu_s = None if usage.cpu_s is None else round(usage.cpu_s, 2)
-    verdict.peak_disk_mib = in_mib(usage.peak_disk_bytes)
-    verdict.disk_quota_mib = in_mib(usage.disk_quota_bytes)
+    cpu = [u.cpu_s for u in usages if u.cpu_s is not None]
+    verdict.peak_memory_mib = peak([u.peak_memory_bytes for u in usages])
+    verdict.cpu_s = round(sum(cpu), 2) if cpu else None
+    verdict.peak_disk_mib = peak([u.peak_disk_bytes for u in usages])
+    verdict.disk_quota_mib = peak([u.disk_quota_bytes for u in usages])
 
 
 def write_run_dir(
