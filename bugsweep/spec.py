@@ -11,13 +11,16 @@ import json
 import re
 from pathlib import Path
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from bugsweep.errors import BadTaskFile
 
 
 class TaskSpec(BaseModel):
     """One bug to fix: a repository state, a task text, and how to test it."""
+
+    # The field docstrings below become the JSON schema's descriptions (the help text of the Prefect UI's forms).
+    model_config = ConfigDict(use_attribute_docstrings=True)
 
     instance_id: str = ""
     """Stable name of the task (unique within a task file). Derived from repo, commit and text when empty."""

@@ -1,18 +1,29 @@
-"""`deploy()`: create the work pool if it is missing, then deploy everything prefect.yaml lists."""
+"""`deploy()`: create the work pool if it is missing, deploy everything prefect.yaml lists, and the automation that
+marks a flow run whose heartbeats stopped as Crashed."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 from bugsweep.errors import ConfigError, InfraError
 
 #: The deployments prefect.yaml defines, as FLOW/DEPLOYMENT.
 DEPLOYMENTS = ("solve-bug/solve-bug", "sweep/nightly-sweep")
-PROJECT_DIR = Path(__file__).resolve().parent.parent
+#: Seconds between a flow run's heartbeats (Prefect's PREFECT_FLOWS_HEARTBEAT_FREQUENCY; at least 30).
+HEARTBEAT_S = 60
+#: Heartbeats a run may miss before the automation marks it Crashed.
+MISSED_HEARTBEATS = 3
+#: The automation `deploy` creates (or replaces).
+CRASH_AUTOMATION = "bugsweep: mark runs without heartbeats as crashed"
+#: The tag every bugsweep deployment carries (prefect.yaml), which the automation matches on.
+TAG = "bugsweep"
 
 
 @dataclass
@@ -21,6 +32,9 @@ class DeployResult:
     pool_created: bool
     deployments: list[str] = field(default_factory=list)
     output: str = ""
+    paused: dict[str, str] = field(default_factory=dict)
+    """Deployment -> why it was deployed with its schedule paused."""
+    automation: str = ""
 
 
 def _prefect(args: list[str], cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess[str]:
@@ -37,8 +51,9 @@ def _prefect(args: list[str], cwd: Path, timeout: float = 600) -> subprocess.Com
         raise InfraError(f"`prefect {' '.join(args)}` did not finish in {timeout:.0f} s") from exc
 
 
-def ensure_work_pool(name: str, pool_type: str = "process", cwd: Path = PROJECT_DIR) -> bool:
+def ensure_work_pool(name: str, pool_type: str = "process", cwd: Path | None = None) -> bool:
     """Create the work pool unless it exists. Returns True when it was created."""
+    cwd = cwd or Path.cwd()
     if _prefect(["work-pool", "inspect", name], cwd).returncode == 0:
         return False
     created = _prefect(["work-pool", "create", name, "--type", pool_type], cwd)
@@ -50,33 +65,148 @@ def ensure_work_pool(name: str, pool_type: str = "process", cwd: Path = PROJECT_
 def deploy(
     pool: str = "bugsweep",
     pool_type: str = "process",
-    project_dir: Path = PROJECT_DIR,
+    project_dir: Path | None = None,
     prefect_file: str = "prefect.yaml",
+    heartbeat_s: int = HEARTBEAT_S,
 ) -> DeployResult:
-    """Create `pool` if needed and deploy every deployment of `prefect_file` onto it.
+    """Create `pool` if needed, deploy every deployment of `prefect_file` onto it, and ship the crash automation.
 
-    Run from the project folder: process workers run the flows from the folder recorded here.
+    `project_dir` (default: the folder this runs in) is recorded as the folder process workers run the flows from.
+    A deployment whose schedule has no task source to read (prefect.yaml's `source` names a tasks file that is not
+    there) is deployed with its schedule paused, and the result says why.
     """
+    project_dir = (project_dir or Path.cwd()).resolve()
     if not (project_dir / prefect_file).is_file():
-        raise ConfigError(f"no {prefect_file} in {project_dir}: run from the bugsweep project folder")
+        raise ConfigError(
+            f"no {prefect_file} in {project_dir}: run `bugsweep deploy` in the project folder (the one holding "
+            f"{prefect_file}, flows/ and deployments/); process workers run the flows from that folder"
+        )
+    if heartbeat_s < 30:
+        raise ConfigError(f"--heartbeat-s {heartbeat_s}: Prefect's heartbeats are at least 30 s apart")
+    config = _read_yaml(project_dir / prefect_file)
     result = DeployResult(pool=pool, pool_created=ensure_work_pool(pool, pool_type, project_dir))
+    env = {"PREFECT_FLOWS_HEARTBEAT_FREQUENCY": str(heartbeat_s)}
     # One deployment at a time: with --all, Prefect ignores --pool.
     for full_name in DEPLOYMENTS:
         name = full_name.split("/", 1)[1]
         done = _prefect(
-            ["--no-prompt", "deploy", "--name", name, "--pool", pool, "--prefect-file", prefect_file],
+            ["--no-prompt", "deploy", "--name", name, "--pool", pool, "--prefect-file", prefect_file,
+             "--job-variable", json.dumps({"env": env})],
             project_dir,
-        )
+        )  # fmt: skip
         if done.returncode != 0:
             raise _failure(f"`prefect deploy --name {name}` failed", done)
         result.deployments.append(full_name)
         result.output += done.stdout
+        missing = missing_task_source(_deployment(config, name), project_dir)
+        _set_paused(full_name, paused=missing is not None)  # deployed again once the source exists: resumed
+        if missing:
+            result.paused[full_name] = missing
+    result.automation = ensure_crash_automation(heartbeat_s)
     return result
+
+
+def missing_task_source(deployment: dict[str, Any], project_dir: Path) -> str | None:
+    """Why a scheduled deployment has nothing to run, or None. A tasks file on this machine must exist (a path
+    relative to the project folder, where process workers run); s3:// files and repositories are checked by the
+    run itself."""
+    if not any(schedule.get("active", True) for schedule in deployment.get("schedules") or []):
+        return None
+    source = (deployment.get("parameters") or {}).get("source") or {}
+    if source.get("kind", "file") != "file":
+        return None
+    path = str(source.get("path") or "")
+    if path.startswith("s3://"):
+        return None
+    if not path:
+        return "its parameters name no task source (`source`)"
+    if not (project_dir / path).is_file():
+        return (
+            f"its task source {path!r} does not exist in {project_dir}: write one (`bugsweep mine REPO --out {path}`) "
+            "or point `source` in prefect.yaml at a tasks file (s3://... works) or a repository, then deploy again "
+            "(or resume the deployment in the UI once the file is there)"
+        )
+    return None
+
+
+def ensure_crash_automation(heartbeat_s: int) -> str:
+    """Create (or replace) the automation that marks a bugsweep flow run Crashed when its heartbeats stop.
+
+    A run's process emits `prefect.flow-run.heartbeat` every `heartbeat_s`; when none (nor a final state) follows
+    within MISSED_HEARTBEATS of them, the process is gone (killed, out of memory, the machine lost), and the
+    automation sets the run Crashed, so it does not stay Running for good. Returns the automation's name.
+    """
+    from prefect.automations import Automation
+    from prefect.client.schemas.objects import StateType
+    from prefect.events.actions import ChangeFlowRunState
+    from prefect.events.schemas.automations import EventTrigger, Posture
+
+    window = timedelta(seconds=heartbeat_s * MISSED_HEARTBEATS)
+    automation = Automation(
+        name=CRASH_AUTOMATION,
+        description=(
+            f"A flow run tagged {TAG!r} whose heartbeats (every {heartbeat_s} s) stop for {window.seconds} s "
+            "without a final state is marked Crashed. Shipped by `bugsweep deploy`."
+        ),
+        trigger=EventTrigger(
+            match={"prefect.resource.id": "prefect.flow-run.*"},
+            match_related={"prefect.resource.role": "tag", "prefect.resource.id": f"prefect.tag.{TAG}"},
+            after={"prefect.flow-run.heartbeat"},
+            expect={
+                "prefect.flow-run.heartbeat",
+                "prefect.flow-run.Completed",
+                "prefect.flow-run.Failed",
+                "prefect.flow-run.Cancelled",
+                "prefect.flow-run.Crashed",
+            },
+            for_each={"prefect.resource.id"},
+            posture=Posture.Proactive,
+            threshold=1,
+            within=window,
+        ),
+        actions=[
+            ChangeFlowRunState(
+                state=StateType.CRASHED,
+                message=f"no heartbeat for {window.seconds} s: the flow run's process is gone (killed, out of "
+                "memory, or its machine lost). Its sandboxes are removed when a worker or run starts on that machine.",
+            )
+        ],
+    )
+    try:
+        old = Automation.read(name=CRASH_AUTOMATION)
+    except ValueError:
+        old = None
+    if old is not None:
+        old.delete()
+    automation.create()
+    return CRASH_AUTOMATION
 
 
 def worker_command(pool: str) -> str:
     """The command that starts a worker for `pool` (run it on every machine that should take runs)."""
-    return f"prefect worker start --pool {pool}"
+    return f"bugsweep worker --pool {pool}"
+
+
+def _set_paused(full_name: str, paused: bool) -> None:
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        deployment = client.read_deployment_by_name(full_name)
+        if paused and not deployment.paused:
+            client.pause_deployment(deployment.id)
+        elif not paused and deployment.paused:
+            client.resume_deployment(deployment.id)
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    import yaml
+
+    data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    return data if isinstance(data, dict) else {}
+
+
+def _deployment(config: dict[str, Any], name: str) -> dict[str, Any]:
+    return next((d for d in config.get("deployments") or [] if d.get("name") == name), {})
 
 
 def _failure(what: str, done: subprocess.CompletedProcess[str]) -> Exception:

@@ -42,17 +42,33 @@ FLOW_RUN_LABEL = "prefect-flow-run"
 # -- typed parameters (the UI draws a form from these) ----------------------------------------------------------
 
 
+def form_field(default: Any, title: str, help: str) -> Any:
+    """A flow parameter's default with the title and help text the UI's run form shows.
+
+    Prefect titles a parameter with its name and takes its description from a `Field` default; the title goes in
+    through `json_schema_extra`, which is applied last. Called directly, the flow gets `default`.
+    """
+    return Field(default, description=help, json_schema_extra={"title": title})
+
+
 class AgentLimits(BaseModel):
     """The agent's budget for each task."""
 
-    max_turns: int = Field(default=40, ge=1, description="Model replies before the agent stops.")
-    max_total_tokens: int | None = Field(
-        default=None, ge=1, description="Prompt + completion tokens; empty: no limit."
+    max_turns: int = Field(
+        default=40, ge=1, title="Turns", description="Model replies before the agent stops."
     )
-    max_cost_usd: float | None = Field(default=None, gt=0, description="Token cost in USD; empty: no limit.")
-    max_wall_s: float = Field(default=3600.0, gt=0, description="Wall-clock seconds for the agent loop.")
+    max_total_tokens: int | None = Field(
+        default=None, ge=1, title="Tokens", description="Prompt + completion tokens; empty: no limit."
+    )
+    max_cost_usd: float | None = Field(
+        default=None, gt=0, title="Cost (USD)", description="Token cost in USD; empty: no limit."
+    )
+    max_wall_s: float = Field(
+        default=3600.0, gt=0, title="Time (seconds)", description="Wall-clock seconds for the agent loop."
+    )
     policy: PolicyName | None = Field(
         default=None,
+        title="Agent policy",
         description="What the harness does for the model: 'plain' or 'small-model' (bugsweep/agent/policy.py); "
         "empty: BUGSWEEP_POLICY, else 'small-model' for the embedded model and 'plain' for any other.",
     )
@@ -120,6 +136,8 @@ def load_run_config(
     else:
         box = load_block(RuntimeSandbox, RUNTIME_SANDBOX_BLOCK, RUNTIME_SANDBOX_BLOCK)
     provider = box.provider() if box else get_provider(sandbox)
+    if sandbox == "local":
+        remove_dead_sandboxes(provider)
     setup_network = box.setup_network if box else SandboxSettings().setup_network
 
     store_config = load_block(ArtifactStoreBlock, store_block, STORE_BLOCK)
@@ -139,6 +157,20 @@ def load_run_config(
         setup_network=setup_network,
         labels={FLOW_RUN_LABEL: flow_run_id} if flow_run_id else {},
     )
+
+
+def remove_dead_sandboxes(provider: Any) -> None:
+    """A run starting on a machine first removes the local sandboxes that dead processes left there (a worker and
+    its runs killed together leave their overlay mounts, cgroups and folders behind)."""
+    try:
+        removed = provider.reap_stale()
+    except Exception:  # never stop a run for a cleanup; the next one tries again
+        log.warning("could not remove the sandboxes dead processes left", exc_info=True)
+        return
+    if removed:
+        log.warning(
+            "removed %d sandbox(es) dead processes left on this machine: %s", len(removed), ", ".join(removed)
+        )
 
 
 @contextlib.contextmanager

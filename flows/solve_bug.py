@@ -21,7 +21,7 @@ from prefect.task_runners import ThreadPoolTaskRunner
 
 from blocks import MODEL_BLOCK, STORE_BLOCK
 from bugsweep import pipeline
-from bugsweep.errors import BugsweepError, StorageError
+from bugsweep.errors import BugsweepError, ConfigError, StorageError
 from bugsweep.grading import Grade
 from bugsweep.pipeline import failed_grade
 from bugsweep.spec import TaskSpec
@@ -33,6 +33,7 @@ from flows.common import (
     RunConfig,
     SandboxName,
     current_flow_run_id,
+    form_field,
     load_run_config,
     model_endpoint,
 )
@@ -223,27 +224,57 @@ def fresh_folder(path: Path) -> Path:
     **RELEASE_SANDBOXES_HOOKS,
 )
 def solve_bug(
-    task: TaskSpec,
-    sweep: str = "adhoc",
-    model_block: str = MODEL_BLOCK,
-    sandbox: SandboxName = "local",
-    store_block: str = STORE_BLOCK,
-    limits: AgentLimits = AgentLimits(),
+    repo: str | None = form_field(
+        None, "Repository", "A git URL (https://... or git@...), or a folder on the worker."
+    ),
+    problem: str | None = form_field(
+        None,
+        "What is wrong",
+        "The bug in words, as you would tell a colleague: what fails, and what should happen.",
+    ),
+    test_command: str = form_field(
+        "python -m pytest -q",
+        "Test command",
+        "Runs the tests in the repository: it must fail before the fix and pass after it.",
+    ),
+    setup_command: str | None = form_field(
+        None, "Setup command", "Runs once before the tests, with network access (e.g. pip install -e .)."
+    ),
+    ref: str | None = form_field(
+        None, "Commit, branch or tag", "Where to start from; empty: the repository's default branch."
+    ),
+    sweep: str = form_field("adhoc", "Folder", "Folder in the artifact store: SWEEP/TASK/MODEL."),
+    model_block: str = form_field(
+        MODEL_BLOCK,
+        "Model endpoint block",
+        "Name of a ModelEndpoint block; when the default one does not exist, the LLM_* variables.",
+    ),
+    sandbox: SandboxName = form_field(
+        "local", "Sandbox", "local: bubblewrap on the worker; runtime: Runtime microVMs."
+    ),
+    store_block: str = form_field(
+        STORE_BLOCK,
+        "Artifact store block",
+        "Name of an ArtifactStoreBlock (S3 or a folder); when the default one does not exist, BUGSWEEP_STORE_URL.",
+    ),
+    limits: AgentLimits = form_field(
+        AgentLimits(), "Agent limits", "The agent's budget: turns, tokens, cost, time."
+    ),
+    task: TaskSpec | None = form_field(
+        None,
+        "A whole task (advanced)",
+        "A task as a tasks file holds it (mined tasks: test patch, FAIL_TO_PASS, ...); when set, the fields above "
+        "that describe the bug are not used. Sweeps send their tasks this way.",
+    ),
 ) -> Grade:
     """Fix one bug in a sandbox and grade the fix; the run folder goes to s3://BUCKET/PREFIX/SWEEP/TASK/MODEL/.
 
-    The run ends Completed with the grade when the task could be run (resolved or not), and Failed when it could
-    not (setup failed, tests already passing, an outage that outlasted the retries) or its artifacts could not
-    be uploaded; grade.json says which kind of failure it was either way.
-
-    Args:
-        task: The bug: a repository (git URL or a path on the worker), the task text, and the test command.
-        sweep: Folder name in the artifact store (SWEEP/TASK/MODEL); runs of one sweep share it.
-        model_block: Name of a ModelEndpoint block; when the default one does not exist, the LLM_* variables.
-        sandbox: Where commands run: `local` (bubblewrap on the worker) or `runtime` (Runtime microVMs).
-        store_block: Name of an ArtifactStoreBlock (S3 or a folder); default missing: BUGSWEEP_STORE_URL.
-        limits: The agent's budget: turns, tokens, cost, wall-clock time.
+    Give the repository, what is wrong and the test command (a one-off fix), or a whole `task` (a mined task, or
+    what a sweep sends). The run ends Completed with the grade when the task could be run (resolved or not), and
+    Failed when it could not (setup failed, tests already passing, an outage that outlasted the retries) or its
+    artifacts could not be uploaded; grade.json says which kind of failure it was either way.
     """
+    task = task or one_off_task(repo, problem, test_command, setup_command, ref)
     run = load_run_config(model_block, sandbox, store_block, limits, flow_run_id=current_flow_run_id())
     with model_endpoint(run) as run:
         outcome = solve_one(task, run, sweep)
@@ -253,6 +284,21 @@ def solve_bug(
     if outcome.upload_error:
         raise StorageError(outcome.upload_error)
     return outcome.grade
+
+
+def one_off_task(
+    repo: str | None, problem: str | None, test_command: str, setup_command: str | None, ref: str | None
+) -> TaskSpec:
+    """The task of a one-off fix, from the form's fields."""
+    if not repo or not problem or not test_command:
+        raise ConfigError(
+            "solve-bug needs a repository, what is wrong, and a test command (or a whole task): fill them in the "
+            "run form (Custom run)"
+        )
+    return TaskSpec(
+        repo=repo, problem_statement=problem, test_command=test_command, setup_command=setup_command or None,
+        base_commit=ref or None,
+    )  # fmt: skip
 
 
 class TaskNotRun(BugsweepError):

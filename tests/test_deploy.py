@@ -30,6 +30,8 @@ pytestmark = [pytest.mark.prefect, pytest.mark.s3]
 
 PROJECT = Path(__file__).resolve().parent.parent
 POOL = "bugsweep-test"
+#: The shortest heartbeat Prefect allows: the crash automation then marks a silent run Crashed after 90 s.
+HEARTBEAT_S = 30
 FINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
 
 
@@ -39,7 +41,14 @@ def fixer(body: dict[str, Any]) -> dict[str, Any]:
     A task whose text says CANCEL-ME instead runs the tests, then stalls the next reply, so the run is mid-task
     when the test cancels it."""
     cancel_me = "CANCEL-ME" in json.dumps(body["messages"][:2])
+    kill_me = "KILL-ME" in json.dumps(body["messages"][:2])
     answered = any(m.get("role") == "tool" for m in body["messages"])
+    if kill_me:  # stalls long enough for the test to kill the worker and see the run marked Crashed
+        return (
+            {"sleep": 300, **tool_call("finish", summary="too late")}
+            if answered
+            else tool_call("run", command="true")
+        )
     if cancel_me:
         if answered:
             return {"sleep": 45, **tool_call("finish", summary="too late")}
@@ -111,8 +120,22 @@ def deployed(prefect_api, seaweed, tmp_path_factory: pytest.TempPathFactory) -> 
         created = prefect_api.run([*bugsweep, "blocks", "create"], cwd=PROJECT, **env)
         assert "sk-deploy-secret" not in created and "bugsweep-test-secret" not in created
         assert "bugsweep-model" in created and "bugsweep-artifacts" in created
-        deployed_out = prefect_api.run([*bugsweep, "deploy", "--pool", POOL], cwd=PROJECT, **env)
+        deploy = [*bugsweep, "deploy", "--pool", POOL, "--heartbeat-s", str(HEARTBEAT_S)]
+        deployed_out = " ".join(prefect_api.run(deploy, cwd=PROJECT, **env).split())
         assert "solve-bug/solve-bug" in deployed_out and "sweep/nightly-sweep" in deployed_out
+        # The project has no tasks.jsonl: the nightly schedule would fail every night, so it is deployed paused.
+        assert not (PROJECT / "tasks.jsonl").exists()
+        assert (
+            "sweep/nightly-sweep with its schedule PAUSED: its task source 'tasks.jsonl' does not exist"
+            in (deployed_out)
+        )
+        nightly = httpx.get(f"{prefect_api.api_url}/deployments/name/sweep/nightly-sweep", timeout=30).json()
+        assert nightly["paused"] is True
+        solve_bug = httpx.get(
+            f"{prefect_api.api_url}/deployments/name/solve-bug/solve-bug", timeout=30
+        ).json()
+        assert solve_bug["paused"] is False
+        assert solve_bug["job_variables"]["env"]["PREFECT_FLOWS_HEARTBEAT_FREQUENCY"] == str(HEARTBEAT_S)
         workers = ["worker-a", "worker-b"]
         for name in workers:
             prefect_api.spawn(
@@ -154,22 +177,33 @@ def calc_task(repo: Path, instance_id: str) -> TaskSpec:
     )
 
 
-def test_a_run_from_the_ui_api_is_run_by_a_worker_and_its_patch_lands_in_s3(
+def test_a_run_from_the_ui_form_is_run_by_a_worker_and_its_patch_lands_in_s3(
     deployed: Deployed, tmp_path: Path
 ) -> None:
+    """The solve-bug form asks for what a one-off fix needs, with help text on every field and titles in words;
+    a run made from those fields (the UI's Custom run) is run by a worker and its patch lands in S3."""
+    schema = deployed.api("GET", "/deployments/name/solve-bug/solve-bug")["parameter_openapi_schema"]
+    fields = schema["properties"]
+    assert list(fields)[:4] == ["repo", "problem", "test_command", "setup_command"]
+    assert fields["test_command"]["default"] == "python -m pytest -q"
+    assert all(f.get("description") for f in fields.values()), "every field has help text"
+    assert fields["repo"]["title"] == "Repository" and fields["problem"]["title"] == "What is wrong"
+    assert fields["limits"]["title"] == "Agent limits"
     repo = make_repo(tmp_path / "calc")
-    task = calc_task(repo, f"calc-ui-{uuid.uuid4().hex[:6]}")
+    problem = f"tests/test_calc.py::test_add fails: add() returns the wrong result ({uuid.uuid4().hex[:6]})."
+    instance_id = TaskSpec(
+        repo=str(repo), problem_statement=problem, test_command="python -m pytest -q"
+    ).instance_id
 
     run_id = deployed.run_deployment(
-        "solve-bug/solve-bug", {"task": task.model_dump(mode="json"), "sweep": "from-ui"}
+        "solve-bug/solve-bug", {"repo": str(repo), "problem": problem, "sweep": "from-ui"}
     )
     run = deployed.wait(run_id)
 
     assert run["state"]["type"] == "COMPLETED", run["state"]
-    assert run["parameters"]["task"]["instance_id"] == task.instance_id
-    patch = deployed.store.get_bytes(f"from-ui/{task.instance_id}/scripted-model/patch.diff").decode()
+    patch = deployed.store.get_bytes(f"from-ui/{instance_id}/scripted-model/patch.diff").decode()
     assert "+    return a + b" in patch
-    grade = deployed.store.get_bytes(f"from-ui/{task.instance_id}/scripted-model/grade.json").decode()
+    grade = deployed.store.get_bytes(f"from-ui/{instance_id}/scripted-model/grade.json").decode()
     assert '"resolved": true' in grade
     assert any(run_id in deployed.worker_log(w) for w in deployed.workers)
 
@@ -245,30 +279,33 @@ def sandbox_leftovers(sandbox_dirs: list[Path]) -> list[str]:
     return found
 
 
-def test_cancelling_a_run_from_the_ui_releases_its_sandbox(deployed: Deployed, tmp_path: Path) -> None:
-    """Cancel from the UI (the API call its Cancel button makes) while the agent waits for the model."""
-    repo = make_repo(tmp_path / "calc")
-    task = TaskSpec(
-        instance_id="calc-cancel",
-        repo=str(repo),
-        problem_statement="CANCEL-ME",
-        test_command="python -m pytest -q",
-    )
+def start_stalling_run(deployed: Deployed, repo: Path, marker: str) -> tuple[str, int, list[Path]]:
+    """A solve-bug run whose agent ran a command and now waits for the model (the fixer stalls on `marker`):
+    its id, its flow-run process and the sandboxes that process holds."""
+    task = TaskSpec(instance_id=f"calc-{marker.lower()}", repo=str(repo), problem_statement=marker,
+                    test_command="python -m pytest -q")  # fmt: skip
     run_id = deployed.run_deployment(
-        "solve-bug/solve-bug", {"task": task.model_dump(mode="json"), "sweep": "cancel"}
+        "solve-bug/solve-bug", {"task": task.model_dump(mode="json"), "sweep": marker}
     )
 
     def stalled() -> bool:  # the second model request has come: the agent ran a command and now waits
-        return any("CANCEL-ME" in json.dumps(r["messages"][:2]) and any(m.get("role") == "tool" for m in r["messages"])
+        return any(marker in json.dumps(r["messages"][:2]) and any(m.get("role") == "tool" for m in r["messages"])
                    for r in list(deployed.model.requests))  # fmt: skip
 
-    deadline = time.monotonic() + 150
+    deadline = time.monotonic() + 180
     while not stalled() and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert stalled(), "the run reached the agent loop"
+    assert stalled(), f"the run reached the agent loop; worker logs in {deployed.server.logs}"
     run = deployed.api("GET", f"/flow_runs/{run_id}")
-    sandboxes = sandboxes_of(int(str(run["infrastructure_pid"]).rsplit(":", 1)[-1]))
+    pid = int(str(run["infrastructure_pid"]).rsplit(":", 1)[-1])
+    sandboxes = sandboxes_of(pid)
     assert sandboxes and sandbox_leftovers(sandboxes), "the run holds a mounted sandbox"
+    return run_id, pid, sandboxes
+
+
+def test_cancelling_a_run_from_the_ui_releases_its_sandbox(deployed: Deployed, tmp_path: Path) -> None:
+    """Cancel from the UI (the API call its Cancel button makes) while the agent waits for the model."""
+    run_id, _, sandboxes = start_stalling_run(deployed, make_repo(tmp_path / "calc"), "CANCEL-ME")
 
     deployed.api(
         "POST", f"/flow_runs/{run_id}/set_state", json={"state": {"type": "CANCELLING"}, "force": True}
@@ -320,3 +357,52 @@ def test_cancelling_a_sweep_on_workers_cancels_its_task_runs(deployed: Deployed,
         "CANCELLED",
         "CANCELLED",
     ]
+
+
+# Last in the module: it stops the module's workers.
+def test_a_worker_killed_with_its_run_mid_solve_ends_crashed_and_the_next_worker_cleans_up(
+    deployed: Deployed, tmp_path: Path
+) -> None:
+    """SIGKILL a worker and its flow-run process while the agent waits for the model (an OOM kill, a lost node).
+    Nothing in the dead process can report: the crash automation `bugsweep deploy` shipped marks the run Crashed once
+    its heartbeats stop, and the next `bugsweep worker` on the machine removes the sandbox's mount, cgroups and
+    folder before it takes runs."""
+    import contextlib
+    import os
+    import signal
+
+    for proc in deployed.server.processes[
+        1:
+    ]:  # the module's workers step aside: the doomed worker takes the run
+        deployed.server.stop_process(proc)
+    bugsweep_worker = [sys.executable, "-m", "bugsweep", "worker", "--pool", POOL, "--"]
+    fast_polling = {"PREFECT_WORKER_QUERY_SECONDS": "1", "PREFECT_WORKER_PREFETCH_SECONDS": "0"}
+    doomed = deployed.server.spawn(
+        "worker-doomed", [*bugsweep_worker, "--name", "worker-doomed"], cwd=tmp_path, **fast_polling
+    )
+    run_id, flow_run_pid, sandboxes = start_stalling_run(deployed, make_repo(tmp_path / "calc"), "KILL-ME")
+
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(doomed.pid, signal.SIGKILL)  # the worker, and the flow-run process if it shares its group
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(flow_run_pid, signal.SIGKILL)
+    doomed.wait(timeout=30)
+
+    run = deployed.wait(run_id, timeout_s=HEARTBEAT_S * 3 + 150)
+    assert run["state"]["type"] == "CRASHED", run["state"]
+    assert "no heartbeat" in run["state"]["message"]
+    assert sandbox_leftovers(sandboxes), "nothing on the machine cleaned up yet (no process of ours was left)"
+
+    deployed.server.spawn(
+        "worker-next", [*bugsweep_worker, "--name", "worker-next"], cwd=tmp_path, **fast_polling
+    )
+    deadline = time.monotonic() + 120
+    while (
+        "starting: prefect worker start" not in deployed.worker_log("worker-next")
+        and time.monotonic() < deadline
+    ):
+        time.sleep(0.5)
+    log = deployed.worker_log("worker-next")
+    assert "starting: prefect worker start" in log, log[-2000:]
+    assert f"removed {sandboxes[0].name} (left by process {flow_run_pid}" in " ".join(log.split())
+    assert sandbox_leftovers(sandboxes) == [] and not any(d.exists() for d in sandboxes)

@@ -37,6 +37,7 @@ def register(app: typer.Typer) -> None:
     app.command("sweep")(sweep_command)
     app.command("deploy")(deploy_command)
     app.command("upload")(upload_command)
+    app.command("worker", context_settings={"allow_extra_args": True})(worker_command)
     app.add_typer(blocks_app, name="blocks")
 
 
@@ -53,6 +54,8 @@ def _hint_server() -> None:
         )
 
 
+#: How often `bugsweep worker` asks the server for new runs (Prefect's default is 10 s).
+WORKER_QUERY_S = 2
 #: Seconds to wait for a temporary Prefect server to answer (it takes 20-35 s on a loaded machine).
 SERVER_START_TIMEOUT_S = 180.0
 
@@ -312,11 +315,20 @@ def deploy_command(
     pool_type: Annotated[
         str, typer.Option(help="Work pool type when it is created: process, docker, kubernetes, ...")
     ] = "process",
+    heartbeat_s: Annotated[
+        int,
+        typer.Option(
+            min=30,
+            help="Seconds between a flow run's heartbeats; a run silent for three of them is marked Crashed.",
+        ),
+    ] = 60,
 ) -> None:
-    """Create the work pool and deploy `solve-bug` and `nightly-sweep` from prefect.yaml.
+    """Create the work pool, deploy `solve-bug` and `nightly-sweep` from prefect.yaml, and the crash automation.
 
-    Needs a running Prefect server (PREFECT_API_URL). Then start a worker with `prefect worker start --pool POOL`
-    on every machine that should take runs, and trigger runs from the UI.
+    Run it in the project folder (the one holding prefect.yaml): process workers run the flows from there. Needs a
+    running Prefect server (PREFECT_API_URL). `nightly-sweep` is deployed with its schedule paused, and says why,
+    when its task source does not exist. Then start a worker with `bugsweep worker --pool POOL` on every machine
+    that should take runs, and trigger runs from the UI.
     """
     if not os.environ.get("PREFECT_API_URL"):
         _fail(
@@ -326,15 +338,44 @@ def deploy_command(
     from deployments import deploy, worker_command
 
     try:
-        result = deploy(pool=pool, pool_type=pool_type)
+        result = deploy(pool=pool, pool_type=pool_type, heartbeat_s=heartbeat_s)
     except BugsweepError as exc:
         _fail(str(exc))
     console.print(f"work pool [bold]{result.pool}[/] {'created' if result.pool_created else 'already there'}")
     for name in result.deployments:
-        console.print(f"deployed [bold]{name}[/]")
+        if name in result.paused:
+            console.print(
+                f"deployed [bold]{name}[/] [yellow]with its schedule PAUSED[/]: {result.paused[name]}"
+            )
+        else:
+            console.print(f"deployed [bold]{name}[/]")
+    console.print(f"automation [bold]{result.automation}[/] (heartbeats every {heartbeat_s} s)")
     console.print(
         f"next: start a worker with `{worker_command(result.pool)}`, then run a deployment from the UI"
     )
+
+
+def worker_command(
+    pool: Annotated[str, typer.Option(help="Work pool to take runs from.")] = "bugsweep",
+    extra: Annotated[
+        list[str] | None, typer.Argument(help="More options for `prefect worker start` (after --).")
+    ] = None,
+) -> None:
+    """Remove the sandboxes dead processes left on this machine, then run `prefect worker start --pool POOL`.
+
+    A worker killed with its flow runs (out of memory, a lost node) leaves their local sandboxes behind (overlay
+    mounts, cgroups, folders); the next worker on the machine removes them before it takes new runs. The worker
+    looks for new runs every 2 s (PREFECT_WORKER_QUERY_SECONDS, Prefect's default 10 s), so a run started from the
+    UI starts sooner (bench/README.md).
+    """
+    from bugsweep.cli.sandboxes import cleanup_local
+
+    cleanup_local()
+    os.environ.setdefault("PREFECT_WORKER_QUERY_SECONDS", str(WORKER_QUERY_S))
+    command = [sys.executable, "-m", "prefect", "worker", "start", "--pool", pool, *(extra or [])]
+    console.print(f"starting: {' '.join(command[2:])}", soft_wrap=True)
+    sys.stdout.flush()
+    os.execv(sys.executable, command)
 
 
 # -- blocks -------------------------------------------------------------------------------------------------------
