@@ -247,11 +247,11 @@ def test_a_sweep_fans_out_to_both_workers_and_collects_every_grade(
     )
 
 
-def sandboxes_of(pid: int) -> list[Path]:
+def sandboxes_of(pid: int, state_dir: Path | None = None) -> list[Path]:
     """The local sandboxes a process made (their meta.json names the owner process)."""
     import tempfile
 
-    root = Path(tempfile.gettempdir()) / "bugsweep-sandboxes"
+    root = state_dir or Path(tempfile.gettempdir()) / "bugsweep-sandboxes"
     found = []
     for meta in root.glob("local-*/meta.json"):
         try:
@@ -279,7 +279,9 @@ def sandbox_leftovers(sandbox_dirs: list[Path]) -> list[str]:
     return found
 
 
-def start_stalling_run(deployed: Deployed, repo: Path, marker: str) -> tuple[str, int, list[Path]]:
+def start_stalling_run(
+    deployed: Deployed, repo: Path, marker: str, state_dir: Path | None = None
+) -> tuple[str, int, list[Path]]:
     """A solve-bug run whose agent ran a command and now waits for the model (the fixer stalls on `marker`):
     its id, its flow-run process and the sandboxes that process holds."""
     task = TaskSpec(instance_id=f"calc-{marker.lower()}", repo=str(repo), problem_statement=marker,
@@ -298,7 +300,7 @@ def start_stalling_run(deployed: Deployed, repo: Path, marker: str) -> tuple[str
     assert stalled(), f"the run reached the agent loop; worker logs in {deployed.server.logs}"
     run = deployed.api("GET", f"/flow_runs/{run_id}")
     pid = int(str(run["infrastructure_pid"]).rsplit(":", 1)[-1])
-    sandboxes = sandboxes_of(pid)
+    sandboxes = sandboxes_of(pid, state_dir)
     assert sandboxes and sandbox_leftovers(sandboxes), "the run holds a mounted sandbox"
     return run_id, pid, sandboxes
 
@@ -376,11 +378,19 @@ def test_a_worker_killed_with_its_run_mid_solve_ends_crashed_and_the_next_worker
     ]:  # the module's workers step aside: the doomed worker takes the run
         deployed.server.stop_process(proc)
     bugsweep_worker = [sys.executable, "-m", "bugsweep", "worker", "--pool", POOL, "--"]
-    fast_polling = {"PREFECT_WORKER_QUERY_SECONDS": "1", "PREFECT_WORKER_PREFETCH_SECONDS": "0"}
+    # A state folder of their own: other processes' sandboxes in the shared one would sweep ours when they start.
+    state_dir = tmp_path / "sandboxes"
+    fast_polling = {
+        "PREFECT_WORKER_QUERY_SECONDS": "1",
+        "PREFECT_WORKER_PREFETCH_SECONDS": "0",
+        "BUGSWEEP_SANDBOX_STATE_DIR": str(state_dir),
+    }
     doomed = deployed.server.spawn(
         "worker-doomed", [*bugsweep_worker, "--name", "worker-doomed"], cwd=tmp_path, **fast_polling
     )
-    run_id, flow_run_pid, sandboxes = start_stalling_run(deployed, make_repo(tmp_path / "calc"), "KILL-ME")
+    run_id, flow_run_pid, sandboxes = start_stalling_run(
+        deployed, make_repo(tmp_path / "calc"), "KILL-ME", state_dir
+    )
 
     with contextlib.suppress(ProcessLookupError):
         os.killpg(doomed.pid, signal.SIGKILL)  # the worker, and the flow-run process if it shares its group
