@@ -120,7 +120,7 @@ def test_first_prompt_stays_small_on_a_repository_of_1000_files(scripted_model, 
         assert "module_0000" not in first
         assert "tests/test_calc.py::test_add" in first  # the failing test, named
         assert "assert add(2, 3) == 5" in first  # and its failing assertion
-        assert "calc.py" in first  # the file its traceback names
+        assert "Files that matter here:\ncalc.py\ntests/test_calc.py" in first  # the code under test first
         events = load(tmp_path / "small-model" / "run" / "trajectory.json")
         assert any(e.get("type") == "first_prompt_focused" for e in events)
 

@@ -10,7 +10,8 @@ With it the embedded model resolved the demo 5 of 5 times (bench/README.md, "who
   went wrong (once a wrong `old` is in the history, the model sends it again and again).
 - A read_file or edit_file call that fails exactly as an identical earlier call did is told so.
 On real repositories (bench/README.md, "Real bugs"), also:
-- A small first prompt: the failing tests, how they fail, and the files their traceback names, instead of the
+- A small first prompt: the failing tests, how they fail, the files their traceback names and the files that
+  define what the failing tests import, instead of the
   repository's file list (thousands of tokens on a real project: minutes on two cores before the first reply);
   bounded by focus.FIRST_PROMPT_MAX_CHARS whatever the repository's size.
 - Test output focused on failures: a `run` whose output has pytest's FAILURES/ERRORS section comes back as that
@@ -109,14 +110,24 @@ class SmallModelPolicy(Policy):
         tests = run.toolbox.run(run.test_command)
         output = tests.content
         files, _ = run.toolbox.list_files(limit=100_000)
+        failing = failing_tests(output)
         named = files_in_traceback(output, set(files))
-        sources = [f for f in named if not run.toolbox.is_protected(f)]
-        shown = sources + [f for f in named if f not in sources]
+        test_files = [f for f in dict.fromkeys([t.split("::")[0] for t in failing] + named) if f in files]
+        # Seen: an assertion's traceback shows only the test's frame, so the code under test went unnamed and the
+        # model edited the package's __init__. Where the names the test imports are defined is named too.
+        under_test = [
+            f
+            for t in test_files
+            if run.toolbox.is_protected(t)
+            for f in run.toolbox._code_under_test(f"{run.toolbox.workdir}/{t}", t)[1]
+        ]
+        sources = [f for f in dict.fromkeys(named + under_test) if not run.toolbox.is_protected(f)]
+        shown = sources + [f for f in test_files if f not in sources]
         first = focus.first_prompt(
             run.task,
             run.test_command,
             run.toolbox.workdir,
-            failing_tests(output),
+            failing,
             focus_test_output(output) or output[-2000:],
             shown,
         )
