@@ -213,34 +213,40 @@ def run_command(
         info_r, info_w = os.pipe()
         stack.callback(os.close, info_r)
         child_fds = [info_w]  # ours to close once bwrap has them
-        filter_fd = seccomp.filter_fd()
-        child_fds.append(filter_fd)
-        options = [
-            *argv_head[bwrap_at + 1 :],
-            "--info-fd",
-            str(info_w),
-            "--unshare-net",
-            "--seccomp",
-            str(filter_fd),
-        ]
-        block_w: int | None = None
-        if network is not None:  # bwrap waits on --block-fd until the namespace has its network
-            block_r, block_w = os.pipe()
-            stack.callback(_close_quietly, block_w)
-            resolv = network.resolv_conf_fd()
-            child_fds += [block_r, resolv]
-            options += ["--block-fd", str(block_r), "--ro-bind-data", str(resolv), "/etc/resolv.conf"]
-        options += ["--chdir", cwd]
-        args_fd = options_fd(options)
-        child_fds.append(args_fd)
-        argv = [*argv_head[: bwrap_at + 1], "--args", str(args_fd)]
-        if len(command.encode()) <= MAX_ARG_BYTES:
-            argv += ["/bin/bash", "-c", command]
-        else:  # the kernel refuses a single argument over 128 KiB (a big heredoc): run it from a file
-            script = res.root / "tmp" / f".bugsweep-command-{uuid.uuid4().hex}.sh"
-            script.write_text(command)
-            stack.callback(script.unlink, missing_ok=True)
-            argv += ["/bin/bash", f"/tmp/{script.name}"]
+        try:
+            filter_fd = seccomp.filter_fd()
+            child_fds.append(filter_fd)
+            options = [
+                *argv_head[bwrap_at + 1 :],
+                "--info-fd",
+                str(info_w),
+                "--unshare-net",
+                "--seccomp",
+                str(filter_fd),
+            ]
+            block_w: int | None = None
+            if network is not None:  # bwrap waits on --block-fd until the namespace has its network
+                block_r, block_w = os.pipe()
+                child_fds.append(block_r)
+                stack.callback(_close_quietly, block_w)
+                resolv = network.resolv_conf_fd()
+                child_fds.append(resolv)
+                options += ["--block-fd", str(block_r), "--ro-bind-data", str(resolv), "/etc/resolv.conf"]
+            options += ["--chdir", cwd]
+            args_fd = options_fd(options)
+            child_fds.append(args_fd)
+            argv = [*argv_head[: bwrap_at + 1], "--args", str(args_fd)]
+            if len(command.encode()) <= MAX_ARG_BYTES:
+                argv += ["/bin/bash", "-c", command]
+            else:  # the kernel refuses a single argument over 128 KiB (a big heredoc): run it from a file
+                script = res.root / "tmp" / f".bugsweep-command-{uuid.uuid4().hex}.sh"
+                script.write_text(command)
+                stack.callback(script.unlink, missing_ok=True)
+                argv += ["/bin/bash", f"/tmp/{script.name}"]
+        except BaseException:
+            for fd in child_fds:
+                os.close(fd)
+            raise
 
         start = time.monotonic()
         try:
