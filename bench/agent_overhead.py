@@ -41,7 +41,7 @@ from bugsweep.agent.loop import run_agent
 from bugsweep.agent.model import ChatModel
 from bugsweep.sandbox.base import ExecResult, tail
 from bugsweep.settings import AgentSettings, ModelSettings
-from tests.support.repos import make_repo
+from tests.support.repos import make_repo, with_pytest
 from tests.support.scripted_model import ScriptedModelServer, tool_call
 
 MINI_SUBMIT = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
@@ -115,7 +115,7 @@ def bench_bugsweep(env: str, turns: int, work: Path) -> list[float]:
         if env == "bwrap":
             from bugsweep.sandbox import RepoSource, get_provider
 
-            sandbox: Any = get_provider("local").create(RepoSource(str(repo)))
+            sandbox: Any = with_pytest(get_provider("local").create(RepoSource(str(repo))))
         else:
             sandbox = SubprocessSandbox(repo)
         with sandbox:

@@ -41,7 +41,7 @@ sys.path.insert(0, str(ROOT))
 
 from bugsweep.cli.solve import DEMO_TASK, DEMO_TEST_COMMAND, materialise_demo_repo  # noqa: E402
 from bugsweep.embedded.server import ensure_embedded_model  # noqa: E402
-from tests.support.repos import make_repo  # noqa: E402
+from tests.support.repos import PYTEST_SETUP, make_repo  # noqa: E402
 
 
 def load() -> str:
@@ -83,7 +83,7 @@ def run_bugsweep(
         repo = case.materialise(Path(tempfile.mkdtemp(prefix=f"bench-{case.name}-")) / "repo")
         command = [
             "bugsweep", "solve", "--repo", str(repo), "--task", case.task, "--test-command", case.test_command,
-            "--out", str(out_dir), "--max-turns", str(max_turns),
+            "--setup-command", PYTEST_SETUP, "--out", str(out_dir), "--max-turns", str(max_turns),
         ]  # fmt: skip
     started = time.monotonic()
     proc = subprocess.run(command, env=env, capture_output=True, text=True)

@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bugsweep.mining import Rejection, mine, scan_history, screen
 from bugsweep.sandbox import get_provider
 from bugsweep.spec import TaskSpec, dump_tasks
-from tests.support.repos import commit_all, make_repo, write_files
+from tests.support.repos import PYTEST_SETUP, commit_all, make_repo, write_files
 from tests.support.scripted_model import ScriptedModelServer, tool_call
 
 
@@ -105,7 +105,7 @@ def bench_compare(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             "pyproject.toml": '[tool.pytest.ini_options]\npythonpath = ["."]\n',
         })  # fmt: skip
         tasks.append(TaskSpec(instance_id=f"t{i}", repo=str(repo), problem_statement=f"f() must add {i + 1}",
-                              test_command="python -m pytest -q"))  # fmt: skip
+                              test_command="python -m pytest -q", setup_command=PYTEST_SETUP))  # fmt: skip
     tasks_file = work / "tasks.jsonl"
     dump_tasks(tasks, tasks_file)
 

@@ -48,7 +48,7 @@ def fixer(body: dict[str, Any]) -> dict[str, Any]:
 
 def make_tasks(root: Path, n: int, tag: str) -> list[Any]:
     from bugsweep.spec import TaskSpec
-    from tests.support.repos import make_repo
+    from tests.support.repos import PYTEST_SETUP, make_repo
 
     repo = make_repo(root / f"calc-{tag}")
     return [
@@ -57,6 +57,7 @@ def make_tasks(root: Path, n: int, tag: str) -> list[Any]:
             repo=str(repo),
             problem_statement="tests/test_calc.py::test_add fails: add() returns the wrong result. Fix the code.",
             test_command="python -m pytest -q",
+            setup_command=PYTEST_SETUP,
         )
         for i in range(n)
     ]

@@ -133,6 +133,9 @@ class Grade(BaseModel):
     failure_kind: str | None = None
     """'config', 'infra', 'task' or 'crash' when `error` is set. A grading step that fails because of what the
     agent did is not one of these: it is an unresolved attempt with its `reason`."""
+    environment: dict[str, object] | None = None
+    """The task's environment: python version, setup command, installer, the layer it came from and whether it was
+    reused, and the sha256 of the installed package list (written beside grade.json as environment.txt)."""
 
 
 def run_tests(sandbox: Sandbox, test_command: str, timeout: float = 1800.0) -> TestRun:

@@ -509,7 +509,7 @@ def detect_commands(repo: Path, commit: str, test_files: Sequence[str]) -> Comma
     - then the test dependencies where the project keeps them: a requirements file (TEST_REQUIREMENTS), a
       `tests`/`test`/`testing` dependency group in pyproject.toml, or tox.ini's [testenv] deps;
     - tests run with `python -m pytest -q <changed test modules>` (pytest also runs unittest-style tests, and
-      gives per-test results the grader reads).
+      gives per-test results the grader reads), so the setup ends with `pip install pytest`.
     """
     names = set(_git(repo, "ls-tree", "-r", "--name-only", commit).split("\n"))
     why: list[str] = []
@@ -544,6 +544,10 @@ def detect_commands(repo: Path, commit: str, test_files: Sequence[str]) -> Comma
         why.append("tox.ini [testenv] deps")
     test = "python -m pytest -q " + " ".join(shlex.quote(t) for t in test_files) if test_files else None
     if test:
+        if not re.search(r"(^|\s|')pytest([\s<>=!~']|$)", " ".join(steps)):
+            steps.append(
+                "pip install pytest"
+            )  # the task's own environment has no test runner until its setup
         why.append("pytest on the changed test modules")
     return Commands(setup=" && ".join(steps) or None, test=test, why=why)
 

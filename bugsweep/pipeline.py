@@ -34,7 +34,15 @@ from bugsweep.grading import (
     suspicious_signals,
     why_cannot_run,
 )
-from bugsweep.sandbox.base import RepoSource, Sandbox, SandboxProvider, SandboxUsage
+from bugsweep.sandbox.base import (
+    PACKAGES_FILE,
+    Environment,
+    RepoSource,
+    Sandbox,
+    SandboxProvider,
+    SandboxSnapshot,
+    SandboxUsage,
+)
 from bugsweep.settings import AgentSettings, ModelSettings
 from bugsweep.spec import TaskSpec
 from bugsweep.testfiles import protected_reason
@@ -64,6 +72,11 @@ class PreparedTask:
     setup_network: bool = True
     snapshot: cleanroom.Snapshot | None = None
     """The task state as read from outside the sandbox (after setup): what the agent's change is measured against."""
+    environment: Environment | None = None
+    """The task's environment after the setup step (recorded in grade.json, listed in environment.txt)."""
+    task_layer: SandboxSnapshot | None = None
+    """The sandbox's task state after setup as a read-only layer (Sandbox.snapshot): the regrade's fresh sandbox is
+    made on it, so nothing is installed again."""
 
 
 def prepare(
@@ -73,8 +86,12 @@ def prepare(
     agent's own `git diff`, and a snapshot read from outside, for the grader). `record=False` skips both (the
     regrade's fresh sandbox). Releases the sandbox on failure."""
     started = time.monotonic()
-    disk = {"disk_mib": spec.disk_mib} if spec.disk_mib else {}  # providers without quotas need not know it
-    sandbox = provider.create(RepoSource(spec.repo, spec.base_commit), labels=labels, **disk)
+    options: dict[str, Any] = (
+        {"disk_mib": spec.disk_mib} if spec.disk_mib else {}
+    )  # only where set: providers
+    if spec.python:  # without quotas or interpreter choice need not know them
+        options["python"] = spec.python
+    sandbox = provider.create(RepoSource(spec.repo, spec.base_commit), labels=labels, **options)
     try:
         if spec.test_patch:
             # Through stdin: no temp file, so no backend's file-size or path rules apply.
@@ -114,23 +131,37 @@ def read_task_state(
 
 
 def setup(prepared: PreparedTask, timeout: float = 1800.0, network: bool = True) -> None:
-    """Run the setup command (with network, if allowed), then record the task state again.
+    """Build the task's environment: run the setup command (with network, if allowed) in the sandbox's task
+    environment, or reuse a finished one with the same key (the sandbox backend decides; the log says which), then
+    record the task state again, and keep it as a read-only layer (`task_layer`) for the regrade's fresh sandbox.
 
     Files the setup creates (build output, egg-info) become part of the task state, so they never show up in the
     agent's patch.
     """
     prepared.setup_network = network
     command = prepared.spec.setup_command
-    if not command:
-        return
-    result = prepared.sandbox.exec(command, timeout=timeout, network=network, full_output=True)
-    prepared.setup_log = result.output
-    if not result.ok:
-        why = "timed out" if result.timed_out else f"exited with {result.exit_code}"
-        raise SetupFailed(f"the setup command {command!r} {why}:\n{result.output.strip()[-2000:]}")
-    if prepared.snapshot is not None or prepared.task_state:
+    result, prepared.environment = prepared.sandbox.setup_environment(
+        command, timeout=timeout, network=network
+    )
+    if result is not None:
+        prepared.setup_log = result.output
+        if not result.ok:
+            why = "timed out" if result.timed_out else f"exited with {result.exit_code}"
+            raise SetupFailed(f"the setup command {command!r} {why}:\n{result.output.strip()[-2000:]}")
+    elif prepared.environment.reused:
+        prepared.setup_log = (
+            f"$ {command}\n# not run: reused the finished task environment {prepared.environment.key} "
+            "(same dependency files, setup command, interpreter and installer)\n"
+        )
+        log.info("setup: reused the task environment %s; no install ran", prepared.environment.key)
+    if prepared.snapshot is None and not prepared.task_state:
+        return  # the regrade's fresh sandbox: nothing to record
+    if command:
         prepared.task_state = commit_task_state(prepared.sandbox, "bugsweep: task state after setup")
-        prepared.snapshot = read_task_state(prepared.sandbox, prepared.snapshot)
+    prepared.task_layer = prepared.sandbox.snapshot()
+    # read again after the snapshot: the files are the same, but their stat data (what the reader's cache keys on)
+    # is that of the new mount
+    prepared.snapshot = read_task_state(prepared.sandbox, prepared.snapshot)
 
 
 def baseline(prepared: PreparedTask, timeout: float = 1800.0) -> TestRun:
@@ -285,11 +316,16 @@ def read_change(prepared: PreparedTask) -> tuple[list[cleanroom.Change], dict[st
 def fresh_sandbox(prepared: PreparedTask) -> Sandbox:
     """A new sandbox in the task state, for the regrade: nothing in it was written by the agent.
 
-    Until setup results are kept as read-only layers, this makes the task state again from the same source (the
-    repository at the same ref, the test patch) and, when the task has one, runs the setup command again."""
+    It is made on the task state kept by `setup` (`task_layer`: the repository and the task environment after
+    setup, read-only); without one, the task state is made again from the same source (the repository at the same
+    ref, the test patch) and the setup runs again (its environment layer is reused where the backend keeps them)."""
     if prepared.provider is None:
         raise InfraError(
             "the task was prepared without a provider, so no fresh sandbox can be made for the regrade"
+        )
+    if prepared.task_layer is not None:  # the task state after setup, kept read-only: nothing runs again
+        return prepared.provider.create_from(
+            prepared.task_layer, labels={**prepared.labels, "role": "regrade"}
         )
     fresh = prepare(
         prepared.spec, prepared.provider, labels={**prepared.labels, "role": "regrade"}, record=False
@@ -339,9 +375,14 @@ def write_run_dir(
     after: TestRun | None = None,
     setup_log: str | None = None,
     spec: TaskSpec | None = None,
+    environment: Environment | None = None,
 ) -> Path:
-    """Write what a run produced: grade.json, patch.diff, test logs (trajectory.json is written by the loop)."""
+    """Write what a run produced: grade.json, patch.diff, test logs, the task environment's package list
+    (trajectory.json is written by the loop)."""
     out_dir.mkdir(parents=True, exist_ok=True)
+    if environment is not None:
+        (out_dir / PACKAGES_FILE).write_text(environment.packages_text(), encoding="utf-8")
+        verdict.environment = environment.record()
     if patch is not None:
         (out_dir / "patch.diff").write_text(patch, encoding="utf-8")
     for name, run in (("tests_before.log", before), ("tests_after.log", after)):
@@ -502,8 +543,9 @@ def solve_task(
         )
         verdict.wall_s = time.monotonic() - started
         write_run_dir(
-            out_dir, verdict, patch=patch, before=before, after=after, setup_log=prepared.setup_log, spec=spec
-        )
+            out_dir, verdict, patch=patch, before=before, after=after, setup_log=prepared.setup_log, spec=spec,
+            environment=prepared.environment,
+        )  # fmt: skip
         return verdict
     except BaseException as exc:
         failed = failed_grade(
@@ -514,8 +556,9 @@ def solve_task(
         if prepared is not None:
             record_resources(failed, prepared.sandbox)
         write_run_dir(
-            out_dir, failed, before=before, setup_log=prepared.setup_log if prepared else None, spec=spec
-        )
+            out_dir, failed, before=before, setup_log=prepared.setup_log if prepared else None, spec=spec,
+            environment=prepared.environment if prepared else None,
+        )  # fmt: skip
         if raise_on_failure or not isinstance(exc, Exception):
             raise
         crash = failed.failure_kind == "crash"

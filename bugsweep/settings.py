@@ -115,3 +115,13 @@ class SandboxSettings(BaseSettings):
     """'local': where clones of git URLs and checkouts of refs are kept and reused; unset: ~/.cache/bugsweep."""
     state_dir: str | None = None
     """'local': where each sandbox's overlay layers, /workspace and /tmp live; unset: $TMPDIR/bugsweep-sandboxes."""
+    env_dir: str | None = None
+    """'local': where finished task environments (setup layers) and the shared download cache are kept and reused;
+    unset: ~/.cache/bugsweep/environments."""
+    env_max_gib: float = 20.0
+    """'local': the least recently used task environments are removed beyond this size."""
+    env_max_age_days: float = 14.0
+    """'local': task environments unused this long are removed."""
+    installer: Literal["uv", "pip"] = "uv"
+    """How `pip install` in a setup command runs: 'uv' as `uv pip install` (the same packages, much faster; an
+    install uv cannot do falls back to pip), 'pip' as written. Recorded in grade.json's `environment`."""

@@ -33,7 +33,11 @@ class TaskSpec(BaseModel):
     test_command: str
     """Runs the tests; exit code 0 means they pass."""
     setup_command: str | None = None
-    """Runs once before the baseline, with network access (e.g. `pip install -e .`)."""
+    """Runs once before the baseline, with network access, in the task's own virtual environment (first on PATH):
+    it must install what the tests need, the test runner included (e.g. `pip install -e . pytest`)."""
+    python: str | None = None
+    """The interpreter the task's environment is made from: a path or a name on PATH (e.g. /usr/bin/python3,
+    python3.12); unset: the one bugsweep runs on."""
     test_patch: str | None = None
     """A diff applied before the baseline (for mined tasks: the fix commit's test files)."""
     test_files: list[str] = Field(default_factory=list)

@@ -238,7 +238,10 @@ def solve_bug(
         "Runs the tests in the repository: it must fail before the fix and pass after it.",
     ),
     setup_command: str | None = form_field(
-        None, "Setup command", "Runs once before the tests, with network access (e.g. pip install -e .)."
+        "pip install pytest",
+        "Setup command",
+        "Runs once before the tests, with network access, in the task's own environment: installs what the tests "
+        "need, the test runner included (e.g. pip install -e . pytest).",
     ),
     ref: str | None = form_field(
         None, "Commit, branch or tag", "Where to start from; empty: the repository's default branch."

@@ -22,7 +22,7 @@ from bugsweep.agent.trajectory import load
 from bugsweep.errors import ConfigError, ModelUnavailable
 from bugsweep.sandbox import RepoSource, Sandbox, get_provider
 from bugsweep.settings import AgentSettings, ModelSettings
-from tests.support.repos import make_repo
+from tests.support.repos import make_repo, with_pytest
 from tests.support.scripted_model import ScriptedModelServer, text_reply, tool_call
 
 KEY = "sk-test-secret-key-0123456789"
@@ -32,7 +32,7 @@ TEST_COMMAND = "python -m pytest -q -x"
 @pytest.fixture
 def sandbox(buggy_repo: Path) -> Iterator[Sandbox]:
     """The real local sandbox holding the buggy calc repo at /workspace/repo."""
-    sbx = get_provider("local").create(RepoSource(str(buggy_repo)))
+    sbx = with_pytest(get_provider("local").create(RepoSource(str(buggy_repo))))
     with sbx:
         yield sbx
 
@@ -510,7 +510,7 @@ def test_symlinks_out_of_the_repo_are_refused_inside_the_real_sandbox(scripted_m
             tool_call("read_file", path="../../etc/hostname"),
         ]
     )
-    with get_provider("local").create(RepoSource(str(repo))) as sbx:
+    with with_pytest(get_provider("local").create(RepoSource(str(repo)))) as sbx:
         result, _ = solve(server, sbx, tmp_path)
         assert not sbx.files.exists("/workspace/escaped.py")
     refusals = [m["content"] for m in tool_messages({"messages": result.messages})][:3]
@@ -729,7 +729,7 @@ def test_a_function_written_back_unchanged_moves_the_request_to_the_function_it_
             tool_call("finish", summary="x"),
         ]
     )
-    with get_provider("local").create(RepoSource(str(repo))) as sbx:
+    with with_pytest(get_provider("local").create(RepoSource(str(repo)))) as sbx:
         result, _ = solve(server, sbx, tmp_path, settings=WHOLE)
         assert sbx.files.read_text(f"{sbx.workdir}/calc.py").startswith(
             "def _combine(a, b):\n    return a + b\n"
@@ -763,7 +763,7 @@ def test_a_function_written_back_unchanged_names_its_callees_when_there_are_seve
             tool_call("finish", summary="x"),
         ]
     )
-    with get_provider("local").create(RepoSource(str(repo))) as sbx:
+    with with_pytest(get_provider("local").create(RepoSource(str(repo)))) as sbx:
         solve(server, sbx, tmp_path, settings=WHOLE)
     note = server.requests[3]["messages"][-1]
     assert note["role"] == "user"

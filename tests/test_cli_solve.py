@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.repos import PYTEST_SETUP
 from tests.support.scripted_model import text_reply, tool_call
 
 SOLVE = [sys.executable, "-m", "bugsweep.cli"]
@@ -44,6 +45,8 @@ def solve(
         task,
         "--test-command",
         test_command,
+        "--setup-command",
+        PYTEST_SETUP,
         "--out",
         str(out),
     ]

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from bugsweep.spec import TaskSpec, dump_tasks
-from tests.support.repos import BUGGY_CALC, make_repo
+from tests.support.repos import BUGGY_CALC, PYTEST_SETUP, make_repo
 from tests.support.scripted_model import ScriptedModelServer, tool_call
 
 pytest_plugins = ["tests.support.prefect_server"]
@@ -44,9 +44,9 @@ def make_tasks(root: Path) -> list[TaskSpec]:
     mul_repo = make_repo(root / "mul", mul_files)
     return [
         TaskSpec(instance_id="calc-add", repo=str(add_repo), problem_statement="add() subtracts: fix it.",
-                 test_command="python -m pytest -q"),
+                 test_command="python -m pytest -q", setup_command=PYTEST_SETUP),
         TaskSpec(instance_id="calc-mul", repo=str(mul_repo), problem_statement="mul() adds: fix it.",
-                 test_command="python -m pytest -q"),
+                 test_command="python -m pytest -q", setup_command=PYTEST_SETUP),
     ]  # fmt: skip
 
 

@@ -22,7 +22,7 @@ import httpx
 import pytest
 
 from bugsweep.spec import TaskSpec, dump_tasks
-from tests.support.repos import make_repo
+from tests.support.repos import PYTEST_SETUP, make_repo
 from tests.support.scripted_model import ScriptedModelServer, tool_call
 
 pytest_plugins = ["tests.support.prefect_server", "tests.support.seaweed"]
@@ -174,6 +174,7 @@ def calc_task(repo: Path, instance_id: str) -> TaskSpec:
         repo=str(repo),
         problem_statement="tests/test_calc.py::test_add fails: add() returns the wrong result. Fix the code.",
         test_command="python -m pytest -q",
+        setup_command=PYTEST_SETUP,
     )
 
 
@@ -285,7 +286,7 @@ def start_stalling_run(
     """A solve-bug run whose agent ran a command and now waits for the model (the fixer stalls on `marker`):
     its id, its flow-run process and the sandboxes that process holds."""
     task = TaskSpec(instance_id=f"calc-{marker.lower()}", repo=str(repo), problem_statement=marker,
-                    test_command="python -m pytest -q")  # fmt: skip
+                    test_command="python -m pytest -q", setup_command=PYTEST_SETUP)  # fmt: skip
     run_id = deployed.run_deployment(
         "solve-bug/solve-bug", {"task": task.model_dump(mode="json"), "sweep": marker}
     )
@@ -328,7 +329,8 @@ def test_cancelling_a_sweep_on_workers_cancels_its_task_runs(deployed: Deployed,
     repo = make_repo(tmp_path / "calc")
     ids = ["calc-cancel-sweep-0", "calc-cancel-sweep-1"]
     tasks_file = tmp_path / "cancel.jsonl"
-    specs = [TaskSpec(instance_id=i, repo=str(repo), problem_statement="CANCEL-ME", test_command="python -m pytest -q")
+    specs = [TaskSpec(instance_id=i, repo=str(repo), problem_statement="CANCEL-ME", test_command="python -m pytest -q",
+                      setup_command=PYTEST_SETUP)
              for i in ids]  # fmt: skip
     dump_tasks(specs, tasks_file)
     sweep_id = deployed.run_deployment(

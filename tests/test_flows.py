@@ -23,7 +23,7 @@ import pytest
 from pydantic import SecretStr
 
 from bugsweep.spec import TaskSpec, dump_tasks
-from tests.support.repos import commit_all, make_repo
+from tests.support.repos import PYTEST_SETUP, commit_all, make_repo
 from tests.support.scripted_model import ScriptedModelServer, tool_call
 
 if TYPE_CHECKING:
@@ -57,7 +57,7 @@ def calc_task(repo: Path, instance_id: str, **fields: Any) -> TaskSpec:
         repo=str(repo),
         problem_statement="tests/test_calc.py::test_add fails: add() returns the wrong result. Fix the code.",
         test_command="python -m pytest -q",
-        **fields,
+        **{"setup_command": PYTEST_SETUP, **fields},
     )
 
 

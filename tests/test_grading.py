@@ -16,7 +16,7 @@ from bugsweep.grading import TestRun, grade, parse_junit, run_tests, suspicious_
 from bugsweep.sandbox import RepoSource, get_provider
 from bugsweep.settings import DEFAULT_TEST_GLOBS
 from bugsweep.testfiles import protected_reason
-from tests.support.repos import make_repo
+from tests.support.repos import make_repo, with_pytest
 
 
 def _run(tests: dict[str, str] | None, exit_code: int) -> TestRun:
@@ -172,7 +172,7 @@ def test_suspicious_signals_flag_code_that_games_tests_without_deciding() -> Non
 
 @pytest.fixture
 def sandbox(buggy_repo: Path):
-    with get_provider("local").create(RepoSource(str(buggy_repo))) as sbx:
+    with with_pytest(get_provider("local").create(RepoSource(str(buggy_repo)))) as sbx:
         yield sbx
 
 

@@ -181,7 +181,9 @@ def test_built_task_starts_at_the_parent_with_the_commits_tests(tmp_path: Path) 
     assert spec.fix_commit == shas["fix"]
     assert spec.problem_statement == "Fix add() returning the difference"
     assert spec.test_command == "python -m pytest -q tests/test_calc.py"
-    assert spec.setup_command is None  # pyproject.toml without [project]: nothing to install
+    assert (
+        spec.setup_command == "pip install pytest"
+    )  # pyproject.toml without [project]: only the test runner
     assert (
         spec.test_patch
         and "+def test_add():" in spec.test_patch
@@ -204,7 +206,7 @@ def test_detected_commands_for_common_layouts(tmp_path: Path) -> None:
     })  # fmt: skip
     head = git(repo, "rev-parse", "HEAD")
     cmds = detect_commands(repo, head, ["tests/test_pkg.py"])
-    assert cmds.setup == "pip install -e '.[tests]'"
+    assert cmds.setup == "pip install -e '.[tests]' && pip install pytest"
     assert cmds.test == "python -m pytest -q tests/test_pkg.py"
 
     legacy = make_repo(tmp_path / "legacy", {
@@ -213,7 +215,7 @@ def test_detected_commands_for_common_layouts(tmp_path: Path) -> None:
         "tests.py": "def test_x():\n    pass\n",
     })  # fmt: skip
     cmds = detect_commands(legacy, git(legacy, "rev-parse", "HEAD"), ["tests.py"])
-    assert cmds.setup == "pip install -e . && pip install -r requirements/tests.txt"
+    assert cmds.setup == "pip install -e . && pip install -r requirements/tests.txt && pip install pytest"
 
     # test dependencies in a PEP 735 dependency group, or in tox.ini's [testenv] deps
     grouped = make_repo(tmp_path / "grouped", {

@@ -10,7 +10,7 @@ from bugsweep.errors import NotARealTask, SetupFailed, TaskError, TestCommandCan
 from bugsweep.pipeline import baseline, prepare, regrade, setup
 from bugsweep.sandbox import get_provider
 from bugsweep.spec import TaskSpec
-from tests.support.repos import make_repo
+from tests.support.repos import PYTEST_SETUP, make_repo
 
 GOOD_CALC = {
     "calc.py": "def add(a, b):\n    return a + b\n",
@@ -34,10 +34,15 @@ def test_test_patch_is_applied_and_becomes_part_of_the_task_state(tmp_path: Path
     """A mined task: the repo's own tests pass, the fix commit's test (applied as test_patch) fails."""
     repo = make_repo(tmp_path / "r", GOOD_CALC)
     spec = TaskSpec(
-        repo=str(repo), problem_statement="x", test_command="python -m pytest -q", test_patch=NEW_TEST_PATCH
+        repo=str(repo),
+        problem_statement="x",
+        test_command="python -m pytest -q",
+        test_patch=NEW_TEST_PATCH,
+        setup_command=PYTEST_SETUP,
     )
     prepared = prepare(spec, get_provider("local"))
     try:
+        setup(prepared)
         before = baseline(prepared)
         assert before.tests == {"tests/test_new.py::test_negative": "failed"}
         grade, _after, patch = regrade(prepared, before, None)
@@ -61,6 +66,7 @@ def test_passing_tests_mean_no_task(tmp_path: Path) -> None:
         TaskSpec(repo=str(repo), problem_statement="x", test_command="true"), get_provider("local")
     )
     with prepared.sandbox, pytest.raises(NotARealTask, match="already pass"):
+        setup(prepared)
         baseline(prepared)
 
 
@@ -74,10 +80,16 @@ def test_passing_tests_mean_no_task(tmp_path: Path) -> None:
 )
 def test_a_test_command_that_cannot_run_is_not_a_failing_test(tmp_path: Path, test_command: str) -> None:
     prepared = prepare(
-        TaskSpec(repo=str(make_repo(tmp_path / "r")), problem_statement="x", test_command=test_command),
+        TaskSpec(
+            repo=str(make_repo(tmp_path / "r")),
+            problem_statement="x",
+            test_command=test_command,
+            setup_command=PYTEST_SETUP,
+        ),
         get_provider("local"),
     )
     with prepared.sandbox, pytest.raises(TestCommandCannotRun, match="cannot run") as info:
+        setup(prepared)
         baseline(prepared)
     assert test_command in str(info.value)
 
@@ -90,10 +102,12 @@ def test_a_real_failure_is_not_mistaken_for_a_command_that_cannot_run(tmp_path: 
             repo=str(make_repo(tmp_path / "r", files)),
             problem_statement="x",
             test_command="python -m pytest -q",
+            setup_command=PYTEST_SETUP,
         ),
         get_provider("local"),
     )
     with prepared.sandbox:
+        setup(prepared)
         before = baseline(prepared)
     assert before.tests == {"tests/test_x.py::test_x": "failed"}
 
@@ -104,7 +118,7 @@ def test_setup_output_is_not_part_of_the_patch_and_failures_are_reported(tmp_pat
         repo=str(repo),
         problem_statement="x",
         test_command="python -m pytest -q",
-        setup_command="mkdir -p build && echo made > build/out.txt",
+        setup_command=f"{PYTEST_SETUP} && mkdir -p build && echo made > build/out.txt",
     )
     prepared = prepare(spec, get_provider("local"))
     with prepared.sandbox:

@@ -23,7 +23,6 @@ from bugsweep.errors import ConfigError, SandboxGone
 from bugsweep.sandbox import RepoSource, Sandbox, get_provider
 from bugsweep.sandbox.base import OUTPUT_LIMIT_BYTES
 from bugsweep.sandbox.local import LocalProvider, LocalSandbox
-from bugsweep.sandbox.local import bwrap as bwrap_mod
 from bugsweep.sandbox.local import files as files_mod
 from bugsweep.sandbox.local import stale as stale_mod
 from bugsweep.sandbox.local import workspace as workspace_mod
@@ -39,9 +38,16 @@ def provider(tmp_path: Path) -> LocalProvider:
     return LocalProvider(settings, cache_dir=tmp_path / "cache", state_dir=tmp_path / "state")
 
 
+#: What the tests in these sandboxes need: pytest, from the task's own environment (the first run builds the layer,
+#: every later one reuses it).
+PYTEST_SETUP = "pip install pytest"
+
+
 @pytest.fixture
 def sbx(provider: LocalProvider, buggy_repo: Path) -> Iterator[LocalSandbox]:
     with provider.create(RepoSource(str(buggy_repo))) as sandbox:
+        result, _ = sandbox.setup_environment(PYTEST_SETUP)
+        assert result is None or result.ok, result.output
         yield sandbox
 
 
@@ -110,7 +116,7 @@ def test_changes_persist_inside_but_the_host_checkout_is_untouched(sbx, buggy_re
     assert "return a + b" in later.stdout
     assert "scratch" in later.stdout
     assert " M calc.py" in later.stdout
-    assert sbx.exec("python -m pytest -q").ok  # the host's pytest, on the fixed code
+    assert sbx.exec("python -m pytest -q").ok  # the task environment's pytest, on the fixed code
 
     assert "return a - b" in (buggy_repo / "calc.py").read_text()
     assert git(buggy_repo, "status", "--porcelain") == ""
@@ -175,8 +181,10 @@ def test_host_folders_and_home_are_not_visible(sbx, tmp_path):
         if path not in ("/root", Path.home()) and not sys.prefix.startswith(path):
             assert "No such file or directory" in result.stdout, (path, result.stdout)
     assert sbx.exec("ls -A /root").stdout.split() in ([], [".pyenv"])
-    python_tops = {prefix.split("/")[1] for prefix in bwrap_mod.python_prefixes()}
-    own = {"dev", "etc", "proc", "tmp", "usr", "var", "workspace"}
+    python_tops = {
+        dest.split("/")[1] for dest in sbx.interpreter.binds()[2::3]
+    }  # the interpreter's own install
+    own = {"dev", "etc", "opt", "proc", "tmp", "usr", "var", "workspace"}
     links = {d for d in ("bin", "lib", "lib32", "lib64", "libx32", "sbin") if os.path.lexists(f"/{d}")}
     assert set(sbx.exec("ls /").stdout.split()) == own | links | python_tops
     assert sbx.exec("cat /etc/shadow").exit_code != 0
@@ -463,24 +471,23 @@ def _wheel(path: Path, name: str, module_text: str) -> Path:
     return wheel
 
 
-def test_pip_install_goes_to_the_sandbox_not_the_host_python(sbx, tmp_path):
-    """`pip install` defaults to the user scheme in /workspace/.local, because the host's site-packages is mounted
-    read-only; the package is importable by later commands. Offline (a local wheel), as the grader runs."""
+def test_pip_install_goes_to_the_task_environment_not_the_host_python(sbx, tmp_path):
+    """`pip install` installs into the task environment (/opt/venv, first on PATH); the package is importable by
+    later commands. Offline (a local wheel), as the grader runs."""
     wheel = _wheel(tmp_path, "sbxpkg", "WHERE = 'sandbox'\n")
     sbx.files.write(f"/tmp/{wheel.name}", wheel.read_bytes())
     install = sbx.exec(f"pip install --no-index /tmp/{wheel.name} 2>&1", timeout=240)
     assert install.ok, install.output
-    assert "Defaulting to user installation" in install.stdout
     imported = sbx.exec("cd /tmp && python -c 'import sbxpkg; print(sbxpkg.__file__, sbxpkg.WHERE)'")
-    assert imported.stdout.startswith("/workspace/.local/lib/python")
+    assert imported.stdout.startswith("/opt/venv/lib/python"), imported.output
     assert imported.stdout.strip().endswith("sbxpkg.py sandbox")
     assert not list(Path(sys.prefix).glob("lib/python*/site-packages/sbxpkg*"))
     assert sbx.exec("git status --porcelain").stdout == ""  # nothing of it lands in the repository
 
 
-def test_pip_install_works_when_the_host_python_is_a_venv(tmp_path, buggy_repo):
-    """bugsweep run from a real venv (in a child process): pip in the sandbox installs into a writable venv layered
-    on the host's, and the host venv's own packages stay importable."""
+def test_a_host_venv_running_bugsweep_is_not_seen_by_the_task_environment(tmp_path, buggy_repo):
+    """bugsweep run from a real venv (in a child process): the task environment is made from that venv's base
+    interpreter, pip installs into it, and the host venv's own packages are not importable inside."""
     venv = tmp_path / "hostvenv"
     subprocess.run(
         [sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(venv)], check=True
@@ -495,7 +502,7 @@ p = LocalProvider(cache_dir=Path({str(tmp_path / "cache")!r}), state_dir=Path({s
 with p.create(RepoSource({str(buggy_repo)!r})) as s:
     s.files.write("/tmp/{wheel.name}", Path({str(wheel)!r}).read_bytes())
     print(s.exec("pip install --no-index /tmp/{wheel.name} >/dev/null 2>&1 && cd /tmp && "
-                 "python -c 'import sbxpkg, hostonly; print(sbxpkg.__file__, hostonly.WHERE)'").output)
+                 "python -c 'import sbxpkg; print(sbxpkg.__file__)'; python -c 'import hostonly' 2>&1 | tail -1").output)
 """
     env = dict(os.environ, PYTHONPATH=str(PROJECT_DIR))
     out = subprocess.run(
@@ -503,10 +510,9 @@ with p.create(RepoSource({str(buggy_repo)!r})) as s:
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == [
-        "/workspace/.venv/lib/python{}.{}/site-packages/sbxpkg.py".format(*sys.version_info[:2]),
-        "host",
-        "venv",
-    ]
+        "/opt/venv/lib/python{}.{}/site-packages/sbxpkg.py".format(*sys.version_info[:2]),
+        "ModuleNotFoundError:", "No", "module", "named", "'hostonly'",
+    ]  # fmt: skip
     assert not list(venv.glob("lib/python*/site-packages/sbxpkg*"))
 
 

@@ -8,6 +8,7 @@ model is involved it is the scripted OpenAI-compatible server (a stand-in, not a
 
 from __future__ import annotations
 
+import hashlib
 import http.server
 import json
 import os
@@ -42,6 +43,24 @@ def fake(fake_runtime: FakeRuntime) -> FakeRuntime:  # noqa: F811 (the imported 
     return fake_runtime
 
 
+@pytest.fixture(scope="session")
+def pytest_setup() -> str:
+    """A setup command that installs pytest into the task environment offline, from wheels downloaded on this
+    machine once: the fake Runtime's microVM sees the host read-only (a stand-in), and this machine's TLS roots are
+    not the VM's, so the install does not reach PyPI from inside."""
+    wheels = Path.home() / ".cache" / "bugsweep" / "test-wheels"
+    if not list(wheels.glob("pytest-*.whl")):
+        got = subprocess.run(
+            [sys.executable, "-m", "pip", "download", "-q", "--dest", str(wheels), "pytest"],
+            capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+        if got.returncode != 0:
+            pytest.skip(
+                f"could not download pytest's wheels for the fake Runtime's setup: {got.stderr[-300:]}"
+            )
+    return f"pip install -q --no-index --find-links {wheels} pytest"
+
+
 def make_provider(fake: FakeRuntime, cache_dir: Path) -> RuntimeProvider:
     settings = RuntimeSettings(api_key=fake.api_key, api_url=fake.url)  # type: ignore[call-arg]
     return RuntimeProvider(SandboxSettings(memory_mib=2048), settings, cache_dir=cache_dir)
@@ -54,7 +73,9 @@ def provider(fake: FakeRuntime, tmp_path: Path) -> Iterator[RuntimeProvider]:
     made.close()
 
 
-def test_create_exec_files_and_delete(fake: FakeRuntime, provider: RuntimeProvider, buggy_repo: Path) -> None:
+def test_create_exec_files_and_delete(
+    fake: FakeRuntime, provider: RuntimeProvider, buggy_repo: Path, pytest_setup: str
+) -> None:
     """Real SDK against the fake Runtime: the checkout (with .git, at the ref) is uploaded, labelled, sized from
     settings; commands run in /workspace/repo; files read and write; the sandbox is deleted at the end."""
     first = git(buggy_repo, "rev-parse", "HEAD")
@@ -75,6 +96,10 @@ def test_create_exec_files_and_delete(fake: FakeRuntime, provider: RuntimeProvid
         assert head.ok and head.stdout.splitlines() == ["/workspace/repo", first]
         assert "return a - b" in sbx.files.read_text("/workspace/repo/calc.py"), "the ref was checked out"
 
+        assert sbx.exec("python -c 'import pytest'").exit_code == 1, "the task environment starts empty"
+        setup, environment = sbx.setup_environment(pytest_setup)
+        assert setup is not None and setup.ok, setup and setup.output
+        assert any(p.startswith("pytest==") for p in environment.packages)
         failing = sbx.exec("python -m pytest -q", timeout=120)
         assert failing.exit_code == 1 and "1 failed, 1 passed" in failing.output
 
@@ -225,7 +250,8 @@ def test_503s_past_the_sdk_retries_are_infra_errors(
         with pytest.raises(SandboxError) as raised:
             sbx.exec("true")
         assert not isinstance(raised.value, SandboxGone) and raised.value.kind == "infra"
-        assert fake.statuses(":exec") == [503] * 5, "one try and the SDK's 4 retries"
+        statuses = fake.statuses(":exec")[1:]  # after the one that made the task environment's venv
+        assert statuses == [503] * 5, "one try and the SDK's 4 retries"
         assert sbx.exec("true").ok
 
 
@@ -340,7 +366,7 @@ def test_cost_follows_command_time_lifetime_and_prices(provider: RuntimeProvider
     with provider.create(RepoSource(str(buggy_repo))) as sbx:
         sbx.exec("sleep 0.3")
     usage = sbx.usage
-    assert usage.commands == 1 and 0.3 <= usage.command_seconds < 5
+    assert usage.commands == 2 and 0.3 <= usage.command_seconds < 5  # the task environment's venv, then sleep
     lifetime = usage.extra["lifetime_s"]
     expected = 2 * usage.command_seconds / 3600 * 0.025 + 2 * lifetime / 3600 * 0.0075
     assert sbx.cost_usd() == pytest.approx(expected) and usage.extra["cost_usd"] == pytest.approx(expected)
@@ -380,7 +406,9 @@ def test_cleanup_by_label_from_the_command_line(
 SECRET = "sk-test-SECRET-never-in-a-sandbox"
 
 
-def _solve(provider: RuntimeProvider, repo: Path, steps: list, scripted_model, out: Path):
+def _solve(
+    provider: RuntimeProvider, repo: Path, steps: list, scripted_model, out: Path, setup: str | None = None
+):
     from bugsweep.pipeline import solve_task
     from bugsweep.settings import AgentSettings, ModelSettings
     from bugsweep.spec import TaskSpec
@@ -390,6 +418,7 @@ def _solve(provider: RuntimeProvider, repo: Path, steps: list, scripted_model, o
         repo=str(repo),
         problem_statement="test_add fails: add() is wrong. Fix it.",
         test_command="python -m pytest -q",
+        setup_command=setup,
     )
     model = ModelSettings(base_url=server.base_url, model="scripted", api_key=SECRET)  # type: ignore[arg-type]
     return solve_task(
@@ -403,7 +432,12 @@ def _solve(provider: RuntimeProvider, repo: Path, steps: list, scripted_model, o
 
 
 def test_the_agent_resolves_a_bug_in_a_runtime_sandbox(
-    fake: FakeRuntime, provider: RuntimeProvider, buggy_repo: Path, tmp_path: Path, scripted_model
+    fake: FakeRuntime,
+    provider: RuntimeProvider,
+    buggy_repo: Path,
+    tmp_path: Path,
+    scripted_model,
+    pytest_setup,
 ) -> None:
     """pipeline.solve_task end to end on RuntimeProvider: real SDK, real agent loop, real pytest and grading in the
     fake Runtime's sandbox; the model is the scripted server. Resolved, with a sandbox cost beside the token cost,
@@ -418,11 +452,18 @@ def test_the_agent_resolves_a_bug_in_a_runtime_sandbox(
         tool_call("finish", summary="add() subtracted; it adds now."),
     ]
     out = tmp_path / "out"
-    grade = _solve(provider, buggy_repo, steps, scripted_model, out)
+    grade = _solve(provider, buggy_repo, steps, scripted_model, out, setup=pytest_setup)
     assert grade.resolved and grade.failed_before and grade.passes_after and grade.tests_untouched
     assert grade.FAIL_TO_PASS == ["tests/test_calc.py::test_add"]
     assert grade.sandbox_cost_usd is not None and grade.sandbox_cost_usd > 0
-    assert json.loads((out / "grade.json").read_text())["sandbox_cost_usd"] == grade.sandbox_cost_usd
+    recorded = json.loads((out / "grade.json").read_text())
+    assert recorded["sandbox_cost_usd"] == grade.sandbox_cost_usd
+    environment = recorded["environment"]  # built in the microVM, recorded like the local backend's
+    assert environment["setup_command"] == pytest_setup and environment["python"].count(".") == 2
+    listed = (out / environment["packages_file"]).read_text()
+    assert (
+        "pytest==" in listed and hashlib.sha256(listed.encode()).hexdigest() == environment["packages_sha256"]
+    )
     assert fake.live_sandboxes() == [], "released at the end"
     assert all(SECRET.encode() not in r.body for r in fake.requests)
     assert "return a - b" in (buggy_repo / "calc.py").read_text(), "the user's checkout is untouched"
@@ -467,7 +508,12 @@ def test_the_regrade_on_runtime_reads_the_change_through_the_files_api(
 
 
 def test_a_sandbox_that_vanishes_mid_task_is_an_infra_failure(
-    fake: FakeRuntime, provider: RuntimeProvider, buggy_repo: Path, tmp_path: Path, scripted_model
+    fake: FakeRuntime,
+    provider: RuntimeProvider,
+    buggy_repo: Path,
+    tmp_path: Path,
+    scripted_model,
+    pytest_setup,
 ) -> None:
     """pipeline.solve_task on RuntimeProvider, the fake Runtime deleting the sandbox under the agent's command:
     SandboxGone is raised for the task layer to retry, and grade.json says infra, not a model failure."""
@@ -476,14 +522,16 @@ def test_a_sandbox_that_vanishes_mid_task_is_an_infra_failure(
     fake.delete_when_running("sleep 20")
     out = tmp_path / "out"
     with pytest.raises(SandboxGone):
-        _solve(provider, buggy_repo, [tool_call("run", command="sleep 20")], scripted_model, out)
+        _solve(
+            provider, buggy_repo, [tool_call("run", command="sleep 20")], scripted_model, out, pytest_setup
+        )
     grade = json.loads((out / "grade.json").read_text())
     assert grade["failure_kind"] == "infra" and not grade["resolved"]
     assert fake.live_sandboxes() == []
 
 
 def test_bugsweep_solve_runs_unchanged_on_runtime(
-    fake: FakeRuntime, buggy_repo: Path, tmp_path: Path, scripted_model
+    fake: FakeRuntime, buggy_repo: Path, tmp_path: Path, scripted_model, pytest_setup
 ) -> None:
     """`bugsweep solve --sandbox runtime` as a user runs it (a subprocess; RUNTIME_API_URL / RUNTIME_API_KEY point at
     the fake Runtime; the model is the scripted server): resolved, with the sandbox cost in grade.json, and the
@@ -506,7 +554,8 @@ def test_bugsweep_solve_runs_unchanged_on_runtime(
         "LLM_API_KEY": SECRET,
         "XDG_CACHE_HOME": str(tmp_path / "cache"),
     }
-    args = ["--repo", str(buggy_repo), "--task", "add() is wrong", "--test-command", "python -m pytest -q"]
+    args = ["--repo", str(buggy_repo), "--task", "add() is wrong", "--test-command", "python -m pytest -q",
+            "--setup-command", pytest_setup]  # fmt: skip
     proc = subprocess.run(
         [sys.executable, "-m", "bugsweep.cli", "solve", *args, "--sandbox", "runtime", "--out", str(out)],
         env=env, capture_output=True, text=True, timeout=300,
@@ -515,4 +564,24 @@ def test_bugsweep_solve_runs_unchanged_on_runtime(
     grade = json.loads((out / "grade.json").read_text())
     assert grade["resolved"] and grade["sandbox_cost_usd"] > 0
     assert fake.api_key not in proc.stdout + proc.stderr and SECRET not in proc.stdout + proc.stderr
+    assert fake.live_sandboxes() == []
+
+
+def test_a_fresh_sandbox_from_a_snapshot_holds_the_task_state_and_environment(
+    fake: FakeRuntime, provider: RuntimeProvider, buggy_repo: Path, pytest_setup: str
+) -> None:
+    """The clean-room contract on Runtime: snapshot() after setup, then create_from() gives a new microVM with the
+    repository and the task environment as they were (pytest runs with no install), and nothing written later."""
+    with provider.create(RepoSource(str(buggy_repo))) as sbx:
+        setup, _ = sbx.setup_environment(pytest_setup)
+        assert setup is not None and setup.ok
+        snapshot = sbx.snapshot()
+        assert sbx.exec("echo tampered > calc.py && echo agent > /workspace/note").ok
+        with provider.create_from(snapshot) as fresh:
+            assert fresh.id != sbx.id
+            assert "return a - b" in fresh.files.read_text("/workspace/repo/calc.py")
+            assert not fresh.files.exists("/workspace/note")
+            tests = fresh.exec("python -m pytest -q", timeout=120)
+            assert tests.exit_code == 1 and "1 failed, 1 passed" in tests.output
+        snapshot.release()
     assert fake.live_sandboxes() == []

@@ -138,7 +138,11 @@ def list_(
         from bugsweep.settings import SandboxSettings
 
         wanted = parse_labels(label)
-        for entry in LocalProvider(SandboxSettings()).sandboxes():
+        local = LocalProvider(SandboxSettings())
+        layers = local.env_cache.layers()
+        size = sum(int(str(entry["bytes"])) for entry in layers) / 2**20
+        typer.echo(f"task environments: {local.env_cache.root} ({len(layers)} layers, {size:.0f} MiB)")
+        for entry in local.sandboxes():
             have = entry.get("labels") or {}
             if isinstance(have, dict) and all(have.get(k) == v for k, v in wanted.items()):
                 tags = ",".join(f"{k}={v}" for k, v in sorted(have.items()))

@@ -32,6 +32,8 @@ DEFAULT_POLICY = "plain"
 
 DEMO_TASK = "tests/test_dates.py fails on leap years. Fix the code."
 DEMO_TEST_COMMAND = "python -m pytest -q"
+#: The demo's tests run in its own environment, which gets pytest from the setup like any task's.
+DEMO_SETUP_COMMAND = "pip install pytest"
 
 console = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -55,7 +57,18 @@ def solve_command(
         str | None, typer.Option(help="Commit, branch or tag to start from (default: as it is).")
     ] = None,
     setup_command: Annotated[
-        str | None, typer.Option(help="Runs once before the tests, with network (e.g. 'pip install -e .').")
+        str | None,
+        typer.Option(
+            help="Runs once before the tests, with network, in the task's own environment; installs what the "
+            "tests need, the test runner included (e.g. 'pip install -e . pytest')."
+        ),
+    ] = None,
+    python: Annotated[
+        str | None,
+        typer.Option(
+            help="Interpreter the task's environment is made from: a path or a name on PATH (default: the one "
+            "bugsweep runs on)."
+        ),
     ] = None,
     out: Annotated[
         Path | None,
@@ -88,6 +101,7 @@ def solve_command(
         problem_statement=task,
         test_command=test_command,
         setup_command=setup_command,
+        python=python,
     )
     raise typer.Exit(
         run_one(spec, out=out, max_turns=max_turns, backend=sandbox, max_cost=max_cost, policy=policy)
@@ -116,6 +130,7 @@ def demo_command(
         repo=str(repo),
         problem_statement=DEMO_TASK,
         test_command=DEMO_TEST_COMMAND,
+        setup_command=DEMO_SETUP_COMMAND,
     )
     try:
         code = run_one(

@@ -3,15 +3,39 @@
 A sandbox holds one repository at `workdir` (/workspace/repo) for the whole task, runs commands in it, reads and
 writes files, and is always released. Commands run with a clean environment: nothing of the host's environment
 (and never the model's API key) is passed in.
+
+The task's own environment. Every sandbox has a Python virtual environment at TASK_ENV (/opt/venv), first on PATH,
+made from the interpreter given to `create(python=...)` (default: the one bugsweep runs on). It sees that
+interpreter's standard library and what the setup installs, never bugsweep's own packages. `setup_environment`
+runs the task's setup command in it; a backend that keeps layers (local) reuses a finished setup whose key matches
+(the repository's dependency files, the setup command, the interpreter, the installer) instead of running it again.
+
+Task state as a read-only layer, and a fresh sandbox on it (for the clean-room regrade):
+
+    snapshot = sandbox.snapshot()            # the repository (.git included) and TASK_ENV as they are now
+    ...                                      # the agent works in `sandbox`, on top of the snapshot
+    fresh = provider.create_from(snapshot)   # a new sandbox: that repository and environment, a clean $HOME and
+    ...                                      # /tmp, nothing the agent wrote; no setup runs again
+    fresh.release(); snapshot.release()     # a snapshot also goes with the sandbox it was taken from, but
+                                             # lives on while a sandbox made from it does
+
+On the local backend a snapshot costs milliseconds (the writable layers become read-only overlay layers; nothing
+is copied), and `LocalSandbox.repo_layers()` gives the host paths of what the agent wrote since the last snapshot
+(`upper`) and of the read-only layers below it, for reading the change from outside the sandbox.
 """
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from typing import Protocol, Self, runtime_checkable
 
 #: How much of each output stream a caller gets back unless it asks for the whole log.
 OUTPUT_LIMIT_BYTES = 64 * 1024
+#: The task's virtual environment inside every sandbox (first on PATH; VIRTUAL_ENV points at it).
+TASK_ENV = "/opt/venv"
+#: The file in a run folder that lists the task environment's installed packages (`name==version`, one a line).
+PACKAGES_FILE = "environment.txt"
 
 
 @dataclass
@@ -49,6 +73,53 @@ class RepoSource:
 
     repo: str
     ref: str | None = None
+
+
+@dataclass
+class Environment:
+    """The task's environment after the setup step: what grade.json records as `environment`."""
+
+    python: str
+    """The interpreter's version, e.g. "3.11.7"."""
+    setup_command: str | None = None
+    packages: list[str] = field(default_factory=list)
+    """Every installed distribution as `name==version`, sorted (written to the run folder as PACKAGES_FILE)."""
+    installer: str = "pip"
+    """'uv': `pip install` in the setup command ran as `uv pip install`; 'pip': as written."""
+    key: str = ""
+    """The layer key ('' where the backend keeps no layers)."""
+    reused: bool = False
+    """True when a finished setup was reused: the setup command did not run in this sandbox."""
+
+    @property
+    def packages_sha256(self) -> str:
+        return hashlib.sha256("".join(f"{line}\n" for line in self.packages).encode()).hexdigest()
+
+    def record(self) -> dict[str, object]:
+        """The `environment` entry of grade.json."""
+        return {
+            "python": self.python,
+            "setup_command": self.setup_command,
+            "packages_sha256": self.packages_sha256,
+            "packages_file": PACKAGES_FILE,
+            "installer": self.installer,
+            "layer": self.key or None,
+            "reused": self.reused,
+        }
+
+    def packages_text(self) -> str:
+        return "".join(f"{line}\n" for line in self.packages)
+
+
+class SandboxSnapshot(Protocol):
+    """A sandbox's repository and task environment frozen at one moment, read-only, for `create_from`."""
+
+    @property
+    def id(self) -> str: ...
+
+    def release(self) -> None:
+        """Free it once no sandbox uses it any more. Idempotent; never raises."""
+        ...
 
 
 @runtime_checkable
@@ -95,6 +166,20 @@ class Sandbox(Protocol):
         """
         ...
 
+    def setup_environment(
+        self, command: str | None, *, timeout: float = 1800.0, network: bool = True
+    ) -> tuple[ExecResult | None, Environment]:
+        """Make the task's environment: run `command` (the setup, with the network when `network` and the settings
+        allow) in the workdir with TASK_ENV first on PATH, or reuse a finished setup with the same key. Returns the
+        setup's result (None when nothing ran: no command, or a reused layer; the caller checks `.ok`) and the
+        environment as it is afterwards."""
+        ...
+
+    def snapshot(self) -> SandboxSnapshot:
+        """Freeze the repository and TASK_ENV as they are now (not $HOME, not /tmp) into a read-only snapshot; the
+        sandbox goes on on top of it. See the module docstring."""
+        ...
+
     def release(self) -> None:
         """Kill every process and free every resource. Idempotent; never raises."""
         ...
@@ -128,10 +213,20 @@ class SandboxProvider(Protocol):
     name: str
 
     def create(
-        self, source: RepoSource, *, labels: dict[str, str] | None = None, disk_mib: int | None = None
+        self,
+        source: RepoSource,
+        *,
+        labels: dict[str, str] | None = None,
+        disk_mib: int | None = None,
+        python: str | None = None,
     ) -> Sandbox:
-        """Make a sandbox with the repository at its workdir and a disk of `disk_mib` (default: the backend's
-        setting). Raises SandboxError (retryable) or ConfigError."""
+        """Make a sandbox with the repository at its workdir, a disk of `disk_mib` (default: the backend's
+        setting), and an empty task environment from the interpreter `python` (a path or a name on PATH; default:
+        the one bugsweep runs on). Raises SandboxError (retryable) or ConfigError (e.g. no such interpreter)."""
+        ...
+
+    def create_from(self, snapshot: SandboxSnapshot, *, labels: dict[str, str] | None = None) -> Sandbox:
+        """A fresh sandbox holding `snapshot`'s repository and task environment, with a clean $HOME and /tmp."""
         ...
 
 

@@ -19,12 +19,8 @@ counts its commands' measured durations; `cost_usd()` prices them as if every vC
 from __future__ import annotations
 
 import contextlib
-import io
 import logging
 import re
-import shlex
-import subprocess
-import tarfile
 import threading
 import time
 from collections.abc import Iterator
@@ -46,17 +42,20 @@ from withruntime import (
 )
 
 from bugsweep.errors import ConfigError, SandboxError, SandboxGone
+from bugsweep.sandbox import runtime_workspace
 from bugsweep.sandbox.base import (
     OUTPUT_LIMIT_BYTES,
+    Environment,
     ExecResult,
     RepoSource,
     Sandbox,
     SandboxFiles,
     SandboxProvider,
+    SandboxSnapshot,
     SandboxUsage,
     tail,
 )
-from bugsweep.sandbox.sources import SourceCache, is_git_url, redact_url
+from bugsweep.sandbox.sources import SourceCache
 from bugsweep.settings import SandboxSettings
 
 log = logging.getLogger(__name__)
@@ -203,31 +202,6 @@ def clean_labels(labels: dict[str, str]) -> dict[str, str]:
     return {clean(k): clean(v) for k, v in labels.items()}
 
 
-def _checkout_archive(path: Path) -> bytes:
-    """The tree as tar.gz: a self-contained .git plus every file git does not ignore (tracked or not), so a working
-    tree's uncommitted state travels too, but not its virtualenvs and build folders. A folder that is not a git
-    repository travels whole; a worktree's .git file (a pointer to elsewhere on this machine) stays behind."""
-    buffer = io.BytesIO()
-    # gzip level 6: most of level 9's size for far less CPU on a large repository
-    with tarfile.open(fileobj=buffer, mode="w:gz", compresslevel=6) as archive:
-        dotgit = path / ".git"
-        if not dotgit.exists():
-            archive.add(path, arcname=".")
-        else:
-            listed = subprocess.run(
-                ["git", "-C", str(path), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-                capture_output=True,
-                check=True,
-            ).stdout.decode("utf-8", "surrogateescape")
-            if dotgit.is_dir():
-                archive.add(dotgit, arcname=".git")
-            for rel in sorted({p for p in listed.split("\0") if p and p != ".git"}):
-                full = path / rel
-                if full.exists() or full.is_symlink():
-                    archive.add(full, arcname=rel, recursive=False)
-    return buffer.getvalue()
-
-
 class RuntimeFiles:
     """File access inside a Runtime sandbox (absolute sandbox paths)."""
 
@@ -284,13 +258,17 @@ class RuntimeSandbox:
         self._prices = (runtime_settings.price_per_vcpu_hour, runtime_settings.price_per_gib_hour)
         self._isolate_network = runtime_settings.isolate_network
         self._internet_on = not runtime_settings.isolate_network
-        self._clone_timeout = runtime_settings.clone_timeout_s
-        self._sources = sources or SourceCache()
+        self.clone_timeout = runtime_settings.clone_timeout_s
+        self.sources = sources or SourceCache()
         self._command_seconds = 0.0
         self._commands = 0
         self._created = time.monotonic()
         self._released_at: float | None = None
         self._lock = threading.Lock()
+        self.python = "python3"
+        """The interpreter inside the microVM the task environment was made from."""
+        self.task_env: dict[str, str] = {}
+        """PATH and VIRTUAL_ENV of the task environment, for every command once it exists."""
 
     # -- the Sandbox protocol ---------------------------------------------------------------------------------
     def exec(
@@ -320,7 +298,7 @@ class RuntimeSandbox:
             result = self.sdk.exec(
                 command,
                 cwd=cwd or self.workdir,
-                env=env,
+                env={**self.task_env, **(env or {})} or None,
                 stdin=stdin,
                 timeout_ms=max(1, int(timeout * 1000)),
                 **streaming,
@@ -345,6 +323,17 @@ class RuntimeSandbox:
             duration_s=duration,
             out_of_memory=bool(result.out_of_memory),
         )
+
+    # -- the task environment (runtime_workspace.py) -----------------------------------------------------------------
+    def setup_environment(
+        self, command: str | None, *, timeout: float = 1800.0, network: bool = True
+    ) -> tuple[ExecResult | None, Environment]:
+        """Run the setup in the task environment (built in the microVM every time: Runtime keeps no layers)."""
+        return runtime_workspace.setup_environment(self, command, timeout=timeout, network=network)
+
+    def snapshot(self) -> runtime_workspace.RuntimeSnapshot:
+        """The repository and the task environment as one archive on this machine (see runtime_workspace.py)."""
+        return runtime_workspace.snapshot(self)
 
     def release(self) -> None:
         """Delete the sandbox. Idempotent; never raises (a sandbox that cannot be deleted now is deleted by
@@ -438,57 +427,6 @@ class RuntimeSandbox:
                 ) from exc
             raise
 
-    def put_repo(self, source: RepoSource) -> None:
-        """The repository at workdir: for a git URL, cloned inside the sandbox and `source.ref` checked out; for
-        a local folder, uploaded with its .git (at `source.ref` if given, resolved on this machine)."""
-        repo = source.repo
-        if is_git_url(repo):
-            shown = redact_url(repo)
-            cloned = self.exec(
-                f"git clone --quiet -- {shlex.quote(repo)} {shlex.quote(self.workdir)}",
-                cwd="/",
-                network=True,
-                timeout=self._clone_timeout,
-            )
-            if not cloned.ok:
-                output = cloned.output.replace(repo, shown).strip()[-500:]
-                message = f"git clone {shown} failed in Runtime sandbox {self.id}: {output}"
-                if re.search(
-                    r"not found|does not exist|Authentication failed|could not read Username", output, re.I
-                ):
-                    raise ConfigError(message)
-                raise SandboxError(message)
-            if shown != repo:  # credentials in the URL must not stay where the model can read them
-                self.exec(f"git remote set-url origin {shlex.quote(shown)}", timeout=60)
-            if source.ref:
-                self._checkout(source.ref, shown)
-            return
-        # A local folder: the same tree the local backend uses (the working tree as it is, or a cached
-        # checkout of the ref, made on this machine), uploaded as one archive.
-        prepared = self._sources.prepare(source)
-        data = _checkout_archive(prepared.path)
-        with classified(f"upload {prepared.path}", self.id):
-            self.sdk.files.mkdir(self.workdir)
-            self.sdk.files.unarchive(self.workdir, data)
-        if not prepared.has_git:
-            made = self.exec(
-                "git init -q -b main && git add -A && git -c user.name=bugsweep -c user.email=bugsweep@localhost "
-                "commit -q --no-verify --allow-empty -m 'bugsweep: the files as given'",
-                timeout=300,
-            )
-            if not made.ok:
-                raise SandboxError(
-                    f"could not make {self.workdir} a git repository: {made.output.strip()[-500:]}"
-                )
-
-    def _checkout(self, ref: str, repo: str) -> None:
-        checkout = self.exec(
-            f"git -c advice.detachedHead=false checkout -q -f --detach {shlex.quote(ref)} && git clean -q -fd",
-            timeout=300,
-        )
-        if not checkout.ok:
-            raise ConfigError(f"ref {ref!r} not found in {repo}: {checkout.output.strip()[-500:]}")
-
 
 class RuntimeProvider:
     """Creates Runtime sandboxes. One SDK client (a connection pool) serves every sandbox it makes.
@@ -539,10 +477,40 @@ class RuntimeProvider:
             return self._client
 
     def create(
-        self, source: RepoSource, *, labels: dict[str, str] | None = None, disk_mib: int | None = None
+        self,
+        source: RepoSource,
+        *,
+        labels: dict[str, str] | None = None,
+        disk_mib: int | None = None,
+        python: str | None = None,
     ) -> RuntimeSandbox:
         """A running sandbox labelled `labels` + bugsweep=1, with the repository at workdir (and a disk of
-        `disk_mib`, default: BUGSWEEP_RUNTIME_DISK_MIB, else Runtime's default)."""
+        `disk_mib`, default: BUGSWEEP_RUNTIME_DISK_MIB, else Runtime's default) and an empty task environment made
+        from `python` (an interpreter inside the microVM; default python3)."""
+        sandbox = self._new_sandbox(labels, disk_mib)
+        try:
+            runtime_workspace.put_repo(sandbox, source)
+            runtime_workspace.make_task_env(sandbox, python)
+        except BaseException:
+            sandbox.release()
+            raise
+        return sandbox
+
+    def create_from(
+        self, snapshot: SandboxSnapshot, *, labels: dict[str, str] | None = None
+    ) -> RuntimeSandbox:
+        """A new microVM holding `snapshot`'s repository and task environment (unpacked, not reinstalled)."""
+        if not isinstance(snapshot, runtime_workspace.RuntimeSnapshot):
+            raise TypeError(f"a Runtime sandbox cannot be made from {snapshot!r}")
+        sandbox = self._new_sandbox(labels, snapshot.disk_mib)
+        try:
+            runtime_workspace.unpack(sandbox, snapshot)
+        except BaseException:
+            sandbox.release()
+            raise
+        return sandbox
+
+    def _new_sandbox(self, labels: dict[str, str] | None, disk_mib: int | None) -> RuntimeSandbox:
         rs = self.runtime_settings
         fields: dict[str, Any] = {
             "labels": {**clean_labels(labels or {}), BUGSWEEP_LABEL[0]: BUGSWEEP_LABEL[1]},
@@ -561,13 +529,7 @@ class RuntimeProvider:
             fields["max_cost_micros"] = int(rs.max_cost_usd * 1_000_000)
         with classified("create a Runtime sandbox", invalid_is_config=True):
             sdk_sandbox = self.client.sandboxes.create(**fields)
-        sandbox = RuntimeSandbox(sdk_sandbox, self.settings, rs, self.sources)
-        try:
-            sandbox.put_repo(source)
-        except BaseException:
-            sandbox.release()
-            raise
-        return sandbox
+        return RuntimeSandbox(sdk_sandbox, self.settings, rs, self.sources)
 
     def list(self, labels: dict[str, str]) -> list[dict[str, Any]]:
         """Live bugsweep sandboxes whose labels all match (stopped ones too), as the API describes them."""

@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import io
 import logging
 import os
 import re
 import shutil
 import subprocess
+import tarfile
 import tempfile
 import urllib.parse
 from collections.abc import Iterator
@@ -59,8 +61,13 @@ class CheckoutLease:
     sandbox is still using (e.g. as its overlay's lower layer)."""
 
     def __init__(self, lock_path: Path) -> None:
+        self.lock_path = lock_path
         self._fh: IO[str] | None = open(lock_path, "a")  # noqa: SIM115 - held for the sandbox's lifetime
         fcntl.flock(self._fh, fcntl.LOCK_SH)
+
+    def share(self) -> CheckoutLease:
+        """Another lease on the same tree (e.g. for a snapshot that outlives the sandbox)."""
+        return CheckoutLease(self.lock_path)
 
     def release(self) -> None:
         """Idempotent."""
@@ -287,3 +294,28 @@ def _try_rev_parse(repo: Path, ref: str) -> str | None:
 def _stderr_tail(exc: subprocess.CalledProcessError) -> str:
     text = (exc.stderr or "").strip()
     return text[-500:] if text else f"git exited with {exc.returncode}"
+
+
+def checkout_archive(path: Path) -> bytes:
+    """The tree as tar.gz: a self-contained .git plus every file git does not ignore (tracked or not), so a working
+    tree's uncommitted state travels too, but not its virtualenvs and build folders. A folder that is not a git
+    repository travels whole; a worktree's .git file (a pointer to elsewhere on this machine) stays behind."""
+    buffer = io.BytesIO()
+    # gzip level 6: most of level 9's size for far less CPU on a large repository
+    with tarfile.open(fileobj=buffer, mode="w:gz", compresslevel=6) as archive:
+        dotgit = path / ".git"
+        if not dotgit.exists():
+            archive.add(path, arcname=".")
+        else:
+            listed = subprocess.run(
+                ["git", "-C", str(path), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                capture_output=True,
+                check=True,
+            ).stdout.decode("utf-8", "surrogateescape")
+            if dotgit.is_dir():
+                archive.add(dotgit, arcname=".git")
+            for rel in sorted({p for p in listed.split("\0") if p and p != ".git"}):
+                full = path / rel
+                if full.exists() or full.is_symlink():
+                    archive.add(full, arcname=rel, recursive=False)
+    return buffer.getvalue()

@@ -421,6 +421,9 @@ class FakeRuntime:
         folder = self._root / sandbox_id
         (folder / "workspace").mkdir(parents=True)
         (folder / "tmp").mkdir()
+        (
+            folder / "opt"
+        ).mkdir()  # a microVM's /opt is its own and writable (the task environment lives there)
         record = {
             "id": sandbox_id,
             "name": body.get("name"),
@@ -609,7 +612,7 @@ def _bwrap(sbx: FakeSandbox, cwd: str) -> list[str]:
     if not sbx.internet:
         args.append("--unshare-net")
     for entry in sorted(os.listdir("/")):
-        if entry in ("proc", "dev", "tmp", "workspace"):
+        if entry in ("proc", "dev", "tmp", "workspace", "opt"):
             continue
         full = "/" + entry
         if os.path.islink(full):
@@ -627,6 +630,9 @@ def _bwrap(sbx: FakeSandbox, cwd: str) -> list[str]:
         "--bind",
         str(sbx.folder / "tmp"),
         "/tmp",
+        "--bind",
+        str(sbx.folder / "opt"),
+        "/opt",
         "--chdir",
         cwd,
         "--",

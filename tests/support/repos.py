@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+from bugsweep.sandbox.base import Sandbox
+
 BUGGY_CALC = {
     "calc.py": "def add(a, b):\n    return a - b\n\n\ndef mul(a, b):\n    return a * b\n",
     "tests/test_calc.py": (
@@ -17,6 +19,20 @@ BUGGY_CALC = {
 
 #: The one-line fix for BUGGY_CALC, as (path, old, new).
 CALC_FIX = ("calc.py", "return a - b", "return a + b")
+
+
+#: The setup of a test task: its environment gets the test runner from the setup, like any task's (the first run
+#: builds the environment layer, every later one reuses it).
+PYTEST_SETUP = "pip install pytest"
+
+
+def with_pytest(sandbox: Sandbox) -> Sandbox:
+    """`sandbox` after PYTEST_SETUP (for tests that run pytest in a sandbox without the pipeline's setup step)."""
+    result, _ = sandbox.setup_environment(PYTEST_SETUP)
+    if result is not None and not result.ok:
+        sandbox.release()
+        raise RuntimeError(f"{PYTEST_SETUP!r} failed in the sandbox: {result.output[-800:]}")
+    return sandbox
 
 
 def git(repo: Path, *args: str) -> str:

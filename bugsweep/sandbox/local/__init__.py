@@ -3,7 +3,8 @@
 `LocalProvider.create(source)` makes a sandbox in a few milliseconds on any repository size:
 1. the repository tree comes from `bugsweep.sandbox.sources` (the working tree as it is, or a cached checkout of a
    ref) and becomes the read-only lower layer of an overlay in the sandbox's folder under `state_dir`
-   (`workspace.py`: the user's checkout is never written to; a copy where overlayfs cannot be mounted);
+   (`workspace.py`: the user's checkout is never written to; a copy where overlayfs cannot be mounted), and the
+   task environment a second overlay at /opt/venv (`layers.py`, `taskenv.py`);
 2. a per-sandbox cgroup sets the memory and process limits (`limits.py`; prlimit where no cgroup can be made);
 3. every `exec` is then one `bwrap ... /bin/bash -c COMMAND` (`bwrap.py`: a root of read-only binds, new
    user/pid/ipc/uts/cgroup/net namespaces, a clean environment) whose whole process tree ends with it
@@ -18,8 +19,11 @@ argument: nothing of the host's environment, the model's API key least of all. `
 gets the internet through slirp4netns, never the host's loopback or private networks (`setup_network.py`), when
 `settings.setup_network` allows it; every other command sees only `lo`. Every command runs under the seccomp
 filter (`seccomp.py`), and everything a sandbox writes is on its own size-limited file system (`disk.py`).
-`pip install` defaults to the user scheme in /workspace/.local (the host's site-packages is read-only); when the
-host Python is a venv, where there is no user scheme, a venv at /workspace/.venv layered on it takes the installs.
+
+The task environment is a venv at /opt/venv (TASK_ENV), first on PATH, made from the chosen interpreter: a second
+overlay over that interpreter's base venv and the environment layers of finished setups (`layers.py`, built and
+reused by `taskenv.py`). `snapshot()` freezes the writable layers as one more read-only layer and
+`LocalProvider.create_from(snapshot)` stacks a fresh sandbox on it (bugsweep.sandbox.base describes the contract).
 
 Needs: Linux, `bwrap` (Debian `bubblewrap`), root for overlayfs and cgroups (else the fallbacks above).
 """
@@ -28,18 +32,26 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 import tempfile
 import uuid
 import weakref
+from dataclasses import dataclass
 from pathlib import Path
 
-from bugsweep.sandbox.base import ExecResult, RepoSource, SandboxUsage
-from bugsweep.sandbox.local import seccomp, stale, workspace
-from bugsweep.sandbox.local.bwrap import command_argv, find_bwrap, python_bins, system_etc
-from bugsweep.sandbox.local.common import SANDBOX_UID, SANDBOX_USER, WORKSPACE, decode
+from bugsweep.sandbox.base import TASK_ENV, Environment, ExecResult, RepoSource, SandboxSnapshot, SandboxUsage
+from bugsweep.sandbox.local import seccomp, stale, taskenv, workspace
+from bugsweep.sandbox.local.bwrap import command_argv, find_bwrap, pip_shims, setup_args, system_etc
+from bugsweep.sandbox.local.common import SANDBOX_UID, SANDBOX_USER, WORKSPACE, decode, write_text
 from bugsweep.sandbox.local.disk import WritableDisk, templates_dir
 from bugsweep.sandbox.local.files import MAX_READ_BYTES, LocalFiles
+from bugsweep.sandbox.local.layers import (
+    EnvCache,
+    Interpreter,
+    Layer,
+    LocalSnapshot,
+    find_interpreter,
+    find_uv,
+)
 from bugsweep.sandbox.local.limits import Limits
 from bugsweep.sandbox.local.process import RawResult, run_command
 from bugsweep.sandbox.local.resources import Resources
@@ -54,6 +66,14 @@ __all__ = [
 ]  # fmt: skip
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class RepoLayers:
+    """Where the repository's layers are on the host (see LocalSandbox.repo_layers)."""
+
+    upper: Path | None
+    lowers: list[Path]
 
 
 class LocalProvider:
@@ -76,27 +96,55 @@ class LocalProvider:
         state_dir = state_dir or (Path(self.settings.state_dir) if self.settings.state_dir else None)
         self.sources = SourceCache(cache_dir)
         self.state_dir = state_dir or Path(tempfile.gettempdir()) / "bugsweep-sandboxes"
+        self.env_cache = EnvCache(
+            Path(self.settings.env_dir) if self.settings.env_dir else None,
+            max_age_days=self.settings.env_max_age_days,
+            max_bytes=int(self.settings.env_max_gib * 2**30),
+        )
 
     def create(
-        self, source: RepoSource, *, labels: dict[str, str] | None = None, disk_mib: int | None = None
+        self,
+        source: RepoSource,
+        *,
+        labels: dict[str, str] | None = None,
+        disk_mib: int | None = None,
+        python: str | None = None,
     ) -> LocalSandbox:
-        """A new sandbox with `source` at the workdir and a disk quota of `disk_mib` (default: settings.disk_mib).
-        Raises ConfigError when bubblewrap (or what the setup network and the seccomp filter need) is missing or
-        cannot create namespaces (never runs anything unisolated), SandboxError when the workspace cannot be made."""
+        """A new sandbox with `source` at the workdir, a disk quota of `disk_mib` (default: settings.disk_mib) and
+        an empty task environment from `python`. Raises ConfigError when bubblewrap (or what the setup network and
+        the seccomp filter need) is missing or cannot create namespaces (never runs anything unisolated) or there is
+        no such interpreter, SandboxError when the workspace cannot be made."""
         bwrap_path = find_bwrap()
         workdir = workspace.check_workdir(self.settings.workdir)
+        interpreter = find_interpreter(python)
         seccomp.filter_program()  # a missing libseccomp is a ConfigError now, not at the first command
         stale.prepare_state_dir(self.state_dir)
+        base = self.env_cache.base(interpreter)
         prepared = self.sources.prepare(source)
         return LocalSandbox(
-            bwrap=bwrap_path,
-            settings=self.settings,
-            workdir=workdir,
-            prepared=prepared,
-            state_dir=self.state_dir,
+            bwrap=bwrap_path, settings=self.settings, workdir=workdir, prepared=prepared,
+            state_dir=self.state_dir, interpreter=interpreter, env_cache=self.env_cache, layers=[base],
             labels=labels,
             disk_mib=disk_mib or self.settings.disk_mib,
-        )
+        )  # fmt: skip
+
+    def create_from(self, snapshot: SandboxSnapshot, *, labels: dict[str, str] | None = None) -> LocalSandbox:
+        """A fresh sandbox on `snapshot` (its repository and task environment; a clean $HOME and /tmp)."""
+        if not isinstance(snapshot, LocalSnapshot):
+            raise TypeError(f"a local sandbox cannot be made from {snapshot!r}")
+        bwrap_path = find_bwrap()
+        seccomp.filter_program()  # a missing libseccomp is a ConfigError now, not at the first command
+        snapshot.acquire()
+        try:
+            return LocalSandbox(
+                bwrap=bwrap_path, settings=self.settings, workdir=workspace.check_workdir(self.settings.workdir),
+                prepared=snapshot.source, state_dir=self.state_dir, interpreter=snapshot.interpreter,
+                env_cache=self.env_cache, layers=[layer.share() for layer in snapshot.stack], labels=labels,
+                snapshot=snapshot, disk_mib=snapshot.disk_mib or self.settings.disk_mib,
+            )  # fmt: skip
+        except BaseException:
+            snapshot.drop()
+            raise
 
     def sandboxes(self) -> list[dict[str, object]]:
         """The sandboxes in this provider's state_dir (any process's): id, owner, labels, creation time."""
@@ -122,13 +170,19 @@ class LocalSandbox:
         workdir: str,
         prepared: PreparedSource,
         state_dir: Path,
+        interpreter: Interpreter,
+        env_cache: EnvCache,
+        layers: list[Layer],
         labels: dict[str, str] | None = None,
+        snapshot: LocalSnapshot | None = None,
         disk_mib: int | None = None,
     ) -> None:
         self.id = f"local-{uuid.uuid4().hex[:12]}"
         self._disk_mib = disk_mib
-        self._state_dir = state_dir
         self._etc_dir = system_etc(state_dir)
+        self.state_dir = state_dir
+        self.interpreter = interpreter
+        self.env_cache = env_cache
         self.workdir = workdir
         self.labels = dict(labels or {})
         self.usage = SandboxUsage()
@@ -137,8 +191,10 @@ class LocalSandbox:
         self.source = prepared
         root = state_dir / self.id
         self._res = Resources(root=root, repo_dir=root / "ws" / os.path.relpath(workdir, WORKSPACE))
-        self._res.lease = prepared.lease
+        self._res.lease = prepared.lease if snapshot is None else prepared.lease and prepared.lease.share()
         self._res.labels = self.labels
+        self._res.layers = layers
+        self._res.snapshot = snapshot
         self._finalizer = weakref.finalize(self, self._res.cleanup)
         try:
             self._setup(bwrap, prepared)
@@ -153,7 +209,7 @@ class LocalSandbox:
             res.disk = WritableDisk.create(
                 res.root,
                 self._disk_mib * 1024 * 1024,
-                templates_dir(self._state_dir, _templates_meta),
+                templates_dir(self.state_dir, _templates_meta),
                 etc_dir=self._etc_dir,
             )
             if res.disk is not None:
@@ -163,29 +219,76 @@ class LocalSandbox:
             (res.root / sub).mkdir(parents=True)
         res.repo_dir.mkdir(parents=True)
         res.write_meta()  # from here on, a crash leaves a folder that stale.py can sweep
-        res.mounted = workspace.populate(prepared, res.root, res.repo_dir)
+        owner = prepared.path.stat().st_uid
+        if owner != os.geteuid():
+            # The sandbox user is this process's uid; files of another owner would be read-only inside (no
+            # capabilities there), so such a tree is copied and the copy owned by us.
+            log.info(
+                "%s belongs to uid %d, not %d: copying it into the sandbox",
+                prepared.path,
+                owner,
+                os.geteuid(),
+            )
+        res.repo.mount(self.lowers("repo"), copy_only=owner != os.geteuid(), keep_owner=owner == os.geteuid())
+        res.env.mount(self.lowers("venv"))
+        if not prepared.has_git and res.snapshot is None:
+            workspace.git_init(res.repo_dir, res.root)
+        write_text(res.root / "ws" / ".gitconfig", workspace.GITCONFIG)
         res.limits = Limits.create(
             self.id, self.settings.memory_mib * 1024 * 1024, self.settings.max_processes
         )
         res.write_meta()
-
-        bins = python_bins()
-        if sys.prefix != sys.base_prefix:  # the host Python is a venv, where pip has no user scheme
-            workspace.layer_venv(res.root / "ws" / ".venv")
-            bins.insert(0, f"{WORKSPACE}/.venv/bin")
         self._base_env = {
-            "PATH": ":".join([f"{WORKSPACE}/.local/bin", *bins, "/usr/local/sbin", "/usr/local/bin",
-                              "/usr/sbin", "/usr/bin", "/sbin", "/bin"]),
-            "HOME": WORKSPACE, "USER": SANDBOX_USER, "LOGNAME": SANDBOX_USER, "SHELL": "/bin/bash",
-            "LANG": "C.UTF-8", "TERM": "dumb", "TMPDIR": "/tmp",
-            "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_BREAK_SYSTEM_PACKAGES": "1", "PIP_NO_INPUT": "1",
+            "PATH": f"{TASK_ENV}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            "VIRTUAL_ENV": TASK_ENV, "HOME": WORKSPACE, "USER": SANDBOX_USER, "LOGNAME": SANDBOX_USER,
+            "SHELL": "/bin/bash", "LANG": "C.UTF-8", "TERM": "dumb", "TMPDIR": "/tmp",
+            "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_INPUT": "1",
         }  # fmt: skip
         wrapper = res.limits.wrapper()
         self._bwrap_at = len(wrapper)
         etc_dir = (
             res.root / "etc" if res.disk is not None else self._etc_dir
         )  # the disk's copy shows no host path
-        self._argv_head = command_argv(bwrap_path, etc_dir=etc_dir, root=res.root, wrapper=wrapper)
+        self._argv_head = command_argv(
+            bwrap_path, etc_dir=etc_dir, root=res.root, wrapper=wrapper,
+            interpreter=self.interpreter.binds(), uv=find_uv(), shims=pip_shims(etc_dir),
+        )  # fmt: skip
+
+    def lowers(self, part: str) -> list[Path]:
+        """The read-only folders under the repository ('repo') or the task environment ('venv'), top first."""
+        found: list[Path] = []
+        for layer in self._res.layers:
+            path = layer.repo if part == "repo" else layer.venv
+            if path is not None:
+                found.append(path)
+            if layer.complete:
+                return found
+        return [*found, self.source.path] if part == "repo" else found
+
+    def source_lease(self) -> PreparedSource:
+        """The source again, with its own lease (for a snapshot that may outlive this sandbox)."""
+        lease = self.source.lease.share() if self.source.lease is not None else None
+        return PreparedSource(self.source.path, self.source.has_git, self.source.commit, lease)
+
+    def repo_layers(self) -> RepoLayers:
+        """Host paths of the repository's writable layer (what changed since the last snapshot or setup) and of
+        the read-only layers under it, top first; `upper` is None where no overlay is used (a copy)."""
+        res = self._res
+        return RepoLayers(upper=res.repo.upper if res.repo.mounted else None, lowers=self.lowers("repo"))
+
+    # -- the task environment --------------------------------------------------------------------------------
+
+    def setup_environment(
+        self, command: str | None, *, timeout: float = 1800.0, network: bool = True
+    ) -> tuple[ExecResult | None, Environment]:
+        """See the Sandbox protocol and taskenv.py."""
+        return taskenv.setup_environment(self, command, timeout=timeout, network=network)
+
+    def snapshot(self) -> LocalSnapshot:
+        """See the Sandbox protocol and taskenv.py."""
+        return taskenv.take_snapshot(self)
+
+    # -- commands --------------------------------------------------------------------------------------------
 
     def exec(
         self,
@@ -197,11 +300,13 @@ class LocalSandbox:
         network: bool = False,
         full_output: bool = False,
         stdin: str | None = None,
+        setup: bool = False,
     ) -> ExecResult:
         """Run `command` under bash in `cwd` (default: workdir); see the Sandbox protocol.
 
         `network=True` gives this command the setup network (the internet, not the host: setup_network.py) when
-        `settings.setup_network` allows it."""
+        `settings.setup_network` allows it; `setup=True` also binds the shared download cache (only the setup
+        step's commands get it)."""
         raw = self._run(
             command,
             timeout=timeout,
@@ -210,6 +315,7 @@ class LocalSandbox:
             network=network,
             full_output=full_output,
             stdin=stdin.encode() if stdin is not None else None,
+            setup=setup,
         )
         return ExecResult(
             exit_code=raw.exit_code,
@@ -232,6 +338,7 @@ class LocalSandbox:
         network: bool = False,
         full_output: bool = False,
         stdin: bytes | None = None,
+        setup: bool = False,
     ) -> RawResult:
         self._res.check_alive(self.id)
         environ = dict(self._base_env)
@@ -252,6 +359,7 @@ class LocalSandbox:
             network=NetworkPlan.for_host(self.settings.setup_network_allow)
             if network and self.settings.setup_network
             else None,
+            extra=setup_args(self.env_cache.download_cache) if setup else [],
             timeout=timeout,
             full_output=full_output,
             stdin=stdin,

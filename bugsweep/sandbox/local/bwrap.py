@@ -2,9 +2,10 @@
 
 Each command is one `bwrap ... /bin/bash -c COMMAND` (see `command_argv`) with
 - a root made only of read-only binds: /usr (and the /bin, /lib* links), an allow-list of /etc entries that git,
-  Python, bash and pip need, a generated /etc/passwd and /etc/group, and the host's Python installation at its own
-  path (e.g. /root/.pyenv/versions/3.11.7; nothing else of /root is there), then the root is remounted read-only;
+  Python, bash and pip need, a generated /etc/passwd and /etc/group, then the root is remounted read-only;
 - `/workspace` writable (HOME and the repository's parent), a private `/tmp`, its own /proc and a minimal /dev;
+- the task environment at TASK_ENV (/opt/venv; its interpreter's installation bound read-only at its own path; no
+  other Python of the host, and no site-packages but the venv's on its sys.path), and `uv` plus the `pip` shims under /opt/bugsweep;
 - new user (uid 1000, no capabilities, no_new_privs, no nested user namespaces with bubblewrap 0.8+), pid, ipc,
   uts, cgroup and network namespaces (the caller adds `--unshare-net`, the seccomp filter, and the setup network
   for a setup command; it passes all options through `options_fd`, so /proc/1/cmdline inside shows no host path);
@@ -17,12 +18,12 @@ import atexit
 import os
 import shutil
 import subprocess
-import sys
 import threading
 import uuid
 from pathlib import Path
 
 from bugsweep.errors import ConfigError
+from bugsweep.sandbox.base import TASK_ENV
 from bugsweep.sandbox.local.common import SANDBOX_UID, SANDBOX_USER, WORKSPACE, write_text
 from bugsweep.sandbox.local.stale import write_owner_meta
 
@@ -150,30 +151,35 @@ def system_etc(state_dir: Path) -> Path:
         return path
 
 
-def python_prefixes() -> list[str]:
-    """The running Python's installation (and venv), when outside /usr: bound read-only at the same paths."""
-    prefixes: list[str] = []
-    for prefix in (sys.prefix, sys.base_prefix):
-        for path in (os.path.abspath(prefix), os.path.realpath(prefix)):
-            if not path.startswith("/usr/") and path != "/usr" and path not in prefixes:
-                prefixes.append(path)
-    return prefixes
+#: Where the sandbox finds bugsweep's tools: uv, the `pip` shims of installer=uv, the shared download cache.
+TOOLS = "/opt/bugsweep"
+
+#: installer=uv: `pip install ...` in a setup command runs as `uv pip install ...` into the task environment (much
+#: faster); anything else, and an install uv cannot do, goes to the venv's own pip.
+PIP_SHIM = f"""#!/bin/sh
+if [ "$1" = install ]; then
+  shift
+  {TOOLS}/bin/uv pip install --python {TASK_ENV}/bin/python "$@" && exit 0
+  echo "bugsweep: uv pip install failed; trying pip install" >&2
+  exec {TASK_ENV}/bin/python -m pip install "$@"
+fi
+exec {TASK_ENV}/bin/python -m pip "$@"
+"""
 
 
-def python_binds() -> list[str]:
-    args: list[str] = []
-    for path in python_prefixes():
-        args += ["--ro-bind", os.path.realpath(path), path]
-    return args
-
-
-def python_bins() -> list[str]:
-    bins: list[str] = []
-    for prefix in (sys.prefix, sys.base_prefix):
-        b = os.path.join(os.path.abspath(prefix), "bin")
-        if b not in bins and not b.startswith("/usr/"):
-            bins.append(b)
-    return bins
+def pip_shims(etc_dir: Path) -> Path:
+    """A folder of `pip`, `pip3`, `pip3.X` shims (PIP_SHIM) beside the sandbox's /etc (on its tmpfs, so the bind
+    names no host path), made once per process."""
+    path = etc_dir / "bugsweep-shims"
+    with _etc_lock:
+        if not path.is_dir():
+            staging = etc_dir / f".shims-{uuid.uuid4().hex[:8]}"
+            staging.mkdir()
+            for name in ("pip", "pip3", *(f"pip3.{minor}" for minor in range(6, 20))):
+                write_text(staging / name, PIP_SHIM)
+                (staging / name).chmod(0o755)
+            staging.rename(path)
+        return path
 
 
 def passwd() -> str:
@@ -184,9 +190,12 @@ def passwd() -> str:
     )
 
 
-def command_argv(bwrap: str, *, etc_dir: Path, root: Path, wrapper: list[str]) -> list[str]:
+def command_argv(
+    bwrap: str, *, etc_dir: Path, root: Path, wrapper: list[str], interpreter: list[str], uv: str, shims: Path
+) -> list[str]:
     """The argv of every command of the sandbox whose folder is `root`, up to (not including) the per-command
-    options (`--info-fd`, `--unshare-net`, `--chdir`, the command). `wrapper` goes first (the limits)."""
+    options (`--info-fd`, `--unshare-net`, the setup's download cache, `--chdir`, the command). `wrapper` goes
+    first (the limits); `interpreter` binds the task environment's interpreter."""
     return [
         *wrapper,
         bwrap,
@@ -199,7 +208,11 @@ def command_argv(bwrap: str, *, etc_dir: Path, root: Path, wrapper: list[str]) -
         "--bind", str(root / "tmp"), "/tmp",
         "--dir", "/var", "--symlink", "/tmp", "/var/tmp",
         "--bind", str(root / "ws"), WORKSPACE,
-        *python_binds(),  # last: a Python (or venv) under /tmp must not be hidden by the private /tmp
+        "--bind", str(root / "env"), TASK_ENV,
+        "--ro-bind", uv, f"{TOOLS}/bin/uv",
+        "--ro-bind", str(shims), f"{TOOLS}/shims",
+        "--dir", f"{TOOLS}/cache",
+        *interpreter,  # last: an interpreter under /tmp must not be hidden by the private /tmp
         "--remount-ro", "/",
     ]  # fmt: skip
 
@@ -216,3 +229,9 @@ def options_fd(options: list[str]) -> int:
         os.close(fd)
         raise
     return fd
+
+
+def setup_args(download_cache: Path) -> list[str]:
+    """What a setup command gets on top of command_argv: the shared download cache, writable."""
+    download_cache.mkdir(parents=True, exist_ok=True)
+    return ["--bind", str(download_cache), f"{TOOLS}/cache"]

@@ -60,7 +60,7 @@ class LocalFiles:
         located = self._locate(path)
         if located is not None:
             with contextlib.suppress(_Fallback), _named(path):
-                fd = _open_regular(*located, os.O_RDONLY)
+                fd = open_regular(*located, os.O_RDONLY)
                 with os.fdopen(fd, "rb") as fh:
                     size = os.fstat(fh.fileno()).st_size
                     if size > MAX_READ_BYTES:
@@ -87,7 +87,7 @@ class LocalFiles:
         located = self._locate(path)
         if located is not None:
             with contextlib.suppress(_Fallback), _named(path):
-                fd = _open_regular(*located, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, make_parents=True)
+                fd = open_regular(*located, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, make_parents=True)
                 with os.fdopen(fd, "wb") as fh:
                     fh.write(payload)
                 return
@@ -183,7 +183,7 @@ def _open_beneath(root: Path, rel: str, flags: int, *, make_parents: bool = Fals
         os.close(dirfd)
 
 
-def _open_regular(root: Path, rel: str, flags: int, *, make_parents: bool = False) -> int:
+def open_regular(root: Path, rel: str, flags: int, *, make_parents: bool = False) -> int:
     """Like _open_beneath, for a regular file only: a FIFO or socket that a sandboxed process put in the way is
     refused at once (the open is non-blocking), instead of hanging the host."""
     try:

@@ -191,13 +191,14 @@ def run_command(
     cwd: str,
     environ: dict[str, str],
     network: NetworkPlan | None,
+    extra: list[str],
     timeout: float,
     full_output: bool,
     stdin: bytes | None,
     bwrap_at: int = 0,
 ) -> RawResult:
     """Run `command` under bash in `cwd` with `argv_head` (see bwrap.command_argv; bwrap itself at index
-    `bwrap_at`, after the limits' wrapper), tracked by `res` so that a release kills it. The command runs under
+    `bwrap_at`, after the limits' wrapper) and the `extra` bwrap options, tracked by `res` so that a release kills it. The command runs under
     the seccomp filter, and with the setup network when `network` is given (else with none). Raises SandboxGone
     when the sandbox is released meanwhile, SandboxError when bwrap cannot start the command."""
     oom_before = res.limits.oom_kills() if res.limits else 0
@@ -218,6 +219,7 @@ def run_command(
             child_fds.append(filter_fd)
             options = [
                 *argv_head[bwrap_at + 1 :],
+                *extra,
                 "--info-fd",
                 str(info_w),
                 "--unshare-net",

@@ -13,12 +13,13 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from bugsweep.errors import SandboxGone
+from bugsweep.errors import SandboxError, SandboxGone
 from bugsweep.sandbox.local.disk import WritableDisk
+from bugsweep.sandbox.local.layers import Layer, LocalSnapshot
 from bugsweep.sandbox.local.limits import Limits
 from bugsweep.sandbox.local.process import Command
 from bugsweep.sandbox.local.stale import write_owner_meta
-from bugsweep.sandbox.local.workspace import remove_root
+from bugsweep.sandbox.local.workspace import Overlay, remove_root
 from bugsweep.sandbox.sources import CheckoutLease
 
 log = logging.getLogger(__name__)
@@ -30,10 +31,17 @@ class Resources:
     def __init__(self, root: Path, repo_dir: Path) -> None:
         self.root = root
         self.repo_dir = repo_dir
-        self.mounted = False
+        self.repo = Overlay(repo_dir, root / "upper", root / "work")
+        self.env = Overlay(root / "env", root / "env-upper", root / "env-work")
         self.limits: Limits | None = None
         self.disk: WritableDisk | None = None
         self.lease: CheckoutLease | None = None
+        self.layers: list[Layer] = []
+        """The read-only layers under the sandbox, top first (each leased while the sandbox lives)."""
+        self.snapshot: LocalSnapshot | None = None
+        """The snapshot this sandbox was made from (told when the sandbox goes)."""
+        self.snapshots_taken: list[LocalSnapshot] = []
+        """Snapshots of this sandbox: released with it (each lives on while a sandbox made from it does)."""
         self.labels: dict[str, str] = {}
         self.created = time.time()
         self.released = False
@@ -43,7 +51,7 @@ class Resources:
     def check_alive(self, sandbox_id: str) -> None:
         if self.released:
             raise SandboxGone(f"sandbox {sandbox_id} was released")
-        gone = not os.path.ismount(self.repo_dir) if self.mounted else not self.repo_dir.is_dir()
+        gone = not os.path.ismount(self.repo_dir) if self.repo.mounted else not self.repo_dir.is_dir()
         if gone:
             raise SandboxGone(f"sandbox {sandbox_id}: its workspace {self.repo_dir} is gone")
 
@@ -62,13 +70,20 @@ class Resources:
         """Note the disk quota's current use for its peak; True when it is (nearly) full."""
         return self.disk.sample() if self.disk is not None else False
 
+    def check_idle(self, sandbox_id: str, what: str) -> None:
+        """Layers are only rearranged between commands."""
+        self.check_alive(sandbox_id)
+        with self._lock:
+            if self._commands:
+                raise SandboxError(f"sandbox {sandbox_id}: cannot {what} while a command runs")
+
     def write_meta(self) -> None:
         write_owner_meta(
             self.root,
             created=self.created,
             labels=self.labels,
-            mounted=self.mounted,
             repo_dir=str(self.repo_dir),
+            mounts=[str(self.repo.target), str(self.env.target)],
             cgroups=[str(d) for d in self.limits.dirs] if self.limits else [],
         )
 
@@ -81,9 +96,17 @@ class Resources:
             guard("kill a command", cmd.kill)
         if self.limits is not None:
             guard("remove the cgroups", self.limits.destroy)
-        guard("remove the sandbox folder", remove_root, self.root, self.repo_dir, self.mounted)
-        if self.lease is not None and not os.path.ismount(self.repo_dir):  # the lower layer is free to go
-            self.lease.release()
+        guard("remove the sandbox folder", remove_root, self.root, [self.repo.target, self.env.target])
+        if not os.path.ismount(self.repo_dir) and not os.path.ismount(self.env.target):  # the layers are free
+            if self.lease is not None:
+                self.lease.release()
+            for layer in self.layers:
+                layer.release()
+            if self.snapshot is not None:
+                guard("let go of the snapshot", self.snapshot.drop)
+                self.snapshot = None
+        for taken in self.snapshots_taken:
+            guard("release a snapshot", taken.release)
 
 
 def guard(what: str, fn: Callable[..., object], *args: object) -> None:

@@ -101,13 +101,13 @@ def _reap_if_stale(root: Path) -> bool:
     pid = int(meta.get("owner_pid", 0))
     if pid and start_time(pid) == meta.get("owner_start"):
         return False  # the owner is alive
-    if meta.get("kind") in ("etc", "disk-templates"):  # a process's /etc copy or its disk template images
+    if meta.get("kind") in ("etc", "disk-templates", "snapshot"):  # /etc copy, disk templates, a snapshot
         shutil.rmtree(root)
         return True
     log.warning("removing sandbox %s left behind by process %s", root.name, pid)
     empty_and_remove([Path(d) for d in meta.get("cgroups", []) if Path(d).exists()])
-    repo_dir = Path(meta["repo_dir"])
-    remove_root(root, repo_dir, bool(meta.get("mounted")))
+    mounts = [Path(m) for m in meta.get("mounts", [meta.get("repo_dir", root / "ws" / "repo")])]
+    remove_root(root, mounts)
     return True
 
 

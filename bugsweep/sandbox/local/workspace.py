@@ -1,21 +1,23 @@
-"""The sandbox's workspace on the host: the repository as an overlayfs copy-on-write layer (or a copy), git for
-plain folders, and the writable venv for hosts that run bugsweep from a venv.
+"""The sandbox's workspace on the host: the repository and the task environment as overlayfs copy-on-write
+layers (or copies), and git for plain folders.
 
-The repository tree (from `bugsweep.sandbox.sources`) is the read-only lower layer of an overlayfs whose upper layer
-lives in the sandbox's folder under `state_dir`, so making a workspace costs a few milliseconds on any repository
-size and the user's checkout is never written to. Where overlayfs cannot be mounted (not root, an unsupported
-filesystem), the tree is copied instead (`cp -a --reflink=auto`) and a warning is logged. A tree owned by another
+The repository tree (from `bugsweep.sandbox.sources`) is the bottom read-only layer of an overlayfs whose upper layer
+lives in the sandbox's folder under `state_dir` (with the read-only layers of `layers.py` in between), so making a
+workspace costs a few milliseconds on any repository size and the user's checkout is never written to. The task
+environment (TASK_ENV) is a second overlay, over the interpreter's base venv. Where overlayfs cannot be mounted (not
+root, an unsupported filesystem), the tree is copied instead (`cp -a --reflink=auto`) and a warning is logged. A tree owned by another
 uid (root working on a user's checkout) is copied too, owned by us: inside, the sandbox user is this process's uid
 without capabilities, so it could not write another user's files. A tree without its own `.git` directory gets
 `git init` plus one commit inside the overlay, so `git diff` works.
 
-The sandbox's folder: `upper/` and `work/` (the overlay's), `ws/` (/workspace; the repository is mounted at
-`ws/repo`), `tmp/` (/tmp), `spool/` (command output), `meta.json` (owner, for stale-sandbox sweeping). With a disk
-quota (`disk.py`) the folder itself is the mount point of the sandbox's size-limited file system, whose image
-lies beside it (`<folder>.disk`), so all of these are inside the quota.
+The sandbox's folder: `upper/` and `work/` (the repository overlay's), `env/` with `env-upper/` and `env-work/`
+(TASK_ENV), `ws/` (/workspace; the repository is mounted at `ws/repo`), `tmp/` (/tmp), `spool/` (command output),
+`meta.json` (owner, for stale-sandbox sweeping). With a disk quota (`disk.py`) the folder itself is the mount point
+of the sandbox's size-limited file system, whose image lies beside it (`<folder>.disk`), so all of these are inside
+the quota (the read-only layers under the overlays are not: they are shared).
 
-The overlay is mounted with its layers named as `/proc/self/fd/N` of the mounting process, so its options in the
-sandbox's /proc/self/mountinfo name no host path.
+The overlays are mounted with their layers named as `/proc/self/fd/N` of the mounting process, so their options in
+the sandbox's /proc/self/mountinfo name no host path.
 """
 
 from __future__ import annotations
@@ -26,15 +28,14 @@ import errno
 import logging
 import os
 import shutil
+import stat
 import subprocess
-import sys
-import sysconfig
-from pathlib import Path
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
 
 from bugsweep.errors import ConfigError, SandboxError
 from bugsweep.sandbox.local import disk
-from bugsweep.sandbox.local.common import WORKSPACE, write_text
-from bugsweep.sandbox.sources import PreparedSource
+from bugsweep.sandbox.local.common import WORKSPACE
 
 log = logging.getLogger(__name__)
 
@@ -42,34 +43,12 @@ _MNT_DETACH = 2
 _libc = ctypes.CDLL(None, use_errno=True)
 
 #: The sandbox folder's parts, made before anything is mounted.
-SUBDIRS = ("upper", "work", "ws", "tmp", "spool")
+SUBDIRS = ("upper", "work", "env", "env-upper", "env-work", "ws", "tmp", "spool")
 
 GITCONFIG = (
     "[user]\n\tname = bugsweep\n\temail = bugsweep@localhost\n"
     "[safe]\n\tdirectory = *\n[init]\n\tdefaultBranch = main\n[advice]\n\tdetachedHead = false\n"
 )
-
-
-def populate(prepared: PreparedSource, root: Path, repo_dir: Path) -> bool:
-    """Put the repository at `repo_dir` (an overlay on `prepared.path`, else a copy) and $HOME's git config in
-    `root/ws`; True when an overlay was mounted (release must unmount it)."""
-    mounted = False
-    owner = prepared.path.stat().st_uid
-    if owner != os.geteuid():
-        # The sandbox user is this process's uid; files of another owner would be read-only inside (no
-        # capabilities there), so such a tree is copied and the copy owned by us.
-        log.info(
-            "%s belongs to uid %d, not %d: copying it into the sandbox", prepared.path, owner, os.geteuid()
-        )
-        copy_tree(prepared.path, repo_dir, keep_owner=False)
-    else:
-        mounted = mount_overlay(prepared.path, root, repo_dir)
-        if not mounted:
-            copy_tree(prepared.path, repo_dir)
-    if not prepared.has_git:
-        git_init(repo_dir, root)
-    write_text(root / "ws" / ".gitconfig", GITCONFIG)
-    return mounted
 
 
 def check_workdir(workdir: str) -> str:
@@ -80,29 +59,6 @@ def check_workdir(workdir: str) -> str:
             f"there (set BUGSWEEP_SANDBOX_WORKDIR to e.g. {WORKSPACE}/repo)"
         )
     return workdir
-
-
-def mount_overlay(lower: Path, root: Path, target: Path) -> bool:
-    """Mount lower + root/upper at target. False (with a warning) when overlayfs is not available here."""
-    layers = [
-        os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-        for path in (lower, root / "upper", root / "work")
-    ]
-    try:  # short, comma-free names that show no host path (the kernel resolves them at mount time)
-        lower_fd, upper_fd, work_fd = (f"/proc/self/fd/{fd}" for fd in layers)
-        options = f"lowerdir={lower_fd},upperdir={upper_fd},workdir={work_fd}"
-        rc = _libc.mount(b"overlay", os.fsencode(target), b"overlay", ctypes.c_ulong(0), os.fsencode(options))
-    finally:
-        for fd in layers:
-            os.close(fd)
-    if rc == 0:
-        return True
-    code = ctypes.get_errno()
-    log.warning(
-        "overlayfs mount failed (%s); copying the repository instead, which is slower on large trees",
-        os.strerror(code),
-    )
-    return False
 
 
 def umount(target: Path) -> None:
@@ -147,11 +103,61 @@ def git_init(repo: Path, root: Path) -> None:
         raise SandboxError(f"could not make {repo} a git repository: {exc.stderr.strip()}") from None
 
 
-def remove_root(root: Path, repo_dir: Path, mounted: bool) -> None:
-    if mounted or os.path.ismount(repo_dir):
-        umount(repo_dir)
-    if os.path.ismount(repo_dir):  # never delete through a mount
-        raise SandboxError(f"{repo_dir} is still mounted; leaving {root} in place")
+@dataclass
+class Overlay:
+    """One overlay of the sandbox: read-only `lowers` (top first) under the writable `upper`, seen at `target`;
+    or, where overlayfs cannot be mounted, a copy of the lowers at `target` (`mounted` False)."""
+
+    target: Path
+    upper: Path
+    work: Path
+    mounted: bool = False
+    copied: bool = False
+    """No overlay here: the lowers were copied into `target` (writes then go to the copy)."""
+
+    def mount(self, lowers: list[Path], *, copy_only: bool = False, keep_owner: bool = True) -> None:
+        """Mount the overlay; or, in copy mode, copy `lowers` into `target` (bottom first, so upper layers win:
+        in copy mode a caller passes only the layers not copied yet)."""
+        overlay = not self.copied and not copy_only
+        if overlay and mount_overlay(lowers, self.upper, self.work, self.target):
+            self.mounted = True
+            return
+        self.copied = True
+        for lower in reversed(lowers):
+            copy_tree(lower, self.target, keep_owner=keep_owner)
+
+    def unmount(self) -> None:
+        if self.mounted or os.path.ismount(self.target):
+            umount(self.target)
+        self.mounted = False
+
+
+def mount_overlay(lowers: list[Path], upper: Path, work: Path, target: Path) -> bool:
+    """Mount `lowers` (top first) + `upper` at `target`. False (with a warning) when overlayfs is not available."""
+    layers = [os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC) for path in (*lowers, upper, work)]
+    try:  # short, comma-free names that show no host path (the kernel resolves them at mount time)
+        names = [f"/proc/self/fd/{fd}" for fd in layers]
+        options = f"lowerdir={':'.join(names[:-2])},upperdir={names[-2]},workdir={names[-1]}"
+        rc = _libc.mount(b"overlay", os.fsencode(target), b"overlay", ctypes.c_ulong(0), os.fsencode(options))
+    finally:
+        for fd in layers:
+            os.close(fd)
+    if rc == 0:
+        return True
+    code = ctypes.get_errno()
+    log.warning(
+        "overlayfs mount failed (%s); copying the repository instead, which is slower on large trees",
+        os.strerror(code),
+    )
+    return False
+
+
+def remove_root(root: Path, mounts: list[Path]) -> None:
+    for target in mounts:
+        if os.path.ismount(target):
+            umount(target)
+        if os.path.ismount(target):  # never delete through a mount
+            raise SandboxError(f"{target} is still mounted; leaving {root} in place")
     if os.path.ismount(root):  # the disk quota's file system
         disk.empty_and_unmount(root)
     if root.exists():
@@ -160,26 +166,80 @@ def remove_root(root: Path, repo_dir: Path, mounted: bool) -> None:
         disk.image_path(root).unlink()
 
 
-def layer_venv(venv: Path) -> None:
-    """A writable venv at /workspace/.venv on top of the host's (read-only) venv, for hosts that run bugsweep
-    from a venv: there pip cannot fall back to the user scheme (venvs switch user site-packages off), so
-    `pip install` would fail. This venv sees the base interpreter's packages (include-system-site-packages) and
-    the host venv's (a .pth file), and pip installs into it. Nothing runs: a few files and symlinks."""
-    version = f"{sys.version_info.major}.{sys.version_info.minor}"
-    base_python = os.path.realpath(getattr(sys, "_base_executable", sys.executable))
-    (venv / "bin").mkdir(parents=True)
-    site = venv / "lib" / f"python{version}" / "site-packages"
-    site.mkdir(parents=True)
-    write_text(
-        venv / "pyvenv.cfg",
-        f"home = {os.path.dirname(base_python)}\ninclude-system-site-packages = true\n"
-        f"version = {'.'.join(map(str, sys.version_info[:3]))}\n",
-    )
-    for name in ("python", "python3", f"python{version}"):
-        (venv / "bin" / name).symlink_to(base_python)
-    host_sites = dict.fromkeys(sysconfig.get_paths()[key] for key in ("purelib", "platlib"))
-    write_text(site / "_bugsweep_host_venv.pth", "".join(f"{path}\n" for path in host_sites))
-    for name in ("pip", "pip3", f"pip{version}"):
-        script = venv / "bin" / name
-        write_text(script, f'#!/bin/sh\nexec {WORKSPACE}/.venv/bin/python -m pip "$@"\n')
-        script.chmod(0o755)
+# -------------------------------------------------------------------------------------------------------------
+# What a setup command left in the repository's upper layer
+# -------------------------------------------------------------------------------------------------------------
+
+Manifest = dict[str, tuple[int, int, int]]
+
+
+def manifest(upper: Path) -> Manifest:
+    """Every entry of an overlay's upper folder outside .git: relative path -> (mode, size, mtime_ns)."""
+    found: Manifest = {}
+    for dirpath, dirs, files in os.walk(upper):
+        rel_dir = os.path.relpath(dirpath, upper)
+        if rel_dir == ".":
+            dirs[:] = [d for d in dirs if d != ".git"]
+        for name in (*dirs, *files):
+            rel = name if rel_dir == "." else f"{rel_dir}/{name}"
+            with contextlib.suppress(OSError):
+                st = os.lstat(os.path.join(dirpath, name))
+                found[rel] = (st.st_mode, st.st_size, st.st_mtime_ns)
+    return found
+
+
+def setup_outputs(upper: Path, before: Manifest) -> tuple[list[str], str | None]:
+    """What appeared or changed in `upper` since `before`: (paths, why it cannot be moved to a layer or None).
+    A deletion (a whiteout or an opaque folder) or a change to a file that was already there stays put."""
+    after = manifest(upper)
+    outputs = []
+    for rel, (mode, size, mtime) in sorted(after.items()):
+        old = before.get(rel)
+        if stat.S_ISDIR(mode):
+            if old is None and _opaque(upper / rel):
+                return [], f"the setup replaced the folder {rel}"
+            continue
+        if stat.S_ISCHR(mode):
+            return [], f"the setup deleted {rel}"
+        if old is not None and old != (mode, size, mtime):
+            return [], f"the setup changed {rel}, which the task had already changed"
+        if old is None:
+            outputs.append(rel)
+    return outputs, None
+
+
+def move_outputs(upper: Path, outputs: list[str], dest: Path) -> None:
+    """Move `outputs` from `upper` to `dest`, with their folders (same modes)."""
+    for rel in outputs:
+        parent = os.path.dirname(rel)
+        if parent:
+            made = dest / parent
+            if not made.is_dir():
+                made.mkdir(parents=True)
+                for p in PurePosixPath(parent).parents:  # copy the folders' modes along
+                    with contextlib.suppress(OSError):
+                        shutil.copymode(upper / str(p), dest / str(p), follow_symlinks=False)
+                shutil.copymode(upper / parent, made, follow_symlinks=False)
+        shutil.move(upper / rel, dest / rel)  # a copy where the upper is on the disk quota's file system
+
+
+def _opaque(path: Path) -> bool:
+    for attr in ("trusted.overlay.opaque", "user.overlay.opaque"):
+        with contextlib.suppress(OSError):
+            if os.getxattr(path, attr, follow_symlinks=False) == b"y":
+                return True
+    return False
+
+
+def move_tree(src: Path, dest: Path) -> None:
+    """Move a folder: a rename on one file system; else (the sandbox's disk quota is a file system of its own) a
+    copy that keeps special files and extended attributes (overlay whiteouts, opaque folders), then a delete."""
+    try:
+        os.rename(src, dest)
+        return
+    except OSError as exc:
+        if exc.errno != errno.EXDEV:
+            raise
+    dest.mkdir()
+    copy_tree(src, dest)
+    shutil.rmtree(src)
