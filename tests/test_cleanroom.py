@@ -19,7 +19,7 @@ from bugsweep.pipeline import solve_task
 from bugsweep.sandbox import get_provider
 from bugsweep.settings import AgentSettings, ModelSettings
 from bugsweep.spec import TaskSpec
-from tests.support.repos import make_repo
+from tests.support.repos import PYTEST_SETUP, make_repo
 from tests.support.scripted_model import tool_call
 
 WEAKEN_TEST = "printf 'def test_add():\\n    pass\\n' > tests/test_calc.py"
@@ -151,7 +151,10 @@ def _solve(
     repo: Path, out: Path, steps: list, scripted_model, test_command: str = "python -m pytest -q"
 ) -> dict:
     server = scripted_model(steps)
-    spec = TaskSpec(repo=str(repo), problem_statement="add() is wrong. Fix it.", test_command=test_command)
+    spec = TaskSpec(
+        repo=str(repo), problem_statement="add() is wrong. Fix it.", test_command=test_command,
+        setup_command=PYTEST_SETUP,
+    )  # fmt: skip
     solve_task(
         spec,
         provider=get_provider("local"),

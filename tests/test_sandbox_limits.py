@@ -27,6 +27,7 @@ from bugsweep.sandbox.local import LocalProvider, LocalSandbox
 from bugsweep.sandbox.local import seccomp as seccomp_mod
 from bugsweep.sandbox.local import setup_network as network_mod
 from bugsweep.settings import SandboxSettings
+from tests.support.repos import PYTEST_SETUP
 from tests.support.scripted_model import tool_call
 
 MIB = 1024 * 1024
@@ -309,7 +310,7 @@ def test_a_run_that_fills_its_disk_is_still_graded_with_its_resource_use(
     }
     proc = subprocess.run(
         [sys.executable, "-m", "bugsweep", "solve", "--repo", str(buggy_repo), "--task", "add() is wrong",
-         "--test-command", "python -m pytest -q", "--out", str(out)],
+         "--test-command", "python -m pytest -q", "--setup-command", PYTEST_SETUP, "--out", str(out)],
         env=env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -51,6 +51,7 @@ from bugsweep.sandbox.local.layers import (
     LocalSnapshot,
     find_interpreter,
     find_uv,
+    tls_environment,
 )
 from bugsweep.sandbox.local.limits import Limits
 from bugsweep.sandbox.local.process import RawResult, run_command
@@ -342,6 +343,8 @@ class LocalSandbox:
     ) -> RawResult:
         self._res.check_alive(self.id)
         environ = dict(self._base_env)
+        if network:  # installs trust the host's TLS roots (where the host names them: not secrets)
+            environ.update(tls_environment())
         for key, value in (env or {}).items():
             if not key or "=" in key or "\0" in key or "\0" in value:
                 raise ValueError(f"bad environment variable {key!r}")
