@@ -389,6 +389,10 @@ class FlakyProvider:
             raise self.error
         return self.real.create(source, labels=labels)
 
+    def create_from(self, snapshot: Any, *, labels: dict[str, str] | None = None) -> Any:
+        self.calls += 1
+        return self.real.create_from(snapshot, labels=labels)
+
 
 def run_one_with(
     provider: FlakyProvider,
