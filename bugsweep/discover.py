@@ -47,7 +47,9 @@ class RepoBranch(BaseModel):
         default="python -m pytest -q", description="The pytest command; a test file is appended."
     )
     setup_command: str | None = Field(
-        default=None, description="Runs once before the tests, e.g. `pip install -e .`."
+        default="pip install pytest",
+        description="Runs once before the tests, in the task's own environment: installs what they need, the "
+        "test runner included (e.g. `pip install -e . pytest`).",
     )
 
 
@@ -90,12 +92,9 @@ def failing_test_files(
     """
     sandbox = provider.create(RepoSource(repo, branch), labels={"purpose": "discover"})
     with sandbox:
-        if setup_command:
-            setup = sandbox.exec(setup_command, timeout=timeout, network=setup_network, full_output=True)
-            if not setup.ok:
-                raise SetupFailed(
-                    f"the setup command {setup_command!r} failed: {setup.output.strip()[-1500:]}"
-                )
+        setup, _ = sandbox.setup_environment(setup_command, timeout=timeout, network=setup_network)
+        if setup is not None and not setup.ok:  # None: nothing ran (no command, or an environment reused)
+            raise SetupFailed(f"the setup command {setup_command!r} failed: {setup.output.strip()[-1500:]}")
         head = sandbox.exec("git rev-parse HEAD", timeout=60)
         if not head.ok:
             raise SandboxError(f"could not read the commit of {branch}: {head.output.strip()[-300:]}")

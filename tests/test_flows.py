@@ -41,6 +41,8 @@ RUN_FILES = {
     "tests_after.log",
     "task.json",
     "run.json",
+    "setup.log",  # the tasks install pytest in their setup
+    "environment.txt",
 }
 
 
@@ -611,7 +613,18 @@ def test_the_flow_and_the_cli_grade_a_task_the_same_through_the_same_function(
     out = tmp_path / "cli-run"
     args = ["solve", "--repo", str(buggy_repo), "--task", spec.problem_statement]
     result = CliRunner().invoke(
-        app, [*args, "--test-command", spec.test_command, "--out", str(out), "--max-turns", "6"]
+        app,
+        [
+            *args,
+            "--test-command",
+            spec.test_command,
+            "--setup-command",
+            PYTEST_SETUP,
+            "--out",
+            str(out),
+            "--max-turns",
+            "6",
+        ],
     )
     assert result.exit_code == 0, result.output
     cli_grade = json.loads((out / "grade.json").read_text())
