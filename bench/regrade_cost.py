@@ -9,8 +9,9 @@ baseline, applies the one-line fix inside the sandbox (what an agent does), then
 - new: `pipeline.regrade`: read the change from outside, make a fresh sandbox in the task state, write the change
   into it, run the tests there.
 
-Reported: the median of each, their difference (what the clean room adds), the parts of the new one (reading the
-change, the fresh sandbox, writing the change, the tests), and the task-state snapshot that `prepare` now pays.
+Reported: the median of each, their difference, the parts of each (the old one's git inside the sandbox; the new
+one's reading the change, the fresh sandbox, the tests), each one's time beside its test run (what grading adds to
+running the tests), and the task-state snapshot that `prepare` now pays.
 
 Usage: python bench/regrade_cost.py [--runs 10] [--size-mb 50] [--json results.json]
 Needs: Linux, root, bubblewrap.
@@ -43,7 +44,7 @@ EXCLUDES = "':(exclude,glob)**/__pycache__/**' ':(exclude,glob)**/*.pyc' ':(excl
 TEST_COMMAND = "python -m pytest -q tests"
 
 
-def old_regrade(prepared: pipeline.PreparedTask) -> float:
+def old_regrade(prepared: pipeline.PreparedTask, parts: dict[str, list[float]]) -> float:
     """The pre-#10 regrade, as it was: git inside the agent's sandbox, then the tests in that same sandbox."""
     t0 = time.perf_counter()
     sbx, state = prepared.sandbox, prepared.task_state
@@ -52,7 +53,10 @@ def old_regrade(prepared: pipeline.PreparedTask) -> float:
     )
     names = sbx.exec(f"{GIT} diff --cached --name-only --no-renames {state}", timeout=300)
     assert "return a + b" in patch.stdout and names.stdout.split() == ["calc.py"]
+    parts.setdefault("old: git add + diff inside", []).append(time.perf_counter() - t0)
+    t1 = time.perf_counter()
     run = run_tests(sbx, TEST_COMMAND)
+    parts.setdefault("old: tests", []).append(time.perf_counter() - t1)
     assert run.passed, run.log[-2000:]
     return time.perf_counter() - t0
 
@@ -60,9 +64,9 @@ def old_regrade(prepared: pipeline.PreparedTask) -> float:
 def new_regrade(prepared: pipeline.PreparedTask, parts: dict[str, list[float]]) -> float:
     """pipeline.regrade, with its parts timed by wrapping the functions it calls."""
     timers = {
-        "read change": pipeline.read_change,
-        "fresh sandbox": pipeline.fresh_sandbox,
-        "tests": pipeline.run_tests,
+        "new: read change from outside": pipeline.read_change,
+        "new: fresh sandbox": pipeline.fresh_sandbox,
+        "new: tests": pipeline.run_tests,
     }
 
     def timed(name, fn):
@@ -120,7 +124,7 @@ def main() -> None:
                 if i == 0:
                     continue  # warm-up: first checkout, bwrap probe
                 if i % 2:
-                    old_s.append(old_regrade(prepared))
+                    old_s.append(old_regrade(prepared, parts))
                 else:
                     new_s.append(new_regrade(prepared, parts))
             finally:
@@ -133,7 +137,13 @@ def main() -> None:
             "old_regrade_in_agent_sandbox": old,
             "new_regrade_clean_room": new,
             "added_ms": round(new["median_ms"] - old["median_ms"], 1),
-            "new_parts_median_ms": {k: round(statistics.median(v) * 1000, 1) for k, v in parts.items()},
+            "parts_median_ms": {k: round(statistics.median(v) * 1000, 1) for k, v in sorted(parts.items())},
+            "new_minus_tests_ms": round(
+                (statistics.median(new_s) - statistics.median(parts["new: tests"])) * 1000, 1
+            ),
+            "old_minus_tests_ms": round(
+                (statistics.median(old_s) - statistics.median(parts["old: tests"])) * 1000, 1
+            ),
             "task_state_snapshot_in_prepare": ms(snapshot_s),
             "prepare_total": ms(prepare_s),
             "load_average": os.getloadavg(),
