@@ -38,7 +38,7 @@ from bugsweep.grading import GIT, run_tests
 from bugsweep.sandbox.local import LocalProvider
 from bugsweep.settings import SandboxSettings
 from bugsweep.spec import TaskSpec
-from tests.support.repos import BUGGY_CALC, commit_all, write_files
+from tests.support.repos import BUGGY_CALC, PYTEST_SETUP, commit_all, write_files
 
 EXCLUDES = "':(exclude,glob)**/__pycache__/**' ':(exclude,glob)**/*.pyc' ':(exclude,glob)**/.pytest_cache/**'"
 TEST_COMMAND = "python -m pytest -q tests"
@@ -108,12 +108,18 @@ def main() -> None:
         write_files(repo, BUGGY_CALC)
         commit_all(repo, "calc with a bug")
         provider = LocalProvider(SandboxSettings(), cache_dir=work / "cache", state_dir=work / "state")
-        spec = TaskSpec(repo=str(repo), problem_statement="add() subtracts", test_command=TEST_COMMAND)
+        spec = TaskSpec(
+            repo=str(repo),
+            problem_statement="add() subtracts",
+            test_command=TEST_COMMAND,
+            setup_command=PYTEST_SETUP,
+        )
         old_s, new_s, snapshot_s, prepare_s = [], [], [], []
         parts: dict[str, list[float]] = {}
         for i in range(args.runs * 2 + 1):
             t0 = time.perf_counter()
             prepared = pipeline.prepare(spec, provider)
+            pipeline.setup(prepared)  # the task environment (pytest); a layer reused after the first sample
             prepare_s.append(time.perf_counter() - t0)
             try:
                 t0 = time.perf_counter()
