@@ -48,6 +48,17 @@ def seconds(a: str, b: str) -> float:
     return (datetime.fromisoformat(b) - datetime.fromisoformat(a)).total_seconds()
 
 
+def call(http: httpx.Client, method: str, path: str, **kwargs: Any) -> Any:
+    """One REST call; the SQLite-backed server answers 503 for a moment under load: try again, as the UI does."""
+    for _ in range(30):
+        response = http.request(method, path, **kwargs)
+        if response.status_code != 503:
+            break
+        time.sleep(1)
+    response.raise_for_status()
+    return response.json()
+
+
 def measure(
     server: PrefectServer, deployment_id: str, repo: Path, runs: int, tag: str
 ) -> list[dict[str, float]]:
@@ -56,12 +67,11 @@ def measure(
     for i in range(runs):
         task = {"repo": str(repo), "problem_statement": "add() subtracts: fix it.", "test_command": "python -m pytest -q",
                 "instance_id": f"calc-{tag}-{i}"}  # fmt: skip
-        created = http.post(
-            f"/deployments/{deployment_id}/create_flow_run", json={"parameters": {"task": task, "sweep": tag}}
-        ).json()
+        created = call(http, "POST", f"/deployments/{deployment_id}/create_flow_run",
+                       json={"parameters": {"task": task, "sweep": tag}})  # fmt: skip
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
-            run = http.get(f"/flow_runs/{created['id']}").json()
+            run = call(http, "GET", f"/flow_runs/{created['id']}")
             if run["state"]["type"] in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED"):
                 break
             time.sleep(0.5)

@@ -94,7 +94,10 @@ def prefect_server() -> Iterator[None]:
         _wait_until_healthy(server, url, log_path)
         os.environ["PREFECT_API_URL"] = url  # for any process the command starts
         with temporary_settings({PREFECT_API_URL: url}):
-            yield
+            try:
+                yield
+            finally:
+                _send_what_is_queued()
     finally:
         os.environ.pop("PREFECT_API_URL", None)
         server.terminate()
@@ -103,6 +106,16 @@ def prefect_server() -> Iterator[None]:
         except subprocess.TimeoutExpired:
             server.kill()
             server.wait()
+
+
+def _send_what_is_queued() -> None:
+    """Send the logs and events still queued for the server before it stops (else: 'Error logging to API')."""
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+
+    for worker in (APILogWorker, EventsWorker):
+        with contextlib.suppress(Exception):  # best effort: the command's own work is done
+            worker.drain_all(timeout=10)
 
 
 def _wait_until_healthy(server: subprocess.Popen[bytes], url: str, log_path: Path) -> None:
