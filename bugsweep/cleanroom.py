@@ -11,7 +11,8 @@ sandbox holds the task state's copy of those.
 The task state is read once after setup (`Snapshot`), the agent's tree once after it stops; the difference is the
 change (`Change`). Unchanged files are recognised by their stat data (device, inode, size, mtime, ctime: ctime
 cannot be set by a process, so a rewritten file always shows) and are not read again, except when they changed
-within a second of the first snapshot.
+within two seconds of the first snapshot. Even a change hidden from the walk could not help the agent: what the
+walk does not see is never written into the fresh sandbox, so it is lost, never graded.
 
 `render_patch` writes the change as a `git diff` through a private object store (a bare repository in a host
 temporary folder, no configuration, no attributes, no hooks, blobs written by this module), and `apply_changes`
@@ -337,9 +338,11 @@ class HostTree:
 
 class FilesApiTree:
     """A remote sandbox's repository (Runtime), read and written through the backend's files API, never through a
-    command that runs inside. Every file is read again on every walk (the API gives no ctime, and an mtime can be
-    set by the agent). Symbolic links cannot be read back through the API: the task state's links are recorded by
-    their type and size, and a link the agent adds or changes is refused."""
+    command that runs inside. A file whose size, mtime and mode are those of the previous walk is not read again:
+    the API gives no ctime, so an agent can hide a rewrite behind a restored mtime, but a hidden change is one the
+    fresh sandbox never gets, so it can only be lost, never graded (patch.diff is what was graded). Symbolic links
+    cannot be read back through the API: the task state's links are recorded by their type and size, and a link the
+    agent adds or changes is refused."""
 
     def __init__(self, sandbox: Any) -> None:
         self.files = sandbox.sdk.files
@@ -364,9 +367,13 @@ class FilesApiTree:
             if info.get("type") not in (None, "file"):
                 snapshot.skipped.append(rel)
                 continue
-            executable = int(str(info.get("mode", "644")), 8) & 0o100
-            data = self._get(item["path"], rel)
-            snapshot.entries[rel] = Entry(EXECUTABLE if executable else FILE, blob_id(data))
+            mode = EXECUTABLE if int(str(info.get("mode", "644")), 8) & 0o100 else FILE
+            key = (int(info.get("size", -1)), int(float(info.get("mtime", -1)) * 1e9), mode)
+            known = previous.entries.get(rel) if previous is not None else None
+            if known is not None and known.key == key and key[0] >= 0 and key[1] >= 0:
+                snapshot.entries[rel] = Entry(mode, known.oid, key)
+                continue
+            snapshot.entries[rel] = Entry(mode, blob_id(self._get(item["path"], rel)), key)
         return snapshot
 
     def _get(self, path: str, rel: str) -> bytes:

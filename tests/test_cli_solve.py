@@ -103,6 +103,10 @@ def test_a_model_that_edits_the_test_is_not_resolved(
     grade = read_grade(out)
     assert not grade["resolved"] and not grade["tests_untouched"] and not grade["passes_after"]
     assert grade["touched_test_files"] == ["tests/test_calc.py"]
+    assert grade["dropped"] == {"tests/test_calc.py": "test file"}
+    assert (
+        "dropped before grading: tests/test_calc.py (test file)" in proc.stdout and "why not:" in proc.stdout
+    )
     refusal = json.dumps(json.loads((out / "trajectory.json").read_text()))
     assert "test file" in refusal.lower()
     assert "NOT RESOLVED" in proc.stdout

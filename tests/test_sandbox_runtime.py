@@ -493,15 +493,15 @@ def test_the_regrade_on_runtime_reads_the_change_through_the_files_api(
     scripted_model,
     attack: str,
     dropped: list[str],
+    pytest_setup: str,
 ) -> None:
     """The Runtime half of the clean room: the change is read back through the files API (no command inside is
     trusted), protected changes are dropped, and the tests rerun in a fresh Runtime sandbox (the fake server)."""
     from tests.support.scripted_model import tool_call
 
     out = tmp_path / "out"
-    grade = _solve(
-        provider, buggy_repo, [tool_call("run", command=attack), tool_call("finish")], scripted_model, out
-    )
+    steps = [tool_call("run", command=attack), tool_call("finish")]
+    grade = _solve(provider, buggy_repo, steps, scripted_model, out, setup=pytest_setup)
     assert not grade.resolved and grade.failure_kind is None and grade.reason
     assert sorted(grade.dropped) == dropped and grade.FAIL_TO_PASS == []
     assert fake.live_sandboxes() == [], "both the agent's and the regrade's sandboxes are released"
