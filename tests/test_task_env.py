@@ -169,6 +169,26 @@ def test_a_second_task_on_the_same_repository_reuses_the_environment_and_still_g
     assert sum("reusing the task environment" in m for m in messages) == 1
 
 
+def test_a_task_whose_test_patch_deletes_a_file_still_gets_a_reusable_environment(provider, tmp_path):
+    """The deletion is the task's own change (it stays in the sandbox's layer), not the setup's."""
+    repo = make_repo(tmp_path / "calc", {**BUGGY_CALC, "tests/test_old.py": "def test_old():\n    pass\n"})
+    delete = (
+        "diff --git a/tests/test_old.py b/tests/test_old.py\ndeleted file mode 100644\n--- a/tests/test_old.py\n"
+        "+++ /dev/null\n@@ -1,2 +0,0 @@\n-def test_old():\n-    pass\n"
+    )
+    spec = TaskSpec(repo=str(repo), problem_statement="x", test_command="python -m pytest -q",
+                    setup_command=PYTEST_SETUP, test_patch=delete)  # fmt: skip
+    layers = []
+    for _ in range(2):
+        prepared = prepare(spec, provider)
+        with prepared.sandbox:
+            setup(prepared)
+            assert prepared.environment is not None and prepared.environment.key, "kept as a layer"
+            layers.append((prepared.environment.key, prepared.environment.reused))
+            assert not prepared.sandbox.files.exists("/workspace/repo/tests/test_old.py")
+    assert layers[0][0] == layers[1][0] and [reused for _, reused in layers] == [False, True]
+
+
 def test_a_changed_dependency_file_makes_a_new_environment(provider, tmp_path):
     repo = make_repo(tmp_path / "calc", {**BUGGY_CALC, "requirements.txt": "pytest\n"})
     keys = []

@@ -199,12 +199,13 @@ def setup_outputs(upper: Path, before: Manifest) -> tuple[list[str], str | None]
             if old is None and _opaque(upper / rel):
                 return [], f"the setup replaced the folder {rel}"
             continue
+        if old == (mode, size, mtime):
+            continue  # there before the setup (the task's own change, e.g. a test file its test patch deletes)
         if stat.S_ISCHR(mode):
             return [], f"the setup deleted {rel}"
-        if old is not None and old != (mode, size, mtime):
+        if old is not None:
             return [], f"the setup changed {rel}, which the task had already changed"
-        if old is None:
-            outputs.append(rel)
+        outputs.append(rel)
     return outputs, None
 
 
