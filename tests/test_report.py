@@ -9,15 +9,13 @@ import pytest
 
 from bugsweep.report import (
     RunRecord,
-    bootstrap_mean_ci,
     build_report,
     render_html,
     render_json,
     render_markdown,
-    sign_test_p,
-    wilson_interval,
     write_report,
 )
+from bugsweep.stats import bootstrap_mean_ci, sign_test_p, wilson_interval
 
 
 @pytest.mark.parametrize(
