@@ -287,6 +287,7 @@ def test_a_crash_in_bugsweep_could_not_run_and_its_traceback_goes_to_a_log(
     )
     environment = {**os.environ, "LLM_BASE_URL": server.base_url, "LLM_MODEL": "scripted", "COLUMNS": "300"}
     args = ["solve", "--repo", str(buggy_repo), "--task", "fix add", "--test-command", "python -m pytest -q"]
+    args += ["--setup-command", PYTEST_SETUP]
     proc = subprocess.run(
         [sys.executable, "-c", inject, *args, "--out", str(out)],
         env=environment,
@@ -326,6 +327,7 @@ def test_sigterm_mid_agent_records_turns_tokens_and_time_and_releases_the_sandbo
         "BUGSWEEP_POLICY": "plain",
     }
     args = ["solve", "--repo", str(buggy_repo), "--task", "fix add", "--test-command", "python -m pytest -q"]
+    args += ["--setup-command", PYTEST_SETUP]
     proc = subprocess.Popen(
         [*SOLVE, *args, "--out", str(out)],
         env=environment,
