@@ -240,11 +240,14 @@ def test_detected_commands_for_common_layouts(tmp_path: Path) -> None:
         "tests/test_e.py": "def test_x():\n    pass\n",
     })  # fmt: skip
     assert detect_commands(extras, git(extras, "rev-parse", "HEAD"), ["tests/test_e.py"]).setup == (
-        "pip install -e '.[tests]'"
+        "pip install -e '.[tests]' && pip install pytest"
     )
     write_files(extras, {"tox.ini": "[testenv]\nextras = testing\ncommands = pytest\n"})
     head = commit_all(extras, "tox")
-    assert detect_commands(extras, head, ["tests/test_e.py"]).setup == "pip install -e '.[testing]'"
+    assert (
+        detect_commands(extras, head, ["tests/test_e.py"]).setup
+        == "pip install -e '.[testing]' && pip install pytest"
+    )
 
 
 def _run(tests: dict[str, str] | None, exit_code: int = 1) -> TestRun:

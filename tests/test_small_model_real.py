@@ -21,7 +21,7 @@ from bugsweep.agent.model import ChatModel
 from bugsweep.agent.trajectory import load
 from bugsweep.sandbox import RepoSource, Sandbox, get_provider
 from bugsweep.settings import AgentSettings, ModelSettings
-from tests.support.repos import BUGGY_CALC, make_repo
+from tests.support.repos import BUGGY_CALC, make_repo, with_pytest
 from tests.support.scripted_model import ScriptedModelServer, tool_call
 
 SMALL = AgentSettings(policy="small-model")
@@ -30,7 +30,7 @@ TEST_COMMAND = "python -m pytest -q"
 
 def sandbox_for(repo: Path) -> Iterator[Sandbox]:
     sbx = get_provider("local").create(RepoSource(str(repo)))
-    with sbx:
+    with with_pytest(sbx):
         yield sbx
 
 
