@@ -13,7 +13,9 @@ Register the fixtures with `pytest_plugins = ["tests.support.prefect_server"]` i
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -31,6 +33,8 @@ from tests.support.processes import die_with_parent
 STARTUP_TIMEOUT_S = int(os.environ.get("BUGSWEEP_TEST_PREFECT_STARTUP_S", "120"))
 
 _HOME = Path(tempfile.mkdtemp(prefix="bugsweep-prefect-home-"))
+# The servers and workers using it are stopped by their fixtures first; the folder must not outlive the session.
+atexit.register(shutil.rmtree, _HOME, ignore_errors=True)
 OFFLINE_ENV = {
     "DO_NOT_TRACK": "1",
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
