@@ -36,10 +36,10 @@ from pathlib import Path, PurePosixPath
 from bugsweep.errors import ConfigError, SandboxError
 from bugsweep.sandbox.local import disk
 from bugsweep.sandbox.local.common import WORKSPACE
+from bugsweep.sandbox.local.disk import umount
 
 log = logging.getLogger(__name__)
 
-_MNT_DETACH = 2
 _libc = ctypes.CDLL(None, use_errno=True)
 
 #: The sandbox folder's parts, made before anything is mounted.
@@ -59,17 +59,6 @@ def check_workdir(workdir: str) -> str:
             f"there (set BUGSWEEP_SANDBOX_WORKDIR to e.g. {WORKSPACE}/repo)"
         )
     return workdir
-
-
-def umount(target: Path) -> None:
-    if _libc.umount2(os.fsencode(target), 0) == 0:
-        return
-    code = ctypes.get_errno()
-    if code == errno.EINVAL:  # not mounted
-        return
-    if _libc.umount2(os.fsencode(target), _MNT_DETACH) != 0:
-        code = ctypes.get_errno()
-        raise OSError(code, f"umount {target}: {os.strerror(code)}")
 
 
 def copy_tree(src: Path, dest: Path, *, keep_owner: bool = True) -> None:
