@@ -113,6 +113,18 @@ def test_edit_names_the_test_command_as_the_next_step(repo: Path) -> None:
     assert out.content.endswith("Run the tests to check the fix: python -m pytest -q")
 
 
+def test_an_edit_is_seen_by_the_next_run_even_when_python_cached_the_file_in_the_same_second(
+    box: Toolbox, repo: Path
+) -> None:
+    """Python reuses a .pyc whose recorded mtime (whole seconds) and size match the source. Seen in CI: a scripted
+    edit of the same size, made in the same second as the test run that compiled the file, was not run by the
+    next test run. Pinning the mtime makes that same second certain here."""
+    same_second = "touch -d @1500000000 calc.py && PYTHONDONTWRITEBYTECODE= python -c 'import calc; print(calc.add(2, 3))'"
+    assert box.run(same_second).content.rstrip().endswith("-1")
+    assert box.call("edit_file", args(path="calc.py", old="a - b", new="a + b")).ok
+    assert box.run(same_second).content.rstrip().endswith("5")
+
+
 def test_edit_accepts_absolute_path_inside_repo(box: Toolbox, repo: Path) -> None:
     out = box.call("edit_file", args(path=f"{repo}/calc.py", old="a - b", new="a + b"))
     assert out.ok, out.content

@@ -296,7 +296,7 @@ class SmallModelPolicy(Policy):
             "edit_tried", turn=run.turn, function=span.name, tests_exit_code=tests.exit_code, kept=passed
         )
         if not passed:
-            toolbox.sandbox.files.write(*before)
+            toolbox.write_file(*before)
             return False
         run.record_tool(call, outcome, time.monotonic() - started, exit_code=None, detail=None)
         # edit_done's last line asks for the test run that has just passed.
@@ -454,7 +454,7 @@ def rewrite_function(toolbox: Toolbox, span: FunctionSpan, reply: str) -> ToolOu
         return ToolOutcome(
             prompts.rewrite_unusable(broken[1], now), ok=False, format_error=True, short_arg=rel
         )
-    toolbox.sandbox.files.write(real, updated)
+    toolbox.write_file(real, updated)
     last = now.first + function.rstrip("\n").count("\n")
     text = prompts.function_rewritten(now, last, snippet(updated, now.first, last), toolbox.test_command)
     return ToolOutcome(text, short_arg=rel, arguments={"path": rel, "function": span.name})

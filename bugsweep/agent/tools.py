@@ -167,6 +167,19 @@ class Toolbox:
         return outcome
 
     # -- run ---------------------------------------------------------------------------------------------------
+    def write_file(self, real: str, data: str) -> None:
+        """Write a file of the repository; for Python source, also remove its compiled bytecode.
+
+        Python trusts a .pyc whose recorded source mtime (whole seconds) and size match the file: an edit that
+        keeps the size, made in the same second as the run that compiled it, was otherwise not seen by the next
+        test run (seen with a scripted model, `- b` to `+ b`). The grade never reads bytecode (cleanroom.py).
+        """
+        self.sandbox.files.write(real, data)
+        if real.endswith(".py"):
+            folder, name = posixpath.split(real)
+            stale = f"{folder}/__pycache__/{name[:-3]}."
+            self.sandbox.exec(f"rm -f -- {shlex.quote(stale)}*.pyc", timeout=30, stdin="")
+
     def run(self, command: str) -> ToolOutcome:
         timeout = self.settings.command_timeout_s
         left = self.time_left()
@@ -445,7 +458,7 @@ class Toolbox:
                 old_last = old_first + content.count("\n", start, end)
                 shown = numbered(content, old_first - 2, old_last + 2)
                 return ToolOutcome(prompts.edit_breaks_syntax(rel, message, shown), ok=False, short_arg=rel)
-        self.sandbox.files.write(real, updated)
+        self.write_file(real, updated)
         text = prompts.edit_done(rel, first, last, snippet(updated, first, last), loose, self.test_command)
         return ToolOutcome(text, short_arg=rel)
 
@@ -477,7 +490,7 @@ class Toolbox:
             return ToolOutcome(prompts.not_text(rel), ok=False, short_arg=rel)
         if not parent_exists:
             self.sandbox.exec(f"mkdir -p -- {shlex.quote(posixpath.dirname(real))}", timeout=30, stdin="")
-        self.sandbox.files.write(real, new)
+        self.write_file(real, new)
         return ToolOutcome(prompts.file_created(rel, len(new.splitlines())), short_arg=rel)
 
 
