@@ -136,13 +136,13 @@ def ensure_crash_automation(heartbeat_s: int) -> str:
     within MISSED_HEARTBEATS of them, the process is gone (killed, out of memory, the machine lost), and the
     automation sets the run Crashed, so it does not stay Running for good. Returns the automation's name.
     """
-    from prefect.automations import Automation
+    from prefect.client.orchestration import get_client
     from prefect.client.schemas.objects import StateType
     from prefect.events.actions import ChangeFlowRunState
-    from prefect.events.schemas.automations import EventTrigger, Posture
+    from prefect.events.schemas.automations import AutomationCore, EventTrigger, Posture
 
     window = timedelta(seconds=heartbeat_s * MISSED_HEARTBEATS)
-    automation = Automation(
+    automation = AutomationCore(
         name=CRASH_AUTOMATION,
         description=(
             f"A flow run tagged {TAG!r} whose heartbeats (every {heartbeat_s} s) stop for {window.seconds} s "
@@ -166,19 +166,18 @@ def ensure_crash_automation(heartbeat_s: int) -> str:
         ),
         actions=[
             ChangeFlowRunState(
+                name=None,
+                force=False,
                 state=StateType.CRASHED,
                 message=f"no heartbeat for {window.seconds} s: the flow run's process is gone (killed, out of "
                 "memory, or its machine lost). Its sandboxes are removed when a worker or run starts on that machine.",
             )
         ],
     )
-    try:
-        old = Automation.read(name=CRASH_AUTOMATION)
-    except ValueError:
-        old = None
-    if old is not None:
-        old.delete()
-    automation.create()
+    with get_client(sync_client=True) as client:
+        for old in client.read_automations_by_name(CRASH_AUTOMATION):
+            client.delete_automation(old.id)
+        client.create_automation(automation)
     return CRASH_AUTOMATION
 
 

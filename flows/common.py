@@ -179,7 +179,8 @@ def model_endpoint(run: RunConfig) -> Iterator[RunConfig]:
     if run.model.base_url:
         yield run
         return
-    from bugsweep.embedded import DEFAULT_MODEL, ensure_embedded_model
+    from bugsweep.embedded import DEFAULT_MODEL
+    from bugsweep.embedded.server import ensure_embedded_model
 
     log.info("no model endpoint configured (block or LLM_BASE_URL): using the embedded open model")
     with ensure_embedded_model(progress=lambda message: log.info("%s", message)) as endpoint:
