@@ -14,6 +14,7 @@ from bugsweep.agent.rewrite import (
     current_span,
     enclosing_function,
     function_from_reply,
+    function_meant,
     splice,
 )
 
@@ -178,3 +179,48 @@ def test_called_functions_are_the_functions_of_the_file_that_the_body_calls_in_f
     assert span is not None
     assert [(f.name, f.first) for f in called_functions(source, span)] == [("rate", 10), ("price", 14)]
     assert called_functions(source, span, max_lines=1) == []
+
+
+# -- the function an edit means when its `old` matches no single place ------------------------------------------
+
+DATES = textwrap.dedent(
+    '''\
+    def is_leap_year(year):
+        """Divisible by 4, except by 100 unless also by 400."""
+        return year % 4 == 0
+
+
+    def days_in_month(year, month):
+        if month == 2 and is_leap_year(year):
+            return 29
+        return 30
+    '''
+)
+
+
+@pytest.mark.parametrize(
+    ("old", "found_nowhere", "meant"),
+    [
+        # The three `old`s the 1.5B model sent for dates.py before it had read it (trajectory of 2026-12-01):
+        ("is_leap_year", False, "is_leap_year"),  # the name alone: the def and a call, found twice
+        ("if year % 400 == 0 or (year % 4 == 0 and year % 100 != 0):", True, "is_leap_year"),  # imagined
+        (
+            'def is_leap_year(year):\n    """Divisible by 4."""\n    return year % 4 == 0\n\n\ndef days_in_month(',
+            True,
+            "is_leap_year",
+        ),  # the function copied with a changed docstring
+        ("return month + 30", True, "days_in_month"),  # its words are only there
+        ("return 30", True, None),  # too few words to tell
+        ("year, 29, 400", True, None),  # two thirds of its words in each function: a tie
+        ("if year % 400 == 0:", False, None),  # found twice and naming no function: only a match would tell
+        ("def nowhere(x):\n    return x", True, None),  # a function the file does not have
+    ],
+)
+def test_the_function_an_unmatched_old_means(old: str, found_nowhere: bool, meant: str | None) -> None:
+    span = function_meant(DATES, "dates.py", old, found_nowhere=found_nowhere)
+    assert (span.name if span else None) == meant
+
+
+def test_a_function_defined_twice_is_never_guessed() -> None:
+    twice = DATES + "\n\ndef is_leap_year(year):\n    return False\n"
+    assert function_meant(twice, "dates.py", "is_leap_year", found_nowhere=False) is None

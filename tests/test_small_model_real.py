@@ -151,12 +151,9 @@ def test_a_repeated_command_is_answered_with_what_is_new(
 def test_an_edit_to_an_unread_file_gets_the_region_most_like_its_old(
     scripted_model, sandbox: Sandbox, tmp_path: Path
 ) -> None:
-    wrong = tool_call(
-        "edit_file",
-        path="calc.py",
-        old="def add(x, y):\n    return x-y",
-        new="def add(x, y):\n    return x+y",
-    )
+    # An `old` that means no one function (its words are in both of calc.py's); one that does is asked for whole
+    # (tests/test_agent_loop.py, test_an_edit_whose_old_matches_nowhere_asks_for_the_function_it_means).
+    wrong = tool_call("edit_file", path="calc.py", old="result = a-b", new="result = a+b")
     server = scripted_model([wrong, FINISH])
     solve(server, sandbox, tmp_path)
     text = server.requests[1]["messages"][-1][

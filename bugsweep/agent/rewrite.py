@@ -17,6 +17,7 @@ text-in, text-out, so it is tested without a model or a sandbox; the policy (sma
 from __future__ import annotations
 
 import ast
+import keyword
 import re
 import textwrap
 from dataclasses import dataclass
@@ -96,6 +97,58 @@ def enclosing_function(
         ):
             best = node
     return None if best is None else _span(source, path, best, max_lines)
+
+
+_DEF_NAME = re.compile(r"\bdef\s+(\w+)\s*\(")
+_WORD = re.compile(r"[A-Za-z_]\w*|\d+")
+
+
+def function_meant(
+    source: str, path: str, old: str, *, found_nowhere: bool, max_lines: int = MAX_FUNCTION_LINES
+) -> FunctionSpan | None:
+    """The one function an edit_file `old` means when it does not match exactly one place of the file.
+
+    Seen on the 1.5B model editing a file it had not read (bench/README.md): `old` was the function's name alone
+    (found twice: the def and a call), a line it had imagined, or the function copied with a changed docstring.
+    Its meaning is still clear, in this order: the first function `old` defines (`def name(`); the one function
+    of the file whose name `old` uses; and, when `old` is found nowhere, the one function whose source holds the
+    most of `old`'s words and numbers (at least 60% of them, strictly more than any other). None otherwise, or
+    when that function is defined twice or is longer than `max_lines`.
+    """
+    functions = _functions(source) or []
+    by_name: dict[str, list[_Function]] = {}
+    for node in functions:
+        by_name.setdefault(node.name, []).append(node)
+
+    def only(name: str) -> FunctionSpan | None:
+        nodes = by_name.get(name, [])
+        return _span(source, path, nodes[0], max_lines) if len(nodes) == 1 else None
+
+    defined = _DEF_NAME.findall(old)
+    if defined:
+        return only(defined[0])
+    named = {word for word in _WORD.findall(old) if word in by_name}
+    if len(named) == 1:
+        return only(named.pop())
+    words = {w for w in _WORD.findall(old) if not keyword.iskeyword(w)}
+    if not found_nowhere or len(words) < 2:
+        return None
+    lines = source.split("\n")
+    scores = sorted(
+        (
+            (
+                len(words & set(_WORD.findall("\n".join(lines[_top(node) - 1 : node.end_lineno]))))
+                / len(words),
+                i,
+            )
+            for i, node in enumerate(functions)
+        ),
+        reverse=True,
+    )
+    if not scores or scores[0][0] < 0.6 or (len(scores) > 1 and scores[1][0] == scores[0][0]):
+        return None
+    best = functions[scores[0][1]]
+    return only(best.name)
 
 
 def called_functions(

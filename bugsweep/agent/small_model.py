@@ -6,6 +6,9 @@ With it the embedded model resolved the demo 5 of 5 times (bench/README.md, "who
   and kept when the task's tests pass with it; otherwise it is undone, the call leaves the conversation, and the
   model is asked for the whole corrected function as a ```python block, which then replaces the function. A
   function written back unchanged moves the request to the one function of the file that it calls.
+  An edit_file call whose `old` matches no single place but clearly means one function (it defines it, names it,
+  or, found nowhere, is mostly that function's words: rewrite.function_meant) is answered the same way (seen:
+  "old text not found" again and again on unread files, in the demo and on real bugs).
 - A failed edit_file call leaves the conversation: the reply and its result are replaced by one note saying what
   went wrong (once a wrong `old` is in the history, the model sends it again and again).
 - A read_file or edit_file call that fails exactly as an identical earlier call did is told so.
@@ -52,6 +55,7 @@ from bugsweep.agent.rewrite import (
     current_span,
     enclosing_function,
     function_from_reply,
+    function_meant,
     splice,
 )
 from bugsweep.agent.text import closest_lines, loose_matches, new_syntax_error, occurrences, snippet
@@ -377,14 +381,15 @@ class SmallModelPolicy(Policy):
 
 
 def function_to_rewrite(toolbox: Toolbox, raw_arguments: str | dict[str, Any] | None) -> FunctionSpan | None:
-    """The Python function that an edit_file call would change, when the call is valid and its `old` matches
-    exactly one place inside one function of a code file; None for every other call (those run as usual,
-    so their errors and refusals stay the same)."""
+    """The Python function that an edit_file call would change: where its `old` matches exactly one place inside
+    one function of a code file, or, when it matches no single place, the function it clearly means
+    (rewrite.function_meant). None for every other call (those run as usual, so their errors and refusals stay
+    the same)."""
     args, _ = parse_arguments(raw_arguments)
     if args is None or not all(isinstance(args.get(k), str) for k in ("path", "old", "new")):
         return None
     path, old, new = args["path"], args["old"], args["new"]
-    if not path.strip().endswith(".py") or not old.strip() or old == new:
+    if not path.strip().endswith(".py") or not old.strip():
         return None
     resolved = toolbox.resolve(path)
     if isinstance(resolved, ToolOutcome):
@@ -397,9 +402,11 @@ def function_to_rewrite(toolbox: Toolbox, raw_arguments: str | dict[str, Any] | 
     except UnicodeDecodeError:
         return None
     spans = [(i, i + len(old)) for i in occurrences(content, old)] or loose_matches(content, old)
-    if len(spans) != 1:
-        return None
-    return enclosing_function(content, rel, *spans[0])
+    if len(spans) == 1:
+        return None if old == new else enclosing_function(content, rel, *spans[0])
+    if not spans and len(normalised_matches(content, old)) == 1:
+        return None  # applied where it matches once quotes and spacing are normalised (_edit_loosely)
+    return function_meant(content, rel, old, found_nowhere=not spans)
 
 
 def has_seen(toolbox: Toolbox, span: FunctionSpan) -> bool:
