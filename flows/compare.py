@@ -44,7 +44,7 @@ from flows.common import (
 )
 from flows.solve_bug import Job, solve_many
 from flows.sweep import TaskSource
-from tasks import steps
+from tasks import quiet_thread_timeout_warnings, steps
 
 #: Report files, written next to the runs and uploaded with them.
 REPORT_FILES = ("report.md", "report.json", "report.html")
@@ -148,10 +148,12 @@ def compare_models(
     retries) is listed in the report and left out of the rates. The report goes to `report_dir` (default: the
     comparison's folder next to the runs) and to the artifact store under NAME/.
     """
+    quiet_thread_timeout_warnings()
     logger = get_run_logger()
     base = load_run_config(MODEL_BLOCK, sandbox, store_block, limits, flow_run_id=current_flow_run_id())
     name = name or default_name(source)
-    specs = steps.list_tasks(source, base.provider, base.store, setup_network=base.setup_network)
+    list_tasks = steps.list_tasks.with_options(retry_delay_seconds=steps.retry_delays_s())
+    specs = list_tasks(source, base.provider, base.store, setup_network=base.setup_network)
     if not specs or not models:
         raise ConfigError("a comparison needs at least one task and one model")
     configs = run_configs(base, models, name)

@@ -37,7 +37,7 @@ from flows.common import (
     load_run_config,
     model_endpoint,
 )
-from tasks import steps
+from tasks import quiet_thread_timeout_warnings, steps
 
 if TYPE_CHECKING:
     from bugsweep.sandbox.base import Sandbox
@@ -123,7 +123,8 @@ def upload_outcome(outcome: TaskOutcome, run: RunConfig) -> TaskOutcome:
     """Upload the run folder (the step retries S3 outages); when it still fails, keep the folder with a marker, so
     the next run of the task (or `bugsweep upload`, or a sweep as it starts) uploads it instead of solving again."""
     try:
-        uploaded = steps.upload(outcome.local_dir, run.store, outcome.key, outcome.grade)
+        upload = steps.upload.with_options(retry_delay_seconds=steps.retry_delays_s())
+        uploaded = upload(outcome.local_dir, run.store, outcome.key, outcome.grade)
         outcome.stored_at = f"{uploaded.location}/{uploaded.key}"
         (outcome.local_dir / PENDING_FILE).unlink(missing_ok=True)
     except StorageError as exc:
@@ -278,6 +279,7 @@ def solve_bug(
     Failed when it could not (setup failed, tests already passing, an outage that outlasted the retries) or its
     artifacts could not be uploaded; grade.json says which kind of failure it was either way.
     """
+    quiet_thread_timeout_warnings()
     task = task or one_off_task(repo, problem, test_command, setup_command, ref)
     run = load_run_config(model_block, sandbox, store_block, limits, flow_run_id=current_flow_run_id())
     with model_endpoint(run) as run:

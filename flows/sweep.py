@@ -34,7 +34,7 @@ from flows.common import (
     previous_grade,
 )
 from flows.solve_bug import RUN_FILE, Job, TaskOutcome, solve_many
-from tasks import steps
+from tasks import quiet_thread_timeout_warnings, steps
 
 #: A plain union (not a discriminated one): the Prefect UI draws it as a choice of two forms, not a JSON box.
 TaskSource = TaskFile | RepoBranch
@@ -79,10 +79,12 @@ def sweep(
         deployment: The solve-bug deployment to use with `run_on: workers`.
         redo_graded: Run tasks again even when already graded for this model and commit.
     """
+    quiet_thread_timeout_warnings()
     run = load_run_config(model_block, sandbox, store_block, limits, flow_run_id=current_flow_run_id())
     sweep_name = name or default_name(source)
     upload_kept(run, sweep_name)
-    specs = steps.list_tasks(source, run.provider, run.store, setup_network=run.setup_network)
+    list_tasks = steps.list_tasks.with_options(retry_delay_seconds=steps.retry_delays_s())
+    specs = list_tasks(source, run.provider, run.store, setup_network=run.setup_network)
     todo, graded = (specs, []) if redo_graded else split_graded(specs, run, sweep_name)
     if run_on == "workers":
         shared = {

@@ -28,7 +28,7 @@ from prefect.cache_policies import NO_CACHE
 
 from bugsweep import discover
 from bugsweep.discover import RepoBranch, TaskFile
-from bugsweep.errors import InfraError, SandboxGone, failure_kind
+from bugsweep.errors import ConfigError, InfraError, SandboxGone, failure_kind
 from bugsweep.grading import Grade
 from bugsweep.settings import AgentSettings
 from bugsweep.spec import TaskSpec
@@ -43,8 +43,21 @@ if TYPE_CHECKING:
 
 
 def retry_delays_s() -> list[float]:
-    """Seconds before the first and second retry of a step (BUGSWEEP_RETRY_DELAYS_S shortens them in tests)."""
-    return [float(s) for s in os.environ.get("BUGSWEEP_RETRY_DELAYS_S", "10,60").split(",")]
+    """Seconds before the first and second retry of a step (BUGSWEEP_RETRY_DELAYS_S shortens them in tests).
+
+    Read when a flow runs a step, never at import: `PrefectSteps` and the callers of `upload` and `list_tasks`
+    pass it with `.with_options(retry_delay_seconds=...)`.
+    """
+    raw = os.environ.get("BUGSWEEP_RETRY_DELAYS_S", "10,60")
+    try:
+        delays = [float(s) for s in raw.split(",")]
+    except ValueError:
+        delays = []
+    if not delays or any(d < 0 for d in delays):
+        raise ConfigError(
+            f"BUGSWEEP_RETRY_DELAYS_S={raw!r}: give seconds >= 0 separated by commas, e.g. 10,60"
+        )
+    return delays
 
 
 #: Margin added to the core's own limits, so the core's timeout (a clear result) fires before Prefect's.
@@ -141,7 +154,6 @@ def log_event(event: AgentEvent) -> None:
 @task(
     name="upload",
     retries=2,
-    retry_delay_seconds=retry_delays_s(),
     retry_condition_fn=retry_on_infra,
     timeout_seconds=600.0,
     **_STEP,
@@ -167,7 +179,6 @@ def upload(out_dir: Path, store: ArtifactStore, key: str, verdict: Grade) -> Upl
 @task(
     name="list-tasks",
     retries=2,
-    retry_delay_seconds=retry_delays_s(),
     retry_condition_fn=retry_on_infra,
     timeout_seconds=2 * STEP_TIMEOUT_S + TIMEOUT_MARGIN_S,
     **_STEP,

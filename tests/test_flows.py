@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import os
 
-os.environ.setdefault(
-    "BUGSWEEP_RETRY_DELAYS_S", "0.2,0.5"
-)  # before tasks.steps reads it: quick retries in tests
+os.environ.setdefault("BUGSWEEP_RETRY_DELAYS_S", "0.2,0.5")  # quick retries (read when a flow runs a step)
 
 import json
 import signal

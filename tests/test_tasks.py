@@ -1,0 +1,89 @@
+"""The Prefect task layer (tasks/) does no work at import: no logger changed, no environment read.
+
+Real parts: a fresh Python process importing the flows and tasks exactly as a Prefect worker does. No server is
+needed: nothing here runs a flow.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bugsweep.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+#: Imports every module of tasks/ and flows/, recording which environment variables the project's own code reads
+#: (libraries copy the whole environment at import: not counted) and the Prefect task-run logger's filters after.
+IMPORT_AND_REPORT = """
+import json, logging, os, sys
+
+read = []
+
+class Recording(type(os.environ)):
+    def __getitem__(self, key):
+        frame = sys._getframe(1)
+        while frame and frame.f_code.co_filename.startswith("<frozen"):  # os.environ.get, Mapping.items
+            frame = frame.f_back
+        if frame and frame.f_code.co_filename.startswith(ROOT):  # the project's code, not a library's
+            read.append(f"{key} by {frame.f_code.co_filename}:{frame.f_lineno}")
+        return super().__getitem__(key)
+
+os.environ.__class__ = Recording
+import tasks, tasks.steps, flows.common, flows.solve_bug, flows.sweep, flows.compare
+print(json.dumps({"read": read, "filters": [type(f).__name__ for f in logging.getLogger("prefect.task_runs").filters]}))
+"""
+
+
+def test_importing_the_tasks_and_flows_changes_no_logger_and_reads_no_environment() -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "BUGSWEEP_RETRY_DELAYS_S": "not,seconds"}
+    done = subprocess.run(
+        [sys.executable, "-c", f"ROOT = {str(ROOT)!r}\n{IMPORT_AND_REPORT}"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report == {"read": [], "filters": []}
+
+
+def test_a_flow_start_quiets_the_thread_timeout_warning_once() -> None:
+    from tasks import TASK_RUNS_LOGGER, QuietThreadTimeoutWarning, quiet_thread_timeout_warnings
+
+    logger = logging.getLogger(TASK_RUNS_LOGGER)
+    before = list(logger.filters)
+    try:
+        quiet_thread_timeout_warnings()
+        quiet_thread_timeout_warnings()
+        added = [f for f in logger.filters if f not in before]
+        assert len(added) == 1 and isinstance(added[0], QuietThreadTimeoutWarning)
+        warning = logging.LogRecord(
+            TASK_RUNS_LOGGER, logging.WARNING, __file__, 1,
+            "timeout cannot interrupt a blocking call: task is running in a worker thread", None, None,
+        )  # fmt: skip
+        other = logging.LogRecord(TASK_RUNS_LOGGER, logging.WARNING, __file__, 1, "step failed", None, None)
+        assert not logger.filter(warning) and logger.filter(other)
+    finally:
+        for f in logger.filters:
+            if f not in before:
+                logger.removeFilter(f)
+
+
+@pytest.mark.parametrize("value", ["not,seconds", "", "10,-1"])
+def test_bad_retry_delays_are_a_config_error_when_a_step_runs(monkeypatch, value: str) -> None:
+    from tasks.steps import retry_delays_s
+
+    monkeypatch.setenv("BUGSWEEP_RETRY_DELAYS_S", value)
+    with pytest.raises(ConfigError, match="BUGSWEEP_RETRY_DELAYS_S"):
+        retry_delays_s()
+    monkeypatch.setenv("BUGSWEEP_RETRY_DELAYS_S", "0.5,2")
+    assert retry_delays_s() == [0.5, 2.0]
