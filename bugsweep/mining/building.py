@@ -1,0 +1,197 @@
+"""Building a task from a screened commit: setup and test commands detected from the layout, the test patch, and
+the TaskSpec."""
+
+from __future__ import annotations
+
+import configparser
+import re
+import shlex
+import subprocess
+import tomllib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bugsweep.mining.history import _git
+from bugsweep.mining.records import Commit, Screened
+from bugsweep.spec import TaskSpec
+
+#: Files that, when present, hold the test dependencies (first match wins).
+TEST_REQUIREMENTS = [
+    "requirements/tests.txt", "requirements/test.txt", "requirements/testing.txt", "requirements-test.txt",
+    "requirements-tests.txt", "requirements_test.txt", "test-requirements.txt", "tests/requirements.txt",
+    "requirements/dev.txt", "requirements-dev.txt", "dev-requirements.txt",
+]  # fmt: skip
+
+
+@dataclass
+class Commands:
+    setup: str | None
+    test: str | None
+    why: list[str] = field(default_factory=list)
+
+
+def _show(repo: Path, commit: str, path: str) -> str | None:
+    proc = subprocess.run(
+        ["git", "-C", str(repo), "show", f"{commit}:{path}"], capture_output=True, text=True, errors="replace"
+    )
+    return proc.stdout if proc.returncode == 0 else None
+
+
+#: Names of the extra / dependency group / tox section that holds test dependencies.
+TEST_GROUP_NAMES = ("tests", "test", "testing")
+_PLAIN_REQUIREMENT = re.compile(
+    r"^[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9,._-]+\])?\s*([<>=!~]=?\s*[\w.*+!-]+\s*,?\s*)*$"
+)
+
+
+def _pyproject_test_deps(text: str) -> tuple[str | None, list[str]]:
+    """(the test extra's name, the test dependency group's requirements) from pyproject.toml."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError:
+        return None, []
+    extras = data.get("project", {}).get("optional-dependencies", {}) or {}
+    extra = next((g for g in TEST_GROUP_NAMES if g in extras), None)
+    groups = data.get("dependency-groups", {}) or {}
+    group: list[object] = next((groups[g] for g in TEST_GROUP_NAMES if g in groups), [])
+    return extra, [r for r in group if isinstance(r, str)]  # {include-group = ...} tables are left out
+
+
+def _setup_cfg_extra(text: str) -> str | None:
+    cfg = configparser.ConfigParser(interpolation=None)
+    try:
+        cfg.read_string(text)
+    except configparser.Error:
+        return None
+    if not cfg.has_section("options.extras_require"):
+        return None
+    return next((g for g in TEST_GROUP_NAMES if cfg.has_option("options.extras_require", g)), None)
+
+
+def _tox_extra(text: str) -> str | None:
+    """The test extra tox installs ([testenv] extras = tests), if it is one of TEST_GROUP_NAMES."""
+    cfg = configparser.ConfigParser(interpolation=None)
+    try:
+        cfg.read_string(text)
+    except configparser.Error:
+        return None
+    if not cfg.has_option("testenv", "extras"):
+        return None
+    listed = re.split(r"[\s,]+", cfg.get("testenv", "extras"))
+    return next((g for g in TEST_GROUP_NAMES if g in listed), None)
+
+
+#: A test extra declared as a literal in setup.py: `"tests": [` inside extras_require or a dict built for it.
+_SETUP_PY_EXTRA = re.compile(r"""["'](tests|test|testing)["']\s*:\s*\[""")
+
+
+def _tox_deps(text: str) -> list[str]:
+    """The plain requirements of tox.ini's [testenv] deps (factor-conditional and templated lines left out)."""
+    cfg = configparser.ConfigParser(interpolation=None)
+    try:
+        cfg.read_string(text)
+    except configparser.Error:
+        return []
+    if not cfg.has_option("testenv", "deps"):
+        return []
+    lines = [line.strip() for line in cfg.get("testenv", "deps").splitlines()]
+    return [line for line in lines if line and "{" not in line and _PLAIN_REQUIREMENT.match(line)]
+
+
+def detect_commands(repo: Path, commit: str, test_files: Sequence[str]) -> Commands:
+    """Setup and test commands for common Python layouts, read from the tree at `commit`.
+
+    - pyproject.toml with [project] or [build-system], or setup.py: `pip install -e .`, with the
+      `tests`/`test`/`testing` extra when pyproject.toml, setup.cfg, tox.ini's [testenv] extras or a literal
+      in setup.py's extras_require names one;
+    - then the test dependencies where the project keeps them: a requirements file (TEST_REQUIREMENTS), a
+      `tests`/`test`/`testing` dependency group in pyproject.toml, or tox.ini's [testenv] deps;
+    - tests run with `python -m pytest -q <changed test modules>` (pytest also runs unittest-style tests, and
+      gives per-test results the grader reads), so the setup ends with `pip install pytest`.
+    """
+    names = set(_git(repo, "ls-tree", "-r", "--name-only", commit).split("\n"))
+    why: list[str] = []
+    steps: list[str] = []
+    pyproject = _show(repo, commit, "pyproject.toml") if "pyproject.toml" in names else None
+    extra, group = _pyproject_test_deps(pyproject) if pyproject else (None, [])
+    if extra is None and "setup.cfg" in names:
+        extra = _setup_cfg_extra(_show(repo, commit, "setup.cfg") or "")
+    if extra is None and "tox.ini" in names:
+        extra = _tox_extra(_show(repo, commit, "tox.ini") or "")
+    if extra is None and "setup.py" in names:
+        setup_py = _show(repo, commit, "setup.py") or ""
+        found = _SETUP_PY_EXTRA.search(setup_py) if "extras_require" in setup_py else None
+        extra = found[1] if found else None
+    installable = "setup.py" in names or bool(
+        pyproject and re.search(r"^\[(project|build-system)\]", pyproject, re.M)
+    )
+    if installable:
+        steps.append(f"pip install -e '.[{extra}]'" if extra else "pip install -e .")
+        why.append(
+            "setup.py/pyproject.toml: pip install -e ." + (f" with the [{extra}] extra" if extra else "")
+        )
+    reqs = next((r for r in TEST_REQUIREMENTS if r in names), None)
+    if reqs:
+        steps.append(f"pip install -r {reqs}")
+        why.append(f"test requirements in {reqs}")
+    elif group:
+        steps.append("pip install " + " ".join(shlex.quote(r) for r in group))
+        why.append("the test dependency group in pyproject.toml")
+    elif "tox.ini" in names and (deps := _tox_deps(_show(repo, commit, "tox.ini") or "")):
+        steps.append("pip install " + " ".join(shlex.quote(r) for r in deps))
+        why.append("tox.ini [testenv] deps")
+    test = "python -m pytest -q " + " ".join(shlex.quote(t) for t in test_files) if test_files else None
+    if test:
+        if not re.search(r"(^|\s|')pytest([\s<>=!~']|$)", " ".join(steps)):
+            steps.append(
+                "pip install pytest"
+            )  # the task's own environment has no test runner until its setup
+        why.append("pytest on the changed test modules")
+    return Commands(setup=" && ".join(steps) or None, test=test, why=why)
+
+
+def test_patch(repo: Path, commit: Commit, test_files: Sequence[str]) -> str:
+    """The commit's changes to its test files, as a diff that applies to its parent."""
+    return _git(repo, "diff", "--binary", "--no-renames", commit.parents[0], commit.sha, "--", *test_files)
+
+
+#: Folder names that say nothing about the project (a mirror's `repo/`, a `src/` checkout).
+GENERIC_DIR_NAMES = {"repo", "repository", "src", "source", "checkout", "git", "work"}
+
+
+def default_prefix(repo_name: str) -> str:
+    """The project's name for instance ids: the last meaningful part of the path or URL, without `.git`."""
+    parts = [p.removesuffix(".git") for p in re.split(r"[/:]", repo_name.rstrip("/")) if p]
+    while len(parts) > 1 and parts[-1].lower() in GENERIC_DIR_NAMES | {""}:
+        parts.pop()
+    return re.sub(r"[^A-Za-z0-9]+", "-", parts[-1] if parts else "").strip("-") or "repo"
+
+
+def build_task(
+    repo: Path,
+    screened: Screened,
+    *,
+    repo_name: str,
+    test_command: str | None = None,
+    setup_command: str | None = None,
+    task_prefix: str | None = None,
+) -> TaskSpec:
+    """The task for a screened commit: parent + test_patch, task text = the message's first line."""
+    c = screened.commit
+    detected = detect_commands(repo, c.sha, screened.runnable_tests)
+    files = " ".join(shlex.quote(t) for t in screened.runnable_tests)
+    test = test_command.replace("{test_files}", files) if test_command else detected.test
+    setup = detected.setup if setup_command is None else (setup_command or None)
+    return TaskSpec(
+        instance_id=f"{task_prefix or default_prefix(repo_name)}-{c.sha[:10]}",
+        repo=repo_name,
+        base_commit=c.parents[0],
+        problem_statement=c.subject,
+        test_command=test or "",
+        setup_command=setup,
+        test_patch=test_patch(repo, c, screened.test_files),
+        test_files=sorted(screened.test_files),
+        fix_commit=c.sha,
+        created_at=c.date,
+    )

@@ -1,0 +1,133 @@
+"""Walking a repository's history: a local clone, the commits in a date range, each with its changed files."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import subprocess
+from collections.abc import Iterator, Sequence
+from datetime import datetime
+from pathlib import Path
+
+from bugsweep.errors import ConfigError
+from bugsweep.mining.records import Commit
+from bugsweep.sandbox.sources import is_git_url
+
+
+def _git(repo: Path, *args: str, timeout: float = 120) -> str:
+    proc = subprocess.run(
+        ["git", "-c", "core.quotepath=off", "-C", str(repo), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        errors="replace",
+    )
+    if proc.returncode != 0:
+        raise ConfigError(f"git {' '.join(args[:3])} failed in {repo}: {proc.stderr.strip()[-500:]}")
+    return proc.stdout
+
+
+def local_clone(repo: str, cache_dir: Path | None = None) -> Path:
+    """A local git directory for `repo`: the path itself, or a bare clone of a URL kept in a cache folder."""
+    if not is_git_url(repo):
+        path = Path(repo).expanduser().resolve()
+        if not path.exists():
+            raise ConfigError(f"{repo!r} is neither a folder nor a git URL")
+        _git(path, "rev-parse", "--git-dir")
+        return path
+    cache = cache_dir or Path.home() / ".cache" / "bugsweep" / "mirrors"
+    cache.mkdir(parents=True, exist_ok=True)
+    stem = re.sub(r"[^A-Za-z0-9]+", "-", repo.rstrip("/").rsplit("/", 1)[-1]).strip("-")
+    target = cache / f"{stem}-{hashlib.sha256(repo.encode()).hexdigest()[:8]}.git"
+    if target.exists():
+        _git(target, "fetch", "-q", "--prune", "origin", "+refs/heads/*:refs/heads/*", timeout=1800)
+    else:
+        proc = subprocess.run(
+            ["git", "clone", "-q", "--bare", repo, str(target)], capture_output=True, text=True, timeout=1800
+        )
+        if proc.returncode != 0:
+            raise ConfigError(f"could not clone {repo}: {proc.stderr.strip()[-500:]}")
+    return target
+
+
+def parse_date(value: str, option: str = "--since") -> str:
+    """Check a --since/--until value and return it in a form git reads the same way.
+
+    git reads anything as a date (an unknown word means "now", so a typo silently scans nothing); here only an
+    ISO 8601 date or time (`2024-01-31`, `2024-01-31T12:00:00+02:00`) or an age (`6 months ago`, `2 weeks ago`,
+    `yesterday`) is taken. Anything else raises ConfigError naming the value.
+    """
+    text = value.strip()
+    if RELATIVE_DATE.fullmatch(text):
+        return text
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        raise ConfigError(
+            f"{option} {value!r} is not a date: give an ISO date (2024-01-31, 2024-01-31T12:00) "
+            "or an age (6 months ago, 2 weeks ago)"
+        ) from None
+    return when.isoformat()
+
+
+#: Ages git understands and means: "3 days ago", "1 year ago", "yesterday".
+RELATIVE_DATE = re.compile(
+    r"(\d+\s+(second|minute|hour|day|week|month|year)s?\s+ago|yesterday|today|now)", re.IGNORECASE
+)
+
+
+def list_history(
+    repo: Path,
+    *,
+    branch: str | None = None,
+    since: str | None = None,
+    until: str | None = None,
+    max_commits: int | None = None,
+    merges: bool = False,
+) -> list[str]:
+    """The shas `scan_history` walks, newest first (so a run knows how many candidates it has)."""
+    args = ["rev-list", "--first-parent", "--merges"] if merges else ["rev-list", "--no-merges"]
+    if since:
+        args.append(f"--since={parse_date(since, '--since')}")
+    if until:
+        args.append(f"--until={parse_date(until, '--until')}")
+    if max_commits:
+        args.append(f"--max-count={max_commits}")
+    args.append(branch or "HEAD")
+    return _git(repo, *args).split()
+
+
+def scan_history(
+    repo: Path,
+    *,
+    branch: str | None = None,
+    since: str | None = None,
+    until: str | None = None,
+    max_commits: int | None = None,
+    merges: bool = False,
+    shas: Sequence[str] | None = None,
+) -> Iterator[Commit]:
+    """Commits reachable from `branch` (default HEAD), newest first, with their changed files.
+
+    By default every commit that is not a merge. With `merges=True`, the merge commits of the branch's own line
+    (`--first-parent`), each with its whole change against the first parent: a merged pull request as one
+    candidate, for projects whose pull requests put the fix and its test in separate commits. `shas`, when given,
+    is the list `list_history` made.
+    """
+    if shas is None:
+        shas = list_history(
+            repo, branch=branch, since=since, until=until, max_commits=max_commits, merges=merges
+        )
+    for sha in shas:
+        meta = _git(repo, "show", "-s", "--format=%P%n%cI%n%B", sha)
+        parents_line, date, message = [*meta.split("\n", 2), "", ""][:3]
+        parents = parents_line.split()
+        if len(parents) > 1:
+            status = _git(repo, "diff", "-z", "--name-status", "--no-renames", parents[0], sha)
+        else:
+            status = _git(
+                repo, "diff-tree", "--no-commit-id", "-r", "-z", "--name-status", "--no-renames", sha
+            )
+        fields = status.split("\0")
+        changes = [(fields[i], fields[i + 1]) for i in range(0, len(fields) - 1, 2) if fields[i]]
+        yield Commit(sha=sha, parents=parents, date=date.strip(), message=message, changes=changes)

@@ -1,0 +1,180 @@
+"""The whole mining run: scan, screen, build and validate candidates, several at once, newest first."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from pathlib import Path
+
+from bugsweep.mining.building import build_task
+from bugsweep.mining.history import list_history, local_clone, scan_history
+from bugsweep.mining.records import Commit, MiningEvent, MiningResult, ProgressCallback, Rejection, Unfinished
+from bugsweep.mining.screening import screen
+from bugsweep.mining.validation import Stopper, validate
+from bugsweep.mining.verdict import Verdict, deselect
+from bugsweep.sandbox.base import SandboxProvider
+from bugsweep.sandbox.sources import is_git_url
+from bugsweep.spec import TaskSpec, dump_tasks
+
+
+def mine(
+    repo: str,
+    *,
+    provider: SandboxProvider,
+    limit: int = 10,
+    since: str | None = None,
+    until: str | None = None,
+    branch: str | None = None,
+    test_command: str | None = None,
+    setup_command: str | None = None,
+    runs: int = 3,
+    max_candidates: int | None = None,
+    merges: bool = False,
+    concurrency: int = 1,
+    out: Path | None = None,
+    report: Path | None = None,
+    on_progress: ProgressCallback | None = None,
+    test_timeout: float = 900.0,
+    task_prefix: str | None = None,
+) -> MiningResult:
+    """Scan `repo`'s history newest first and keep up to `limit` validated tasks (`merges`: see scan_history).
+
+    Up to `concurrency` candidates are validated at once (each in its own sandboxes), never more than could still
+    be kept, so the history is scanned no further than with one at a time. Tasks stay in history order.
+    `out`, when given, is rewritten (atomically) after every kept task, so an interrupted run keeps what it found.
+    `report`, when given, gets the rejections and counts (MiningResult without the tasks) however the run ends.
+
+    A run stops early on Ctrl-C (KeyboardInterrupt) or when the test or setup command is not found
+    (CommandNotFound, exit 127): the candidates in flight are not judged (their sandboxes are released at once and
+    they are listed as `unfinished`), the report is written, and the exception goes on to the caller.
+    """
+    started = time.monotonic()
+    progress = on_progress or (lambda e: None)
+    git_dir = local_clone(repo)
+    repo_name = repo if is_git_url(repo) else str(Path(repo).expanduser().resolve())
+    result = MiningResult(repo=repo_name)
+    shas = list_history(
+        git_dir, branch=branch, since=since, until=until, max_commits=max_candidates, merges=merges
+    )
+    result.total = len(shas)
+    # Scan order of each commit, so that results coming back out of order are still kept newest first.
+    position: dict[str, int] = {}
+
+    def event(kind: str, commit: Commit, message: str = "") -> MiningEvent:
+        return MiningEvent(
+            kind,
+            commit.sha,
+            commit.subject,
+            message,
+            scanned=result.scanned,
+            kept=len(result.tasks),
+            done=result.done,
+            total=result.total,
+        )
+
+    def next_candidate(history: Iterator[Commit]) -> tuple[Commit, TaskSpec, int] | None:
+        """Scan and screen until a commit needs the sandbox; None when the history is used up."""
+        for commit in history:
+            result.scanned += 1
+            position[commit.sha] = result.scanned
+            progress(event("scan", commit))
+            screened = screen(commit)
+            if isinstance(screened, Rejection):
+                result.rejected.append(screened)
+                progress(_rejected_event(screened, result))
+                continue
+            spec = build_task(
+                git_dir,
+                screened,
+                repo_name=repo_name,
+                test_command=test_command,
+                setup_command=setup_command,
+                task_prefix=task_prefix,
+            )
+            return commit, spec, len(screened.runnable_tests)
+        return None
+
+    def record(commit: Commit, spec: TaskSpec, verdict: Verdict) -> None:
+        if verdict.flaky:
+            result.flaky_tests[commit.sha] = verdict.flaky
+        if verdict.reason is not None:
+            rejection = Rejection(
+                commit=commit.sha, subject=commit.subject, reason=verdict.reason, detail=verdict.detail
+            )
+            result.rejected.append(rejection)
+            progress(_rejected_event(rejection, result))
+            return
+        spec.FAIL_TO_PASS = verdict.fail_to_pass
+        spec.PASS_TO_PASS = verdict.pass_to_pass
+        if verdict.flaky:
+            spec.test_command = deselect(spec.test_command, verdict.flaky)
+        result.tasks.append(spec)
+        result.tasks.sort(key=lambda t: position[t.fix_commit or ""])
+        if out is not None:
+            dump_tasks(result.tasks, out)
+        note = f"{len(verdict.fail_to_pass)} fail->pass, {len(verdict.pass_to_pass)} pass->pass"
+        if verdict.flaky:
+            note += f", {len(verdict.flaky)} flaky test(s) deselected"
+        progress(event("kept", commit, note))
+
+    history = scan_history(git_dir, shas=shas, merges=merges)
+    pending: dict[Future[Verdict], tuple[Commit, TaskSpec]] = {}
+    exhausted = False
+    stopper = Stopper()
+    pool = ThreadPoolExecutor(max_workers=max(1, concurrency), thread_name_prefix="mine")
+    try:
+        while True:
+            while (
+                not exhausted
+                and len(pending) < max(1, concurrency)
+                and len(result.tasks) + len(pending) < limit
+            ):
+                found = next_candidate(history)
+                if found is None:
+                    exhausted = True
+                    break
+                commit, spec, modules = found
+                # Validate against the local clone (fast); the task file names the repository as the user gave it.
+                in_sandbox = spec.model_copy(update={"repo": str(git_dir)})
+                progress(event("validate", commit, f"{modules} test module(s), {runs} run(s) each"))
+                result.validated += 1
+                future = pool.submit(
+                    validate, in_sandbox, provider, runs=runs, timeout=test_timeout, stopper=stopper
+                )
+                pending[future] = (commit, spec)
+            if not pending:
+                break
+            done, _ = wait(pending, return_when=FIRST_COMPLETED)
+            for future in sorted(done, key=lambda f: position[pending[f][0].sha]):
+                commit, spec = pending[future]
+                verdict = future.result()  # CommandNotFound stops the run here, this candidate unfinished
+                del pending[future]
+                record(commit, spec, verdict)
+    except BaseException as exc:  # Ctrl-C or a command that is not there: judge nothing that was cut short
+        stopper.stop()
+        result.stopped = "interrupted (Ctrl-C)" if isinstance(exc, KeyboardInterrupt) else str(exc)
+        for future, (commit, _) in sorted(pending.items(), key=lambda kv: position[kv[1][0].sha]):
+            future.cancel()
+            result.unfinished.append(Unfinished(commit=commit.sha, subject=commit.subject))
+        raise
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+        result.rejected.sort(key=lambda r: position.get(r.commit, 0))
+        result.elapsed_s = time.monotonic() - started
+        if report is not None:
+            result.write_report(report)
+    return result
+
+
+def _rejected_event(rejection: Rejection, result: MiningResult) -> MiningEvent:
+    return MiningEvent(
+        "rejected",
+        rejection.commit,
+        rejection.subject,
+        f"{rejection.reason.value}: {rejection.detail}" if rejection.detail else rejection.reason.value,
+        scanned=result.scanned,
+        kept=len(result.tasks),
+        done=result.done,
+        total=result.total,
+    )

@@ -1,0 +1,146 @@
+"""What mining deals in: the commits of a history, why one was rejected, and what a run found."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+from bugsweep.spec import TaskSpec
+
+#: The first line of a pull request's (or branch's) merge commit; the PR title follows on the next line.
+MERGE_LINE = re.compile(
+    r"^\s*Merge (pull request #\d+|branch '[^']*'|remote-tracking branch '[^']*')( of \S+)?( into \S+)?"
+)
+
+
+class RejectReason(StrEnum):
+    """Why a candidate commit did not become a task."""
+
+    NO_TEST_CHANGE = "no test change"
+    NO_SOURCE_CHANGE = "no source change"
+    NOT_A_FIX = "not a fix"
+    NO_PARENT = "no parent commit"
+    NO_TEST_COMMAND = "no test command"
+    PATCH_DOES_NOT_APPLY = "test patch does not apply"
+    SETUP_FAILED = "setup failed"
+    TESTS_PASS_AT_PARENT = "tests pass at parent"
+    TESTS_FAIL_AT_FIX = "tests fail at fix"
+    FLAKY = "flaky"
+    TIMED_OUT = "tests timed out"
+    NO_TEST_RESULTS = "no test results"
+    TESTS_CANNOT_RUN = "tests cannot run"
+    SANDBOX_ERROR = "sandbox error"
+
+
+@dataclass
+class Commit:
+    """A commit of the history being mined, with the files it changed (status letter, path)."""
+
+    sha: str
+    parents: list[str]
+    date: str
+    message: str
+    changes: list[tuple[str, str]]
+
+    @property
+    def subject(self) -> str:
+        """The task text: the first line, or for a pull request's merge commit the PR title (the next line)."""
+        lines = [line.strip() for line in self.message.strip().splitlines() if line.strip()]
+        if not lines:
+            return ""
+        if MERGE_LINE.match(lines[0]) and len(lines) > 1:
+            return lines[1]
+        return lines[0]
+
+    @property
+    def text_to_match(self) -> str:
+        """What the fix keywords are matched on: a merge's "Merge pull request #N" says nothing, its branch may."""
+        return MERGE_LINE.sub(" ", self.message, count=1)
+
+
+@dataclass
+class Screened:
+    """A commit that passed the cheap checks, split into its test and source files."""
+
+    commit: Commit
+    test_files: list[str]
+    """Every test file the commit changed (added, modified or deleted); all of them go into the test_patch."""
+    runnable_tests: list[str]
+    """Changed test modules that still exist after the commit (test_*.py / *_test.py): what the tests run."""
+    source_files: list[str]
+
+
+class Rejection(BaseModel):
+    commit: str
+    subject: str
+    reason: RejectReason
+    detail: str = ""
+
+
+class Unfinished(BaseModel):
+    """A candidate whose validation a stopped run cut short."""
+
+    commit: str
+    subject: str
+
+
+class MiningResult(BaseModel):
+    """What a mining run found: the tasks, every rejected candidate with its reason, and how long it took."""
+
+    repo: str
+    tasks: list[TaskSpec] = Field(default_factory=list)
+    rejected: list[Rejection] = Field(default_factory=list)
+    flaky_tests: dict[str, list[str]] = Field(default_factory=dict)
+    """Flaky tests seen, by commit sha (dropped from kept tasks; the reason for rejecting others)."""
+    scanned: int = 0
+    """Commits looked at."""
+    validated: int = 0
+    """Candidates that were run in a sandbox (kept or not)."""
+    total: int = 0
+    """Commits in the range (branch, --since/--until, --max-candidates)."""
+    unfinished: list[Unfinished] = Field(default_factory=list)
+    """Candidates whose validation was cut short by a stop: neither kept nor rejected."""
+    stopped: str | None = None
+    """Why the run stopped before its end (Ctrl-C, a test command that is not found), or None."""
+    elapsed_s: float = 0.0
+
+    @property
+    def done(self) -> int:
+        """Commits decided: kept or rejected."""
+        return len(self.tasks) + len(self.rejected)
+
+    def write_report(self, path: Path) -> None:
+        """Everything but the tasks (those are in the task file), as JSON, written atomically."""
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(self.model_dump_json(indent=2, exclude={"tasks"}), encoding="utf-8")
+        tmp.replace(path)
+
+    def reasons(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for r in self.rejected:
+            counts[r.reason.value] = counts.get(r.reason.value, 0) + 1
+        return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
+
+
+@dataclass
+class MiningEvent:
+    """Progress, for the command line: kind is 'scan', 'validate', 'run', 'kept' or 'rejected'."""
+
+    kind: str
+    commit: str
+    subject: str
+    message: str = ""
+    scanned: int = 0
+    kept: int = 0
+    done: int = 0
+    """Commits decided so far (rejected or kept)."""
+    total: int = 0
+    """Commits in the range being mined (the most that can be looked at)."""
+
+
+ProgressCallback = Callable[[MiningEvent], None]

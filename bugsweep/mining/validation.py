@@ -1,0 +1,174 @@
+"""Validating a candidate: its tests run in sandboxes prepared exactly as a sweep prepares a task."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+from bugsweep.errors import BugsweepError, ConfigError, SetupFailed
+from bugsweep.grading import TestRun, run_tests, why_cannot_run
+from bugsweep.mining.records import RejectReason
+from bugsweep.mining.verdict import Verdict, _all_ids, _stable, judge
+from bugsweep.sandbox.base import Sandbox, SandboxProvider
+from bugsweep.spec import TaskSpec
+
+
+class CommandNotFound(ConfigError):
+    """The test or setup command exited 127 or 126: the shell did not find it or cannot run it. Every candidate
+    would fail the same way, so mining stops at the first one instead of rejecting the history as "tests fail at
+    fix"."""
+
+
+class Stopper:
+    """The sandboxes of the validations in flight, so that a stopped run (Ctrl-C, a missing command) releases them
+    at once instead of waiting for their tests to finish. Thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._sandboxes: dict[int, Sandbox] = {}
+        self.stopped = False
+
+    def track(self, sandbox: Sandbox) -> None:
+        with self._lock:
+            if not self.stopped:
+                self._sandboxes[id(sandbox)] = sandbox
+                return
+        sandbox.release()
+        raise MiningStopped("mining was stopped")
+
+    def untrack(self, sandbox: Sandbox) -> None:
+        with self._lock:
+            self._sandboxes.pop(id(sandbox), None)
+
+    def stop(self) -> None:
+        with self._lock:
+            self.stopped = True
+            sandboxes, self._sandboxes = list(self._sandboxes.values()), {}
+        for sandbox in sandboxes:
+            sandbox.release()  # never raises; the command running in it returns with SandboxGone
+
+
+class CannotRun(BugsweepError):
+    """The tests of one candidate test nothing (no module, pytest usage error, no test collected)."""
+
+
+class MiningStopped(BugsweepError):
+    """A validation cut short because the run was stopped; its candidate is reported as unfinished, not judged."""
+
+
+def _run_state(
+    spec: TaskSpec,
+    provider: SandboxProvider,
+    runs: int,
+    *,
+    keep_going: Callable[[list[TestRun]], bool],
+    timeout: float,
+    setup_timeout: float,
+    stopper: Stopper | None = None,
+) -> list[TestRun]:
+    """Prepare a sandbox exactly as a sweep would (pipeline.prepare + setup), then run the tests up to `runs` times."""
+    from bugsweep.pipeline import prepare, setup
+
+    prepared = prepare(spec, provider, labels={"purpose": "mining", "task": spec.instance_id})
+    try:
+        if stopper is not None:
+            stopper.track(prepared.sandbox)
+        try:
+            setup(prepared, timeout=setup_timeout)
+        except SetupFailed as exc:
+            first = str(exc).splitlines()[0]
+            if "exited with 127" in first or "exited with 126" in first:
+                code = "127: not found" if "127" in first else "126: cannot be executed"
+                raise CommandNotFound(
+                    f"the setup command {spec.setup_command!r} cannot run in the sandbox (exit {code}): "
+                    f"{_last_line(prepared.setup_log)}; give --setup-command"
+                ) from None
+            raise
+        results: list[TestRun] = []
+        for _ in range(runs):
+            run = run_tests(prepared.sandbox, spec.test_command, timeout=timeout)
+            why = why_cannot_run(run)
+            if run.exit_code in (126, 127):
+                raise CommandNotFound(
+                    f"the test command {spec.test_command!r} cannot run in the sandbox: {why}: "
+                    f"{_last_line(run.log)}; give --test-command (and --setup-command to install it)"
+                )
+            if why:
+                raise CannotRun(f"{why}: {_last_line(run.log)}")
+            results.append(run)
+            if not keep_going(results):
+                break
+        if stopper is not None and stopper.stopped:
+            raise MiningStopped("mining was stopped")
+        return results
+    finally:
+        if stopper is not None:
+            stopper.untrack(prepared.sandbox)
+        prepared.sandbox.release()
+
+
+def _last_line(log: str) -> str:
+    lines = [line.strip() for line in log.strip().splitlines() if line.strip()]
+    return lines[-1][:300] if lines else "no output"
+
+
+def validate(
+    spec: TaskSpec,
+    provider: SandboxProvider,
+    *,
+    runs: int = 3,
+    timeout: float = 900.0,
+    setup_timeout: float = 1800.0,
+    stopper: Stopper | None = None,
+) -> Verdict:
+    """Run the tests `runs` times at the task state and, if some fail there, `runs` times at the fix commit.
+
+    Raises CommandNotFound when the test or setup command exits 127, and MiningStopped when `stopper` was stopped
+    meanwhile (the verdict would be about a killed sandbox, not about the commit).
+    """
+    if not spec.test_command:
+        return Verdict(RejectReason.NO_TEST_COMMAND, "no test command detected; give --test-command")
+
+    def still_failing(results: list[TestRun]) -> bool:
+        # Stop early once nothing can become a FAIL_TO_PASS test (everything passed at least once).
+        if results[-1].timed_out:
+            return False
+        if results[-1].tests is None:
+            return not results[-1].passed
+        stable, _ = _stable(results, _all_ids(results))
+        return any(s == "fail" for s in stable.values())
+
+    def state(spec: TaskSpec, keep_going: Callable[[list[TestRun]], bool]) -> list[TestRun]:
+        return _run_state(
+            spec,
+            provider,
+            runs,
+            keep_going=keep_going,
+            timeout=timeout,
+            setup_timeout=setup_timeout,
+            stopper=stopper,
+        )
+
+    try:
+        before = state(spec, still_failing)
+        verdict = judge(before, [])
+        if not still_failing(before) or verdict.reason == RejectReason.TIMED_OUT:
+            return verdict
+        at_fix = spec.model_copy(update={"base_commit": spec.fix_commit, "test_patch": None})
+        after = state(at_fix, lambda r: not r[-1].timed_out)
+        return judge(before, after)
+    except (CommandNotFound, MiningStopped):
+        raise
+    except CannotRun as exc:
+        return Verdict(RejectReason.TESTS_CANNOT_RUN, str(exc))
+    except BugsweepError as exc:
+        if stopper is not None and stopper.stopped:
+            raise MiningStopped("mining was stopped") from exc
+        if isinstance(exc, SetupFailed):
+            return Verdict(RejectReason.SETUP_FAILED, str(exc).strip().splitlines()[-1][:300])
+        text = str(exc)
+        if "does not apply" in text:
+            return Verdict(RejectReason.PATCH_DOES_NOT_APPLY, text[:300])
+        if exc.kind == "infra":
+            return Verdict(RejectReason.SANDBOX_ERROR, text[:300])
+        raise
