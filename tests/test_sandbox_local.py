@@ -13,7 +13,6 @@ import sys
 import threading
 import time
 import tracemalloc
-import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,7 +26,7 @@ from bugsweep.sandbox.local import files as files_mod
 from bugsweep.sandbox.local import stale as stale_mod
 from bugsweep.sandbox.local import workspace as workspace_mod
 from bugsweep.settings import SandboxSettings
-from tests.support.repos import commit_all, git, make_repo, write_files
+from tests.support.repos import commit_all, git, make_repo, make_wheel, write_files
 
 PROJECT_DIR = Path(__file__).resolve().parents[1]
 
@@ -455,26 +454,10 @@ def test_a_plain_folder_becomes_a_git_repo_inside_only(provider, tmp_path):
     assert (folder / "app.py").read_text() == "print('hi')\n"
 
 
-def _wheel(path: Path, name: str, module_text: str) -> Path:
-    """A minimal pure-Python wheel, so the install needs neither the network nor a build backend."""
-    wheel = path / f"{name}-0.1-py3-none-any.whl"
-    dist = f"{name}-0.1.dist-info"
-    files = {
-        f"{name}.py": module_text,
-        f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.1\n",
-        f"{dist}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
-    }
-    with zipfile.ZipFile(wheel, "w") as zf:
-        for rel, text in files.items():
-            zf.writestr(rel, text)
-        zf.writestr(f"{dist}/RECORD", "".join(f"{rel},,\n" for rel in files) + f"{dist}/RECORD,,\n")
-    return wheel
-
-
 def test_pip_install_goes_to_the_task_environment_not_the_host_python(sbx, tmp_path):
     """`pip install` installs into the task environment (/opt/venv, first on PATH); the package is importable by
     later commands. Offline (a local wheel), as the grader runs."""
-    wheel = _wheel(tmp_path, "sbxpkg", "WHERE = 'sandbox'\n")
+    wheel = make_wheel(tmp_path, "sbxpkg", "WHERE = 'sandbox'\n")
     sbx.files.write(f"/tmp/{wheel.name}", wheel.read_bytes())
     install = sbx.exec(f"pip install --no-index /tmp/{wheel.name} 2>&1", timeout=240)
     assert install.ok, install.output
@@ -493,7 +476,7 @@ def test_a_host_venv_running_bugsweep_is_not_seen_by_the_task_environment(tmp_pa
         [sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(venv)], check=True
     )
     (next(venv.glob("lib/python*/site-packages")) / "hostonly.py").write_text("WHERE = 'host venv'\n")
-    wheel = _wheel(tmp_path, "sbxpkg", "WHERE = 'sandbox'\n")
+    wheel = make_wheel(tmp_path, "sbxpkg", "WHERE = 'sandbox'\n")
     script = f"""
 from pathlib import Path
 from bugsweep.sandbox.base import RepoSource

@@ -11,7 +11,6 @@ import logging
 import os
 import subprocess
 import sys
-import zipfile
 from pathlib import Path
 
 import pytest
@@ -22,7 +21,7 @@ from bugsweep.sandbox.local import LocalProvider
 from bugsweep.sandbox.local.layers import EnvCache, Layer
 from bugsweep.settings import AgentSettings, ModelSettings, SandboxSettings
 from bugsweep.spec import TaskSpec
-from tests.support.repos import BUGGY_CALC, PYTEST_SETUP, commit_all, git, make_repo, write_files
+from tests.support.repos import BUGGY_CALC, PYTEST_SETUP, commit_all, git, make_repo, make_wheel, write_files
 from tests.support.scripted_model import tool_call
 
 
@@ -32,26 +31,10 @@ def provider(tmp_path: Path) -> LocalProvider:
     return LocalProvider(settings, cache_dir=tmp_path / "cache", state_dir=tmp_path / "state")
 
 
-def _wheel(folder: Path, name: str, body: str) -> Path:
-    """A minimal pure-Python wheel, so a setup can install a package offline."""
-    dist = f"{name}-1.0.dist-info"
-    wheel = folder / f"{name}-1.0-py3-none-any.whl"
-    files = {
-        f"{name}.py": body,
-        f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n",
-        f"{dist}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
-    }
-    with zipfile.ZipFile(wheel, "w") as zf:
-        for rel, text in files.items():
-            zf.writestr(rel, text)
-        zf.writestr(f"{dist}/RECORD", "".join(f"{rel},,\n" for rel in files) + f"{dist}/RECORD,,\n")
-    return wheel
-
-
 def test_the_task_environment_holds_what_its_setup_installed_and_nothing_of_bugsweep(provider, tmp_path):
     repo = make_repo(tmp_path / "calc")
     (repo / "vendor").mkdir()
-    _wheel(repo / "vendor", "envpkg", "WHERE = 'setup'\n")
+    make_wheel(repo / "vendor", "envpkg", "WHERE = 'setup'\n")
     commit_all(repo, "a vendored wheel")
     with provider.create(RepoSource(str(repo))) as sbx:
         for module in ("prefect", "typer", "pydantic", "bugsweep", "pytest"):

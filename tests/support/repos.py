@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+import zipfile
 from pathlib import Path
 
 from bugsweep.sandbox.base import Sandbox
@@ -70,3 +71,20 @@ def commit_all(repo: Path, message: str) -> str:
     git(repo, "add", "-A")
     git(repo, "commit", "-q", "-m", message)
     return git(repo, "rev-parse", "HEAD")
+
+
+def make_wheel(folder: Path, name: str, module_text: str) -> Path:
+    """A minimal pure-Python wheel (`NAME-1.0-py3-none-any.whl`, one module `NAME.py`), so an install needs neither
+    the network nor a build backend."""
+    dist = f"{name}-1.0.dist-info"
+    wheel = folder / f"{name}-1.0-py3-none-any.whl"
+    files = {
+        f"{name}.py": module_text,
+        f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n",
+        f"{dist}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    with zipfile.ZipFile(wheel, "w") as zf:
+        for rel, text in files.items():
+            zf.writestr(rel, text)
+        zf.writestr(f"{dist}/RECORD", "".join(f"{rel},,\n" for rel in files) + f"{dist}/RECORD,,\n")
+    return wheel
