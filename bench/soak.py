@@ -42,6 +42,7 @@ from bugsweep.pipeline import solve_task
 from bugsweep.sandbox.local import LocalProvider, disk
 from bugsweep.settings import AgentSettings, ModelSettings, SandboxSettings
 from bugsweep.spec import TaskSpec
+from tests.support.leftovers import sandbox_leftovers
 from tests.support.repos import make_repo
 from tests.support.scripted_model import ScriptedModelServer, tool_call
 
@@ -78,32 +79,6 @@ def host_state(state_dir: Path) -> dict[str, Any]:
         "free_disk_mib": shutil.disk_usage(state_dir).free >> 20,
         "available_memory_mib": mem["MemAvailable"] >> 10,
     }
-
-
-def leftovers(state_dir: Path, sandbox_ids: list[str]) -> list[str]:
-    found = []
-    if f"{state_dir}/local-" in Path("/proc/mounts").read_text():
-        found.append("sandbox mounts")
-    for backing in Path("/sys/block").glob("loop*/loop/backing_file"):
-        try:
-            if f"{state_dir}/" in backing.read_text():  # a sandbox's image (not the state file system's own)
-                found.append(f"loop device {backing.parent.parent.name}")
-        except OSError:
-            pass
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            ppid = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
-            exe = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")[0]
-        except (OSError, ValueError, IndexError):
-            continue
-        if ppid == os.getpid() and Path(os.fsdecode(exe)).name in ("slirp4netns", "bwrap", "sh"):
-            found.append(f"process {entry} ({os.fsdecode(exe)})")
-    cgroups = [d for sid in sandbox_ids for d in Path("/sys/fs/cgroup").glob(f"*/**/bugsweep-{sid}")]
-    found += [f"cgroup {d}" for d in cgroups]
-    found += [f"{p.name} in the state folder" for p in state_dir.glob("local-*")]
-    return found
 
 
 def main() -> None:
@@ -173,7 +148,7 @@ def main() -> None:
         wall = time.monotonic() - started
         server.stop()
         time.sleep(2)  # let the kernel finish giving back the released loop devices' page cache
-        left = leftovers(state_dir, made)
+        left = sandbox_leftovers(state_dir, made)
         for stale in list(
             state_dir.iterdir()
         ):  # the process's /etc copy and templates (made once, kept for reuse)

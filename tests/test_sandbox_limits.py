@@ -27,41 +27,12 @@ from bugsweep.sandbox.local import LocalProvider, LocalSandbox
 from bugsweep.sandbox.local import seccomp as seccomp_mod
 from bugsweep.sandbox.local import setup_network as network_mod
 from bugsweep.settings import SandboxSettings
+from tests.support.leftovers import sandbox_leftovers
 from tests.support.repos import PYTEST_SETUP
 from tests.support.scripted_model import tool_call
 
 MIB = 1024 * 1024
 QUOTA_MIB = 64
-
-
-def leftovers(state_dir: Path, sandbox_ids: list[str]) -> list[str]:
-    """What a released sandbox must not leave: mounts, loop devices, slirp4netns children, cgroups, folders."""
-    found = []
-    # (the process's /etc copy, a small tmpfs in the state folder, stays until the process exits)
-    if f"{state_dir}/local-" in Path("/proc/mounts").read_text():
-        found.append("a sandbox's mount")
-    for backing in Path("/sys/block").glob("loop*/loop/backing_file"):
-        try:
-            if str(state_dir) in backing.read_text():
-                found.append(f"loop device {backing.parent.parent.name}")
-        except OSError:
-            pass
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
-        except OSError:
-            continue
-        if cmdline.startswith(b"slirp4netns") and int(stat.rsplit(")", 1)[1].split()[1]) == os.getpid():
-            found.append(f"slirp4netns process {entry}")
-    for sandbox_id in sandbox_ids:
-        if list(Path("/sys/fs/cgroup").glob(f"*/**/bugsweep-{sandbox_id}")):
-            found.append(f"cgroups of {sandbox_id}")
-    if state_dir.exists():
-        found += [f"{p.name} in the state folder" for p in state_dir.iterdir() if p.name.startswith("local-")]
-    return found
 
 
 @pytest.fixture
@@ -75,7 +46,7 @@ def sbx(provider: LocalProvider, buggy_repo: Path) -> Iterator[LocalSandbox]:
     sandbox = provider.create(RepoSource(str(buggy_repo)))
     yield sandbox
     sandbox.release()
-    assert leftovers(provider.state_dir, [sandbox.id]) == []
+    assert sandbox_leftovers(provider.state_dir, [sandbox.id]) == []
 
 
 # -- the disk quota ----------------------------------------------------------------------------------------------
@@ -116,7 +87,7 @@ def test_a_task_can_ask_for_its_own_quota(provider, buggy_repo):
         assert sandbox.exec(f"head -c {150 * MIB} /dev/zero > /tmp/f && echo ok").ok
         size_kib = int(sandbox.exec("df -k --output=size /tmp | tail -1").stdout)
         assert 180 * 1024 < size_kib <= 200 * 1024
-    assert leftovers(provider.state_dir, [sandbox.id]) == []
+    assert sandbox_leftovers(provider.state_dir, [sandbox.id]) == []
 
 
 def test_endless_output_fills_the_quota_not_the_host_and_the_sandbox_recovers(sbx, provider):
@@ -321,7 +292,7 @@ def test_a_run_that_fills_its_disk_is_still_graded_with_its_resource_use(
     assert grade["peak_memory_mib"] > 1 and grade["cpu_s"] > 0
     told = json.dumps(json.loads((out / "trajectory.json").read_text()))
     assert "disk is full" in told
-    assert leftovers(state, []) == []
+    assert sandbox_leftovers(state, []) == []
     assert str(state) not in Path("/proc/mounts").read_text(), (
         "the process's /etc tmpfs went with the process"
     )

@@ -1,0 +1,37 @@
+"""What released local sandboxes must not leave on the machine, for the tests and the soak benchmark."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+#: Children of this process that belong to a sandbox (its network helper, its bubblewrap, a shell it ran).
+SANDBOX_PROCESSES = ("slirp4netns", "bwrap", "sh")
+
+
+def sandbox_leftovers(state_dir: Path, sandbox_ids: list[str]) -> list[str]:
+    """Mounts, loop devices, child processes, cgroups and folders of the sandboxes under `state_dir`; empty when
+    every one of them was released."""
+    found = []
+    if f"{state_dir}/local-" in Path("/proc/mounts").read_text():
+        found.append("sandbox mounts")
+    for backing in Path("/sys/block").glob("loop*/loop/backing_file"):
+        try:
+            if f"{state_dir}/" in backing.read_text():  # a sandbox's image (not the state file system's own)
+                found.append(f"loop device {backing.parent.parent.name}")
+        except OSError:
+            pass
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            ppid = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            exe = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")[0]
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == os.getpid() and Path(os.fsdecode(exe)).name in SANDBOX_PROCESSES:
+            found.append(f"process {entry} ({os.fsdecode(exe)})")
+    cgroups = [d for sid in sandbox_ids for d in Path("/sys/fs/cgroup").glob(f"*/**/bugsweep-{sid}")]
+    found += [f"cgroup {d}" for d in cgroups]
+    found += [f"{p.name} in the state folder" for p in state_dir.glob("local-*")]
+    return found
