@@ -126,57 +126,19 @@ def run_mini(
     `text`: mini's text-based mode (`mini_textbased.yaml`, the command in a fenced block, no `tools`) instead of
     its default tool-calling mode (`mini.yaml`).
     """
-    os.environ.setdefault("MSWEA_SILENT_STARTUP", "1")
-    os.environ.setdefault("MSWEA_COST_TRACKING", "ignore_errors")
-    import yaml
-    from minisweagent.agents.default import DefaultAgent
-    from minisweagent.config import builtin_config_dir
+    # bench/_mini.py, imported first: it sets mini-swe-agent's environment before mini is imported
+    from _mini import mini_agent, mini_config, run_mini_agent, token_usage
     from minisweagent.environments.local import LocalEnvironment
-    from minisweagent.models.litellm_model import LitellmModel
-    from minisweagent.models.litellm_textbased_model import LitellmTextbasedModel
 
-    config = yaml.safe_load(
-        (builtin_config_dir / ("mini_textbased.yaml" if text else "mini.yaml")).read_text()
-    )
+    config = mini_config(text)
     work = Path(tempfile.mkdtemp(prefix="mini-demo-"))
     repo = case.materialise(work / "repo")
     before = subprocess.run(case.test_command, shell=True, cwd=repo, capture_output=True, text=True)
-    model_class = LitellmTextbasedModel if text else LitellmModel
-    model_obj = model_class(
-        model_name=f"openai/{model}",
-        model_kwargs={
-            "api_base": base_url,
-            "api_key": "none",
-            "temperature": 0.0,
-            "max_tokens": 1024,
-            "drop_params": True,
-        },
-        cost_tracking="ignore_errors",
-        **{
-            k: v
-            for k, v in config.get("model", {}).items()
-            if k in {"observation_template", "format_error_template"}
-        },
-    )
     env = LocalEnvironment(cwd=str(repo), env=config.get("environment", {}).get("env", {}), timeout=300)
-    agent_config = {k: v for k, v in config["agent"].items() if k in {"system_template", "instance_template"}}
-    agent = DefaultAgent(
-        model_obj,
-        env,
-        **agent_config,
-        step_limit=max_turns,
-        cost_limit=0.0,
-        wall_time_limit_seconds=3600,
-        output_path=out_dir / "trajectory.json",
+    agent = mini_agent(
+        config, env, base_url=base_url, model=model, max_turns=max_turns, out_dir=out_dir, text=text
     )
-    task = f"{case.task}\n\nThe tests run with this command: {case.test_command}"
-    started = time.monotonic()
-    try:
-        info = agent.run(task)
-        exit_status = info.get("exit_status", "")
-    except Exception as exc:  # a crash of the agent is a failed run, recorded as such
-        exit_status = f"crash: {type(exc).__name__}: {exc}"
-    wall = time.monotonic() - started
+    exit_status, wall = run_mini_agent(agent, case.task, case.test_command)
     changed_tests = subprocess.run(
         ["git", "status", "--porcelain", "tests"], cwd=repo, capture_output=True, text=True
     ).stdout.strip()
@@ -185,11 +147,7 @@ def run_mini(
     patch = subprocess.run(["git", "diff"], cwd=repo, capture_output=True, text=True).stdout
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "patch.diff").write_text(patch)
-    prompt = completion = 0
-    for message in agent.messages:
-        usage = ((message.get("extra") or {}).get("response") or {}).get("usage") or {}
-        prompt += int(usage.get("prompt_tokens") or 0)
-        completion += int(usage.get("completion_tokens") or 0)
+    prompt, completion = token_usage(agent)
     shutil.rmtree(work, ignore_errors=True)
     return {
         "agent": "mini-swe-agent-text" if text else "mini-swe-agent",

@@ -121,13 +121,9 @@ def run_bugsweep(spec: Any, base_url: str, model: str, out_dir: Path, max_turns:
 
 def run_mini(spec: Any, base_url: str, model: str, out_dir: Path, max_turns: int) -> dict[str, Any]:
     """One mini-swe-agent run whose bash commands run in a bugsweep sandbox, graded by bugsweep's grader."""
-    os.environ.setdefault("MSWEA_SILENT_STARTUP", "1")
-    os.environ.setdefault("MSWEA_COST_TRACKING", "ignore_errors")
-    import yaml
-    from minisweagent.agents.default import DefaultAgent
-    from minisweagent.config import builtin_config_dir
+    # bench/_mini.py, imported first: it sets mini-swe-agent's environment before mini is imported
+    from _mini import mini_agent, mini_config, run_mini_agent, token_usage
     from minisweagent.environments.local import LocalEnvironment
-    from minisweagent.models.litellm_model import LitellmModel
 
     from bugsweep.pipeline import baseline, prepare, regrade, setup, write_run_dir
     from bugsweep.sandbox import get_provider
@@ -151,7 +147,7 @@ def run_mini(spec: Any, base_url: str, model: str, out_dir: Path, max_turns: int
             self._check_finished(output)
             return output
 
-    config = yaml.safe_load((builtin_config_dir / "mini.yaml").read_text())
+    config = mini_config()
     started = time.monotonic()
     prepared = None
     row: dict[str, Any] = {"agent": "mini-swe-agent", "policy": "mini.yaml (mini-swe-agent's default)"}
@@ -159,54 +155,16 @@ def run_mini(spec: Any, base_url: str, model: str, out_dir: Path, max_turns: int
         prepared = prepare(spec, get_provider("local"), labels={"purpose": "bench", "task": spec.instance_id})
         setup(prepared)
         before = baseline(prepared)
-        model_obj = LitellmModel(
-            model_name=f"openai/{model}",
-            model_kwargs={
-                "api_base": base_url,
-                "api_key": "none",
-                "temperature": 0.0,
-                "max_tokens": 1024,
-                "drop_params": True,
-            },
-            cost_tracking="ignore_errors",
-            **{
-                k: v
-                for k, v in config.get("model", {}).items()
-                if k in {"observation_template", "format_error_template"}
-            },
-        )
         env = SandboxEnvironment(
             prepared.sandbox,
             cwd=prepared.sandbox.workdir,
             env=config.get("environment", {}).get("env", {}),
             timeout=300,
         )
-        agent_config = {
-            k: v for k, v in config["agent"].items() if k in {"system_template", "instance_template"}
-        }
-        agent = DefaultAgent(
-            model_obj,
-            env,
-            **agent_config,
-            step_limit=max_turns,
-            cost_limit=0.0,
-            wall_time_limit_seconds=3600,
-            output_path=out_dir / "trajectory.json",
-        )
-        task = f"{spec.problem_statement}\n\nThe tests run with this command: {spec.test_command}"
-        agent_started = time.monotonic()
-        try:
-            info = agent.run(task)
-            exit_status = info.get("exit_status", "")
-        except Exception as exc:  # a crash of the agent is a failed run, recorded as such
-            exit_status = f"crash: {type(exc).__name__}: {exc}"[:300]
-        agent_wall = time.monotonic() - agent_started
+        agent = mini_agent(config, env, base_url=base_url, model=model, max_turns=max_turns, out_dir=out_dir)
+        exit_status, agent_wall = run_mini_agent(agent, spec.problem_statement, spec.test_command)
         verdict, after, patch = regrade(prepared, before, None, model_name=model)
-        prompt = completion = 0
-        for message in agent.messages:
-            usage = ((message.get("extra") or {}).get("response") or {}).get("usage") or {}
-            prompt += int(usage.get("prompt_tokens") or 0)
-            completion += int(usage.get("completion_tokens") or 0)
+        prompt, completion = token_usage(agent)
         verdict.stop_reason, verdict.turns = exit_status, agent.n_calls
         verdict.prompt_tokens, verdict.completion_tokens = prompt, completion
         write_run_dir(out_dir, verdict, patch=patch, before=before, after=after, spec=spec)
