@@ -588,6 +588,8 @@ def test_no_policy_setting_means_plain_whatever_the_model(
 
 SMALL = WHOLE = AgentSettings(policy="small-model")
 ADD_FIXED = "```python\ndef add(a, b):\n    return a + b\n"  # no closing fence: llama.cpp may drop it
+#: What the failing test run said (focus.failure_digest), shown with every request for a whole function.
+CALC_FAILURES = "assert add(2, 3) == 5\nassert -1 == 5\n+  where -1 = add(2, 3)"
 
 
 def test_an_edit_inside_a_function_asks_for_the_whole_function_and_its_code_block_replaces_it(
@@ -611,7 +613,7 @@ def test_an_edit_inside_a_function_asks_for_the_whole_function_and_its_code_bloc
     assert asked[: len(before)] == before, "the cached prefix is kept: the call is replaced, nothing earlier"
     request = asked[len(before) :]
     assert [m["role"] for m in request] == ["user"]
-    assert request[0]["content"] == prompts.rewrite_request("add", "calc.py", 1, 2)
+    assert request[0]["content"] == prompts.rewrite_request("add", "calc.py", 1, 2, failures=CALC_FAILURES)
     assert "a - b + 0" not in json.dumps(asked), "the model's own `new` is not shown back to it"
     applied = server.requests[3]["messages"][-1]
     assert applied["role"] == "user" and applied["content"].startswith("Replaced add in calc.py (lines 1-2)")
@@ -660,7 +662,9 @@ def test_the_function_is_shown_when_its_file_was_not_read(
         "the failing edit was undone"
     )
     request = server.requests[1]["messages"][-1]["content"]
-    assert request == prompts.rewrite_request("add", "calc.py", 1, 2, "def add(a, b):\n    return a - b")
+    assert request == prompts.rewrite_request(
+        "add", "calc.py", 1, 2, "def add(a, b):\n    return a - b", failures=CALC_FAILURES
+    )
 
 
 @pytest.mark.parametrize(
@@ -688,7 +692,9 @@ def test_an_edit_whose_old_matches_nowhere_asks_for_the_function_it_means(
     request = server.requests[1]["messages"][-1]
     assert request == {
         "role": "user",
-        "content": prompts.rewrite_request("add", "calc.py", 1, 2, "def add(a, b):\n    return a - b"),
+        "content": prompts.rewrite_request(
+            "add", "calc.py", 1, 2, "def add(a, b):\n    return a - b", failures=CALC_FAILURES
+        ),
     }
     assert "return a + b" in sandbox.files.read_text(f"{sandbox.workdir}/calc.py")
     assert result.stop_reason == "finished"
@@ -783,7 +789,7 @@ def test_a_function_written_back_unchanged_moves_the_request_to_the_function_it_
     before, moved = server.requests[1]["messages"], server.requests[3]["messages"]
     assert moved[: len(before)] == before
     assert [m["content"] for m in moved[len(before) :]] == [
-        prompts.rewrite_request("_combine", "calc.py", 1, 2, caller="add")
+        prompts.rewrite_request("_combine", "calc.py", 1, 2, caller="add", failures=CALC_FAILURES)
     ]
     assert "return _combine(a, b)\n```" not in json.dumps(moved)
     assert server.requests[4]["messages"][-1]["content"].startswith(
@@ -817,3 +823,24 @@ def test_a_function_written_back_unchanged_names_its_callees_when_there_are_seve
         "Error: your add is the same as the one in calc.py, so nothing was changed. add calls _left (line 1), "
         "_right (line 5) of calc.py: if the wrong result comes from there, read that function and fix it instead."
     )
+
+
+def test_the_failures_shown_with_a_request_are_those_of_the_last_failing_test_run(
+    scripted_model, sandbox: Sandbox, tmp_path: Path
+) -> None:
+    """The digest follows the model's own runs: a test run after the first prompt that fails differently is what
+    the next request for a whole function shows."""
+    server = scripted_model(
+        [
+            tool_call("run", command="python -m pytest -q -x -k nothing_matches; python -c 'assert 1 == 2'"),
+            tool_call(
+                "run", command="printf '= FAILURES =\\n>   assert add(0, 0) == 1\\nE   assert 0 == 1\\n'"
+            ),
+            tool_call("edit_file", path="calc.py", old="return a - b", new="return a - b + 0"),
+            text_reply(ADD_FIXED),
+            tool_call("finish", summary="x"),
+        ]
+    )
+    solve(server, sandbox, tmp_path, settings=WHOLE)
+    request = server.requests[3]["messages"][-1]["content"]
+    assert "The failing tests say:\n```\nassert add(0, 0) == 1\nassert 0 == 1\n```" in request

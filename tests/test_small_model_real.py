@@ -15,7 +15,13 @@ from typing import Any
 import pytest
 from pydantic import SecretStr
 
-from bugsweep.agent.focus import FIRST_PROMPT_MAX_CHARS, focus_test_output, normalised_matches, what_is_new
+from bugsweep.agent.focus import (
+    FIRST_PROMPT_MAX_CHARS,
+    failure_digest,
+    focus_test_output,
+    normalised_matches,
+    what_is_new,
+)
 from bugsweep.agent.loop import run_agent
 from bugsweep.agent.model import ChatModel
 from bugsweep.agent.trajectory import load
@@ -86,6 +92,17 @@ def test_focused_output_keeps_the_failure_and_drops_the_dots() -> None:
     assert "assert -1 == 5" in focused and "FAILED tests/test_b.py::test_add" in focused
     assert "......" not in focused
     assert focus_test_output("3 passed in 0.1s\n") is None  # nothing failed: the output stays as it is
+
+
+def test_the_failure_digest_is_each_failing_statement_and_its_explanation_once() -> None:
+    assert failure_digest(PYTEST_OUTPUT) == "assert add(2, 3) == 5\nassert -1 == 5"
+    twice = PYTEST_OUTPUT.replace(
+        "FAILURES =", "FAILURES =\n>   assert add(2, 3) == 5\nE   assert -1 == 5\n", 1
+    )
+    assert failure_digest(twice) == "assert add(2, 3) == 5\nassert -1 == 5"  # each line once
+    many = "== FAILURES ==\n" + "".join(f"E   line {i}\n" for i in range(20))
+    assert failure_digest(many, max_lines=3) == "line 0\nline 1\nline 2\n[... 17 more lines]"
+    assert failure_digest("3 passed in 0.1s\n") is None
 
 
 def test_normalised_matching_and_what_is_new() -> None:

@@ -108,3 +108,32 @@ def normalised_matches(content: str, old: str) -> list[tuple[int, int]]:
     """
     table = str.maketrans({"'": '"', "`": '"', "\u2018": '"', "\u2019": '"', "\u201c": '"', "\u201d": '"'})
     return loose_matches(content.translate(table), old.translate(table))
+
+
+#: Lines of the failures digest shown with a request for a whole function.
+DIGEST_MAX_LINES = 12
+
+
+def failure_digest(output: str, max_lines: int = DIGEST_MAX_LINES) -> str | None:
+    """What pytest's failures say, in a few lines: each failing statement (`>` lines) and its explanation (`E`
+    lines: the values, `where True = is_leap_year(1900)`), each line once, in order. None when the output has no
+    failure section.
+
+    Seen on the 1.5B model: asked for a whole function while the failing assertion was many messages back, it
+    wrote the function back unchanged; the expectation next to the code is what a fix needs.
+    """
+    section = _SECTION.search(output)
+    if section is None:
+        return None
+    summary = _SUMMARY.search(output, section.end())
+    body = output[section.end() : summary.start() if summary else len(output)]
+    lines: list[str] = []
+    for line in body.split("\n"):
+        if line.startswith(">") or line.startswith("E "):
+            text = line[1:].strip()
+            if text and text not in lines:
+                lines.append(text)
+    if not lines:
+        return None
+    more = len(lines) - max_lines
+    return "\n".join(lines[:max_lines]) + (f"\n[... {more} more lines]" if more > 0 else "")

@@ -4,7 +4,8 @@ With it the embedded model resolved the demo 5 of 5 times (bench/README.md, "who
 (the `plain` policy) 0 of 2. What it does, each change seen in that model's trajectories:
 - Whole-function edits (rewrite.py): an edit_file call that lands inside one Python function is first tried as sent
   and kept when the task's tests pass with it; otherwise it is undone, the call leaves the conversation, and the
-  model is asked for the whole corrected function as a ```python block, which then replaces the function. A
+  model is asked for the whole corrected function as a ```python block (shown with what the failing tests say:
+  focus.failure_digest), which then replaces the function. A
   function written back unchanged moves the request to the one function of the file that it calls.
   An edit_file call whose `old` matches no single place but clearly means one function (it defines it, names it,
   or, found nowhere, is mostly that function's words: rewrite.function_meant) is answered the same way (seen:
@@ -40,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 from bugsweep.agent import focus, prompts
 from bugsweep.agent.focus import (
     failing_tests,
+    failure_digest,
     files_in_traceback,
     focus_test_output,
     normalised_matches,
@@ -105,6 +107,8 @@ class SmallModelPolicy(Policy):
         self.last_outcome: ToolOutcome | None = None
         self.commands: dict[str, tuple[int, str]] = {}
         """`run` commands seen: the turn and output of the last run of each."""
+        self.failures: str | None = None
+        """What the last test output with failures said (focus.failure_digest), shown with a rewrite request."""
 
     def start(self, run: AgentRun) -> None:
         """Replace the first message's file list with the failing tests and how they fail (see focus.first_prompt)."""
@@ -113,6 +117,7 @@ class SmallModelPolicy(Policy):
         started = time.monotonic()
         tests = run.toolbox.run(run.test_command)
         output = tests.content
+        self.failures = failure_digest(output)
         files, _ = run.toolbox.list_files(limit=100_000)
         failing = failing_tests(output)
         named = files_in_traceback(output, set(files))
@@ -182,6 +187,7 @@ class SmallModelPolicy(Policy):
         command = str((args or {}).get("command", "")).strip()
         head, _, output = outcome.content.partition("\n")
         focused = focus_test_output(output)
+        self.failures = failure_digest(output) or self.failures
         content = f"{head}\n[test output focused on the failures]\n{focused}" if focused else outcome.content
         earlier = self.commands.get(command)
         self.commands[command] = (run.turn, output)
@@ -324,7 +330,9 @@ class SmallModelPolicy(Policy):
         if call is not None:
             run.drop_messages_from(len(run.messages) - 1)
         source = None if has_seen(run.toolbox, span) else span.source
-        request = prompts.rewrite_request(span.name, span.path, span.first, span.last, source, caller)
+        request = prompts.rewrite_request(
+            span.name, span.path, span.first, span.last, source, caller, failures=self.failures
+        )
         self.rewrite_from = len(run.messages)
         run.append({"role": "user", "content": request}, result=True)
         self.pending_rewrite = span
