@@ -109,6 +109,10 @@ class SandboxSettings(BaseSettings):
     disk_mib: int = 8192
     """'local': disk quota of a sandbox (its repository changes, $HOME and /tmp together); a write past it fails
     inside with 'No space left on device'. A task's own `disk_mib` overrides it. 0: no quota."""
+    spare_disks: int = Field(default=1, ge=0)
+    """'local': how many sandbox disks (of the last quota asked for) to keep made and mounted ahead of time, so
+    that creating a sandbox only takes one (each holds a few MB of the host's disk until used; released at exit).
+    0: each sandbox makes its disk when it is created."""
     workdir: str = "/workspace/repo"
     """Where the repository lives inside the sandbox."""
     cache_dir: str | None = None

@@ -256,7 +256,8 @@ def sandboxes_of(pid: int, state_dir: Path | None = None) -> list[Path]:
     found = []
     for meta in root.glob("local-*/meta.json"):
         try:
-            if json.loads(meta.read_text()).get("owner_pid") == pid:
+            data = json.loads(meta.read_text())
+            if data.get("owner_pid") == pid and data.get("kind") != "spare":  # not a disk made ahead of time
                 found.append(meta.parent)
         except (OSError, ValueError):
             continue

@@ -5,13 +5,17 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from bugsweep.sandbox.local import spares
+
 #: Children of this process that belong to a sandbox (its network helper, its bubblewrap, a shell it ran).
 SANDBOX_PROCESSES = ("slirp4netns", "bwrap", "sh")
 
 
 def sandbox_leftovers(state_dir: Path, sandbox_ids: list[str]) -> list[str]:
     """Mounts, loop devices, child processes, cgroups and folders of the sandboxes under `state_dir`; empty when
-    every one of them was released."""
+    every one of them was released. The spare disks this process keeps ready there (kept on purpose until it
+    exits) are released first: releasing them must leave nothing behind either."""
+    spares.release(state_dir)
     found = []
     if f"{state_dir}/local-" in Path("/proc/mounts").read_text():
         found.append("sandbox mounts")

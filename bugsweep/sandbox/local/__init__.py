@@ -18,7 +18,8 @@ The environment of every command: PATH, HOME (/workspace), LANG, TERM and a few 
 argument: nothing of the host's environment, the model's API key least of all. `network=True` (the setup step)
 gets the internet through slirp4netns, never the host's loopback or private networks (`setup_network.py`), when
 `settings.setup_network` allows it; every other command sees only `lo`. Every command runs under the seccomp
-filter (`seccomp.py`), and everything a sandbox writes is on its own size-limited file system (`disk.py`).
+filter (`seccomp.py`), and everything a sandbox writes is on its own size-limited file system (`disk.py`), made
+ahead of time in the background so that create() only takes one (`spares.py`).
 
 The task environment is a venv at /opt/venv (TASK_ENV), first on PATH, made from the chosen interpreter: a second
 overlay over that interpreter's base venv and the environment layers of finished setups (`layers.py`, built and
@@ -39,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bugsweep.sandbox.base import TASK_ENV, Environment, ExecResult, RepoSource, SandboxSnapshot, SandboxUsage
-from bugsweep.sandbox.local import seccomp, stale, taskenv, workspace
+from bugsweep.sandbox.local import seccomp, spares, stale, taskenv, workspace
 from bugsweep.sandbox.local.bwrap import command_argv, find_bwrap, pip_shims, setup_args, system_etc
 from bugsweep.sandbox.local.common import SANDBOX_UID, SANDBOX_USER, WORKSPACE, decode, write_text
 from bugsweep.sandbox.local.disk import WritableDisk, templates_dir
@@ -67,6 +68,8 @@ __all__ = [
 ]  # fmt: skip
 
 log = logging.getLogger(__name__)
+
+MIB = 1024 * 1024
 
 
 @dataclass
@@ -122,12 +125,13 @@ class LocalProvider:
         stale.prepare_state_dir(self.state_dir)
         base = self.env_cache.base(interpreter)
         prepared = self.sources.prepare(source)
-        return LocalSandbox(
+        disk_mib = disk_mib or self.settings.disk_mib
+        sandbox = LocalSandbox(
             bwrap=bwrap_path, settings=self.settings, workdir=workdir, prepared=prepared,
             state_dir=self.state_dir, interpreter=interpreter, env_cache=self.env_cache, layers=[base],
-            labels=labels,
-            disk_mib=disk_mib or self.settings.disk_mib,
+            labels=labels, disk_mib=disk_mib,
         )  # fmt: skip
+        return self._refill_spares(sandbox, disk_mib)
 
     def create_from(self, snapshot: SandboxSnapshot, *, labels: dict[str, str] | None = None) -> LocalSandbox:
         """A fresh sandbox on `snapshot` (its repository and task environment; a clean $HOME and /tmp)."""
@@ -136,16 +140,27 @@ class LocalProvider:
         bwrap_path = find_bwrap()
         seccomp.filter_program()  # a missing libseccomp is a ConfigError now, not at the first command
         snapshot.acquire()
+        disk_mib = snapshot.disk_mib or self.settings.disk_mib
         try:
-            return LocalSandbox(
+            sandbox = LocalSandbox(
                 bwrap=bwrap_path, settings=self.settings, workdir=workspace.check_workdir(self.settings.workdir),
                 prepared=snapshot.source, state_dir=self.state_dir, interpreter=snapshot.interpreter,
                 env_cache=self.env_cache, layers=[layer.share() for layer in snapshot.stack], labels=labels,
-                snapshot=snapshot, disk_mib=snapshot.disk_mib or self.settings.disk_mib,
+                snapshot=snapshot, disk_mib=disk_mib,
             )  # fmt: skip
         except BaseException:
             snapshot.drop()
             raise
+        return self._refill_spares(sandbox, disk_mib)
+
+    def _refill_spares(self, sandbox: LocalSandbox, disk_mib: int | None) -> LocalSandbox:
+        """After a create with a disk quota: make the next sandboxes' disks in the background (spares.py)."""
+        if disk_mib and sandbox._res.disk is not None and self.settings.spare_disks > 0:
+            spares.refill(
+                self.state_dir, disk_mib * MIB, self.settings.spare_disks, sandbox._templates,
+                sandbox._etc_dir, workspace.SUBDIRS,
+            )  # fmt: skip
+        return sandbox
 
     def sandboxes(self) -> list[dict[str, object]]:
         """The sandboxes in this provider's state_dir (any process's): id, owner, labels, creation time."""
@@ -178,9 +193,13 @@ class LocalSandbox:
         snapshot: LocalSnapshot | None = None,
         disk_mib: int | None = None,
     ) -> None:
-        self.id = f"local-{uuid.uuid4().hex[:12]}"
         self._disk_mib = disk_mib
         self._etc_dir = system_etc(state_dir)
+        self._templates = templates_dir(state_dir, _templates_meta)
+        pip_shims(self._etc_dir)  # before a disk template copies this folder, so that every disk has them
+        # A disk made ahead of time (spares.py): its folder becomes this sandbox's, and the folder's name the id.
+        spare = spares.take(state_dir, disk_mib * MIB) if disk_mib else None
+        self.id = spare.mountpoint.name if spare is not None else f"local-{uuid.uuid4().hex[:12]}"
         self.state_dir = state_dir
         self.interpreter = interpreter
         self.env_cache = env_cache
@@ -196,6 +215,7 @@ class LocalSandbox:
         self._res.labels = self.labels
         self._res.layers = layers
         self._res.snapshot = snapshot
+        self._res.disk = spare
         self._finalizer = weakref.finalize(self, self._res.cleanup)
         try:
             self._setup(bwrap, prepared)
@@ -205,20 +225,19 @@ class LocalSandbox:
 
     def _setup(self, bwrap_path: str, prepared: PreparedSource) -> None:
         res = self._res
-        res.root.mkdir()
-        if self._disk_mib:  # everything the sandbox writes goes on its own size-limited file system
-            res.disk = WritableDisk.create(
-                res.root,
-                self._disk_mib * 1024 * 1024,
-                templates_dir(self.state_dir, _templates_meta),
-                etc_dir=self._etc_dir,
-            )
-            if res.disk is not None:
-                self.usage.disk_quota_bytes = res.disk.size_bytes
-                self.usage.peak_disk_bytes = res.disk.peak_bytes
-        for sub in workspace.SUBDIRS:
-            (res.root / sub).mkdir(parents=True)
-        res.repo_dir.mkdir(parents=True)
+        if res.disk is None:  # no spare: the folder and its disk are made now
+            res.root.mkdir()
+            if self._disk_mib:  # everything the sandbox writes goes on its own size-limited file system
+                res.disk = WritableDisk.create(
+                    res.root, self._disk_mib * MIB, self._templates, etc_dir=self._etc_dir,
+                    skeleton=workspace.SUBDIRS,
+                )  # fmt: skip
+        if res.disk is not None:
+            self.usage.disk_quota_bytes = res.disk.size_bytes
+            self.usage.peak_disk_bytes = res.disk.peak_bytes
+        for sub in workspace.SUBDIRS:  # on a disk, its template has them already
+            (res.root / sub).mkdir(parents=True, exist_ok=True)
+        res.repo_dir.mkdir(parents=True, exist_ok=True)
         res.write_meta()  # from here on, a crash leaves a folder that stale.py can sweep
         owner = prepared.path.stat().st_uid
         if owner != os.geteuid():

@@ -15,8 +15,9 @@ worker's RAM (bench/README.md has the figures).
 Creation is a copy of a pre-formatted template (made once per process and size by `mkfs.ext4`; the copy
 moves only the few MB of metadata that are not holes), one LOOP_CONFIGURE ioctl with autoclear (the loop
 device detaches itself at the last unmount, so nothing is left attached even when a process dies between
-the steps) and one mount(2): a few milliseconds. Needs root and a loop device; elsewhere `create` returns
-None and the sandbox writes to the host's disk without a quota (a warning says so).
+the steps) and one mount(2): about 10 ms at load 2, which spares.py moves off the path of a sandbox's
+create() by making them ahead of time. Needs root and a loop device; elsewhere `create` returns None and the
+sandbox writes to the host's disk without a quota (a warning says so).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import struct
 import subprocess
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -49,6 +50,8 @@ METADATA_SLACK = 0.05
 #: At most this much free (or this share of the size) counts as full: the model is told to make room.
 _FULL_BYTES = 4 * 1024 * 1024
 _FULL_SHARE = 0.01
+#: Where the template's copy of the sandbox's /etc lies in every file system made from it.
+TEMPLATE_ETC = "etc"
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _template_lock = threading.Lock()
@@ -72,16 +75,22 @@ class WritableDisk:
 
     @classmethod
     def create(
-        cls, folder: Path, size_bytes: int, templates: Path, etc_dir: Path | None = None
+        cls,
+        folder: Path,
+        size_bytes: int,
+        templates: Path,
+        etc_dir: Path | None = None,
+        skeleton: Sequence[str] = (),
     ) -> WritableDisk | None:
         """A new file system of `size_bytes` mounted on the empty folder `folder` (image: `image_path(folder)`),
         or None (with a warning, once per process) where this host cannot make one. `templates` is a folder of
         this process for the pre-formatted images; they carry a copy of `etc_dir` as `etc/` (the sandbox binds
-        that one, so no host path shows in its mountinfo). Release with `empty_and_unmount(folder)` and delete the
-        image (workspace.remove_root does both)."""
+        that one, so no host path shows in its mountinfo) and the empty folders `skeleton` (the same for every
+        call with that `templates`). Release with `empty_and_unmount(folder)` and delete the image
+        (workspace.remove_root does both)."""
         image, mountpoint = image_path(folder), folder
         try:
-            template = _template(templates, size_bytes, etc_dir)
+            template = _template(templates, size_bytes, etc_dir, skeleton)
         except (OSError, subprocess.SubprocessError) as exc:
             _warn(f"no template image ({exc})")
             return None
@@ -122,8 +131,11 @@ class WritableDisk:
 def empty_and_unmount(folder: Path) -> None:
     """Delete what is in the file system mounted on `folder`, then unmount it (its loop device detaches itself).
     Deleting first drops the files' dirty pages: unmounting a full file system would otherwise write them all
-    to an image that is deleted next."""
+    to an image that is deleted next. `etc/` stays: it came with the template and the sandbox only reads it
+    (bound read-only), so it has nothing to write back, and deleting its ~700 entries took most of a release."""
     for entry in os.scandir(folder):
+        if entry.name == TEMPLATE_ETC and entry.is_dir(follow_symlinks=False):
+            continue
         if entry.is_dir(follow_symlinks=False) and not os.path.ismount(entry.path):
             shutil.rmtree(entry.path, ignore_errors=True)
         elif not entry.is_dir(follow_symlinks=False):
@@ -161,7 +173,7 @@ def umount(target: Path) -> None:
         raise OSError(code, f"umount {target}: {os.strerror(code)}")
 
 
-def _template(folder: Path, size_bytes: int, etc_dir: Path | None) -> Path:
+def _template(folder: Path, size_bytes: int, etc_dir: Path | None, skeleton: Sequence[str]) -> Path:
     key = (folder, size_bytes)
     with _template_lock:
         path = _templates.get(key)
@@ -179,8 +191,10 @@ def _template(folder: Path, size_bytes: int, etc_dir: Path | None) -> Path:
         content.mkdir()
         if etc_dir is not None:
             shutil.copytree(
-                etc_dir, content / "etc", symlinks=True, ignore=shutil.ignore_patterns(".owner.json")
+                etc_dir, content / TEMPLATE_ETC, symlinks=True, ignore=shutil.ignore_patterns(".owner.json")
             )
+        for name in skeleton:
+            (content / name).mkdir(parents=True, exist_ok=True)
         # No journal (a sandbox's files do not outlive it, so there is nothing to recover after a crash), no
         # reserved blocks (all of the quota is the sandbox's), inode tables initialised lazily and never zeroed
         # afterwards (mount option noinit_itable): formatting writes a few MB whatever the size.

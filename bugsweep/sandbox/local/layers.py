@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import hashlib
 import json
 import logging
@@ -136,6 +137,7 @@ def tls_environment() -> dict[str, str]:
     return found
 
 
+@functools.cache
 def find_uv() -> str:
     """The `uv` binary (PyPI `uv`, a dependency of bugsweep)."""
     try:
