@@ -43,7 +43,7 @@ from bugsweep.sandbox.local import LocalProvider, disk
 from bugsweep.settings import AgentSettings, ModelSettings, SandboxSettings
 from bugsweep.spec import TaskSpec
 from tests.support.leftovers import sandbox_leftovers
-from tests.support.repos import make_repo
+from tests.support.repos import PYTEST_SETUP, make_repo
 from tests.support.scripted_model import ScriptedModelServer, tool_call
 
 KINDS = ("honest", "disk", "fork", "memory", "output")
@@ -126,7 +126,9 @@ def main() -> None:
                 repo=str(repo),
                 problem_statement=f"[soak:{kind}] test_add fails: add() is wrong. Fix it.",
                 test_command="python -m pytest -q",
-                setup_command="true",  # through the setup network: slirp4netns, routes, and back
+                # The task environment has only what the setup installs. The first run installs pytest through the
+                # setup network (slirp4netns, routes, and back); the others reuse its layer, as a sweep does.
+                setup_command=PYTEST_SETUP,
             )
             out = work / "runs" / spec.instance_id
             started = time.monotonic()
