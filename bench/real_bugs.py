@@ -13,8 +13,8 @@ repository URL is cloned.
 Both agents get the same task in the same kind of sandbox, the same model server, the same turn limit, and are
 graded by the same grader:
 - bugsweep: `pipeline.solve_task`, as `bugsweep sweep` runs a task (prepare, setup, baseline, agent, regrade), with
-  the agent settings of the environment (BUGSWEEP_POLICY / BUGSWEEP_EDIT_STYLE); the policy in force is read back
-  from grade.json.
+  the policy of `--policy`, else BUGSWEEP_POLICY, else the embedded model's own (`small-model`, as `bugsweep demo`
+  runs it); the policy in force is read back from grade.json.
 - mini-swe-agent (PyPI `mini-swe-agent`, its default `mini.yaml` tool-calling config and DefaultAgent): its
   `bash` tool runs in a bugsweep sandbox prepared exactly as for bugsweep (test patch applied, setup run, tests
   failing), then `pipeline.regrade` grades it (test files restored, FAIL_TO_PASS and PASS_TO_PASS checked). Its task
@@ -228,7 +228,16 @@ def main() -> int:
         "--base-url", default=None, help="a running model server (default: the embedded model)"
     )
     parser.add_argument("--model", default=None)
+    parser.add_argument(
+        "--policy",
+        default=None,
+        help="bugsweep's agent policy (default: BUGSWEEP_POLICY, else the embedded model's own, as `bugsweep demo`)",
+    )
     args = parser.parse_args()
+    from bugsweep.embedded import DEFAULT_MODEL
+
+    # Read by AgentSettings in run_bugsweep; recorded per run from grade.json.
+    os.environ["BUGSWEEP_POLICY"] = args.policy or os.environ.get("BUGSWEEP_POLICY") or DEFAULT_MODEL.policy
     # Stopped with SIGTERM (a background job ignores SIGINT): unwind as for Ctrl-C, so sandboxes are released.
     signal.signal(signal.SIGTERM, _interrupt)
 
