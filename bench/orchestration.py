@@ -106,13 +106,12 @@ def run_core(tasks: list[Any], base_url: str, concurrency: int, out: Path) -> di
     return {"wall_s": time.perf_counter() - started, "resolved": sum(resolved), "steps": steps}
 
 
-def run_flow(
-    tasks: list[Any], model_block: str, store_block: str, concurrency: int, out: Path
-) -> dict[str, Any]:
+def run_flow(tasks: list[Any], model_block: str, concurrency: int, out: Path) -> dict[str, Any]:
     """The sweep flow on the same tasks; step times from the task runs the Prefect API recorded."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
+    from blocks import ModelEndpoint
     from bugsweep.discover import TaskFile
     from bugsweep.spec import dump_tasks
     from flows.common import AgentLimits
@@ -125,8 +124,7 @@ def run_flow(
     state = sweep(
         source=TaskFile(path=str(tasks_file)),
         name=f"bench-{uuid.uuid4().hex[:6]}",
-        model_block=model_block,
-        store_block=store_block,
+        model=ModelEndpoint.load(model_block),
         limits=AgentLimits(max_turns=6),
         concurrency=concurrency,
         return_state=True,
@@ -234,14 +232,14 @@ def main() -> None:
     try:
         from pydantic import SecretStr
 
-        from blocks import ArtifactStoreBlock, ModelEndpoint
+        from blocks import ModelEndpoint
         from tests.support.scripted_model import ScriptedModelServer
 
         model = ScriptedModelServer([fixer] * 10_000).start()
         ModelEndpoint(base_url=model.base_url, model="scripted-model", api_key=SecretStr("")).save(
             "bench-model"
         )
-        ArtifactStoreBlock(local_dir=str(work / "flow-store")).save("bench-store")
+        os.environ["BUGSWEEP_STORE_URL"] = str(work / "flow-store")  # a folder store: no S3 bucket block
         empty = empty_task_cost()
         results: dict[str, Any] = {
             "tasks": args.tasks,
@@ -264,7 +262,6 @@ def main() -> None:
                     run_flow(
                         make_tasks(work, args.tasks, f"flow{c}-{r}"),
                         "bench-model",
-                        "bench-store",
                         c,
                         work / f"flow-{c}-{r}",
                     )

@@ -2,16 +2,17 @@
 
 - `ModelEndpoint` -> `.settings()` (ModelSettings for the agent);
 - `LocalSandbox`, `RuntimeSandbox` -> `.provider()` (a bugsweep SandboxProvider);
-- `ArtifactStoreBlock` -> `.store()` (a bugsweep.storage store: S3 or a local folder).
+- prefect-aws's `S3Bucket` (with its `AwsCredentials`) -> `bucket_store(block)` (a bugsweep.storage S3 store).
 
-`bugsweep blocks create` saves one of each from the environment under the names below, which the flows use by default.
+`bugsweep blocks create` saves one of each from the environment under the names below, which the flows use when no
+block is chosen.
 """
 
 from __future__ import annotations
 
 from blocks.model import ModelEndpoint
 from blocks.sandbox import LocalSandbox, RuntimeSandbox
-from blocks.storage import ArtifactStoreBlock
+from blocks.storage import bucket_store
 
 MODEL_BLOCK = "bugsweep-model"
 LOCAL_SANDBOX_BLOCK = "bugsweep-local"
@@ -23,8 +24,8 @@ __all__ = [
     "MODEL_BLOCK",
     "RUNTIME_SANDBOX_BLOCK",
     "STORE_BLOCK",
-    "ArtifactStoreBlock",
     "LocalSandbox",
     "ModelEndpoint",
     "RuntimeSandbox",
+    "bucket_store",
 ]

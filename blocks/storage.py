@@ -1,59 +1,29 @@
-"""The artifact store as a Prefect block: an S3-compatible bucket and prefix, or a local folder (the default)."""
+"""The artifact store as Prefect blocks: prefect-aws's `S3Bucket` (bucket, folder) and its `AwsCredentials`.
+
+Teams already have these blocks in their workspaces, and the UI has forms for them. bugsweep reads the bucket, the
+folder and the credentials from the block, and does the uploading itself (bugsweep.storage: whole-call retries,
+grade.json last, the pending marker), through a boto3 client made from the block's own session and client
+parameters. Run folders are always written to the worker's local folder first (BUGSWEEP_STORE_LOCAL_DIR) and
+uploaded from there, so an S3 outage loses nothing.
+"""
 
 from __future__ import annotations
 
-from pathlib import Path
+from typing import TYPE_CHECKING
 
-from prefect.blocks.core import Block
-from pydantic import Field, SecretStr
+from bugsweep.storage import S3Store, StoreSettings, s3_client
 
-from bugsweep.storage import ArtifactStore, LocalStore, S3Store
+if TYPE_CHECKING:
+    from prefect_aws import S3Bucket
 
 
-class ArtifactStoreBlock(Block):
-    """Where run folders go: `s3://BUCKET/PREFIX/SWEEP/TASK/MODEL/` when a bucket is set, else the local folder.
-
-    Run folders are always written to `local_dir` first and uploaded from there, so an S3 outage loses nothing.
-    The credentials are stored encrypted; empty credentials use boto3's default chain (instance role, ~/.aws).
-    """
-
-    _block_type_name = "bugsweep artifact store"
-    _description = (
-        "Where bugsweep keeps patches, trajectories, grades and test logs: an S3 bucket or a folder."
+def bucket_store(bucket: S3Bucket, settings: StoreSettings | None = None) -> S3Store:
+    """The bugsweep store for an `S3Bucket` block: its bucket, its `bucket_folder` as the key prefix, a client from
+    its credentials (AwsCredentials or MinIOCredentials, with their endpoint, region and botocore config)."""
+    settings = settings or StoreSettings()
+    credentials = bucket.credentials
+    params = credentials.aws_client_parameters.get_params_override()
+    client = s3_client(credentials.get_boto3_session(), **params)
+    return S3Store(
+        bucket=bucket.bucket_name, prefix=bucket.bucket_folder, client=client, attempts=settings.attempts
     )
-
-    bucket: str | None = Field(
-        default=None, description="S3 bucket; empty: keep everything in the local folder."
-    )
-    prefix: str = Field(default="bugsweep", description="Key prefix inside the bucket.")
-    endpoint_url: str | None = Field(
-        default=None, description="S3 endpoint for non-AWS servers (SeaweedFS, MinIO, R2...); empty: AWS."
-    )
-    region: str | None = Field(default=None, description="S3 region; empty: boto3's default.")
-    access_key_id: SecretStr | None = Field(default=None, description="S3 access key id.")
-    secret_access_key: SecretStr | None = Field(default=None, description="S3 secret access key.")
-    attempts: int = Field(
-        default=4, description="Tries per S3 call before the upload step gives up (and retries)."
-    )
-    local_dir: str = Field(
-        default="./artifacts",
-        description="Folder for run folders on the worker (and the store when no bucket).",
-    )
-
-    def store(self) -> ArtifactStore:
-        """The bugsweep.storage store this block describes."""
-        if not self.bucket:
-            return LocalStore(self.local_dir)
-        return S3Store(
-            bucket=self.bucket,
-            prefix=self.prefix,
-            endpoint_url=self.endpoint_url,
-            region=self.region,
-            access_key_id=self.access_key_id,
-            secret_access_key=self.secret_access_key,
-            attempts=self.attempts,
-        )
-
-    def local_root(self) -> Path:
-        """Where run folders are written before they are uploaded."""
-        return Path(self.local_dir).expanduser().resolve()

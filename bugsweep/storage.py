@@ -2,7 +2,8 @@
 
 Two backends behind one small interface, `ArtifactStore`:
 - `LocalStore`: a folder on this machine (the embedded default: nothing to set up);
-- `S3Store`: a bucket and prefix on any S3-compatible server (AWS, SeaweedFS, ...) through boto3.
+- `S3Store`: a bucket and prefix on any S3-compatible server (AWS, SeaweedFS, ...) through a boto3 client, made
+  from a prefect-aws `S3Bucket` block's credentials (blocks/storage.py) or from the BUGSWEEP_STORE_* settings.
 
 Runs are filed under `PREFIX/SWEEP/TASK/MODEL/` (see `run_key`), so a sweep can tell which tasks a model has
 already been graded on, and a person can browse one bug's attempts side by side. This module is plain code with no
@@ -228,54 +229,79 @@ def _is_missing(exc: BaseException) -> bool:
     return code in {"404", "NoSuchKey", "NotFound"}
 
 
+#: How bugsweep's S3 clients retry and wait unless the client parameters say otherwise: botocore's "standard" retry
+#: mode (connection errors, throttling, 5xx) with 3 tries, and a short connect timeout, so an S3 server that is down
+#: is noticed in seconds and left to the store's own retries (tenacity) and the upload step's.
+CLIENT_CONFIG: dict[str, Any] = {
+    "retries": {"max_attempts": 3, "mode": "standard"},
+    "connect_timeout": 5.0,
+    "read_timeout": 60.0,
+}
+
+
+def s3_client(session: Any = None, **params: Any) -> Any:
+    """A boto3 S3 client from `session` (a boto3.Session holding the credentials; None: boto3's default chain).
+
+    `params` are boto3's client arguments (`endpoint_url`, `region_name`, `config`, `verify`, ...), as a prefect-aws
+    block's `aws_client_parameters.get_params_override()` gives them. `CLIENT_CONFIG` fills in what their `config`
+    leaves unset; an `endpoint_url` (a non-AWS server such as SeaweedFS) gets path-style addressing and, with no
+    region anywhere, us-east-1.
+    """
+    import boto3
+    from botocore.config import Config
+
+    session = session or boto3.Session()
+    params = {k: v for k, v in params.items() if v is not None}
+    defaults = dict(CLIENT_CONFIG)
+    if params.get("endpoint_url"):
+        defaults["s3"] = {
+            "addressing_style": "path"
+        }  # works with every S3-compatible server; AWS accepts it too
+        if not params.get("region_name") and not session.region_name:
+            params["region_name"] = "us-east-1"
+    config = Config(**defaults)
+    if params.get("config") is not None:
+        config = config.merge(params["config"])
+    params["config"] = config
+    return session.client("s3", **params)
+
+
+def settings_s3_client(settings: StoreSettings) -> Any:
+    """The S3 client `settings` describe (BUGSWEEP_STORE_* / AWS_* variables), for use without Prefect blocks."""
+    import boto3
+
+    session = boto3.Session(
+        aws_access_key_id=settings.access_key_id.get_secret_value() if settings.access_key_id else None,
+        aws_secret_access_key=settings.secret_access_key.get_secret_value()
+        if settings.secret_access_key
+        else None,
+        region_name=settings.region,
+    )
+    return s3_client(session, endpoint_url=settings.endpoint_url)
+
+
 @dataclass
 class S3Store:
-    """A bucket and key prefix on an S3-compatible server."""
+    """A bucket and key prefix on an S3-compatible server, through a boto3 S3 client (see `s3_client`).
+
+    The client decides where and as whom (credentials, endpoint, region, botocore's own retries); the store adds
+    the keys, retries of whole calls, and errors that name the object.
+    """
 
     bucket: str
     prefix: str = ""
-    endpoint_url: str | None = None
-    region: str | None = None
-    access_key_id: SecretStr | None = None
-    secret_access_key: SecretStr | None = field(default=None, repr=False)
+    client: Any = field(default=None, repr=False)
+    """A boto3 S3 client (thread-safe, shared by the store's threads); None: `s3_client()`, boto3's defaults."""
     attempts: int = 4
     """Tries per call (tenacity) on top of botocore's own retries."""
-    botocore_attempts: int = 3
-    """Tries botocore makes itself on each of those (connection errors, throttling, 5xx)."""
     retry_wait_s: float = 0.5
     """First wait between tries; doubles each time, at most 8 s."""
-    connect_timeout_s: float = 5.0
-    read_timeout_s: float = 60.0
-    _client: Any = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.prefix = self.prefix.strip("/")
         self.location = f"s3://{_join(self.bucket, self.prefix)}"
-
-    @property
-    def client(self) -> Any:
-        """A boto3 S3 client configured for this store (made once, shared by threads: boto3 clients are thread-safe)."""
-        if self._client is None:
-            import boto3
-            from botocore.config import Config
-
-            self._client = boto3.client(
-                "s3",
-                endpoint_url=self.endpoint_url,
-                region_name=self.region or ("us-east-1" if self.endpoint_url else None),
-                aws_access_key_id=self.access_key_id.get_secret_value() if self.access_key_id else None,
-                aws_secret_access_key=self.secret_access_key.get_secret_value()
-                if self.secret_access_key
-                else None,
-                config=Config(
-                    retries={"max_attempts": self.botocore_attempts, "mode": "standard"},
-                    connect_timeout=self.connect_timeout_s,
-                    read_timeout=self.read_timeout_s,
-                    # path-style works with every S3-compatible server; AWS accepts it too
-                    s3={"addressing_style": "path"} if self.endpoint_url else {},
-                ),
-            )
-        return self._client
+        if self.client is None:
+            self.client = s3_client()
 
     def _full(self, key: str) -> str:
         return _join(self.prefix, key)
@@ -390,13 +416,7 @@ def open_store(settings: StoreSettings | None = None) -> ArtifactStore:
     if settings.url.startswith("s3://"):
         bucket, prefix = split_s3_uri(settings.url)
         return S3Store(
-            bucket=bucket,
-            prefix=prefix,
-            endpoint_url=settings.endpoint_url,
-            region=settings.region,
-            access_key_id=settings.access_key_id,
-            secret_access_key=settings.secret_access_key,
-            attempts=settings.attempts,
+            bucket=bucket, prefix=prefix, client=settings_s3_client(settings), attempts=settings.attempts
         )
     if "://" in settings.url:
         raise ConfigError(

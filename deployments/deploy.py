@@ -85,6 +85,7 @@ def deploy(
         raise ConfigError(f"--heartbeat-s {heartbeat_s}: Prefect's heartbeats are at least 30 s apart")
     config = _read_yaml(project_dir / prefect_file)
     result = DeployResult(pool=pool, pool_created=ensure_work_pool(pool, pool_type, project_dir))
+    register_block_types()
     env = {"PREFECT_FLOWS_HEARTBEAT_FREQUENCY": str(heartbeat_s)}
     # One deployment at a time: with --all, Prefect ignores --pool.
     for full_name in DEPLOYMENTS:
@@ -104,6 +105,17 @@ def deploy(
             result.paused[full_name] = missing
     result.automation = ensure_crash_automation(heartbeat_s)
     return result
+
+
+def register_block_types() -> None:
+    """Make the blocks the flows take known to the server, so the run forms list them and the UI (Blocks) can
+    create them before any was saved: bugsweep's own and prefect-aws's S3Bucket and AwsCredentials."""
+    from prefect_aws import AwsCredentials, S3Bucket
+
+    from blocks import LocalSandbox, ModelEndpoint, RuntimeSandbox
+
+    for block_class in (ModelEndpoint, LocalSandbox, RuntimeSandbox, AwsCredentials, S3Bucket):
+        block_class.register_type_and_schema()
 
 
 def missing_task_source(deployment: dict[str, Any], project_dir: Path) -> str | None:

@@ -1,8 +1,10 @@
 """What the flows share: their typed parameters, the run configuration loaded from blocks, and sandbox release.
 
-Flow parameters name blocks (`model_block`, `store_block`) instead of carrying secrets, because Prefect stores
-and shows a flow run's parameters in plain text. A block that was never created falls back to the environment
-(LLM_*, BUGSWEEP_STORE_*, BUGSWEEP_SANDBOX_*), so a flow runs on a fresh machine before `bugsweep blocks create`.
+Flow parameters take blocks (`model`: a ModelEndpoint, `store`: prefect-aws's S3Bucket), which the UI's run form
+offers as a list of saved blocks; a run's parameters hold only a reference to the block (Prefect stores and shows
+parameters in plain text), never its secrets. A block left empty is the default-named one when it exists, else the
+environment (LLM_*, BUGSWEEP_STORE_*, BUGSWEEP_SANDBOX_*), so a flow runs on a fresh machine before
+`bugsweep blocks create`.
 """
 
 from __future__ import annotations
@@ -29,7 +31,9 @@ if TYPE_CHECKING:
     from prefect import Flow
     from prefect.client.schemas.objects import FlowRun
     from prefect.states import State
+    from prefect_aws import S3Bucket
 
+    from blocks import ModelEndpoint
     from bugsweep.sandbox.base import Sandbox, SandboxProvider
 
 log = logging.getLogger(__name__)
@@ -108,28 +112,46 @@ def load_block(block_class: Any, name: str, default_name: str) -> Any | None:
         ) from exc
 
 
+def block_ref(block: Any) -> dict[str, Any] | None:
+    """A saved block as a deployment run's parameter (a reference the run resolves; never its secrets)."""
+    if block is None:
+        return None
+    if getattr(block, "_block_document_id", None) is None:
+        raise ConfigError(
+            f"a {block.get_block_type_name()!r} block that was never saved cannot be sent to a deployment run: "
+            "save it (UI: Blocks) and choose it by name"
+        )
+    return {"$ref": {"block_document_id": str(block._block_document_id)}}
+
+
 def load_run_config(
-    model_block: str,
+    model: ModelEndpoint | None,
     sandbox: SandboxName,
-    store_block: str,
+    store: S3Bucket | None,
     limits: AgentLimits,
     flow_run_id: str | None = None,
 ) -> RunConfig:
-    """Read the blocks (or the environment) into a RunConfig. The model's key never leaves the settings object."""
+    """Read the chosen blocks (or the default-named ones, or the environment) into a RunConfig.
+
+    No model block: the `bugsweep-model` block when it exists, else the LLM_* variables (else the embedded model).
+    No store block: the `bugsweep-artifacts` S3Bucket block when it exists, else BUGSWEEP_STORE_URL (a folder or
+    s3://). Run folders are written to BUGSWEEP_STORE_LOCAL_DIR first (the store's folder when it is one).
+    The model's key never leaves the settings object.
+    """
     from blocks import (
         LOCAL_SANDBOX_BLOCK,
         MODEL_BLOCK,
         RUNTIME_SANDBOX_BLOCK,
         STORE_BLOCK,
-        ArtifactStoreBlock,
         LocalSandbox,
         ModelEndpoint,
         RuntimeSandbox,
+        bucket_store,
     )
     from bugsweep.sandbox import get_provider
 
-    endpoint = load_block(ModelEndpoint, model_block, MODEL_BLOCK)
-    model = endpoint.settings() if endpoint else ModelSettings()
+    endpoint = model or load_block(ModelEndpoint, MODEL_BLOCK, MODEL_BLOCK)
+    model_settings = endpoint.settings() if endpoint else ModelSettings()
 
     if sandbox == "local":
         box = load_block(LocalSandbox, LOCAL_SANDBOX_BLOCK, LOCAL_SANDBOX_BLOCK)
@@ -140,19 +162,20 @@ def load_run_config(
         remove_dead_sandboxes(provider)
     setup_network = box.setup_network if box else SandboxSettings().setup_network
 
-    store_config = load_block(ArtifactStoreBlock, store_block, STORE_BLOCK)
-    if store_config:
-        store, local_dir = store_config.store(), store_config.local_root()
-    else:
-        settings = StoreSettings()
-        store = open_store(settings)
-        local_dir = Path(store.location if isinstance(store, LocalStore) else settings.local_dir).resolve()
+    from prefect_aws import S3Bucket
+
+    settings = StoreSettings()
+    bucket = store or load_block(S3Bucket, STORE_BLOCK, STORE_BLOCK)
+    artifacts = bucket_store(bucket, settings) if bucket else open_store(settings)
+    local_dir = Path(
+        artifacts.location if isinstance(artifacts, LocalStore) else settings.local_dir
+    ).resolve()
 
     return RunConfig(
-        model=model,
+        model=model_settings,
         agent=limits.settings(),
         provider=provider,
-        store=store,
+        store=artifacts,
         local_dir=local_dir,
         setup_network=setup_network,
         labels={FLOW_RUN_LABEL: flow_run_id} if flow_run_id else {},

@@ -19,9 +19,9 @@ from typing import Annotated, Any
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect_aws import S3Bucket
 from pydantic import BaseModel, Field, SecretStr
 
-from blocks import MODEL_BLOCK, STORE_BLOCK
 from bugsweep.discover import TaskFile
 from bugsweep.errors import ConfigError, StorageError
 from bugsweep.report import (
@@ -137,7 +137,7 @@ def compare_models(
     runs: Annotated[int, Field(ge=1, le=100)] = 3,
     name: str | None = None,
     sandbox: SandboxName = "local",
-    store_block: str = STORE_BLOCK,
+    store: S3Bucket | None = None,
     limits: AgentLimits = AgentLimits(),
     concurrency: Annotated[int, Field(ge=1, le=256)] = 4,
     report_dir: str | None = None,
@@ -150,7 +150,7 @@ def compare_models(
     """
     quiet_thread_timeout_warnings()
     logger = get_run_logger()
-    base = load_run_config(MODEL_BLOCK, sandbox, store_block, limits, flow_run_id=current_flow_run_id())
+    base = load_run_config(None, sandbox, store, limits, flow_run_id=current_flow_run_id())
     name = name or default_name(source)
     list_tasks = steps.list_tasks.with_options(retry_delay_seconds=steps.retry_delays_s())
     specs = list_tasks(source, base.provider, base.store, setup_network=base.setup_network)

@@ -18,8 +18,9 @@ from prefect import flow, get_run_logger
 from prefect import task as prefect_task
 from prefect.cache_policies import NO_CACHE
 from prefect.task_runners import ThreadPoolTaskRunner
+from prefect_aws import S3Bucket
 
-from blocks import MODEL_BLOCK, STORE_BLOCK
+from blocks import ModelEndpoint
 from bugsweep import pipeline
 from bugsweep.errors import BugsweepError, ConfigError, StorageError
 from bugsweep.grading import Grade
@@ -249,18 +250,20 @@ def solve_bug(
         None, "Commit, branch or tag", "Where to start from; empty: the repository's default branch."
     ),
     sweep: str = form_field("adhoc", "Folder", "Folder in the artifact store: SWEEP/TASK/MODEL."),
-    model_block: str = form_field(
-        MODEL_BLOCK,
-        "Model endpoint block",
-        "Name of a ModelEndpoint block; when the default one does not exist, the LLM_* variables.",
+    model: ModelEndpoint | None = form_field(
+        None,
+        "Model endpoint",
+        "A saved model endpoint block; empty: the one named bugsweep-model, else the worker's LLM_* variables, "
+        "else the embedded open model.",
     ),
     sandbox: SandboxName = form_field(
         "local", "Sandbox", "local: bubblewrap on the worker; runtime: Runtime microVMs."
     ),
-    store_block: str = form_field(
-        STORE_BLOCK,
-        "Artifact store block",
-        "Name of an ArtifactStoreBlock (S3 or a folder); when the default one does not exist, BUGSWEEP_STORE_URL.",
+    store: S3Bucket | None = form_field(
+        None,
+        "Artifact store (S3 bucket)",
+        "A saved S3 bucket block (prefect-aws); run folders go to its folder as SWEEP/TASK/MODEL. Empty: the one "
+        "named bugsweep-artifacts, else the worker's BUGSWEEP_STORE_URL (a folder or s3://).",
     ),
     limits: AgentLimits = form_field(
         AgentLimits(), "Agent limits", "The agent's budget: turns, tokens, cost, time."
@@ -281,7 +284,7 @@ def solve_bug(
     """
     quiet_thread_timeout_warnings()
     task = task or one_off_task(repo, problem, test_command, setup_command, ref)
-    run = load_run_config(model_block, sandbox, store_block, limits, flow_run_id=current_flow_run_id())
+    run = load_run_config(model, sandbox, store, limits, flow_run_id=current_flow_run_id())
     with model_endpoint(run) as run:
         outcome = solve_one(task, run, sweep)
     report(outcome)

@@ -14,9 +14,10 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from prefect import flow, get_run_logger
+from prefect_aws import S3Bucket
 from pydantic import Field
 
-from blocks import MODEL_BLOCK, STORE_BLOCK
+from blocks import ModelEndpoint
 from bugsweep.discover import RepoBranch, TaskFile
 from bugsweep.errors import BugsweepError, ConfigError, InfraError, StorageError
 from bugsweep.grading import Grade
@@ -28,6 +29,7 @@ from flows.common import (
     AgentLimits,
     RunConfig,
     SandboxName,
+    block_ref,
     current_flow_run_id,
     load_run_config,
     model_endpoint,
@@ -50,9 +52,9 @@ POLL_S = 2.0
 def sweep(
     source: TaskSource,
     name: str | None = None,
-    model_block: str = MODEL_BLOCK,
+    model: ModelEndpoint | None = None,
     sandbox: SandboxName = "local",
-    store_block: str = STORE_BLOCK,
+    store: S3Bucket | None = None,
     limits: AgentLimits = AgentLimits(),
     concurrency: Annotated[int, Field(ge=1, le=256)] = 4,
     run_on: Literal["this-process", "workers"] = "this-process",
@@ -70,9 +72,10 @@ def sweep(
         source: A task file (`kind: file`, a path on the worker or s3://), or a repository and branch
             (`kind: repo`) whose failing test files become the tasks.
         name: Sweep name, the folder in the artifact store; default: the task file's or repository's name.
-        model_block: Name of a ModelEndpoint block; when the default one does not exist, the LLM_* variables.
+        model: A saved model endpoint block; empty: the one named bugsweep-model, else the LLM_* variables.
         sandbox: Where commands run: `local` (bubblewrap on the worker) or `runtime` (Runtime microVMs).
-        store_block: Name of an ArtifactStoreBlock (S3 or a folder); default missing: BUGSWEEP_STORE_URL.
+        store: A saved S3 bucket block (prefect-aws); empty: the one named bugsweep-artifacts, else
+            BUGSWEEP_STORE_URL (a folder or s3://).
         limits: The agent's budget per task: turns, tokens, cost, wall-clock time.
         concurrency: Tasks at once (in this process, or solve-bug runs in flight on the workers).
         run_on: `this-process`, or `workers`: each task as a run of the solve-bug deployment, on any worker.
@@ -80,19 +83,14 @@ def sweep(
         redo_graded: Run tasks again even when already graded for this model and commit.
     """
     quiet_thread_timeout_warnings()
-    run = load_run_config(model_block, sandbox, store_block, limits, flow_run_id=current_flow_run_id())
+    run = load_run_config(model, sandbox, store, limits, flow_run_id=current_flow_run_id())
     sweep_name = name or default_name(source)
     upload_kept(run, sweep_name)
     list_tasks = steps.list_tasks.with_options(retry_delay_seconds=steps.retry_delays_s())
     specs = list_tasks(source, run.provider, run.store, setup_network=run.setup_network)
     todo, graded = (specs, []) if redo_graded else split_graded(specs, run, sweep_name)
     if run_on == "workers":
-        shared = {
-            "model_block": model_block,
-            "sandbox": sandbox,
-            "store_block": store_block,
-            "limits": limits,
-        }
+        shared = {"model": block_ref(model), "sandbox": sandbox, "store": block_ref(store), "limits": limits}
         outcomes = run_on_workers(todo, run, sweep_name, concurrency, deployment, shared)
     else:
         with model_endpoint(run) as run:
@@ -169,7 +167,7 @@ def run_on_workers(
     """Each task as a run of the solve-bug deployment, at most `concurrency` at once; whichever worker of the pool
     is free picks it up. Each run's grade is read back from the artifact store (so use S3 across machines).
 
-    `parameters` are the sweep's own that each solve-bug run takes too (model_block, sandbox, store_block, limits).
+    `parameters` are the sweep's own that each solve-bug run takes too (model, sandbox, store, limits; blocks as references).
     """
     from prefect.client.orchestration import get_client
 

@@ -156,7 +156,8 @@ def deployed(prefect_api, seaweed, tmp_path_factory: pytest.TempPathFactory) -> 
                 cwd=tmp_path_factory.mktemp(name),
                 PREFECT_WORKER_QUERY_SECONDS="1",
                 PREFECT_WORKER_PREFETCH_SECONDS="0",
-                **{k: v for k, v in env.items() if k.startswith("BUGSWEEP_RETRY")},
+                # the worker's own settings (the store's bucket and keys come from the blocks)
+                **{k: v for k, v in env.items() if k.startswith(("BUGSWEEP_RETRY", "BUGSWEEP_STORE_LOCAL"))},
             )
         yield Deployed(prefect_api, store, model, workers)
     finally:
@@ -181,8 +182,9 @@ def calc_task(repo: Path, instance_id: str) -> TaskSpec:
 def test_a_run_from_the_ui_form_is_run_by_a_worker_and_its_patch_lands_in_s3(
     deployed: Deployed, tmp_path: Path
 ) -> None:
-    """The solve-bug form asks for what a one-off fix needs, with help text on every field and titles in words;
-    a run made from those fields (the UI's Custom run) is run by a worker and its patch lands in S3."""
+    """The solve-bug form asks for what a one-off fix needs, with help text on every field and titles in words,
+    and offers the saved blocks to choose from; a run made from those fields (the UI's Custom run) is run by a
+    worker and its patch lands in S3, in the bucket of the S3Bucket block `bugsweep blocks create` saved."""
     schema = deployed.api("GET", "/deployments/name/solve-bug/solve-bug")["parameter_openapi_schema"]
     fields = schema["properties"]
     assert list(fields)[:4] == ["repo", "problem", "test_command", "setup_command"]
@@ -190,6 +192,12 @@ def test_a_run_from_the_ui_form_is_run_by_a_worker_and_its_patch_lands_in_s3(
     assert all(f.get("description") for f in fields.values()), "every field has help text"
     assert fields["repo"]["title"] == "Repository" and fields["problem"]["title"] == "What is wrong"
     assert fields["limits"]["title"] == "Agent limits"
+    # Blocks are chosen from a list of saved blocks, not typed: the fields reference the block types.
+    definitions = schema["definitions"]
+    for field, block_type in (("store", "s3-bucket"), ("model", "bugsweep-model-endpoint")):
+        (ref,) = [choice["$ref"] for choice in fields[field]["anyOf"] if "$ref" in choice]
+        assert definitions[ref.rsplit("/", 1)[1]]["block_type_slug"] == block_type
+    store_block = deployed.api("GET", "/block_types/slug/s3-bucket/block_documents/name/bugsweep-artifacts")
     repo = make_repo(tmp_path / "calc")
     problem = f"tests/test_calc.py::test_add fails: add() returns the wrong result ({uuid.uuid4().hex[:6]})."
     instance_id = TaskSpec(
@@ -197,8 +205,12 @@ def test_a_run_from_the_ui_form_is_run_by_a_worker_and_its_patch_lands_in_s3(
     ).instance_id
 
     run_id = deployed.run_deployment(
-        "solve-bug/solve-bug", {"repo": str(repo), "problem": problem, "sweep": "from-ui"}
-    )
+        "solve-bug/solve-bug",
+        {  # the store picked from the list: the UI sends a reference to the block document
+            "repo": str(repo), "problem": problem, "sweep": "from-ui",
+            "store": {"$ref": {"block_document_id": store_block["id"]}},
+        },
+    )  # fmt: skip
     run = deployed.wait(run_id)
 
     assert run["state"]["type"] == "COMPLETED", run["state"]

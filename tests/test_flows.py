@@ -62,32 +62,42 @@ def calc_task(repo: Path, instance_id: str, **fields: Any) -> TaskSpec:
 
 
 @pytest.fixture
-def blocks(prefect_harness: None, seaweed: SeaweedServer, tmp_path: Path):
-    """Factory: save a model endpoint block for a scripted server and an S3 artifact store block on a new bucket."""
-    from blocks import ArtifactStoreBlock, ModelEndpoint
+def blocks(prefect_harness: None, seaweed: SeaweedServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """Factory: save a model endpoint block for a scripted server, and prefect-aws AwsCredentials + S3Bucket blocks
+    on a new SeaweedFS bucket; the flows get the saved blocks as the UI's form sends them."""
+    from prefect_aws import AwsCredentials, S3Bucket
+    from prefect_aws.client_parameters import AwsClientParameters
+
+    from blocks import ModelEndpoint, bucket_store
+    from tests.support.seaweed import ACCESS_KEY, SECRET_KEY
+
+    monkeypatch.setenv("BUGSWEEP_STORE_LOCAL_DIR", str(tmp_path / "local-artifacts"))
 
     def make(
         server: ScriptedModelServer, *, endpoint_url: str | None = None, attempts: int = 2
     ) -> dict[str, Any]:
+        monkeypatch.setenv("BUGSWEEP_STORE_ATTEMPTS", str(attempts))
         suffix = uuid.uuid4().hex[:8]
-        ModelEndpoint(
+        model = ModelEndpoint(
             base_url=server.base_url, model="scripted-model", api_key=SecretStr("sk-test-secret")
-        ).save(f"model-{suffix}")
-        bucket = seaweed.new_store(prefix="").bucket
-        store_block = ArtifactStoreBlock(
-            bucket=bucket,
-            prefix="runs",
-            endpoint_url=endpoint_url or seaweed.endpoint_url,
-            access_key_id=SecretStr("bugsweep-test"),
-            secret_access_key=SecretStr("bugsweep-test-secret"),
-            attempts=attempts,
-            local_dir=str(tmp_path / "local-artifacts"),
         )
-        store_block.save(f"store-{suffix}")
+        model.save(f"model-{suffix}")
+        credentials = AwsCredentials(
+            aws_access_key_id=ACCESS_KEY,
+            aws_secret_access_key=SecretStr(SECRET_KEY),
+            aws_client_parameters=AwsClientParameters(endpoint_url=endpoint_url or seaweed.endpoint_url),
+        )
+        credentials.save(f"aws-{suffix}")
+        bucket = S3Bucket(
+            bucket_name=seaweed.new_store(prefix="").bucket, bucket_folder="runs", credentials=credentials
+        )
+        bucket.save(f"store-{suffix}")
         return {
             "model_block": f"model-{suffix}",
             "store_block": f"store-{suffix}",
-            "_store": store_block.store(),
+            "model": ModelEndpoint.load(f"model-{suffix}"),
+            "store": S3Bucket.load(f"store-{suffix}"),
+            "_store": bucket_store(bucket),
         }
 
     return make
@@ -97,8 +107,8 @@ def flow_kwargs(made: dict[str, Any], **limits: Any) -> dict[str, Any]:
     from flows.common import AgentLimits
 
     return {
-        "model_block": made["model_block"],
-        "store_block": made["store_block"],
+        "model": made["model"],
+        "store": made["store"],
         "limits": AgentLimits(max_turns=limits.get("max_turns", 6)),
     }
 
@@ -457,7 +467,7 @@ def test_a_model_url_that_refuses_connections_fails_the_run_at_once_naming_the_u
 
     state = solve_bug(
         task=calc_task(buggy_repo, "calc-refused"), return_state=True,
-        **{**flow_kwargs(made), "model_block": "model-refused"},
+        **{**flow_kwargs(made), "model": ModelEndpoint.load("model-refused")},
     )  # fmt: skip
 
     assert state.is_failed()

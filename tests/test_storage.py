@@ -111,6 +111,8 @@ def test_s3_objects_land_under_prefix_sweep_task_model(seaweed: SeaweedServer, t
 
 
 def test_s3_store_from_settings_and_a_task_file_read_from_s3(seaweed: SeaweedServer) -> None:
+    from tests.support.seaweed import ACCESS_KEY, SECRET_KEY
+
     bucket_store = seaweed.new_store(prefix="")
     bucket_store.put_bytes(
         "sets/tasks.jsonl", b'{"repo": "/r", "problem_statement": "p", "test_command": "t"}\n'
@@ -118,13 +120,13 @@ def test_s3_store_from_settings_and_a_task_file_read_from_s3(seaweed: SeaweedSer
     settings = StoreSettings(
         url=f"s3://{bucket_store.bucket}/artifacts",
         endpoint_url=seaweed.endpoint_url,
-        access_key_id=bucket_store.access_key_id,
-        secret_access_key=bucket_store.secret_access_key,
+        access_key_id=SecretStr(ACCESS_KEY),
+        secret_access_key=SecretStr(SECRET_KEY),
     )
     store = open_store(settings)
     assert isinstance(store, S3Store)
     assert store.location == f"s3://{bucket_store.bucket}/artifacts"
-    assert bucket_store.secret_access_key.get_secret_value() not in repr(store)  # type: ignore[union-attr]
+    assert SECRET_KEY not in repr(store)
 
     text = read_text(f"s3://{bucket_store.bucket}/sets/tasks.jsonl", store)
     assert json.loads(text)["problem_statement"] == "p"
@@ -133,19 +135,58 @@ def test_s3_store_from_settings_and_a_task_file_read_from_s3(seaweed: SeaweedSer
 
 
 def test_s3_wrong_secret_fails_at_once_without_retries(seaweed: SeaweedServer, tmp_path: Path) -> None:
+    from tests.support.seaweed import ACCESS_KEY
+
     good = seaweed.new_store()
-    bad = S3Store(
-        bucket=good.bucket,
-        endpoint_url=seaweed.endpoint_url,
-        access_key_id=good.access_key_id,
-        secret_access_key=SecretStr("not-the-Secret-42"),
+    bad = open_store(
+        StoreSettings(
+            url=f"s3://{good.bucket}",
+            endpoint_url=seaweed.endpoint_url,
+            access_key_id=SecretStr(ACCESS_KEY),
+            secret_access_key=SecretStr("not-the-Secret-42"),
+        )
     )
+    assert isinstance(bad, S3Store)
     sent = count_requests(bad)
     with pytest.raises(StorageError) as info:
         upload_run(bad, make_run_dir(tmp_path), "s/t/m")
     assert "not-the-Secret-42" not in str(info.value)
     assert "SignatureDoesNotMatch" in str(info.value) or "AccessDenied" in str(info.value)
     assert len(sent) == 1, "an access error is not worth retrying"
+
+
+def test_an_s3_bucket_block_stores_runs_under_its_folder_with_its_credentials(
+    seaweed: SeaweedServer, tmp_path: Path
+) -> None:
+    """prefect-aws's S3Bucket + AwsCredentials blocks (not saved: no Prefect server needed to read them) name the
+    bucket, the folder, the endpoint and the keys; bugsweep's store uploads through a client made from them."""
+    from prefect_aws import AwsCredentials, S3Bucket
+    from prefect_aws.client_parameters import AwsClientParameters
+
+    from blocks import bucket_store
+    from tests.support.seaweed import ACCESS_KEY, SECRET_KEY
+
+    bucket = seaweed.new_store(prefix="").bucket
+    credentials = AwsCredentials(
+        aws_access_key_id=ACCESS_KEY,
+        aws_secret_access_key=SECRET_KEY,
+        aws_client_parameters=AwsClientParameters(endpoint_url=seaweed.endpoint_url),
+    )
+    store = bucket_store(S3Bucket(bucket_name=bucket, bucket_folder="team/bugsweep", credentials=credentials))
+    sent = count_requests(store)
+
+    result = upload_run(store, make_run_dir(tmp_path), "nightly/calc-1/qwen")
+
+    assert store.location == f"s3://{bucket}/team/bugsweep"
+    assert result.uris["grade.json"] == f"s3://{bucket}/team/bugsweep/nightly/calc-1/qwen/grade.json"
+    assert sent[-1].endswith("grade.json"), "grade.json is written last"
+    raw = seaweed.store(bucket)  # the bucket as a whole, without the block's folder
+    assert "team/bugsweep/nightly/calc-1/qwen/patch.diff" in raw.list("team")
+    assert SECRET_KEY not in repr(store)
+
+    wrong = credentials.model_copy(update={"aws_secret_access_key": SecretStr("not-the-Secret-42")})
+    with pytest.raises(StorageError, match=r"SignatureDoesNotMatch|AccessDenied"):
+        bucket_store(S3Bucket(bucket_name=bucket, credentials=wrong)).put_bytes("x", b"x")
 
 
 @pytest.fixture(scope="module")

@@ -160,11 +160,18 @@ def sweep_command(
     concurrency: Annotated[int, typer.Option(min=1, help="Tasks at once.")] = 4,
     sandbox: Annotated[str, typer.Option(help="'local' or 'runtime'.")] = "local",
     model_block: Annotated[
-        str, typer.Option(help="Model endpoint block (default: LLM_* variables).")
-    ] = "bugsweep-model",
+        str | None,
+        typer.Option(
+            help="Name of a model endpoint block (default: bugsweep-model if it exists, else LLM_*)."
+        ),
+    ] = None,
     store_block: Annotated[
-        str, typer.Option(help="Artifact store block (default: BUGSWEEP_STORE_URL, else ./artifacts).")
-    ] = "bugsweep-artifacts",
+        str | None,
+        typer.Option(
+            help="Name of an S3 bucket block (default: bugsweep-artifacts if it exists, else BUGSWEEP_STORE_URL, "
+            "else ./artifacts)."
+        ),
+    ] = None,
     max_turns: Annotated[int, typer.Option(min=1, help="Model replies per task.")] = 40,
     max_cost: Annotated[float | None, typer.Option(min=0, help="USD per task.")] = None,
     on_workers: Annotated[
@@ -202,12 +209,13 @@ def sweep_command(
         source = RepoBranch(repo=repo, branch=branch, test_command=test_command, setup_command=setup_command)
     try:
         with prefect_server():
+            model, store = _named_blocks(model_block, store_block)
             grades = sweep(  # type: ignore[call-overload]  # sandbox: checked above
                 source=source,
                 name=name,
-                model_block=model_block,
+                model=model,
                 sandbox=sandbox,
-                store_block=store_block,
+                store=store,
                 limits=AgentLimits(max_turns=max_turns, max_cost_usd=max_cost, policy=policy),
                 concurrency=concurrency,
                 run_on="workers" if on_workers else "this-process",
@@ -220,6 +228,18 @@ def sweep_command(
         _fail(str(exc))
     _print_grades(grades)
     console.print(f"sweep COMPLETED: all {len(grades)} task(s) ran")
+
+
+def _named_blocks(model_block: str | None, store_block: str | None) -> tuple[Any, Any]:
+    """The model endpoint and S3 bucket blocks named on the command line (None where none was named)."""
+    from prefect_aws import S3Bucket
+
+    from blocks import ModelEndpoint
+    from flows.common import load_block
+
+    model = load_block(ModelEndpoint, model_block, default_name="") if model_block else None
+    store = load_block(S3Bucket, store_block, default_name="") if store_block else None
+    return model, store
 
 
 def _print_grades(grades: list[Any]) -> None:
@@ -252,8 +272,8 @@ def upload_command(
     store_block: Annotated[
         str | None,
         typer.Option(
-            help="Artifact store block to upload to (needs PREFECT_API_URL); default: the bugsweep-artifacts "
-            "block when PREFECT_API_URL is set and it exists, else BUGSWEEP_STORE_URL."
+            help="Name of the S3 bucket block to upload to (needs PREFECT_API_URL); default: the "
+            "bugsweep-artifacts block when PREFECT_API_URL is set and it exists, else BUGSWEEP_STORE_URL."
         ),
     ] = None,
 ) -> None:
@@ -296,12 +316,14 @@ def _configured_store(store_block: str | None) -> Any:
     from bugsweep.storage import StoreSettings, open_store
 
     if store_block or os.environ.get("PREFECT_API_URL"):
-        from blocks import STORE_BLOCK, ArtifactStoreBlock
+        from prefect_aws import S3Bucket
+
+        from blocks import STORE_BLOCK, bucket_store
         from flows.common import load_block
 
-        block = load_block(ArtifactStoreBlock, store_block or STORE_BLOCK, STORE_BLOCK)
+        block = load_block(S3Bucket, store_block or STORE_BLOCK, STORE_BLOCK)
         if block is not None:
-            return block.store()
+            return bucket_store(block)
     return open_store(StoreSettings())
 
 
@@ -398,7 +420,7 @@ def worker_command(
 def blocks_create(
     overwrite: Annotated[bool, typer.Option(help="Replace blocks that already exist.")] = True,
 ) -> None:
-    """Save the model endpoint, sandbox and artifact store blocks from the environment.
+    """Save the model endpoint, sandbox and S3 bucket (prefect-aws S3Bucket + AwsCredentials) blocks from the environment.
 
     Reads LLM_BASE_URL / LLM_MODEL / LLM_API_KEY (and LLM_PRICE_*), BUGSWEEP_SANDBOX_*, RUNTIME_API_KEY, and
     BUGSWEEP_STORE_URL (s3://BUCKET/PREFIX or a folder; BUGSWEEP_STORE_LOCAL_DIR for local copies) with AWS_ENDPOINT_URL / AWS_ACCESS_KEY_ID /
@@ -410,7 +432,6 @@ def blocks_create(
         MODEL_BLOCK,
         RUNTIME_SANDBOX_BLOCK,
         STORE_BLOCK,
-        ArtifactStoreBlock,
         LocalSandbox,
         ModelEndpoint,
         RuntimeSandbox,
@@ -455,15 +476,27 @@ def blocks_create(
 
     store = StoreSettings()
     if store.url.startswith("s3://"):
+        from prefect_aws import AwsCredentials, S3Bucket
+        from prefect_aws.client_parameters import AwsClientParameters
+
         bucket, prefix = split_s3_uri(store.url)
-        store_block = ArtifactStoreBlock(
-            bucket=bucket, prefix=prefix, endpoint_url=store.endpoint_url, region=store.region,
-            access_key_id=store.access_key_id, secret_access_key=store.secret_access_key, attempts=store.attempts,
-            local_dir=str(Path(store.local_dir).expanduser().resolve()),
+        credentials = AwsCredentials(
+            aws_access_key_id=store.access_key_id.get_secret_value() if store.access_key_id else None,
+            aws_secret_access_key=store.secret_access_key, region_name=store.region,
+            aws_client_parameters=AwsClientParameters(endpoint_url=store.endpoint_url),
         )  # fmt: skip
         keys = "keys set" if store.secret_access_key else "boto3's default credentials"
-        save(store_block, STORE_BLOCK, f"{store.url} at {store.endpoint_url or 'AWS'} ({keys})")
+        save(credentials, STORE_BLOCK, f"{store.endpoint_url or 'AWS'} ({keys})")
+        save(
+            S3Bucket(bucket_name=bucket, bucket_folder=prefix, credentials=credentials),
+            STORE_BLOCK,
+            f"{store.url} with the {STORE_BLOCK} credentials",
+        )
     else:
         folder = str(Path(store.url).expanduser().resolve())
-        save(ArtifactStoreBlock(local_dir=folder), STORE_BLOCK, f"folder {folder}")
+        console.print(
+            f"[dim]BUGSWEEP_STORE_URL is a folder ({folder}): no S3 bucket block; flows keep run folders in "
+            "BUGSWEEP_STORE_URL on each worker[/]",
+            soft_wrap=True,
+        )
     console.print(saved)

@@ -19,11 +19,11 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
-from pydantic import SecretStr
 
-from bugsweep.storage import S3Store
+from bugsweep.storage import S3Store, s3_client
 from tests.support.processes import die_with_parent
 
 ACCESS_KEY = "bugsweep-test"
@@ -125,18 +125,20 @@ class SeaweedServer:
                 self.proc.wait(timeout=10)
         self.proc = None
 
-    def store(self, bucket: str, prefix: str = "", **kwargs: object) -> S3Store:
-        """An S3Store on this server (the bucket is not created: see `new_store`)."""
-        return S3Store(
-            bucket=bucket,
-            prefix=prefix,
-            endpoint_url=self.endpoint_url,
-            access_key_id=SecretStr(ACCESS_KEY),
-            secret_access_key=SecretStr(SECRET_KEY),
-            **kwargs,  # type: ignore[arg-type]
-        )
+    def client(self, botocore_attempts: int = 3, endpoint_url: str | None = None) -> Any:
+        """A boto3 S3 client for this server (or `endpoint_url`), made as bugsweep makes its clients."""
+        import boto3
+        from botocore.config import Config
 
-    def new_store(self, prefix: str = "runs", **kwargs: object) -> S3Store:
+        session = boto3.Session(aws_access_key_id=ACCESS_KEY, aws_secret_access_key=SECRET_KEY)
+        config = Config(retries={"max_attempts": botocore_attempts, "mode": "standard"})
+        return s3_client(session, endpoint_url=endpoint_url or self.endpoint_url, config=config)
+
+    def store(self, bucket: str, prefix: str = "", botocore_attempts: int = 3, **kwargs: Any) -> S3Store:
+        """An S3Store on this server (the bucket is not created: see `new_store`)."""
+        return S3Store(bucket=bucket, prefix=prefix, client=self.client(botocore_attempts), **kwargs)
+
+    def new_store(self, prefix: str = "runs", **kwargs: Any) -> S3Store:
         """An S3Store on a fresh bucket of its own, so tests sharing the server never see each other's objects."""
         store = self.store(bucket=f"t-{uuid.uuid4().hex[:12]}", prefix=prefix, **kwargs)
         store.ensure_bucket()
