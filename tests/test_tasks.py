@@ -60,6 +60,10 @@ def test_a_flow_start_quiets_the_thread_timeout_warning_once() -> None:
     from tasks import TASK_RUNS_LOGGER, QuietThreadTimeoutWarning, quiet_thread_timeout_warnings
 
     logger = logging.getLogger(TASK_RUNS_LOGGER)
+    # A flow run earlier in this process (another test) may have installed it already: start without it.
+    installed = [f for f in logger.filters if isinstance(f, QuietThreadTimeoutWarning)]
+    for f in installed:
+        logger.removeFilter(f)
     before = list(logger.filters)
     try:
         quiet_thread_timeout_warnings()
@@ -73,9 +77,11 @@ def test_a_flow_start_quiets_the_thread_timeout_warning_once() -> None:
         other = logging.LogRecord(TASK_RUNS_LOGGER, logging.WARNING, __file__, 1, "step failed", None, None)
         assert not logger.filter(warning) and logger.filter(other)
     finally:
-        for f in logger.filters:
+        for f in list(logger.filters):
             if f not in before:
                 logger.removeFilter(f)
+        for f in installed:
+            logger.addFilter(f)
 
 
 @pytest.mark.parametrize("value", ["not,seconds", "", "10,-1"])
