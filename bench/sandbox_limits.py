@@ -1,13 +1,14 @@
-"""The cost of the local sandbox's limits (disk quota, setup network, seccomp filter, hidden host paths): the code
-with them against the code from before them, side by side in one run.
+"""The local sandbox's start-up and per-command cost, this tree against an older commit, side by side in one run:
+first written for the cost of the limits (disk quota, setup network, seccomp filter, hidden host paths; `--before`
+defaults to the commit before them), then used for the spare disks (`--before` the code without them).
 
-The "before" code is a git worktree of `--before` (default: the commit before the limits landed) made in a temporary
-folder; each version runs in its own long-lived Python process (PYTHONPATH pointing at its tree), and the parent
-asks them for one sample at a time, alternately, so both see the same machine load. One sample:
+The "before" code is a git worktree of `--before` made in a temporary folder; each version runs in its own
+long-lived Python process (PYTHONPATH pointing at its tree), and the parent asks them for one sample at a time,
+alternately, so both see the same machine load. One sample:
 - create_to_first_output: `LocalProvider.create(repo)` then `exec("echo ready")` until its output is back;
-- create: create() alone; warm_command: the median of 5 later `exec("true")`; setup_command: `exec("true",
-  network=True)` (before: the host's network shared; now: a new namespace with slirp4netns and its routes);
-  release: release().
+- create: create() alone; first_command: that first `exec("echo ready")`; warm_command: the median of 5 later
+  `exec("true")`; setup_command: `exec("true", network=True)` (before the limits: the host's network shared;
+  with them: a new namespace with slirp4netns and its routes); release: release().
 The repository is the demo repository (bugsweep/demo_repo) made a git repository once.
 
 `--tmpfs-check` also writes 300 MB into a tmpfs and into a loop-mounted ext4 from inside a 256 MiB memory cgroup:
@@ -32,7 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 DOCKER_RUN_MS = 578.0  # `docker run --rm --network none true` on these machines (shared/notes/local-infra.md)
 WARM_COMMANDS = 5
-MEASURES = ("create_to_first_output", "create", "warm_command", "setup_command", "release")
+MEASURES = ("create_to_first_output", "create", "first_command", "warm_command", "setup_command", "release")
 
 
 def child(repo: str, state: str) -> None:
@@ -63,8 +64,8 @@ def child(repo: str, state: str) -> None:
         t4 = time.perf_counter()
         sandbox.release()
         t5 = time.perf_counter()
-        sample = {"create_to_first_output": t2 - t0, "create": t1 - t0, "warm_command": statistics.median(warm),
-                  "setup_command": t4 - t3, "release": t5 - t4}  # fmt: skip
+        sample = {"create_to_first_output": t2 - t0, "create": t1 - t0, "first_command": t2 - t1,
+                  "warm_command": statistics.median(warm), "setup_command": t4 - t3, "release": t5 - t4}  # fmt: skip
         print(json.dumps(sample), flush=True)
 
 
@@ -180,29 +181,32 @@ def main() -> None:
                 subprocess.run(["git", "-C", str(repo), *cmd], check=True)
             versions = {
                 "before": Version(before_tree, repo, work / "state-before"),
-                "with_limits": Version(ROOT, repo, work / "state-with"),
+                "after": Version(ROOT, repo, work / "state-after"),
             }
-            samples: dict[str, list[dict[str, float]]] = {"before": [], "with_limits": []}
+            samples: dict[str, list[dict[str, float]]] = {"before": [], "after": []}
+            load_at_start = os.getloadavg()
             try:
                 for i in range(args.samples):  # alternating, and which goes first alternates too
-                    for name in ("before", "with_limits") if i % 2 == 0 else ("with_limits", "before"):
+                    for name in ("before", "after") if i % 2 == 0 else ("after", "before"):
                         samples[name].append(versions[name].sample())
             finally:
                 for version in versions.values():
                     version.close()
-            before, after = summary(samples["before"]), summary(samples["with_limits"])
+            before, after = summary(samples["before"]), summary(samples["after"])
             results: dict[str, object] = {
+                "before_commit": args.before,
                 "samples_per_version": len(samples["before"]),
                 "before": before,
-                "with_limits": after,
-                "ratio_with_limits_vs_before": {
+                "after": after,
+                "ratio_after_vs_before": {
                     k: round(after[k]["median_ms"] / before[k]["median_ms"], 2) for k in MEASURES
                 },
                 "docker_run_ms_from_notes": DOCKER_RUN_MS,
                 "create_to_first_output_as_share_of_docker_run": round(
                     after["create_to_first_output"]["median_ms"] / DOCKER_RUN_MS, 3
                 ),
-                "load_average": os.getloadavg(),
+                "load_average_at_start": load_at_start,
+                "load_average_at_end": os.getloadavg(),
             }
             if args.tmpfs_check:
                 results["tmpfs_vs_ext4_in_a_256MiB_memory_cgroup"] = tmpfs_check(work)

@@ -85,10 +85,12 @@ def test_the_next_sandbox_takes_a_fresh_spare_and_its_quota_holds(provider, bugg
 
 def test_only_the_last_quota_asked_for_keeps_a_spare(provider, buggy_repo):
     with provider.create(RepoSource(str(buggy_repo))) as first:
+        assert first.exec("true").ok  # spares are made after a sandbox's first command
         [spare] = wait_for_spares(provider.state_dir)
         with provider.create(RepoSource(str(buggy_repo)), disk_mib=QUOTA_MIB * 2) as second:
             assert second.id != spare.name  # not the spare of the other size
             assert second.usage.disk_quota_bytes == 2 * QUOTA_MIB * 1024 * 1024
+            assert second.exec("true").ok
             [bigger] = wait_for_spares(provider.state_dir)
             deadline = time.monotonic() + 30
             while on_the_machine(provider.state_dir, spare) and time.monotonic() < deadline:
@@ -116,7 +118,8 @@ from bugsweep.sandbox.local import LocalProvider, spares
 from bugsweep.settings import SandboxSettings
 state = Path({str(tmp_path / "state")!r})
 p = LocalProvider(SandboxSettings(disk_mib={QUOTA_MIB}), cache_dir=Path({str(tmp_path / "cache")!r}), state_dir=state)
-p.create(RepoSource({str(repo)!r})).release()
+with p.create(RepoSource({str(repo)!r})) as s:
+    s.exec("true")
 deadline = time.monotonic() + 60
 while not spares.ready(state) and time.monotonic() < deadline:
     time.sleep(0.02)

@@ -31,11 +31,13 @@ Needs: Linux, `bwrap` (Debian `bubblewrap`), root for overlayfs and cgroups (els
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import tempfile
 import uuid
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -154,11 +156,12 @@ class LocalProvider:
         return self._refill_spares(sandbox, disk_mib)
 
     def _refill_spares(self, sandbox: LocalSandbox, disk_mib: int | None) -> LocalSandbox:
-        """After a create with a disk quota: make the next sandboxes' disks in the background (spares.py)."""
+        """With a disk quota: the next sandboxes' disks are made in the background (spares.py), from the end of this
+        sandbox's first command on (made during it, they slowed it by ~8 ms: bench/README.md)."""
         if disk_mib and sandbox._res.disk is not None and self.settings.spare_disks > 0:
-            spares.refill(
-                self.state_dir, disk_mib * MIB, self.settings.spare_disks, sandbox._templates,
-                sandbox._etc_dir, workspace.SUBDIRS,
+            sandbox._after_first_command = functools.partial(
+                spares.refill, self.state_dir, disk_mib * MIB, self.settings.spare_disks, sandbox._templates,
+                sandbox._etc_dir, sandbox._skeleton,
             )  # fmt: skip
         return sandbox
 
@@ -194,8 +197,12 @@ class LocalSandbox:
         disk_mib: int | None = None,
     ) -> None:
         self._disk_mib = disk_mib
+        self._after_first_command: Callable[[], None] | None = None
         self._etc_dir = system_etc(state_dir)
         self._templates = templates_dir(state_dir, _templates_meta)
+        #: The folders every disk starts with (in its template): allocating the first inodes of a fresh file
+        #: system reads its bitmaps through the loop device, ~1.5 ms for the first mkdir.
+        self._skeleton = (*workspace.SUBDIRS, f"ws/{os.path.relpath(workdir, WORKSPACE)}")
         pip_shims(self._etc_dir)  # before a disk template copies this folder, so that every disk has them
         # A disk made ahead of time (spares.py): its folder becomes this sandbox's, and the folder's name the id.
         spare = spares.take(state_dir, disk_mib * MIB) if disk_mib else None
@@ -230,7 +237,7 @@ class LocalSandbox:
             if self._disk_mib:  # everything the sandbox writes goes on its own size-limited file system
                 res.disk = WritableDisk.create(
                     res.root, self._disk_mib * MIB, self._templates, etc_dir=self._etc_dir,
-                    skeleton=workspace.SUBDIRS,
+                    skeleton=self._skeleton,
                 )  # fmt: skip
         if res.disk is not None:
             self.usage.disk_quota_bytes = res.disk.size_bytes
@@ -370,23 +377,28 @@ class LocalSandbox:
             environ[key] = value
         if cwd and not cwd.startswith("/"):
             cwd = f"{self.workdir}/{cwd}"
-        raw = run_command(
-            self._res,
-            self.id,
-            self._argv_head,
-            command,
-            cwd=cwd or self.workdir,
-            environ=environ,
-            # made at the first setup command: a missing slirp4netns is a ConfigError only for tasks that need it
-            network=NetworkPlan.for_host(self.settings.setup_network_allow)
-            if network and self.settings.setup_network
-            else None,
-            extra=setup_args(self.env_cache.download_cache) if setup else [],
-            timeout=timeout,
-            full_output=full_output,
-            stdin=stdin,
-            bwrap_at=self._bwrap_at,
-        )
+        try:
+            raw = run_command(
+                self._res,
+                self.id,
+                self._argv_head,
+                command,
+                cwd=cwd or self.workdir,
+                environ=environ,
+                # made at the first setup command: a missing slirp4netns is a ConfigError only for tasks that need it
+                network=NetworkPlan.for_host(self.settings.setup_network_allow)
+                if network and self.settings.setup_network
+                else None,
+                extra=setup_args(self.env_cache.download_cache) if setup else [],
+                timeout=timeout,
+                full_output=full_output,
+                stdin=stdin,
+                bwrap_at=self._bwrap_at,
+            )
+        finally:
+            then, self._after_first_command = self._after_first_command, None
+        if then is not None and not self._res.released:
+            then()
         self.usage.commands += 1
         self.usage.command_seconds += raw.duration_s
         self._note_usage()

@@ -55,7 +55,7 @@ TEMPLATE_ETC = "etc"
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _template_lock = threading.Lock()
-_templates: dict[tuple[Path, int], Path] = {}
+_templates: dict[tuple[Path, int, tuple[str, ...]], Path] = {}
 _warned = False
 
 
@@ -85,8 +85,8 @@ class WritableDisk:
         """A new file system of `size_bytes` mounted on the empty folder `folder` (image: `image_path(folder)`),
         or None (with a warning, once per process) where this host cannot make one. `templates` is a folder of
         this process for the pre-formatted images; they carry a copy of `etc_dir` as `etc/` (the sandbox binds
-        that one, so no host path shows in its mountinfo) and the empty folders `skeleton` (the same for every
-        call with that `templates`). Release with `empty_and_unmount(folder)` and delete the image
+        that one, so no host path shows in its mountinfo) and the empty folders `skeleton` (one template per
+        size and skeleton). Release with `empty_and_unmount(folder)` and delete the image
         (workspace.remove_root does both)."""
         image, mountpoint = image_path(folder), folder
         try:
@@ -174,7 +174,7 @@ def umount(target: Path) -> None:
 
 
 def _template(folder: Path, size_bytes: int, etc_dir: Path | None, skeleton: Sequence[str]) -> Path:
-    key = (folder, size_bytes)
+    key = (folder, size_bytes, tuple(skeleton))
     with _template_lock:
         path = _templates.get(key)
         if path is not None and path.exists():
@@ -183,7 +183,7 @@ def _template(folder: Path, size_bytes: int, etc_dir: Path | None, skeleton: Seq
         if mkfs is None:
             raise OSError(errno.ENOENT, "mkfs.ext4 is not installed (Debian: e2fsprogs)")
         folder.mkdir(parents=True, exist_ok=True)
-        path = folder / f"ext4-{size_bytes}.img"
+        path = folder / f"ext4-{size_bytes}-{len(_templates)}.img"
         partial = folder / f".{path.name}.{uuid.uuid4().hex[:8]}"
         with open(partial, "wb") as fh:
             fh.truncate(size_bytes)

@@ -4,8 +4,9 @@ it on the path to the first command (about 10 ms of the ~17 ms of a create at lo
 
 A spare is exactly what a new sandbox's folder would be before its first use: `state_dir/local-<id>` with a fresh
 file system from the process's template, never used by any sandbox before (a spare is taken once; a released
-sandbox's disk is destroyed, never recycled). The sandbox that takes it keeps its id. After each create a
-background thread makes spares until `count` of that size are ready (`SandboxSettings.spare_disks`; only the
+sandbox's disk is destroyed, never recycled). The sandbox that takes it keeps its id. After a sandbox's
+first command (not during it: made then, a spare slowed that command by ~8 ms) a background thread makes spares
+until `count` of that size are ready (`SandboxSettings.spare_disks`; only the
 last size and state folder asked for keep spares); while there is none, create() makes its disk itself.
 
 Nothing is left behind: each spare carries an owner `meta.json` (kind "spare") like a sandbox's, so the
@@ -47,6 +48,7 @@ class _Pool:
 _lock = threading.Lock()
 _pools: dict[tuple[Path, int], _Pool] = {}
 _owner = os.getpid()
+_exiting = False
 
 
 def take(state_dir: Path, size_bytes: int) -> WritableDisk | None:
@@ -81,6 +83,8 @@ def refill(
         return
     key = (state_dir, size_bytes)
     with _lock:
+        if _exiting:
+            return
         retired: list[WritableDisk] = []
         for other in [k for k in _pools if k != key]:
             old = _pools.pop(other)
@@ -101,11 +105,13 @@ def refill(
 
 
 def release(state_dir: Path | None = None) -> None:
-    """Unmount and delete the ready spares (of `state_dir`, or all of this process's), after the filling thread
-    has finished. Never raises. Runs at exit; a later create() starts a new pool."""
+    """Unmount and delete the ready spares (of `state_dir`, or all of this process's, and then no more are made),
+    after the filling thread has finished. Never raises. Runs at exit."""
+    global _exiting
     if os.getpid() != _owner:  # a forked child's copy of the list: the spares are its parent's
         return
     with _lock:
+        _exiting = _exiting or state_dir is None  # at exit: no new spares from here on
         pools = [(key, pool) for key, pool in _pools.items() if state_dir is None or key[0] == state_dir]
         for key, pool in pools:
             pool.closed = True
