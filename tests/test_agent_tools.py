@@ -170,6 +170,34 @@ def test_edit_old_from_another_code_file_names_it(box: Toolbox, repo: Path) -> N
     assert not out.ok and "That text is in util.py" in out.content
 
 
+def test_a_compiled_file_is_never_named_as_where_the_text_is(box: Toolbox, repo: Path) -> None:
+    """Seen on attrs: "That text is in src/attr/__pycache__/exceptions.cpython-311.pyc", and the model then tried to
+    edit the .pyc. Only text files count."""
+    (repo / "__pycache__").mkdir()
+    (repo / "__pycache__" / "util.cpython-311.pyc").write_bytes(b"\x00\x01 return a - a \x00")
+    out = box.call("edit_file", args(path="calc.py", old="return a - a", new="return a - b"))
+    assert not out.ok and ".pyc" not in out.content and "That text is in" not in out.content
+
+
+def test_the_code_under_test_that_the_failing_statement_calls_comes_first(tmp_path: Path) -> None:
+    """Seen on attrs: the test imported from two modules, grep listed the one with the exception classes first,
+    and the model read and edited that one; the failing statement called a function of the other."""
+    files = {
+        "pkg/__init__.py": "",
+        "pkg/errors.py": "class Frozen(Exception):\n    pass\n",
+        "pkg/make.py": "def is_class_var(annot):\n    return False\n",
+        "tests/test_make.py": "from pkg.errors import Frozen\nfrom pkg.make import is_class_var\n\n\n"
+        "def test_it():\n    assert is_class_var('x')\n",
+    }
+    repo = make_repo(tmp_path / "pkgrepo", files)
+    box = Toolbox(DirSandbox(repo), AgentSettings())
+    test = str(repo / "tests" / "test_make.py")
+    _, plain = box._code_under_test(test, "tests/test_make.py")
+    assert sorted(plain) == ["pkg/errors.py", "pkg/make.py"]
+    _, ranked = box._code_under_test(test, "tests/test_make.py", prefer="assert is_class_var('x')")
+    assert ranked[0] == "pkg/make.py" and sorted(ranked) == sorted(plain)
+
+
 def test_edit_old_with_joined_lines_matches_when_unambiguous(box: Toolbox, repo: Path) -> None:
     """A 1.5B model wrote old as one line for a two-line function; the only such place is the edit it meant."""
     out = box.call(

@@ -235,3 +235,26 @@ def test_a_full_context_window_keeps_the_failing_assertion(
     assert (
         "2000" not in tool_texts[0] and "7000" in tool_texts[1]
     )  # the oldest output went, the newest stayed
+
+
+def test_a_finish_while_the_tests_fail_is_answered_once_with_what_they_say(
+    scripted_model, sandbox: Sandbox, tmp_path: Path
+) -> None:
+    server = scripted_model([FINISH, FINISH])
+    result = solve(server, sandbox, tmp_path)
+    answer = last_tool_text(server.requests[1])
+    assert answer.startswith(
+        "Not finished: the tests still fail (python -m pytest -q exited with 1). They say:"
+    )
+    assert "assert add(2, 3) == 5" in answer and "A second finish call ends the work as it is." in answer
+    assert result.stop_reason == "finished" and result.turns == 2
+    refused = [e for e in load(tmp_path / "run" / "trajectory.json") if e["type"] == "finish_refused"]
+    assert [e["tests_exit_code"] for e in refused] == [1]
+
+
+def test_under_the_plain_policy_finish_ends_the_run_whatever_the_tests(
+    scripted_model, sandbox: Sandbox, tmp_path: Path
+) -> None:
+    server = scripted_model([FINISH, FINISH])
+    result = solve(server, sandbox, tmp_path, settings=AgentSettings(policy="plain"))
+    assert result.stop_reason == "finished" and result.turns == 1

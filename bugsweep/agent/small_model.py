@@ -10,6 +10,8 @@ With it the embedded model resolved the demo 5 of 5 times (bench/README.md, "who
   An edit_file call whose `old` matches no single place but clearly means one function (it defines it, names it,
   or, found nowhere, is mostly that function's words: rewrite.function_meant) is answered the same way (seen:
   "old text not found" again and again on unread files, in the demo and on real bugs).
+- The first finish call while the task's tests still fail is answered with what they say; a second one ends the
+  run (seen on real bugs: finish after edits to the wrong file, the test unchanged).
 - A failed edit_file call leaves the conversation: the reply and its result are replaced by one note saying what
   went wrong (once a wrong `old` is in the history, the model sends it again and again).
 - A read_file or edit_file call that fails exactly as an identical earlier call did is told so.
@@ -79,6 +81,11 @@ EDIT_NORMALISED = (
     "Note: old was not in {path} exactly as written, but it matched one place (line {line}) once quotes and "
     "whitespace were normalised. The edit was applied there."
 )
+FINISH_REFUSED = (
+    "Not finished: the tests still fail ({command} exited with {code}). They say:\n```\n{says}\n```\n"
+    "Find the code that gives the wrong result, fix it, run the tests, and call finish when they pass. "
+    "A second finish call ends the work as it is."
+)
 UNREAD_FILE = (
     "Error: The text in old was not found in {path}, so nothing was changed. You have not read {path}: edit only "
     "text you have read. The part of {path} most like your old is at {closest}\n"
@@ -107,6 +114,8 @@ class SmallModelPolicy(Policy):
         self.last_outcome: ToolOutcome | None = None
         self.commands: dict[str, tuple[int, str]] = {}
         """`run` commands seen: the turn and output of the last run of each."""
+        self.finish_refused = False
+        """Whether a finish call was already answered with the failing tests (only the first one is)."""
         self.failures: str | None = None
         """What the last test output with failures said (focus.failure_digest), shown with a rewrite request."""
 
@@ -128,7 +137,7 @@ class SmallModelPolicy(Policy):
             f
             for t in test_files
             if run.toolbox.is_protected(t)
-            for f in run.toolbox._code_under_test(f"{run.toolbox.workdir}/{t}", t)[1]
+            for f in run.toolbox._code_under_test(f"{run.toolbox.workdir}/{t}", t, self.failures or "")[1]
         ]
         sources = [f for f in dict.fromkeys(named + under_test) if not run.toolbox.is_protected(f)]
         shown = sources + [f for f in test_files if f not in sources]
@@ -173,12 +182,39 @@ class SmallModelPolicy(Policy):
         return False
 
     def after_tool(self, run: AgentRun, call: ToolCall, outcome: ToolOutcome) -> ToolOutcome:
+        if outcome.finished:
+            return self._finish_when_tests_pass(run, outcome)
         if call.name == "run":
             outcome = self._focus_run(run, call, outcome)
         elif call.name == "edit_file" and not outcome.ok and not outcome.format_error:
             outcome = self._edit_loosely(run, call, outcome)
         self.last_outcome = outcome = self._mark_repeat(run, call, outcome)
         return outcome
+
+    def _finish_when_tests_pass(self, run: AgentRun, outcome: ToolOutcome) -> ToolOutcome:
+        """The first finish call while the task's tests still fail is answered with what they say, and the work
+        goes on; a second one ends it as it is.
+
+        Seen on the 1.5B model on real bugs (attrs, bench/README.md): after edits to a docstring of the wrong file
+        it called finish with the failing test unchanged, its summary quoting the last error message.
+        """
+        if not run.test_command or self.finish_refused:
+            return outcome
+        tests = run.toolbox.run(run.test_command)
+        if tests.exit_code == 0 or tests.timed_out:
+            return outcome
+        self.finish_refused = True
+        digest = failure_digest(tests.content) or focus_test_output(tests.content) or tests.content[-1500:]
+        run.trajectory.add("finish_refused", turn=run.turn, tests_exit_code=tests.exit_code)
+        return replace(
+            outcome,
+            finished=False,
+            ok=False,
+            summary="",
+            content=FINISH_REFUSED.format(
+                command=run.test_command.strip(), code=tests.exit_code, says=digest
+            ),
+        )
 
     # -- real repositories ---------------------------------------------------------------------------------------
     def _focus_run(self, run: AgentRun, call: ToolCall, outcome: ToolOutcome) -> ToolOutcome:

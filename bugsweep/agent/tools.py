@@ -254,13 +254,14 @@ class Toolbox:
         paths = sorted((p for p in result.stdout.split("\n") if p), key=lambda p: (p.count("/"), p))
         return paths[:limit], max(len(paths) - limit, 0)
 
-    def _code_under_test(self, real: str, rel: str) -> tuple[list[str], list[str]]:
+    def _code_under_test(self, real: str, rel: str, prefer: str = "") -> tuple[list[str], list[str]]:
         """(names, files): what a Python test file imports and the repository files that define it (at most
         three, test files excluded). Named in the refusal, so that a small model knows where to go next.
 
         First the definitions (`def NAME` / `class NAME`) of the names it imports with `from ... import`, found with
-        grep inside the sandbox: a package's __init__ that only re-exports is not where the bug is. Failing that,
-        the files its imports resolve to.
+        grep inside the sandbox: a package's __init__ that only re-exports is not where the bug is. Files that
+        define a name found in `prefer` (say, the failing statements) come first. Failing that, the files its
+        imports resolve to.
         """
         if not rel.endswith(".py"):
             return [], []
@@ -283,13 +284,15 @@ class Toolbox:
                 + " . | head -50"
             )
             result = self.sandbox.exec(grep, timeout=60, stdin="")
-            defined: dict[str, list[str]] = {}
+            defined: dict[str, set[str]] = {}
             for line in result.stdout.split("\n"):
                 path = line.split(":", 1)[0].removeprefix("./")
                 if path and line.count(":") >= 2 and not self.is_protected(path):
-                    defined.setdefault(path, [])
+                    names = set(re.findall(r"\w+", line.split(":", 2)[2])) & set(imported)
+                    defined.setdefault(path, set()).update(names)
             if defined:
-                return imported, list(defined)[:3]
+                wanted = set(re.findall(r"\w+", prefer))
+                return imported, sorted(defined, key=lambda path: not defined[path] & wanted)[:3]
         return imported, self._imported_module_files(source, rel)
 
     def _imported_module_files(self, source: str, rel: str) -> list[str]:
@@ -468,7 +471,10 @@ class Toolbox:
         needle = next((line.strip() for line in text.split("\n") if line.strip()), "")
         if len(needle) < 4:
             return []
-        command = f"grep -rlF --exclude-dir=.git -e {shlex.quote(needle)} . | head -5"
+        # -I: text files only (seen: a .pyc in __pycache__ named as the place of a docstring line).
+        command = (
+            f"grep -rlIF --exclude-dir=.git --exclude-dir=__pycache__ -e {shlex.quote(needle)} . | head -5"
+        )
         try:
             result = self.sandbox.exec(command, timeout=30, stdin="")
         except Exception:  # only a hint: never let it turn an error message into a crash
