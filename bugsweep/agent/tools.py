@@ -272,7 +272,7 @@ class Toolbox:
         imported = [
             name.strip()
             for m in _IMPORT.finditer(source)
-            for name in (m.group(2) or "").split(",")
+            for name in (m.group(2) or "").strip("()").split(",")
             if name.strip().isidentifier() and not name.strip().startswith("test")
         ]
         imported = list(dict.fromkeys(imported))[:12]
@@ -300,7 +300,7 @@ class Toolbox:
         candidates: list[str] = []
         here = posixpath.dirname(rel)
         for match in _IMPORT.finditer(source):
-            module, names = match.group(1) or match.group(3), match.group(2) or ""
+            module, names = match.group(1) or match.group(3), (match.group(2) or "").strip("()")
             dots = len(module) - len(module.lstrip("."))
             base = module.lstrip(".").replace(".", "/")
             if dots:
@@ -500,4 +500,8 @@ class Toolbox:
         return ToolOutcome(prompts.file_created(rel, len(new.splitlines())), short_arg=rel)
 
 
-_IMPORT = re.compile(r"^\s*(?:from\s+([\w.]+)\s+import\s+\(?([\w ,]+)|import\s+([\w.]+))", re.MULTILINE)
+#: `from m import a, b`, `from m import (a,\n    b,\n)` (names over several lines: seen on prettytable, whose tests
+#: import a dozen names so) and `import m`: group 1 the module of a from-import, 2 its names, 3 a plain import's.
+_IMPORT = re.compile(
+    r"^\s*(?:from\s+([\w.]+)\s+import\s+(\([\w\s,#]*\)|[\w ,]+)|import\s+([\w.]+))", re.MULTILINE
+)
