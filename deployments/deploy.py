@@ -1,5 +1,5 @@
-"""`deploy()`: create the work pool if it is missing, deploy everything prefect.yaml lists, and the automation that
-marks a flow run whose heartbeats stopped as Crashed."""
+"""`deploy()`: create the work pool if it is missing, deploy everything prefect.yaml lists, and the automations that
+mark a flow run whose heartbeats stopped as Crashed and run a crashed solve-bug run again."""
 
 from __future__ import annotations
 
@@ -24,6 +24,11 @@ MISSED_HEARTBEATS = 3
 CRASH_AUTOMATION = "bugsweep: mark runs without heartbeats as crashed"
 #: The tag every bugsweep deployment carries (prefect.yaml), which the automation matches on.
 TAG = "bugsweep"
+#: The automation `deploy` creates (or replaces) that runs a crashed solve-bug run again.
+RERUN_AUTOMATION = "bugsweep: run crashed solve-bug runs again"
+#: The deployment whose crashed runs are run again: a crash never loses a graded result (an upload that failed is
+#: kept and uploaded by the next run, without the agent), so running the task again only redoes unfinished work.
+RERUN_DEPLOYMENT = "solve-bug/solve-bug"
 
 
 @dataclass
@@ -35,6 +40,7 @@ class DeployResult:
     paused: dict[str, str] = field(default_factory=dict)
     """Deployment -> why it was deployed with its schedule paused."""
     automation: str = ""
+    rerun_automation: str = ""
 
 
 def _prefect(args: list[str], cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess[str]:
@@ -104,6 +110,7 @@ def deploy(
         if missing:
             result.paused[full_name] = missing
     result.automation = ensure_crash_automation(heartbeat_s)
+    result.rerun_automation = ensure_rerun_automation(RERUN_DEPLOYMENT)
     return result
 
 
@@ -191,6 +198,59 @@ def ensure_crash_automation(heartbeat_s: int) -> str:
             client.delete_automation(old.id)
         client.create_automation(automation)
     return CRASH_AUTOMATION
+
+
+def ensure_rerun_automation(deployment: str) -> str:
+    """Create (or replace) the automation that schedules a crashed run of `deployment` again, as the same flow run
+    (same parameters, its run count one higher), for the next worker of the pool to take.
+
+    Only solve-bug: running a task again is safe (a graded result is never lost; one kept after a failed upload is
+    uploaded without running the agent), while a sweep that crashed may have left its solve-bug runs running, and a
+    second sweep would start them twice. The flow refuses a run crashed more than `flows.common.CRASH_RERUNS`
+    times (it then ends Failed, which no automation repeats), so a task that kills its process every time (out of
+    memory) is not run forever. Returns the automation's name.
+    """
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.objects import StateType
+    from prefect.events.actions import ChangeFlowRunState
+    from prefect.events.schemas.automations import AutomationCore, EventTrigger, Posture
+
+    from flows.common import CRASH_RERUNS
+
+    with get_client(sync_client=True) as client:
+        deployment_id = client.read_deployment_by_name(deployment).id
+        automation = AutomationCore(
+            name=RERUN_AUTOMATION,
+            description=(
+                f"A run of {deployment} that ends Crashed (its process killed, out of memory, its machine lost) is "
+                f"scheduled again, at most {CRASH_RERUNS} time(s). Shipped by `bugsweep deploy`."
+            ),
+            trigger=EventTrigger(
+                match={"prefect.resource.id": "prefect.flow-run.*"},
+                match_related={
+                    "prefect.resource.role": "deployment",
+                    "prefect.resource.id": f"prefect.deployment.{deployment_id}",
+                },
+                expect={"prefect.flow-run.Crashed"},
+                for_each={"prefect.resource.id"},
+                posture=Posture.Reactive,
+                threshold=1,
+                within=timedelta(0),
+            ),
+            actions=[
+                ChangeFlowRunState(
+                    name="AwaitingRetry",
+                    force=True,
+                    state=StateType.SCHEDULED,
+                    message="crashed: scheduled again by the automation "
+                    f"{RERUN_AUTOMATION!r} (a graded result is never lost, so running the task again is safe)",
+                )
+            ],
+        )
+        for old in client.read_automations_by_name(RERUN_AUTOMATION):
+            client.delete_automation(old.id)
+        client.create_automation(automation)
+    return RERUN_AUTOMATION
 
 
 def worker_command(pool: str) -> str:

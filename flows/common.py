@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, Field
 
-from bugsweep.errors import ConfigError
+from bugsweep.errors import ConfigError, InfraError
 from bugsweep.grading import Grade
 from bugsweep.settings import AgentSettings, ModelSettings, PolicyName, SandboxSettings
 from bugsweep.spec import TaskSpec
@@ -39,6 +39,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 SandboxName = Literal["local", "runtime"]
+#: How many times a crashed solve-bug run is run again (deployments.deploy.ensure_rerun_automation schedules it;
+#: `refuse_endless_reruns` ends a run that has crashed more often Failed).
+CRASH_RERUNS = 1
 #: The label every sandbox of a flow run carries, so the flow's hooks (and `bugsweep sandboxes cleanup`) find it.
 FLOW_RUN_LABEL = "prefect-flow-run"
 
@@ -211,6 +214,20 @@ def model_endpoint(run: RunConfig) -> Iterator[RunConfig]:
         # The embedded model's configuration names its policy, unless one was chosen.
         agent = run.agent.model_copy(update={"policy": run.agent.policy or DEFAULT_MODEL.policy})
         yield dataclasses.replace(run, model=model, agent=agent)
+
+
+def refuse_endless_reruns() -> None:
+    """End a flow run that has already crashed CRASH_RERUNS times and was scheduled again (its process killed each
+    time, e.g. out of memory): Failed, which no automation runs again."""
+    from prefect.runtime import flow_run
+
+    starts = int(flow_run.run_count or 0)
+    if starts > 1 + CRASH_RERUNS:
+        raise InfraError(
+            f"this flow run crashed {starts - 1} times (its process was killed: out of memory, or its machine "
+            f"lost); it is not run again after {CRASH_RERUNS} rerun(s): look at the worker's machine, then start "
+            "a new run"
+        )
 
 
 def current_flow_run_id() -> str | None:

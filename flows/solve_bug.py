@@ -37,6 +37,7 @@ from flows.common import (
     form_field,
     load_run_config,
     model_endpoint,
+    refuse_endless_reruns,
 )
 from tasks import quiet_thread_timeout_warnings, steps
 
@@ -283,6 +284,7 @@ def solve_bug(
     artifacts could not be uploaded; grade.json says which kind of failure it was either way.
     """
     quiet_thread_timeout_warnings()
+    refuse_endless_reruns()
     task = task or one_off_task(repo, problem, test_command, setup_command, ref)
     run = load_run_config(model, sandbox, store, limits, flow_run_id=current_flow_run_id())
     with model_endpoint(run) as run:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -25,6 +26,7 @@ from bugsweep.pipeline import failed_grade
 from bugsweep.spec import TaskSpec
 from bugsweep.storage import GRADE_FILE, key_part, pending_runs, run_key, upload_pending
 from flows.common import (
+    CRASH_RERUNS,
     RELEASE_SANDBOXES_HOOKS,
     AgentLimits,
     RunConfig,
@@ -42,6 +44,8 @@ from tasks import quiet_thread_timeout_warnings, steps
 TaskSource = TaskFile | RepoBranch
 #: How often the sweep looks at its solve-bug runs when they run on workers.
 POLL_S = 2.0
+#: How long the sweep waits for a crashed solve-bug run to be scheduled again by the rerun automation.
+RERUN_GRACE_S = 30.0
 
 
 @flow(
@@ -187,7 +191,7 @@ def run_on_workers(
                 time.sleep(POLL_S)
                 for run_id, (spec, started) in list(running.items()):
                     flow_run = client.read_flow_run(run_id)
-                    if flow_run.state is None or not flow_run.state.is_final():
+                    if flow_run.state is None or not flow_run.state.is_final() or awaiting_rerun(flow_run):
                         continue
                     del running[run_id]
                     outcomes.append(collect(spec, str(run_id), flow_run.state, run, sweep_name, started))
@@ -196,6 +200,18 @@ def run_on_workers(
             cancel_runs(client, list(running))  # the sweep was cancelled or crashed: its tasks stop too
             raise
     return outcomes
+
+
+def awaiting_rerun(flow_run: Any) -> bool:
+    """A solve-bug run that just crashed for the first time: the rerun automation (`bugsweep deploy`) is about to
+    schedule it again, so the sweep follows it instead of counting the task as lost. Given up after RERUN_GRACE_S
+    (a server without that automation)."""
+    from prefect.client.schemas.objects import StateType
+
+    state = flow_run.state
+    if state.type != StateType.CRASHED or flow_run.run_count > CRASH_RERUNS:
+        return False
+    return (datetime.now(UTC) - state.timestamp).total_seconds() < RERUN_GRACE_S
 
 
 def start_solve_bug(deployment: str, spec: TaskSpec, sweep_name: str, parameters: dict[str, Any]) -> Any:

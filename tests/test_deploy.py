@@ -35,13 +35,17 @@ HEARTBEAT_S = 30
 FINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
 
 
+#: Set once the KILL-ME run's processes are killed: its rerun is then answered like any other task.
+KILLED = {"rerun": False}
+
+
 def fixer(body: dict[str, Any]) -> dict[str, Any]:
     """Fix on the first turn, finish on the next; works for any number of tasks at once.
 
-    A task whose text says CANCEL-ME instead runs the tests, then stalls the next reply, so the run is mid-task
-    when the test cancels it."""
+    A task whose text says CANCEL-ME (or KILL-ME, until it was killed) instead runs a command, then stalls the next
+    reply, so the run is mid-task when the test cancels (or kills) it."""
     cancel_me = "CANCEL-ME" in json.dumps(body["messages"][:2])
-    kill_me = "KILL-ME" in json.dumps(body["messages"][:2])
+    kill_me = "KILL-ME" in json.dumps(body["messages"][:2]) and not KILLED["rerun"]
     answered = any(m.get("role") == "tool" for m in body["messages"])
     if kill_me:  # stalls long enough for the test to kill the worker and see the run marked Crashed
         return (
@@ -377,13 +381,13 @@ def test_cancelling_a_sweep_on_workers_cancels_its_task_runs(deployed: Deployed,
 
 
 # Last in the module: it stops the module's workers.
-def test_a_worker_killed_with_its_run_mid_solve_ends_crashed_and_the_next_worker_cleans_up(
+def test_a_worker_killed_with_its_run_mid_solve_ends_crashed_and_the_next_worker_cleans_up_and_reruns_it(
     deployed: Deployed, tmp_path: Path
 ) -> None:
     """SIGKILL a worker and its flow-run process while the agent waits for the model (an OOM kill, a lost node).
     Nothing in the dead process can report: the crash automation `bugsweep deploy` shipped marks the run Crashed once
-    its heartbeats stop, and the next `bugsweep worker` on the machine removes the sandbox's mount, cgroups and
-    folder before it takes runs."""
+    its heartbeats stop, the rerun automation schedules it again, and the next `bugsweep worker` on the machine
+    removes the sandbox's mount, cgroups and folder before it takes the run and grades the task."""
     import contextlib
     import os
     import signal
@@ -399,6 +403,7 @@ def test_a_worker_killed_with_its_run_mid_solve_ends_crashed_and_the_next_worker
         "PREFECT_WORKER_QUERY_SECONDS": "1",
         "PREFECT_WORKER_PREFETCH_SECONDS": "0",
         "BUGSWEEP_SANDBOX_STATE_DIR": str(state_dir),
+        "BUGSWEEP_STORE_LOCAL_DIR": str(tmp_path / "local-artifacts"),
     }
     doomed = deployed.server.spawn(
         "worker-doomed", [*bugsweep_worker, "--name", "worker-doomed"], cwd=tmp_path, **fast_polling
@@ -412,10 +417,21 @@ def test_a_worker_killed_with_its_run_mid_solve_ends_crashed_and_the_next_worker
     with contextlib.suppress(ProcessLookupError):
         os.kill(flow_run_pid, signal.SIGKILL)
     doomed.wait(timeout=30)
+    KILLED["rerun"] = True  # the rerun's agent gets the fix
 
-    run = deployed.wait(run_id, timeout_s=HEARTBEAT_S * 3 + 150)
-    assert run["state"]["type"] == "CRASHED", run["state"]
-    assert "no heartbeat" in run["state"]["message"]
+    def states() -> list[dict[str, Any]]:
+        return list(deployed.api("GET", "/flow_run_states/", params={"flow_run_id": run_id}))
+
+    deadline = time.monotonic() + HEARTBEAT_S * 3 + 150
+    while not any(st["type"] == "CRASHED" for st in states()) and time.monotonic() < deadline:
+        time.sleep(1)
+    (crashed,) = [st for st in states() if st["type"] == "CRASHED"]
+    assert "no heartbeat" in crashed["message"]
+    deadline = time.monotonic() + 60
+    while deployed.api("GET", f"/flow_runs/{run_id}")["state"]["type"] != "SCHEDULED":
+        assert time.monotonic() < deadline, states()[-1]
+        time.sleep(1)
+    assert deployed.api("GET", f"/flow_runs/{run_id}")["state"]["name"] == "AwaitingRetry"
     assert sandbox_leftovers(sandboxes), "nothing on the machine cleaned up yet (no process of ours was left)"
 
     deployed.server.spawn(
@@ -431,3 +447,9 @@ def test_a_worker_killed_with_its_run_mid_solve_ends_crashed_and_the_next_worker
     assert "starting: prefect worker start" in log, log[-2000:]
     assert f"removed {sandboxes[0].name} (left by process {flow_run_pid}" in " ".join(log.split())
     assert sandbox_leftovers(sandboxes) == [] and not any(d.exists() for d in sandboxes)
+
+    run = deployed.wait(run_id, timeout_s=240)
+    assert run["state"]["type"] == "COMPLETED", run["state"]
+    assert run["run_count"] == 2, "run once more, as the same flow run"
+    grade = json.loads(deployed.store.get_bytes("KILL-ME/calc-kill-me/scripted-model/grade.json"))
+    assert grade["resolved"] is True

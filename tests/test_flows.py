@@ -644,3 +644,45 @@ def test_the_flow_and_the_cli_grade_a_task_the_same_through_the_same_function(
         k: v for k, v in cli_grade.items() if k not in measured
     }
     assert flow_patch == (out / "patch.diff").read_text()
+
+
+def test_a_run_that_crashed_twice_is_not_run_again_and_fails_before_the_agent(
+    blocks, scripted_model, buggy_repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The rerun automation schedules a crashed solve-bug run again as the same flow run, its run count one higher
+    (tests/test_deploy.py kills one for real). Its third start, after a second crash, ends Failed at once: the run
+    count the server would give is set through Prefect's runtime override, the rest is a real flow run."""
+    from bugsweep.errors import InfraError
+    from flows.solve_bug import solve_bug
+
+    server = scripted_model([FIX, tool_call("finish", summary="fixed")])
+    made = blocks(server)
+    monkeypatch.setenv("PREFECT__RUNTIME__FLOW_RUN__RUN_COUNT", "3")
+
+    state = solve_bug(task=calc_task(buggy_repo, "calc-crashy"), return_state=True, **flow_kwargs(made))
+
+    assert state.is_failed()
+    with pytest.raises(InfraError, match="crashed 2 times"):
+        state.result()
+    assert server.requests == [], "the agent did not run"
+    assert not made["_store"].exists("adhoc/calc-crashy/scripted-model/grade.json")
+
+
+def test_a_sweep_on_workers_follows_a_crashed_task_run_into_its_rerun() -> None:
+    """A solve-bug run that just crashed for the first time is about to be run again (the rerun automation): the
+    sweep keeps following it; after a second crash, or once the grace time passed without a rerun, it is lost."""
+    from datetime import UTC, datetime, timedelta
+
+    from prefect.client.schemas.objects import FlowRun
+    from prefect.states import Completed, Crashed
+
+    from flows.sweep import RERUN_GRACE_S, awaiting_rerun
+
+    def run(state: Any, run_count: int) -> FlowRun:
+        return FlowRun(flow_id=uuid.uuid4(), run_count=run_count, state=state)
+
+    assert awaiting_rerun(run(Crashed(), 1))
+    assert not awaiting_rerun(run(Crashed(), 2)), "crashed again: not run a third time"
+    long_ago = datetime.now(UTC) - timedelta(seconds=RERUN_GRACE_S + 1)
+    assert not awaiting_rerun(run(Crashed(timestamp=long_ago), 1)), "no rerun came"
+    assert not awaiting_rerun(run(Completed(), 1))

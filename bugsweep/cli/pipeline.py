@@ -358,12 +358,13 @@ def deploy_command(
         ),
     ] = 60,
 ) -> None:
-    """Create the work pool, deploy `solve-bug` and `nightly-sweep` from prefect.yaml, and the crash automation.
+    """Create the work pool, deploy `solve-bug` and `nightly-sweep` from prefect.yaml, and the crash automations.
 
     Run it in the project folder (the one holding prefect.yaml): process workers run the flows from there. Needs a
     running Prefect server (PREFECT_API_URL). `nightly-sweep` is deployed with its schedule paused, and says why,
-    when its task source does not exist. Then start a worker with `bugsweep worker --pool POOL` on every machine
-    that should take runs, and trigger runs from the UI.
+    when its task source does not exist. A run whose heartbeats stop is marked Crashed, and a crashed solve-bug run
+    is run once more. Then start a worker with `bugsweep worker --pool POOL` on every machine that should take
+    runs, and trigger runs from the UI.
     """
     if not os.environ.get("PREFECT_API_URL"):
         _fail(
@@ -385,6 +386,7 @@ def deploy_command(
         else:
             console.print(f"deployed [bold]{name}[/]")
     console.print(f"automation [bold]{result.automation}[/] (heartbeats every {heartbeat_s} s)")
+    console.print(f"automation [bold]{result.rerun_automation}[/]")
     console.print(
         f"next: start a worker with `{worker_command(result.pool)}`, then run a deployment from the UI"
     )
