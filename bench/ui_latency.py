@@ -120,7 +120,9 @@ def main() -> None:
         ).json()["id"]
         repo = make_repo(work / "calc")
         for name, command in settings.items():
-            worker = server.spawn(name.replace(" ", "-"), command, cwd=work)
+            # the store is a folder (no S3 bucket block): the runs read it from the worker's environment
+            store_env = {k: v for k, v in env.items() if k.startswith("BUGSWEEP_STORE")}
+            worker = server.spawn(name.replace(" ", "-"), command, cwd=work, **store_env)
             time.sleep(15)  # the worker has started and polled at least once
             measure(server, deployment_id, repo, 1, f"warmup-{name.split()[0]}")
             results[name] = measure(server, deployment_id, repo, args.runs, name.split()[0])
