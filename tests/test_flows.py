@@ -686,3 +686,29 @@ def test_a_sweep_on_workers_follows_a_crashed_task_run_into_its_rerun() -> None:
     long_ago = datetime.now(UTC) - timedelta(seconds=RERUN_GRACE_S + 1)
     assert not awaiting_rerun(run(Crashed(timestamp=long_ago), 1)), "no rerun came"
     assert not awaiting_rerun(run(Completed(), 1))
+
+
+def test_bugsweep_upload_to_a_named_s3_bucket_block(blocks, scripted_model, tmp_path: Path) -> None:
+    """`bugsweep upload DIR --store-block NAME` uploads a kept run folder through the saved S3Bucket block."""
+    from typer.testing import CliRunner
+
+    from bugsweep.cli import app
+    from bugsweep.storage import PENDING_FILE, mark_pending
+
+    made = blocks(scripted_model([]))
+    store = made["_store"]
+    kept = tmp_path / "kept" / "nightly" / "calc-9" / "m"
+    kept.mkdir(parents=True)
+    (kept / "patch.diff").write_text("+fix\n")
+    (kept / "grade.json").write_text(json.dumps({"instance_id": "calc-9", "resolved": True}))
+    mark_pending(kept, "nightly/calc-9/m", store, "S3 was down")
+    missing = CliRunner().invoke(app, ["upload", str(tmp_path / "kept"), "--store-block", "no-such-block"])
+    assert missing.exit_code == 2 and "no-such-block" in missing.output, missing.output
+    assert (kept / PENDING_FILE).exists()
+
+    result = CliRunner().invoke(app, ["upload", str(tmp_path / "kept"), "--store-block", made["store_block"]])
+
+    assert result.exit_code == 0, result.output
+    assert f"{store.location}/nightly/calc-9/m" in " ".join(result.output.split())
+    assert sorted(store.list("nightly")) == ["nightly/calc-9/m/grade.json", "nightly/calc-9/m/patch.diff"]
+    assert not (kept / PENDING_FILE).exists()
