@@ -429,15 +429,8 @@ def blocks_create(
     AWS_SECRET_ACCESS_KEY. Secrets are stored encrypted in the blocks and never printed.
     """
     _hint_server()
-    from blocks import (
-        LOCAL_SANDBOX_BLOCK,
-        MODEL_BLOCK,
-        RUNTIME_SANDBOX_BLOCK,
-        STORE_BLOCK,
-        LocalSandbox,
-        ModelEndpoint,
-        RuntimeSandbox,
-    )
+    import blocks
+    from blocks import LocalSandbox, ModelEndpoint, RuntimeSandbox
     from bugsweep.sandbox.runtime import RuntimeSettings
     from bugsweep.settings import ModelSettings, SandboxSettings
     from bugsweep.storage import StoreSettings, split_s3_uri
@@ -453,7 +446,11 @@ def blocks_create(
     model = ModelSettings()
     if model.base_url:
         key = "API key set" if model.api_key.get_secret_value() else "no API key"
-        save(ModelEndpoint.from_settings(model), MODEL_BLOCK, f"{model.model} at {model.base_url} ({key})")
+        save(
+            ModelEndpoint.from_settings(model),
+            blocks.MODEL_BLOCK,
+            f"{model.model} at {model.base_url} ({key})",
+        )
     else:
         console.print(
             "[dim]LLM_BASE_URL is not set: no model endpoint block (flows use the embedded model)[/]"
@@ -465,7 +462,7 @@ def blocks_create(
         max_processes=sandbox.max_processes,
         setup_network=sandbox.setup_network,
     )
-    save(local, LOCAL_SANDBOX_BLOCK, f"{sandbox.memory_mib} MiB, {sandbox.max_processes} processes")
+    save(local, blocks.LOCAL_SANDBOX_BLOCK, f"{sandbox.memory_mib} MiB, {sandbox.max_processes} processes")
 
     runtime = RuntimeSettings()  # type: ignore[call-arg]
     if runtime.api_key.get_secret_value():
@@ -474,7 +471,7 @@ def blocks_create(
             memory_mib=runtime.memory_mib or sandbox.memory_mib, timeout_seconds=runtime.timeout_seconds,
             image=runtime.image, max_cost_usd=runtime.max_cost_usd, setup_network=sandbox.setup_network,
         )  # fmt: skip
-        save(runtime_block, RUNTIME_SANDBOX_BLOCK, f"{runtime.vcpu} vCPU (API key set)")
+        save(runtime_block, blocks.RUNTIME_SANDBOX_BLOCK, f"{runtime.vcpu} vCPU (API key set)")
 
     store = StoreSettings()
     if store.url.startswith("s3://"):
@@ -488,11 +485,11 @@ def blocks_create(
             aws_client_parameters=AwsClientParameters(endpoint_url=store.endpoint_url),
         )  # fmt: skip
         keys = "keys set" if store.secret_access_key else "boto3's default credentials"
-        save(credentials, STORE_BLOCK, f"{store.endpoint_url or 'AWS'} ({keys})")
+        save(credentials, blocks.STORE_BLOCK, f"{store.endpoint_url or 'AWS'} ({keys})")
         save(
             S3Bucket(bucket_name=bucket, bucket_folder=prefix, credentials=credentials),
-            STORE_BLOCK,
-            f"{store.url} with the {STORE_BLOCK} credentials",
+            blocks.STORE_BLOCK,
+            f"{store.url} with the {blocks.STORE_BLOCK} credentials",
         )
     else:
         folder = str(Path(store.url).expanduser().resolve())
