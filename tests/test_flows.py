@@ -137,6 +137,7 @@ def sandbox_leftovers(sandbox_id: str, marker: str | None = None) -> list[str]:
 
 def test_solve_bug_resolves_and_puts_the_run_folder_in_s3(blocks, scripted_model, buggy_repo: Path) -> None:
     from prefect.artifacts import Artifact
+    from prefect.client.orchestration import get_client
 
     from flows.solve_bug import solve_bug
 
@@ -144,10 +145,16 @@ def test_solve_bug_resolves_and_puts_the_run_folder_in_s3(blocks, scripted_model
     made = blocks(server)
     store = made["_store"]
 
-    grade = solve_bug(task=calc_task(buggy_repo, "calc-add"), sweep="nightly", **flow_kwargs(made))
+    state = solve_bug(
+        task=calc_task(buggy_repo, "calc-add"), sweep="nightly", return_state=True, **flow_kwargs(made)
+    )
 
+    grade = state.result()
     assert grade.resolved and grade.failed_before and grade.passes_after and grade.tests_untouched
     assert grade.model == "scripted-model" and grade.turns == 2
+    with get_client(sync_client=True) as client:  # the run's parameters, as the UI shows them
+        shown = json.dumps(client.read_flow_run(state.state_details.flow_run_id).parameters)
+    assert "sk-test-secret" not in shown and "bugsweep-test-secret" not in shown, shown
     keys = store.list("nightly/calc-add/scripted-model")
     assert {k.rsplit("/", 1)[1] for k in keys} == RUN_FILES
     assert all(k.startswith("nightly/calc-add/scripted-model/") for k in keys)
