@@ -99,6 +99,20 @@ def test_only_the_last_quota_asked_for_keeps_a_spare(provider, buggy_repo):
     assert sandbox_leftovers(provider.state_dir, [first.id, second.id, bigger.name]) == []
 
 
+def test_spares_go_a_moment_after_the_last_sandbox(provider, buggy_repo):
+    with provider.create(RepoSource(str(buggy_repo))) as sandbox:
+        assert sandbox.exec("true").ok
+        [spare] = wait_for_spares(provider.state_dir)
+    deadline = time.monotonic() + 60  # IDLE_S after the release, on a loaded machine
+    while on_the_machine(provider.state_dir, spare) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert on_the_machine(provider.state_dir, spare) == []
+    assert spares.ready(provider.state_dir) == []
+    with provider.create(RepoSource(str(buggy_repo))) as again:  # makes its own disk
+        assert again.id != spare.name and again.exec("true").ok
+    assert sandbox_leftovers(provider.state_dir, [sandbox.id, again.id]) == []
+
+
 def test_no_spares_when_turned_off(tmp_path, buggy_repo):
     settings = SandboxSettings(disk_mib=QUOTA_MIB, spare_disks=0)
     provider = LocalProvider(settings, cache_dir=tmp_path / "cache", state_dir=tmp_path / "state")
@@ -118,8 +132,8 @@ from bugsweep.sandbox.local import LocalProvider, spares
 from bugsweep.settings import SandboxSettings
 state = Path({str(tmp_path / "state")!r})
 p = LocalProvider(SandboxSettings(disk_mib={QUOTA_MIB}), cache_dir=Path({str(tmp_path / "cache")!r}), state_dir=state)
-with p.create(RepoSource({str(repo)!r})) as s:
-    s.exec("true")
+s = p.create(RepoSource({str(repo)!r}))  # alive until the end: spares go a moment after the last sandbox
+s.exec("true")
 deadline = time.monotonic() + 60
 while not spares.ready(state) and time.monotonic() < deadline:
     time.sleep(0.02)
