@@ -179,6 +179,21 @@ def test_a_compiled_file_is_never_named_as_where_the_text_is(box: Toolbox, repo:
     assert not out.ok and ".pyc" not in out.content and "That text is in" not in out.content
 
 
+def test_the_class_under_test_is_found_after_many_other_imported_names(tmp_path: Path) -> None:
+    """Seen on prettytable: the standard library's and a plugin's names came first, and a cap of 12 names left
+    out PrettyTable, so the package's __init__ was named instead of the module defining the class."""
+    others = ", ".join(f"NAME_{i}" for i in range(14))
+    files = {
+        "src/table/__init__.py": "from .table import Table\n",
+        "src/table/table.py": "class Table:\n    pass\n",
+        "tests/test_table.py": f"from __future__ import annotations\nfrom math import e, pi, sqrt\n"
+        f"from table import (\n    {others},\n    Table,\n)\n\n\ndef test_it():\n    assert Table()\n",
+    }
+    box = Toolbox(DirSandbox(make_repo(tmp_path / "table", files)), AgentSettings())
+    test = str(tmp_path / "table" / "tests" / "test_table.py")
+    assert box._code_under_test(test, "tests/test_table.py")[1] == ["src/table/table.py"]
+
+
 def test_the_code_under_test_that_the_failing_statement_calls_comes_first(tmp_path: Path) -> None:
     """Seen on attrs: the test imported from two modules, grep listed the one with the exception classes first,
     and the model read and edited that one; the failing statement called a function of the other."""

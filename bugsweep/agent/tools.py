@@ -272,10 +272,13 @@ class Toolbox:
         imported = [
             name.strip()
             for m in _IMPORT.finditer(source)
+            if m.group(1) != "__future__"
             for name in (m.group(2) or "").strip("()").split(",")
             if name.strip().isidentifier() and not name.strip().startswith("test")
         ]
-        imported = list(dict.fromkeys(imported))[:12]
+        # Up to 40 names: seen on prettytable, the names from the standard library and pytest plugins came first
+        # and a cap of 12 left out PrettyTable, the class under test.
+        imported = list(dict.fromkeys(imported))[:40]
         if imported:
             alternatives = "|".join(imported)
             grep = (
