@@ -229,8 +229,6 @@ class LocalSandbox:
         except BaseException:
             self._finalizer()
             raise
-        spares.hold()  # spares are kept while the process has sandboxes (and a moment after)
-        self._res.held = True
 
     def _setup(self, bwrap_path: str, prepared: PreparedSource) -> None:
         res = self._res

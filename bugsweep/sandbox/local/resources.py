@@ -14,7 +14,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bugsweep.errors import SandboxError, SandboxGone
-from bugsweep.sandbox.local import spares
 from bugsweep.sandbox.local.disk import WritableDisk
 from bugsweep.sandbox.local.layers import Layer, LocalSnapshot
 from bugsweep.sandbox.local.limits import Limits
@@ -46,8 +45,6 @@ class Resources:
         self.labels: dict[str, str] = {}
         self.created = time.time()
         self.released = False
-        self.held = False
-        """Counted among the process's live sandboxes (spares.hold): let go on cleanup."""
         self._commands: set[Command] = set()
         self._lock = threading.Lock()
 
@@ -110,9 +107,6 @@ class Resources:
                 self.snapshot = None
         for taken in self.snapshots_taken:
             guard("release a snapshot", taken.release)
-        if self.held:
-            self.held = False
-            spares.let_go()
 
 
 def guard(what: str, fn: Callable[..., object], *args: object) -> None:

@@ -1,19 +1,20 @@
-"""Spare disks: sandbox folders whose size-limited file system (disk.py) is made, formatted and mounted ahead of
-time, so that `LocalProvider.create()` takes one instead of copying an image, attaching a loop device and mounting
-it on the path to the first command (about 10 ms of the ~17 ms of a create at load 2; bench/README.md).
+"""Spare disks: sandbox folders whose size-limited file system (disk.py) is made ahead of time, so that
+`LocalProvider.create()` only mounts it (one move_mount call) instead of copying an image, attaching a loop device
+and mounting it on the path to the first command (about 10 ms of the ~17 ms of a create at load 2; bench/README.md).
 
-A spare is exactly what a new sandbox's folder would be before its first use: `state_dir/local-<id>` with a fresh
+A spare is exactly what a new sandbox's folder would be before its first use: `state_dir/local-<id>` and a fresh
 file system from the process's template, never used by any sandbox before (a spare is taken once; a released
-sandbox's disk is destroyed, never recycled). The sandbox that takes it keeps its id. After a sandbox's
+sandbox's disk is destroyed, never recycled). The sandbox that takes it keeps its id. Until it is taken, the file
+system is a detached mount held by a file descriptor of this process (mounted nowhere): if the process dies, the
+kernel drops it and its loop device, whatever killed the process. After a sandbox's
 first command (not during it: made then, a spare slowed that command by ~8 ms) a background thread makes spares
 until `count` of that size are ready (`SandboxSettings.spare_disks`; only the
-last size and state folder asked for keep spares); while there is none, create() makes its disk itself. Once the
-process has had no live sandbox for IDLE_S (1 s), its spares go too.
+last size and state folder asked for keep spares); while there is none, create() makes its disk itself.
 
-Nothing is left behind: each spare carries an owner `meta.json` (kind "spare") like a sandbox's, so the
-stale-sandbox sweep (stale.py, `bugsweep sandboxes --reap`, `bugsweep worker`) removes the spares of a process that
-died; the spares of a process that exits normally are unmounted and deleted at exit (`release`), once the worker
-thread has finished the spare it is making.
+Nothing is left behind: a spare's folder carries an owner `meta.json` (kind "spare") like a sandbox's, so the
+stale-sandbox sweep (stale.py, `bugsweep sandboxes --reap`, `bugsweep worker`) deletes the folder and the image a
+dead process's spare leaves (no mount: that went with the process); the spares of a process that exits normally
+are deleted at exit (`release`), once the worker thread has finished the spare it is making.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bugsweep.sandbox.local.disk import WritableDisk
+from bugsweep.sandbox.local.disk import DetachedDisk, WritableDisk
 from bugsweep.sandbox.local.stale import write_owner_meta
 from bugsweep.sandbox.local.workspace import remove_root
 
@@ -45,7 +46,7 @@ class _Pool:
     count: int
     recipe: tuple[Path, Path, tuple[str, ...]]
     """What `make` needs besides the key: the templates folder, the /etc to copy, the skeleton."""
-    ready: list[WritableDisk] = field(default_factory=list)
+    ready: list[DetachedDisk] = field(default_factory=list)
     busy: bool = False
     """The worker is making a spare for this pool now."""
     closed: bool = False
@@ -57,52 +58,35 @@ class _Pool:
 _lock = threading.Lock()
 _changed = threading.Condition(_lock)
 _pools: dict[tuple[Path, int], _Pool] = {}
-_retired: list[WritableDisk] = []
+_retired: list[DetachedDisk] = []
 _worker: threading.Thread | None = None
 _owner = os.getpid()
 _exiting = False
-#: Sandboxes of this process alive now (`hold` / `let_go`), and since when there is none.
-_live = 0
-_idle_since: float | None = None
-#: Spares go this long after the last sandbox of the process went: a process that is then killed (its run is over,
-#: e.g. a flow run's process stopped after it reported) leaves none behind, and a next create soon after still
-#: finds one.
-IDLE_S = 1.0
-
-
-def hold() -> None:
-    """A sandbox of this process was created."""
-    global _live, _idle_since
-    with _lock:
-        _live += 1
-        _idle_since = None
-
-
-def let_go() -> None:
-    """A sandbox of this process was released."""
-    global _live, _idle_since
-    with _lock:
-        _live = max(_live - 1, 0)
-        if _live == 0:
-            _idle_since = time.monotonic()
-            _changed.notify_all()
 
 
 def take(state_dir: Path, size_bytes: int) -> WritableDisk | None:
-    """A ready spare of `size_bytes` in `state_dir` (its folder is `disk.mountpoint`), or None."""
+    """A ready spare of `size_bytes` in `state_dir`, now mounted on its folder (`disk.mountpoint`), or None."""
     with _lock:
         pool = _pools.get((state_dir, size_bytes))
-        return pool.ready.pop(0) if pool is not None and pool.ready else None
+        spare = pool.ready.pop(0) if pool is not None and pool.ready else None
+    if spare is None:
+        return None
+    try:
+        return spare.attach()
+    except OSError as exc:
+        log.warning("could not mount the spare sandbox disk %s: %s", spare.disk.mountpoint, exc)
+        _destroy(spare)
+        return None
 
 
 def ready(state_dir: Path) -> list[Path]:
     """The folders of the spares ready in `state_dir`."""
     with _lock:
         return [
-            disk.mountpoint
+            spare.disk.mountpoint
             for (where, _), pool in _pools.items()
             if where == state_dir
-            for disk in pool.ready
+            for spare in pool.ready
         ]
 
 
@@ -166,33 +150,26 @@ atexit.register(release)
 
 def make(
     state_dir: Path, size_bytes: int, templates: Path, etc_dir: Path, skeleton: Sequence[str]
-) -> WritableDisk | None:
-    """One spare now: a new sandbox folder in `state_dir` with its file system mounted (None where this host
-    cannot make one; disk.py has warned)."""
+) -> DetachedDisk:
+    """One spare now: a new sandbox folder in `state_dir` (with its owner meta.json, kind "spare") and a file
+    system for it, not mounted yet. Raises OSError where this host cannot make one."""
     root = state_dir / f"local-{uuid.uuid4().hex[:12]}"
     root.mkdir()
     try:
-        disk = WritableDisk.create(root, size_bytes, templates, etc_dir=etc_dir, skeleton=skeleton)
-        if disk is None:
-            root.rmdir()
-            return None
         write_owner_meta(root, kind=KIND, created=time.time(), mounts=[])
+        return WritableDisk.create_detached(root, size_bytes, templates, etc_dir, skeleton)
     except BaseException:
         remove_root(root, [])
         raise
-    return disk
 
 
 def _work() -> None:
-    """The worker: removes retired spares, then makes spares for every pool that has fewer than it wants; once the
-    process has had no sandbox for IDLE_S, it retires every spare."""
+    """The worker: removes retired spares, then makes spares for every pool that has fewer than it wants."""
     while True:
         with _lock:
-            _retire_when_idle()
             job = _next_job()
             while not _retired and job is None:
-                _changed.wait(None if _idle_since is None or not _pools else IDLE_S / 4)
-                _retire_when_idle()
+                _changed.wait()
                 job = _next_job()
             retired = (
                 _retired[0] if _retired else None
@@ -210,7 +187,7 @@ def _work() -> None:
 
 def _make_for(pool: _Pool) -> None:
     (state_dir, size_bytes), (templates, etc_dir, skeleton) = pool.key, pool.recipe
-    made: WritableDisk | None = None
+    made: DetachedDisk | None = None
     try:
         made = make(state_dir, size_bytes, templates, etc_dir, skeleton)
         pool.failed = made is None
@@ -228,17 +205,6 @@ def _make_for(pool: _Pool) -> None:
         _changed.notify_all()
 
 
-def _retire_when_idle() -> None:
-    """(with the lock held)"""
-    if _idle_since is None or time.monotonic() - _idle_since < IDLE_S or not _pools:
-        return
-    for key in list(_pools):  # a later refill() starts a new pool
-        pool = _pools.pop(key)
-        pool.closed = True
-        _retired.extend(pool.ready)
-        pool.ready = []
-
-
 def _next_job() -> _Pool | None:
     for pool in _pools.values():
         if not pool.closed and not pool.failed and len(pool.ready) < pool.count:
@@ -246,8 +212,9 @@ def _next_job() -> _Pool | None:
     return None
 
 
-def _destroy(disk: WritableDisk) -> None:
+def _destroy(spare: DetachedDisk) -> None:
     try:
-        remove_root(disk.mountpoint, [])
+        spare.drop()
+        remove_root(spare.disk.mountpoint, [])
     except Exception as exc:  # the stale-sandbox sweep of a later process removes it
-        log.warning("could not remove the spare sandbox disk %s: %s", disk.mountpoint, exc)
+        log.warning("could not remove the spare sandbox disk %s: %s", spare.disk.mountpoint, exc)
