@@ -162,7 +162,11 @@ def run_tests(sandbox: Sandbox, test_command: str, timeout: float = 1800.0) -> T
     log, total = _read_log(sandbox, head, tail, size)
     if not log and result.output:
         log = result.output[-LOG_TAIL_BYTES:]  # the wrapper itself failed: show why
-    timed_out = result.timed_out or (result.exit_code in (124, 137) and _TIMEOUT_LINE in log[-4096:])
+    # `timeout` exits 124 (137 after -k). Its message can miss the log's tail (seen in CI under load, the log
+    # ending in the command's own output), so the duration measured outside the sandbox decides as well.
+    timed_out = result.timed_out or (
+        result.exit_code in (124, 137) and (_TIMEOUT_LINE in log[-4096:] or result.duration_s >= seconds)
+    )
     tests: dict[str, str] | None = None
     try:
         if sandbox.files.exists(junit):
