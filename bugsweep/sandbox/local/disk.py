@@ -36,8 +36,10 @@ import threading
 import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 _LOOP_CTL_GET_FREE = 0x4C82
 _LOOP_CONFIGURE = 0x4C0A
@@ -95,15 +97,8 @@ class WritableDisk:
             _warn(f"no template image ({exc})")
             return None
         try:
-            _copy_sparse(template, image)
-            loop = _attach(image)
-            try:
-                _mount(loop, mountpoint)
-            finally:
-                os.close(loop)  # with autoclear, the mount now holds the device; the unmount frees it
+            _on_loop_device(template, image, lambda loop: _mount(loop, mountpoint))
         except OSError as exc:
-            with contextlib.suppress(OSError):
-                image.unlink()
             if exc.errno in (errno.EPERM, errno.EACCES, errno.ENODEV, errno.ENOENT, errno.ENXIO):
                 _warn(str(exc))
                 return None
@@ -122,18 +117,7 @@ class WritableDisk:
         image is left (stale.py sweeps it). Raises OSError where this cannot be done."""
         template = _template(templates, size_bytes, etc_dir, skeleton)
         image = image_path(folder)
-        _copy_sparse(template, image)
-        try:
-            loop = _attach(image)
-            try:
-                device = os.fsencode(os.readlink(f"/proc/self/fd/{loop}"))
-                mount_fd = _fsmount(device)
-            finally:
-                os.close(loop)  # with autoclear, the mount now holds the device
-        except BaseException:
-            with contextlib.suppress(OSError):
-                image.unlink()
-            raise
+        mount_fd = _on_loop_device(template, image, lambda loop: _fsmount(_device(loop)))
         return DetachedDisk(cls(image, folder, size_bytes), mount_fd)
 
     def used_bytes(self) -> int:
@@ -326,8 +310,29 @@ def _loop_config(fd: int) -> bytes:
     return struct.pack("=II", fd, 0) + info + bytes(64)
 
 
+def _on_loop_device(template: Path, image: Path, mount: Callable[[int], _T]) -> _T:
+    """Copy `template` to `image`, attach it to a loop device and mount it with `mount(loop fd)`; the image is
+    deleted when any step fails. With autoclear, the mount then holds the device: the unmount frees it."""
+    try:
+        _copy_sparse(template, image)
+        loop = _attach(image)
+        try:
+            return mount(loop)
+        finally:
+            os.close(loop)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            image.unlink()
+        raise
+
+
+def _device(loop: int) -> bytes:
+    """The path of the loop device open as `loop`."""
+    return os.fsencode(os.readlink(f"/proc/self/fd/{loop}"))
+
+
 def _mount(loop: int, target: Path) -> None:
-    device = os.fsencode(os.readlink(f"/proc/self/fd/{loop}"))
+    device = _device(loop)
     flags = ctypes.c_ulong(_MS_NOSUID | _MS_NODEV | _MS_NOATIME)
     if _libc.mount(device, os.fsencode(target), b"ext4", flags, b"noinit_itable") != 0:
         code = ctypes.get_errno()
