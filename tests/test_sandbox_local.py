@@ -67,12 +67,14 @@ def processes_with(marker: str) -> list[int]:
     return found
 
 
-def processes_in_cgroup_of(sandbox_id: str) -> list[int]:
+def processes_in_cgroup_of(sandbox) -> list[int]:
+    """The processes in the sandbox's cgroups but its spawner (the process that starts its commands there)."""
+    spawner = sandbox._res.spawner
     found = []
     for entry in os.listdir("/proc"):
-        if entry.isdigit():
+        if entry.isdigit() and not (spawner is not None and int(entry) == spawner.proc.pid):
             try:
-                if sandbox_id in Path(f"/proc/{entry}/cgroup").read_text():
+                if sandbox.id in Path(f"/proc/{entry}/cgroup").read_text():
                     found.append(int(entry))
             except OSError:
                 pass
@@ -282,7 +284,7 @@ def test_a_fork_bomb_is_contained(sbx):
     assert "Resource temporarily unavailable" in result.stderr  # fork() failed at the process limit
     events = [d / "pids.events" for d in sbx._res.limits.dirs if (d / "pids.events").exists()]
     assert events and int(events[0].read_text().split()[1]) > 0  # the kernel counted refused forks
-    assert processes_in_cgroup_of(sbx.id) == []
+    assert processes_in_cgroup_of(sbx) == []
     assert host_process_count() < before + 200  # unchecked, a bomb makes thousands
     assert sbx.exec("echo still usable").stdout == "still usable\n"
 
@@ -293,7 +295,7 @@ def test_a_command_that_never_ends_times_out_and_leaves_no_process(sbx):
     assert result.exit_code is None
     assert not result.ok
     assert processes_with("1000.12") == []
-    assert processes_in_cgroup_of(sbx.id) == []
+    assert processes_in_cgroup_of(sbx) == []
 
 
 def test_background_processes_end_with_their_command(sbx):
@@ -352,7 +354,7 @@ def test_release_kills_running_commands_unmounts_and_removes_everything(sbx, pro
     assert not thread.is_alive()
     assert isinstance(outcome[0], SandboxGone)
     assert processes_with("1000.125") == []
-    assert processes_in_cgroup_of(sbx.id) == []
+    assert processes_in_cgroup_of(sbx) == []
     assert str(root) not in mounts()
     assert not root.exists()
     assert not any(sbx.id in line for line in Path("/proc/self/cgroup").read_text().splitlines())

@@ -35,6 +35,8 @@ def sandbox_leftovers(state_dir: Path, sandbox_ids: list[str]) -> list[str]:
             continue
         if ppid == os.getpid() and Path(os.fsdecode(exe)).name in SANDBOX_PROCESSES:
             found.append(f"process {entry} ({os.fsdecode(exe)})")
+        elif ppid == os.getpid() and b"_spawner_main.py" in Path(f"/proc/{entry}/cmdline").read_bytes():
+            found.append(f"process {entry} (a sandbox's spawner)")
     cgroups = [d for sid in sandbox_ids for d in Path("/sys/fs/cgroup").glob(f"*/**/bugsweep-{sid}")]
     found += [f"cgroup {d}" for d in cgroups]
     found += [f"{p.name} in the state folder" for p in state_dir.glob("local-*")]

@@ -5,7 +5,9 @@
    ref) and becomes the read-only lower layer of an overlay in the sandbox's folder under `state_dir`
    (`workspace.py`: the user's checkout is never written to; a copy where overlayfs cannot be mounted), and the
    task environment a second overlay at /opt/venv (`layers.py`, `taskenv.py`);
-2. a per-sandbox cgroup sets the memory and process limits (`limits.py`; prlimit where no cgroup can be made);
+2. a per-sandbox cgroup sets the memory and process limits (`limits.py`; prlimit where no cgroup can be made),
+   with a spawner process already in it that starts the commands there (`spawner.py`: joining a cgroup costs a
+   kernel grace period, 5-20 ms, that a command forked inside it does not pay);
 3. every `exec` is then one `bwrap ... /bin/bash -c COMMAND` (`bwrap.py`: a root of read-only binds, new
    user/pid/ipc/uts/cgroup/net namespaces, a clean environment) whose whole process tree ends with it
    (`process.py`); files in /workspace and /tmp persist across commands, processes do not;
@@ -19,7 +21,8 @@ argument: nothing of the host's environment, the model's API key least of all. `
 gets the internet through slirp4netns, never the host's loopback or private networks (`setup_network.py`), when
 `settings.setup_network` allows it; every other command sees only `lo`. Every command runs under the seccomp
 filter (`seccomp.py`), and everything a sandbox writes is on its own size-limited file system (`disk.py`), made
-ahead of time in the background so that create() only takes one (`spares.py`).
+ahead of time in the background, with the sandbox's cgroups and spawner, so that create() only takes one
+(`spares.py`).
 
 The task environment is a venv at /opt/venv (TASK_ENV), first on PATH, made from the chosen interpreter: a second
 overlay over that interpreter's base venv and the environment layers of finished setups (`layers.py`, built and
@@ -60,6 +63,7 @@ from bugsweep.sandbox.local.limits import Limits
 from bugsweep.sandbox.local.process import RawResult, run_command
 from bugsweep.sandbox.local.resources import Resources
 from bugsweep.sandbox.local.setup_network import NetworkPlan
+from bugsweep.sandbox.local.spawner import Spawner
 from bugsweep.sandbox.local.stale import list_sandboxes, reap_stale
 from bugsweep.sandbox.sources import PreparedSource, SourceCache
 from bugsweep.settings import SandboxSettings
@@ -206,7 +210,7 @@ class LocalSandbox:
         pip_shims(self._etc_dir)  # before a disk template copies this folder, so that every disk has them
         # A disk made ahead of time (spares.py): its folder becomes this sandbox's, and the folder's name the id.
         spare = spares.take(state_dir, disk_mib * MIB) if disk_mib else None
-        self.id = spare.mountpoint.name if spare is not None else f"local-{uuid.uuid4().hex[:12]}"
+        self.id = spare.disk.mountpoint.name if spare is not None else f"local-{uuid.uuid4().hex[:12]}"
         self.state_dir = state_dir
         self.interpreter = interpreter
         self.env_cache = env_cache
@@ -222,7 +226,8 @@ class LocalSandbox:
         self._res.labels = self.labels
         self._res.layers = layers
         self._res.snapshot = snapshot
-        self._res.disk = spare
+        if spare is not None:
+            self._res.disk, self._res.limits, self._res.spawner = spare.disk, spare.limits, spare.spawner
         self._finalizer = weakref.finalize(self, self._res.cleanup)
         try:
             self._setup(bwrap, prepared)
@@ -261,9 +266,13 @@ class LocalSandbox:
         if not prepared.has_git and res.snapshot is None:
             workspace.git_init(res.repo_dir, res.root)
         write_text(res.root / "ws" / ".gitconfig", workspace.GITCONFIG)
-        res.limits = Limits.create(
-            self.id, self.settings.memory_mib * 1024 * 1024, self.settings.max_processes
-        )
+        memory_bytes = self.settings.memory_mib * 1024 * 1024
+        if res.limits is not None:  # a spare's cgroups, with its spawner in them already
+            res.limits.apply(memory_bytes, self.settings.max_processes)
+        else:
+            res.limits = Limits.create(self.id, memory_bytes, self.settings.max_processes)
+            if res.limits.procs_files:  # commands start the slower way until it is ready (spawner.py)
+                res.spawner = Spawner.start(res.limits.wrapper())
         res.write_meta()
         self._base_env = {
             "PATH": f"{TASK_ENV}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",

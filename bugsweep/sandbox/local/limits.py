@@ -2,8 +2,9 @@
 
 The same cgroups measure what the sandbox used (`peak_memory_bytes`, `cpu_seconds`; on cgroup v1 a `cpuacct`
 group is joined for the CPU time). The memory limit makes the kernel OOM-kill the biggest process (exit 137, `out_of_memory=True`), the process limit
-makes fork() fail inside (a fork bomb stalls, the host is unharmed). Every command joins the cgroups before bwrap
-starts (`Limits.wrapper`), so every process it forks is counted. Where no cgroup can be created (non-root,
+makes fork() fail inside (a fork bomb stalls, the host is unharmed). Every command starts inside the cgroups, so
+every process it forks is counted: forked by the sandbox's spawner, which joined them once (spawner.py), or, until
+that is ready, joining them before bwrap starts (`Limits.wrapper`). Where no cgroup can be created (non-root,
 undelegated cgroup v2), `prlimit` sets RLIMIT_AS and RLIMIT_NPROC instead: weaker (RLIMIT_NPROC does not bind
 root), and a warning says so.
 """
@@ -48,9 +49,13 @@ class Limits:
         #: cpuacct.usage (ns), v2 memory.peak and cpu.stat's usage_usec.
         self.peak_file: Path | None = None
         self.cpu_file: Path | None = None
+        self._memory_files: list[Path] = []
+        self._pids_file: Path | None = None
 
     @classmethod
-    def create(cls, name: str, memory_bytes: int, max_pids: int) -> Limits:
+    def create(cls, name: str, memory_bytes: int | None, max_pids: int | None) -> Limits:
+        """The cgroups `bugsweep-NAME` with these limits (None: none yet, `apply` sets them; spares.py makes
+        a spare sandbox's cgroups before it knows them), or rlimits where no cgroup can be made."""
         made: list[Path] = []
         try:
             v1_mem, v1_pids = _cgroup_v1_parent("memory"), _cgroup_v1_parent("pids")
@@ -59,10 +64,6 @@ class Limits:
                 for d in (mem, pids):
                     d.mkdir()
                     made.append(d)
-                write_text(mem / "memory.limit_in_bytes", str(memory_bytes))
-                with contextlib.suppress(OSError):  # only with swap accounting; no swap then
-                    write_text(mem / "memory.memsw.limit_in_bytes", str(memory_bytes))
-                write_text(pids / "pids.max", str(max_pids))
                 procs = [mem / "cgroup.procs", pids / "cgroup.procs"]
                 v1_cpu = _cgroup_v1_parent("cpuacct")
                 cpu = v1_cpu / f"bugsweep-{name}" if v1_cpu is not None else None
@@ -73,19 +74,24 @@ class Limits:
                 limits = cls(made, procs, mem / "memory.oom_control", [])
                 limits.peak_file = mem / "memory.max_usage_in_bytes"
                 limits.cpu_file = cpu / "cpuacct.usage" if cpu is not None else None
+                # memsw: only with swap accounting; no swap then
+                limits._memory_files = [mem / "memory.limit_in_bytes", mem / "memory.memsw.limit_in_bytes"]
+                limits._pids_file = pids / "pids.max"
+                limits.apply(memory_bytes, max_pids)
                 return limits
             v2 = _cgroup_v2_parent()
             if v2 is not None:
                 d = v2 / f"bugsweep-{name}"
                 d.mkdir()
                 made.append(d)
-                write_text(d / "memory.max", str(memory_bytes))
                 with contextlib.suppress(OSError):
                     write_text(d / "memory.swap.max", "0")
-                write_text(d / "pids.max", str(max_pids))
                 limits = cls(made, [d / "cgroup.procs"], d / "memory.events", [])
                 limits.peak_file = d / "memory.peak" if (d / "memory.peak").exists() else None  # Linux 5.19+
                 limits.cpu_file = d / "cpu.stat"
+                limits._memory_files = [d / "memory.max"]
+                limits._pids_file = d / "pids.max"
+                limits.apply(memory_bytes, max_pids)
                 return limits
         except OSError as exc:
             for d in reversed(made):
@@ -103,7 +109,19 @@ class Limits:
             )
         prlimit = shutil.which("prlimit")
         prefix = [prlimit, f"--as={memory_bytes}", f"--nproc={max_pids}", "--"] if prlimit else []
-        return cls([], [], None, prefix)
+        return cls([], [], None, prefix if memory_bytes is not None and max_pids is not None else [])
+
+    def apply(self, memory_bytes: int | None, max_pids: int | None) -> None:
+        """Set the cgroups' memory and process limits (None: leave as they are). Raises OSError."""
+        if memory_bytes is not None:
+            for i, path in enumerate(self._memory_files):
+                try:
+                    write_text(path, str(memory_bytes))
+                except OSError:
+                    if i == 0:  # the others are optional (v1 memsw: only with swap accounting)
+                        raise
+        if max_pids is not None and self._pids_file is not None:
+            write_text(self._pids_file, str(max_pids))
 
     def wrapper(self) -> list[str]:
         """The argv prefix that puts a command into the cgroups before bwrap starts (so every process it forks

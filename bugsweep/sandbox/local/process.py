@@ -31,6 +31,7 @@ from bugsweep.sandbox.local.bwrap import options_fd
 from bugsweep.sandbox.local.common import decode, short
 from bugsweep.sandbox.local.limits import ATTACH_FAILED
 from bugsweep.sandbox.local.setup_network import NetworkPlan, SetupNetwork
+from bugsweep.sandbox.local.spawner import SpawnedProcess
 
 if TYPE_CHECKING:
     from bugsweep.sandbox.local.resources import Resources
@@ -66,7 +67,7 @@ class Command:
     The outer bwrap may exit a moment before the init does; both are waited for. Pidfds make the waits exact
     (Popen.wait(timeout) polls with sleeps that add milliseconds to every short command)."""
 
-    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+    def __init__(self, proc: subprocess.Popen[bytes] | SpawnedProcess) -> None:
         self.proc = proc
         self.init_pid: int | None = None
         self._init_fd: int | None = None
@@ -127,10 +128,14 @@ class Command:
             if self._init_fd is not None:
                 os.close(self._init_fd)
                 self._init_fd = None
+            if isinstance(self.proc, SpawnedProcess):
+                self.proc.close()
 
 
-def wait_pid(proc: subprocess.Popen[bytes], deadline: float) -> bool:
+def wait_pid(proc: subprocess.Popen[bytes] | SpawnedProcess, deadline: float) -> bool:
     """Wait for `proc` until `deadline` (time.monotonic()); True when it exited."""
+    if isinstance(proc, SpawnedProcess):
+        return proc.wait_until(deadline)
     try:
         pidfd = os.pidfd_open(proc.pid)
     except OSError:  # already reaped, or no pidfd support
@@ -252,18 +257,7 @@ def run_command(
 
         start = time.monotonic()
         try:
-            proc = subprocess.Popen(
-                argv,
-                stdin=stdin_fh,
-                stdout=out,
-                stderr=err,
-                env=environ,
-                close_fds=True,
-                pass_fds=tuple(child_fds),
-                cwd="/",
-            )
-        except OSError as exc:
-            raise SandboxError(f"could not start bubblewrap: {exc}") from exc
+            proc = _start(res, argv, bwrap_at, stdin_fh, out, err, environ, child_fds)
         finally:
             for fd in child_fds:
                 os.close(fd)
@@ -329,6 +323,45 @@ def run_command(
         out_of_memory=bool(res.limits and res.limits.oom_kills() > oom_before),
         disk_full=disk_full,
     )
+
+
+def _start(
+    res: Resources,
+    argv: list[str],
+    bwrap_at: int,
+    stdin: int | IO[bytes],
+    out: IO[bytes],
+    err: IO[bytes],
+    environ: dict[str, str],
+    child_fds: list[int],
+) -> subprocess.Popen[bytes] | SpawnedProcess:
+    """Start the command: through the sandbox's spawner (already in its cgroups: no join, spawner.py) when it is
+    ready, else as `Limits.wrapper() + bwrap ...` from here."""
+    if res.spawner is not None:
+        with contextlib.ExitStack() as stack:
+            if stdin == subprocess.DEVNULL:
+                stdin_fd = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+                stack.callback(os.close, stdin_fd)
+            else:
+                assert not isinstance(stdin, int)
+                stdin_fd = stdin.fileno()
+            fds = {stdin_fd: 0, out.fileno(): 1, err.fileno(): 2, **{fd: fd for fd in child_fds}}
+            spawned = res.spawner.spawn(argv[bwrap_at:], environ, fds)
+            if spawned is not None:
+                return spawned
+    try:
+        return subprocess.Popen(
+            argv,
+            stdin=stdin,
+            stdout=out,
+            stderr=err,
+            env=environ,
+            close_fds=True,
+            pass_fds=tuple(child_fds),
+            cwd="/",
+        )
+    except OSError as exc:
+        raise SandboxError(f"could not start bubblewrap: {exc}") from exc
 
 
 def _close_quietly(fd: int) -> None:

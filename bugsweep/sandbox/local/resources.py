@@ -18,6 +18,7 @@ from bugsweep.sandbox.local.disk import WritableDisk
 from bugsweep.sandbox.local.layers import Layer, LocalSnapshot
 from bugsweep.sandbox.local.limits import Limits
 from bugsweep.sandbox.local.process import Command
+from bugsweep.sandbox.local.spawner import Spawner
 from bugsweep.sandbox.local.stale import write_owner_meta
 from bugsweep.sandbox.local.workspace import Overlay, remove_root
 from bugsweep.sandbox.sources import CheckoutLease
@@ -34,6 +35,8 @@ class Resources:
         self.repo = Overlay(repo_dir, root / "upper", root / "work")
         self.env = Overlay(root / "env", root / "env-upper", root / "env-work")
         self.limits: Limits | None = None
+        self.spawner: Spawner | None = None
+        """The process in the cgroups that starts the commands (spawner.py); None: each joins them itself."""
         self.disk: WritableDisk | None = None
         self.lease: CheckoutLease | None = None
         self.layers: list[Layer] = []
@@ -94,6 +97,8 @@ class Resources:
             commands = list(self._commands)
         for cmd in commands:
             guard("kill a command", cmd.kill)
+        if self.spawner is not None:
+            guard("stop the spawner", self.spawner.stop)
         if self.limits is not None:
             guard("remove the cgroups", self.limits.destroy)
         guard("remove the sandbox folder", remove_root, self.root, [self.repo.target, self.env.target])

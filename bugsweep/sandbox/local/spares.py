@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bugsweep.sandbox.local.disk import DetachedDisk, WritableDisk
+from bugsweep.sandbox.local.limits import Limits
+from bugsweep.sandbox.local.spawner import Spawner
 from bugsweep.sandbox.local.stale import write_owner_meta
 from bugsweep.sandbox.local.workspace import remove_root
 
@@ -40,13 +42,36 @@ KIND = "spare"
 
 
 @dataclass
+class Spare:
+    """A spare sandbox folder: its file system, and its cgroups (no limits set yet) with a spawner already in them
+    (spawner.py), where this host has cgroups."""
+
+    disk: DetachedDisk
+    limits: Limits | None = None
+    spawner: Spawner | None = None
+
+    @property
+    def root(self) -> Path:
+        return self.disk.disk.mountpoint
+
+
+@dataclass
+class Taken:
+    """A spare as a new sandbox gets it: the file system mounted on its folder."""
+
+    disk: WritableDisk
+    limits: Limits | None
+    spawner: Spawner | None
+
+
+@dataclass
 class _Pool:
     key: tuple[Path, int]
     """(state_dir, size_bytes)"""
     count: int
     recipe: tuple[Path, Path, tuple[str, ...]]
     """What `make` needs besides the key: the templates folder, the /etc to copy, the skeleton."""
-    ready: list[DetachedDisk] = field(default_factory=list)
+    ready: list[Spare] = field(default_factory=list)
     busy: bool = False
     """The worker is making a spare for this pool now."""
     closed: bool = False
@@ -58,13 +83,13 @@ class _Pool:
 _lock = threading.Lock()
 _changed = threading.Condition(_lock)
 _pools: dict[tuple[Path, int], _Pool] = {}
-_retired: list[DetachedDisk] = []
+_retired: list[Spare] = []
 _worker: threading.Thread | None = None
 _owner = os.getpid()
 _exiting = False
 
 
-def take(state_dir: Path, size_bytes: int) -> WritableDisk | None:
+def take(state_dir: Path, size_bytes: int) -> Taken | None:
     """A ready spare of `size_bytes` in `state_dir`, now mounted on its folder (`disk.mountpoint`), or None."""
     with _lock:
         pool = _pools.get((state_dir, size_bytes))
@@ -72,9 +97,9 @@ def take(state_dir: Path, size_bytes: int) -> WritableDisk | None:
     if spare is None:
         return None
     try:
-        return spare.attach()
+        return Taken(spare.disk.attach(), spare.limits, spare.spawner)
     except OSError as exc:
-        log.warning("could not mount the spare sandbox disk %s: %s", spare.disk.mountpoint, exc)
+        log.warning("could not mount the spare sandbox disk %s: %s", spare.root, exc)
         _destroy(spare)
         return None
 
@@ -83,10 +108,7 @@ def ready(state_dir: Path) -> list[Path]:
     """The folders of the spares ready in `state_dir`."""
     with _lock:
         return [
-            spare.disk.mountpoint
-            for (where, _), pool in _pools.items()
-            if where == state_dir
-            for spare in pool.ready
+            spare.root for (where, _), pool in _pools.items() if where == state_dir for spare in pool.ready
         ]
 
 
@@ -148,18 +170,30 @@ def release(state_dir: Path | None = None) -> None:
 atexit.register(release)
 
 
-def make(
-    state_dir: Path, size_bytes: int, templates: Path, etc_dir: Path, skeleton: Sequence[str]
-) -> DetachedDisk:
-    """One spare now: a new sandbox folder in `state_dir` (with its owner meta.json, kind "spare") and a file
-    system for it, not mounted yet. Raises OSError where this host cannot make one."""
+def make(state_dir: Path, size_bytes: int, templates: Path, etc_dir: Path, skeleton: Sequence[str]) -> Spare:
+    """One spare now: a new sandbox folder in `state_dir` (with its owner meta.json, kind "spare"), a file system
+    for it, not mounted yet, and its cgroups with a spawner in them. Raises OSError where this host cannot make
+    the folder or the file system (without cgroups, the sandbox makes its own limits)."""
     root = state_dir / f"local-{uuid.uuid4().hex[:12]}"
     root.mkdir()
+    created = time.time()
+    spare: Spare | None = None
     try:
-        write_owner_meta(root, kind=KIND, created=time.time(), mounts=[])
-        return WritableDisk.create_detached(root, size_bytes, templates, etc_dir, skeleton)
+        write_owner_meta(root, kind=KIND, created=created, mounts=[])
+        spare = Spare(WritableDisk.create_detached(root, size_bytes, templates, etc_dir, skeleton))
+        limits = Limits.create(root.name, None, None)
+        if limits.procs_files:
+            spare.limits = limits
+            write_owner_meta(
+                root, kind=KIND, created=created, mounts=[], cgroups=[str(d) for d in limits.dirs]
+            )
+            spare.spawner = Spawner.start(limits.wrapper())
+        return spare
     except BaseException:
-        remove_root(root, [])
+        if spare is not None:
+            _destroy(spare)
+        else:
+            remove_root(root, [])
         raise
 
 
@@ -187,7 +221,7 @@ def _work() -> None:
 
 def _make_for(pool: _Pool) -> None:
     (state_dir, size_bytes), (templates, etc_dir, skeleton) = pool.key, pool.recipe
-    made: DetachedDisk | None = None
+    made: Spare | None = None
     try:
         made = make(state_dir, size_bytes, templates, etc_dir, skeleton)
         pool.failed = made is None
@@ -212,9 +246,13 @@ def _next_job() -> _Pool | None:
     return None
 
 
-def _destroy(spare: DetachedDisk) -> None:
+def _destroy(spare: Spare) -> None:
     try:
-        spare.drop()
-        remove_root(spare.disk.mountpoint, [])
+        if spare.spawner is not None:
+            spare.spawner.stop()
+        if spare.limits is not None:
+            spare.limits.destroy()
+        spare.disk.drop()
+        remove_root(spare.root, [])
     except Exception as exc:  # the stale-sandbox sweep of a later process removes it
-        log.warning("could not remove the spare sandbox disk %s: %s", spare.disk.mountpoint, exc)
+        log.warning("could not remove the spare sandbox %s: %s", spare.root, exc)
