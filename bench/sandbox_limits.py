@@ -7,7 +7,8 @@ long-lived Python process (PYTHONPATH pointing at its tree), and the parent asks
 alternately, so both see the same machine load. One sample:
 - create_to_first_output: `LocalProvider.create(repo)` then `exec("echo ready")` until its output is back;
 - create: create() alone; first_command: that first `exec("echo ready")`; warm_command: the median of 5 later
-  `exec("true")`; setup_command: `exec("true", network=True)` (before the limits: the host's network shared;
+  `exec("true")` run back to back; idle_command: `exec("true")` after 0.25 s without a command (an agent's
+  commands come seconds apart); setup_command: `exec("true", network=True)` (before the limits: the host's network shared;
   with them: a new namespace with slirp4netns and its routes); release: release().
 The repository is the demo repository (bugsweep/demo_repo) made a git repository once.
 
@@ -33,7 +34,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 DOCKER_RUN_MS = 578.0  # `docker run --rm --network none true` on these machines (shared/notes/local-infra.md)
 WARM_COMMANDS = 5
-MEASURES = ("create_to_first_output", "create", "first_command", "warm_command", "setup_command", "release")
+MEASURES = (
+    "create_to_first_output", "create", "first_command", "warm_command", "idle_command", "setup_command", "release",
+)  # fmt: skip
+IDLE_S = 0.25
 
 
 def child(repo: str, state: str) -> None:
@@ -59,13 +63,17 @@ def child(repo: str, state: str) -> None:
             t = time.perf_counter()
             sandbox.exec("true")
             warm.append(time.perf_counter() - t)
+        time.sleep(IDLE_S)
+        t = time.perf_counter()
+        sandbox.exec("true")
+        idle = time.perf_counter() - t
         t3 = time.perf_counter()
         assert sandbox.exec("true", network=True).ok
         t4 = time.perf_counter()
         sandbox.release()
         t5 = time.perf_counter()
         sample = {"create_to_first_output": t2 - t0, "create": t1 - t0, "first_command": t2 - t1,
-                  "warm_command": statistics.median(warm), "setup_command": t4 - t3, "release": t5 - t4}  # fmt: skip
+                  "warm_command": statistics.median(warm), "idle_command": idle, "setup_command": t4 - t3, "release": t5 - t4}  # fmt: skip
         print(json.dumps(sample), flush=True)
 
 
