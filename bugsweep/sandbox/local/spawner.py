@@ -14,8 +14,9 @@ said it is ready, and if it is ever gone, commands start the old way (`spawn` re
 `Limits.wrapper() + bwrap`): the spawner only makes commands start sooner, never decides whether they run. It
 holds no secret and runs as the same user as bugsweep; it is outside the sandbox's namespaces (a command cannot see
 it: its own pid namespace), its OOM score is -1000 (the memory limit's OOM kill takes the command, not it), and it
-uses ~9 MiB of the sandbox's memory cgroup. When bugsweep lets go of it (release, or its process dies however it
-dies: the control socket ends), it kills what it started and exits; bubblewrap's --die-with-parent covers the rest.
+holds ~5 MiB of the sandbox's memory cgroup (4.7 MiB anonymous). When bugsweep lets go of it (release, or its
+process dies however it dies: the control socket ends), it kills what it started and exits; bubblewrap's
+--die-with-parent covers the rest.
 """
 
 from __future__ import annotations
