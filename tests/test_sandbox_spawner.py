@@ -208,3 +208,25 @@ def test_the_spawner_and_its_commands_go_when_its_process_is_killed(tmp_path, bu
     assert _state(spawner_pid) in ("gone", "Z")  # (a zombie until whoever adopted it reaps it)
     assert sandbox_id in reap_stale(state)
     assert sandbox_leftovers(state, [sandbox_id]) == []
+
+
+def test_commands_run_at_once_through_one_spawner(provider, buggy_repo):
+    with with_ready_spawner(provider.create(RepoSource(str(buggy_repo)))) as sbx:
+        results: dict[int, object] = {}
+
+        def run(i: int) -> None:  # each says when it started, then waits until all four have
+            results[i] = sbx.exec(
+                f"touch /tmp/started-{i}; for _ in $(seq 300); do [ $(ls /tmp/started-* | wc -l) = 4 ] && break; "
+                f"sleep 0.1; done; ls /tmp/started-* | wc -l; exit {i}",
+                timeout=60,
+            )
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=90)
+        assert sorted(results) == [0, 1, 2, 3]
+        # every command saw all four started: they ran at once, none waited for another to end
+        assert all((r.exit_code, r.stdout) == (i, "4\n") for i, r in results.items())
+        assert sbx._res.spawner is not None and sbx._res.spawner.ready()
