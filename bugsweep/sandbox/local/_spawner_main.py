@@ -52,7 +52,7 @@ def main(ctl_fd: int) -> None:
                 )
             except OSError:
                 data, ancdata = b"", []
-            fds = _received_fds(ancdata)
+            fds = received_fds(ancdata)
             if not data:
                 for fd in fds:
                     os.close(fd)
@@ -65,7 +65,8 @@ def main(ctl_fd: int) -> None:
                 poller.register(pidfd, select.POLLIN)
 
 
-def _received_fds(ancdata: list[tuple[int, int, bytes]]) -> list[int]:
+def received_fds(ancdata: list[tuple[int, int, bytes]]) -> list[int]:
+    """The descriptors an SCM_RIGHTS message brought (spawner.py reads its replies with this too)."""
     fds = array.array("i")
     for level, kind, payload in ancdata:
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:

@@ -35,6 +35,8 @@ import threading
 import time
 from pathlib import Path
 
+from bugsweep.sandbox.local._spawner_main import received_fds
+
 log = logging.getLogger(__name__)
 
 MAIN = Path(__file__).with_name("_spawner_main.py")
@@ -129,12 +131,7 @@ class Spawner:
         except BaseException:
             mine.close()
             raise
-        pidfds = [
-            fd
-            for level, kind, payload in ancdata
-            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS
-            for fd in array.array("i", payload[: len(payload) - len(payload) % 4])
-        ]
+        pidfds = received_fds(ancdata)
         if not said.startswith(b"pid ") or not pidfds:
             for fd in pidfds:
                 os.close(fd)
