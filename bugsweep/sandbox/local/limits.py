@@ -49,7 +49,9 @@ class Limits:
         #: cpuacct.usage (ns), v2 memory.peak and cpu.stat's usage_usec.
         self.peak_file: Path | None = None
         self.cpu_file: Path | None = None
-        self._memory_files: list[Path] = []
+        self._memory_file: Path | None = None
+        self._memsw_file: Path | None = None
+        """v1 with swap accounting only: memory + swap, set to the same limit (no swap then)."""
         self._pids_file: Path | None = None
 
     @classmethod
@@ -74,8 +76,8 @@ class Limits:
                 limits = cls(made, procs, mem / "memory.oom_control", [])
                 limits.peak_file = mem / "memory.max_usage_in_bytes"
                 limits.cpu_file = cpu / "cpuacct.usage" if cpu is not None else None
-                # memsw: only with swap accounting; no swap then
-                limits._memory_files = [mem / "memory.limit_in_bytes", mem / "memory.memsw.limit_in_bytes"]
+                limits._memory_file = mem / "memory.limit_in_bytes"
+                limits._memsw_file = mem / "memory.memsw.limit_in_bytes"
                 limits._pids_file = pids / "pids.max"
                 limits.apply(memory_bytes, max_pids)
                 return limits
@@ -89,7 +91,7 @@ class Limits:
                 limits = cls(made, [d / "cgroup.procs"], d / "memory.events", [])
                 limits.peak_file = d / "memory.peak" if (d / "memory.peak").exists() else None  # Linux 5.19+
                 limits.cpu_file = d / "cpu.stat"
-                limits._memory_files = [d / "memory.max"]
+                limits._memory_file = d / "memory.max"
                 limits._pids_file = d / "pids.max"
                 limits.apply(memory_bytes, max_pids)
                 return limits
@@ -113,13 +115,11 @@ class Limits:
 
     def apply(self, memory_bytes: int | None, max_pids: int | None) -> None:
         """Set the cgroups' memory and process limits (None: leave as they are). Raises OSError."""
-        if memory_bytes is not None:
-            for i, path in enumerate(self._memory_files):
-                try:
-                    write_text(path, str(memory_bytes))
-                except OSError:
-                    if i == 0:  # the others are optional (v1 memsw: only with swap accounting)
-                        raise
+        if memory_bytes is not None and self._memory_file is not None:
+            write_text(self._memory_file, str(memory_bytes))
+            if self._memsw_file is not None:
+                with contextlib.suppress(OSError):  # only with swap accounting
+                    write_text(self._memsw_file, str(memory_bytes))
         if max_pids is not None and self._pids_file is not None:
             write_text(self._pids_file, str(max_pids))
 
