@@ -26,6 +26,7 @@ from bugsweep.sandbox.local import files as files_mod
 from bugsweep.sandbox.local import stale as stale_mod
 from bugsweep.sandbox.local import workspace as workspace_mod
 from bugsweep.settings import SandboxSettings
+from tests.support.leftovers import processes_in_cgroups
 from tests.support.repos import commit_all, git, make_repo, make_wheel, write_files
 
 PROJECT_DIR = Path(__file__).resolve().parents[1]
@@ -70,15 +71,7 @@ def processes_with(marker: str) -> list[int]:
 def processes_in_cgroup_of(sandbox) -> list[int]:
     """The processes in the sandbox's cgroups but its spawner (the process that starts its commands there)."""
     spawner = sandbox._res.spawner
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and not (spawner is not None and int(entry) == spawner.proc.pid):
-            try:
-                if sandbox.id in Path(f"/proc/{entry}/cgroup").read_text():
-                    found.append(int(entry))
-            except OSError:
-                pass
-    return found
+    return processes_in_cgroups(sandbox.id, but=spawner.proc.pid if spawner is not None else None)
 
 
 def host_process_count() -> int:

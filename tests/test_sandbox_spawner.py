@@ -22,7 +22,7 @@ import pytest
 from bugsweep.sandbox import RepoSource
 from bugsweep.sandbox.local import LocalProvider, LocalSandbox, reap_stale
 from bugsweep.settings import SandboxSettings
-from tests.support.leftovers import sandbox_leftovers
+from tests.support.leftovers import parent_pid, processes_in_cgroups, sandbox_leftovers
 
 PROJECT_DIR = Path(__file__).resolve().parents[1]
 
@@ -45,10 +45,6 @@ def with_ready_spawner(sandbox: LocalSandbox) -> LocalSandbox:
 
 def cgroup_of(pid: int) -> str:
     return Path(f"/proc/{pid}/cgroup").read_text()
-
-
-def parent_of(pid: int) -> int:
-    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
 
 
 #: (command, stdin, timeout): exit codes, both streams, stdin, a broken pipe, a kill by signal, a timeout.
@@ -101,7 +97,7 @@ def test_commands_start_inside_the_cgroups_and_the_limits_hold(provider, buggy_r
                 bwraps = [
                     int(p) for p in os.listdir("/proc")
                     if p.isdigit() and Path(f"/proc/{p}/comm").exists() and _comm(p) == "bwrap"
-                    and _parent(p) == spawner.proc.pid
+                    and parent_pid(p) == spawner.proc.pid
                 ]  # fmt: skip
                 time.sleep(0.02)
             assert bwraps, "the command's bubblewrap is a child of the spawner"
@@ -128,13 +124,6 @@ def _comm(pid: str) -> str:
         return Path(f"/proc/{pid}/comm").read_text().strip()
     except OSError:
         return ""
-
-
-def _parent(pid: str) -> int:
-    try:
-        return parent_of(int(pid))
-    except (OSError, ValueError, IndexError):
-        return -1
 
 
 def test_a_dead_spawner_costs_only_speed(provider, buggy_repo):
@@ -191,20 +180,12 @@ def test_the_spawner_and_its_commands_go_when_its_process_is_killed(tmp_path, bu
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
 
-    def in_its_cgroups() -> list[int]:
-        found = []
-        for entry in os.listdir("/proc"):
-            try:
-                if entry.isdigit() and f"bugsweep-{sandbox_id}" in cgroup_of(int(entry)):
-                    found.append(int(entry))
-            except OSError:
-                pass
-        return found
-
     deadline = time.monotonic() + 10
-    while in_its_cgroups() and time.monotonic() < deadline:
+    while processes_in_cgroups(sandbox_id) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert in_its_cgroups() == []  # the spawner saw its control socket end and took `sleep 600` with it
+    assert (
+        processes_in_cgroups(sandbox_id) == []
+    )  # the spawner saw its control socket end and took `sleep 600` with it
     assert _state(spawner_pid) in ("gone", "Z")  # (a zombie until whoever adopted it reaps it)
     assert sandbox_id in reap_stale(state)
     assert sandbox_leftovers(state, [sandbox_id]) == []

@@ -26,18 +26,39 @@ def sandbox_leftovers(state_dir: Path, sandbox_ids: list[str]) -> list[str]:
         except OSError:
             pass
     for entry in os.listdir("/proc"):
-        if not entry.isdigit():
+        if not entry.isdigit() or parent_pid(entry) != os.getpid():
             continue
         try:
-            ppid = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
-            exe = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")[0]
-        except (OSError, ValueError, IndexError):
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+        except OSError:
             continue
-        if ppid == os.getpid() and Path(os.fsdecode(exe)).name in SANDBOX_PROCESSES:
-            found.append(f"process {entry} ({os.fsdecode(exe)})")
-        elif ppid == os.getpid() and b"_spawner_main.py" in Path(f"/proc/{entry}/cmdline").read_bytes():
+        exe = os.fsdecode(cmdline.split(b"\0")[0])
+        if Path(exe).name in SANDBOX_PROCESSES:
+            found.append(f"process {entry} ({exe})")
+        elif b"_spawner_main.py" in cmdline:
             found.append(f"process {entry} (a sandbox's spawner)")
     cgroups = [d for sid in sandbox_ids for d in Path("/sys/fs/cgroup").glob(f"*/**/bugsweep-{sid}")]
     found += [f"cgroup {d}" for d in cgroups]
     found += [f"{p.name} in the state folder" for p in state_dir.glob("local-*")]
+    return found
+
+
+def parent_pid(pid: int | str) -> int:
+    """The parent of process `pid`; -1 once it is gone."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return -1
+
+
+def processes_in_cgroups(sandbox_id: str, but: int | None = None) -> list[int]:
+    """The processes in the cgroups of sandbox `sandbox_id` (`bugsweep-ID`), but the process `but`."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != but:
+            try:
+                if f"bugsweep-{sandbox_id}" in Path(f"/proc/{entry}/cgroup").read_text():
+                    found.append(int(entry))
+            except OSError:
+                pass
     return found
