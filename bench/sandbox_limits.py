@@ -109,16 +109,17 @@ class Version:
 
 
 def summary(samples: list[dict[str, float]]) -> dict[str, dict[str, float]]:
-    out = {}
-    for key in MEASURES:
-        values = [s[key] * 1000 for s in samples]
-        q = statistics.quantiles(values, n=4)
-        out[key] = {
-            "median_ms": round(statistics.median(values), 1),
-            "p25_ms": round(q[0], 1),
-            "p75_ms": round(q[2], 1),
-        }
-    return out
+    return {key: stats_ms([s[key] * 1000 for s in samples]) for key in MEASURES}
+
+
+def stats_ms(values: list[float]) -> dict[str, float]:
+    """Median and interquartile range of `values` (ms)."""
+    q = statistics.quantiles(values, n=4)
+    return {
+        "median_ms": round(statistics.median(values), 1),
+        "p25_ms": round(q[0], 1),
+        "p75_ms": round(q[2], 1),
+    }
 
 
 def tmpfs_check(work: Path) -> dict[str, object]:
@@ -178,16 +179,11 @@ def docker_run_ms(image: str) -> float:
 
 
 def docker_results(docker_ms: list[float], after: dict[str, dict[str, float]]) -> dict[str, object]:
-    q = statistics.quantiles(docker_ms, n=4)
-    median = statistics.median(docker_ms)
+    docker = stats_ms(docker_ms)
     return {
-        "docker_run_measured": {
-            "median_ms": round(median, 1),
-            "p25_ms": round(q[0], 1),
-            "p75_ms": round(q[2], 1),
-        },
+        "docker_run_measured": docker,
         "create_to_first_output_as_share_of_measured_docker_run": round(
-            after["create_to_first_output"]["median_ms"] / median, 3
+            after["create_to_first_output"]["median_ms"] / docker["median_ms"], 3
         ),
     }
 
