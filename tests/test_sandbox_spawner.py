@@ -56,6 +56,7 @@ COMMANDS = [
     ("kill -9 $$", None, 30),
     ("ulimit -n; trap -p; echo $$", None, 30),
     ("sleep 10", None, 1),
+    ("ls -l /proc/$$/fd | sed 's/.* \\([0-9]* ->\\)/\\1/'; true", None, 30),  # the shell's descriptors
 ]
 
 
@@ -79,6 +80,8 @@ def test_a_command_gives_the_same_result_through_the_spawner_as_without(provider
     assert through == direct
     assert through[3][2] == "y\ny\nyes ended with 141\n"
     assert through[6][4]  # the timeout
+    # Nothing of the spawner's reaches a command: its control socket would let the sandbox start anything outside.
+    assert "socket:" not in through[7][2] and "0 -> /dev/null" in through[7][2]
     assert sandbox_leftovers(provider.state_dir, [sbx.id]) == []
 
 

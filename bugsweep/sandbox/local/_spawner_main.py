@@ -28,6 +28,9 @@ MAX_REQUEST = 1 << 20
 
 def main(ctl_fd: int) -> None:
     ctl = socket.socket(fileno=ctl_fd)
+    # Inherited (pass_fds), so inheritable: left so, every command, and the code the sandbox runs, would hold it
+    # and could ask this process, outside the sandbox, to start anything.
+    ctl.set_inheritable(False)
     # The OOM killer takes the sandbox's commands, never this process.
     with contextlib.suppress(OSError), open("/proc/self/oom_score_adj", "w") as fh:
         fh.write("-1000")
