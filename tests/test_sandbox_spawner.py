@@ -56,6 +56,7 @@ COMMANDS = [
     ("kill -9 $$", None, 30),
     ("ulimit -n; trap -p; echo $$", None, 30),
     ("sleep 10", None, 1),
+    ("printf 'h\\u00e9llo \\u2713 '; echo 'd\u00e9j\u00e0 \u2713'", None, 30),  # not ASCII, both ways
     ("ls -l /proc/$$/fd | sed 's/.* \\([0-9]* ->\\)/\\1/'; true", None, 30),  # the shell's descriptors
 ]
 
@@ -81,14 +82,18 @@ def test_a_command_gives_the_same_result_through_the_spawner_as_without(provider
     assert through[3][2] == "y\ny\nyes ended with 141\n"
     assert through[6][4]  # the timeout
     # Nothing of the spawner's reaches a command: its control socket would let the sandbox start anything outside.
-    assert "socket:" not in through[7][2] and "0 -> /dev/null" in through[7][2]
+    assert "socket:" not in through[8][2] and "0 -> /dev/null" in through[8][2]
+    assert through[7][2] == "h\u00e9llo \u2713 d\u00e9j\u00e0 \u2713\n"
     assert sandbox_leftovers(provider.state_dir, [sbx.id]) == []
 
 
-def test_commands_start_inside_the_cgroups_and_the_limits_hold(provider, buggy_repo):
+def test_commands_start_inside_the_cgroups_and_the_limits_hold(provider, buggy_repo, monkeypatch):
+    monkeypatch.setenv("LLM_API_KEY", "sk-spawner-test-secret")
     with with_ready_spawner(provider.create(RepoSource(str(buggy_repo)))) as sbx:
         spawner = sbx._res.spawner
         assert spawner is not None
+        # the spawner, outside the sandbox but in its cgroups, does not hold bugsweep's environment
+        assert b"sk-spawner-test-secret" not in Path(f"/proc/{spawner.proc.pid}/environ").read_bytes()
         # the spawner itself is in the sandbox's cgroups (memory, pids, cpuacct)
         assert cgroup_of(spawner.proc.pid).count(f"bugsweep-{sbx.id}") == len(sbx._res.limits.dirs)
         running = threading.Thread(target=sbx.exec, args=("sleep 3",))

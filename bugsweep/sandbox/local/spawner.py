@@ -44,6 +44,8 @@ MAIN = Path(__file__).with_name("_spawner_main.py")
 MAX_REQUEST = 1 << 20
 #: The socket buffers of a spawner's control socket (a request is one message).
 SOCKET_BUFFER = 4 << 20
+#: The spawner's own environment (a command's comes in its request).
+SPAWNER_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
 
 
 class Spawner:
@@ -68,6 +70,7 @@ class Spawner:
                 [*wrapper, sys.executable, "-I", "-S", str(MAIN), str(theirs.fileno())],
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                 pass_fds=(theirs.fileno(),), cwd="/", start_new_session=True,  # Ctrl-C is bugsweep's to handle
+                env=SPAWNER_ENV,  # not bugsweep's, which holds the model's key; each command brings its own
             )  # fmt: skip
         except OSError as exc:
             ours.close()
