@@ -844,3 +844,60 @@ def test_the_failures_shown_with_a_request_are_those_of_the_last_failing_test_ru
     solve(server, sandbox, tmp_path, settings=WHOLE)
     request = server.requests[3]["messages"][-1]["content"]
     assert "The failing tests say:\n```\nassert add(0, 0) == 1\nassert 0 == 1\n```" in request
+
+
+def test_a_reply_whose_code_block_fixes_a_function_of_the_code_under_test_is_kept(
+    scripted_model, sandbox: Sandbox, tmp_path: Path
+) -> None:
+    """Seen on the 1.5B model (the demo on a freshly started server): the first reply wrote the right function
+    as text, with no tool call, and the nudge that followed made it call finish. Under the small-model policy
+    that function is tried against the tests and kept when they pass."""
+    server = scripted_model(
+        [
+            text_reply("The bug is in add. The fix:\n" + ADD_FIXED + "```\nThen the tests pass."),
+            tool_call("finish", summary="add adds"),
+        ]
+    )
+    result, events = solve(server, sandbox, tmp_path, settings=WHOLE)
+
+    assert result.stop_reason == "finished"
+    code = sandbox.files.read_text(f"{sandbox.workdir}/calc.py")
+    assert code == "def add(a, b):\n    return a + b\n\n\ndef mul(a, b):\n    return a * b\n"
+    answer = server.requests[1]["messages"][-1]
+    assert answer["role"] == "user" and answer["content"].startswith("Your reply had no tool call")
+    assert answer["content"].endswith(prompts.tests_pass_after_edit(TEST_COMMAND))
+    assert not any(e.kind == "nudge" for e in events)
+    tried = [e for e in load(tmp_path / "run" / "trajectory.json") if e["type"] == "reply_code_tried"]
+    assert [(e["function"], e["path"], e["kept"]) for e in tried] == [("add", "calc.py", True)]
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        "```python\ndef add(a, b):\n    return a * b\n```",  # wrong: the tests still fail
+        "```python\ndef test_add():\n    assert True\n```",  # a test function: never tried
+        "```python\ndef subtract(a, b):\n    return a - b\n```",  # defined nowhere
+        "```python\ndef add(a, b):\n    return a - b\n```",  # the function as it is
+    ],
+)
+def test_a_reply_whose_code_block_does_not_fix_the_code_changes_nothing_and_gets_the_nudge(
+    scripted_model, sandbox: Sandbox, tmp_path: Path, reply: str
+) -> None:
+    server = scripted_model(
+        [text_reply(reply), tool_call("finish", summary="x"), tool_call("finish", summary="x")]
+    )
+    solve(server, sandbox, tmp_path, settings=WHOLE)
+
+    assert "return a - b" in sandbox.files.read_text(f"{sandbox.workdir}/calc.py")
+    assert server.requests[1]["messages"][-1] == {"role": "user", "content": prompts.NUDGE}
+    tried = [e for e in load(tmp_path / "run" / "trajectory.json") if e["type"] == "reply_code_tried"]
+    assert [(e["function"], e["kept"]) for e in tried] == ([("add", False)] if "a * b" in reply else [])
+
+
+def test_under_the_plain_policy_a_code_block_in_a_reply_is_only_text(
+    scripted_model, sandbox: Sandbox, tmp_path: Path
+) -> None:
+    server = scripted_model([text_reply(ADD_FIXED), tool_call("finish", summary="x")])
+    solve(server, sandbox, tmp_path)
+    assert "return a - b" in sandbox.files.read_text(f"{sandbox.workdir}/calc.py")
+    assert server.requests[1]["messages"][-1] == {"role": "user", "content": prompts.NUDGE}

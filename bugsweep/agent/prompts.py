@@ -486,6 +486,15 @@ def function_gone(name: str, path: str) -> str:
     return f"Error: {path} no longer defines {name}, so nothing was changed. Read {path} again."
 
 
+def reply_code_applied(span: FunctionSpan, last: int, snippet: str, test_command: str) -> str:
+    """The answer to a reply without a tool call whose code block fixed the function (small_model.py)."""
+    return (
+        f"Your reply had no tool call, but its code block defines {span.name}, so it was tried in place of "
+        f"{span.name} in {span.path} (lines {span.first}-{span.last}). Lines {span.first}-{last} of "
+        f"{span.path} now read:\n{snippet}\n{tests_pass_after_edit(test_command)}"
+    )
+
+
 def function_rewritten(span: FunctionSpan, last: int, snippet: str, test_command: str | None = None) -> str:
     return (
         f"Replaced {span.name} in {span.path} (lines {span.first}-{span.last}) with your version. "

@@ -100,6 +100,21 @@ def enclosing_function(
 
 
 _DEF_NAME = re.compile(r"\bdef\s+(\w+)\s*\(")
+
+
+def functions_named(
+    source: str, path: str, name: str, max_lines: int = MAX_FUNCTION_LINES
+) -> list[FunctionSpan]:
+    """Every definition of `name` in `source` no longer than `max_lines` (none when the file does not parse)."""
+    spans = [_span(source, path, node, max_lines) for node in _functions(source) or [] if node.name == name]
+    return [span for span in spans if span is not None]
+
+
+def defined_names(text: str) -> list[str]:
+    """The names of the functions that the code blocks of a reply define, in order, each once."""
+    return list(dict.fromkeys(name for block in code_blocks(text) for name in _DEF_NAME.findall(block)))
+
+
 _WORD = re.compile(r"[A-Za-z_]\w*|\d+")
 
 

@@ -57,9 +57,11 @@ from bugsweep.agent.rewrite import (
     RewriteError,
     called_functions,
     current_span,
+    defined_names,
     enclosing_function,
     function_from_reply,
     function_meant,
+    functions_named,
     splice,
 )
 from bugsweep.agent.text import closest_lines, loose_matches, new_syntax_error, occurrences, snippet
@@ -118,6 +120,8 @@ class SmallModelPolicy(Policy):
         """Whether a finish call was already answered with the failing tests (only the first one is)."""
         self.failures: str | None = None
         """What the last test output with failures said (focus.failure_digest), shown with a rewrite request."""
+        self.sources: list[str] = []
+        """The code files (not tests) named in the first prompt."""
 
     def start(self, run: AgentRun) -> None:
         """Replace the first message's file list with the failing tests and how they fail (see focus.first_prompt)."""
@@ -140,6 +144,7 @@ class SmallModelPolicy(Policy):
             for f in run.toolbox._code_under_test(f"{run.toolbox.workdir}/{t}", t, self.failures or "")[1]
         ]
         sources = [f for f in dict.fromkeys(named + under_test) if not run.toolbox.is_protected(f)]
+        self.sources = sources
         shown = sources + [f for f in test_files if f not in sources]
         first = focus.first_prompt(
             run.task,
@@ -172,6 +177,8 @@ class SmallModelPolicy(Policy):
             if not reply.tool_calls:
                 self._answer_rewrite(run, pending, reply.content)
                 return True
+        elif not reply.tool_calls and self._code_in_reply(run, reply.content):
+            return True
         elif len(reply.tool_calls) == 1 and reply.tool_calls[0].name == "edit_file":
             span = function_to_rewrite(run.toolbox, reply.tool_calls[0].arguments)
             if span is not None:
@@ -354,6 +361,70 @@ class SmallModelPolicy(Policy):
         run.trajectory.save()
         run.usable_reply()
         return True
+
+    def _code_in_reply(self, run: AgentRun, content: str) -> bool:
+        """A reply without a tool call whose ```python block defines a function of the code under test: that
+        function is tried in place of the file's and kept when the task's tests pass with it (the reply is then
+        answered as an edit). Otherwise the file is put back, nothing is said, and the reply gets the usual nudge.
+
+        Seen on the 1.5B model (bench/README.md, "code in a reply"): on a freshly started server its first reply
+        explained the bug and wrote the right function as text, with no tool call; after the nudge it called
+        finish, then sent the function back unchanged, and the right fix was never applied. Only functions of the
+        files the first prompt named or the model read, defined once there, are tried.
+        """
+        if not run.test_command:
+            return False
+        names = defined_names(content)
+        if not names:
+            return False
+        toolbox = run.toolbox
+        files = [
+            f
+            for f in dict.fromkeys([*self.sources, *toolbox.seen])
+            if f.endswith(".py") and not toolbox.is_protected(f)
+        ]
+        texts = {f: text for f in files if (text := file_text(toolbox, f)) is not None}
+        for name in names:
+            spans = [s for f, (_, text) in texts.items() for s in functions_named(text, f, name)]
+            if len(spans) != 1:
+                continue
+            span = spans[0]
+            started = time.monotonic()
+            outcome = rewrite_function(toolbox, span, content)
+            if not outcome.ok:
+                continue  # unusable or unchanged: nothing was written
+            tests = toolbox.run(run.test_command)
+            kept = tests.exit_code == 0
+            run.trajectory.add(
+                "reply_code_tried",
+                turn=run.turn,
+                function=span.name,
+                path=span.path,
+                tests_exit_code=tests.exit_code,
+                kept=kept,
+            )
+            if not kept:
+                toolbox.write_file(*texts[span.path])
+                run.trajectory.save()
+                return False
+            call = ToolCall(
+                "", "edit_file", json.dumps({"path": span.path, "function": span.name}), recovered=True
+            )
+            now = file_text(toolbox, span.path)
+            last = span.first + function_from_reply(content, span.name).rstrip("\n").count("\n")
+            shown = snippet(now[1], span.first, last) if now is not None else ""
+            answer = replace(outcome, content=prompts.reply_code_applied(span, last, shown, run.test_command))
+            run.record_tool(
+                call,
+                answer,
+                time.monotonic() - started,
+                short_arg=f"{span.path}: whole {span.name} (from text)",
+            )
+            run.append({"role": "user", "content": answer.content}, result=True)
+            run.trajectory.save()
+            run.usable_reply()
+            return True
+        return False
 
     def _request_rewrite(
         self, run: AgentRun, span: FunctionSpan, call: ToolCall | None, caller: str | None = None
