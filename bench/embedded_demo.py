@@ -16,7 +16,11 @@ What it measures (issue 3's bar: resolved in >= 4 of 5 runs, median wall time < 
   (Called bugsweep-replace, with BUGSWEEP_EDIT_STYLE=replace, before the policies.)
 `--case DIR` runs another small project instead of the demo (DIR holds the files and a case.json with "task" and
 "test_command"; bench/cases/ has two); bugsweep then runs as `bugsweep solve` on a git copy of it.
-The server is started once (or reused) for all runs, so its 3-15 s start is not in the per-run times. Machine load
+The server is started once (or reused) for all runs, so its 3-15 s start is not in the per-run times.
+`--cold` runs `bugsweep demo` exactly as the README's quick start does instead: no LLM_BASE_URL, no policy named,
+so each run starts the embedded server itself (an empty prompt cache: the model's replies at temperature 0 differ
+between a fresh server and one that has served the same prompt before) and stops it after; its start is in the
+per-run times. bugsweep agents only; no model server may be running. Machine load
 (`uptime`) is recorded before and after, because other processes share the 2 cores.
 Results go to bench/results/embedded_demo-<time>.json and a table on stdout.
 """
@@ -24,6 +28,7 @@ Results go to bench/results/embedded_demo-<time>.json and a table on stdout.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -40,7 +45,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bugsweep.cli.solve import DEMO_TASK, DEMO_TEST_COMMAND, materialise_demo_repo  # noqa: E402
-from bugsweep.embedded.server import ensure_embedded_model  # noqa: E402
+from bugsweep.embedded import DEFAULT_MODEL, EmbeddedSettings  # noqa: E402
+from bugsweep.embedded.server import EmbeddedModel, ensure_embedded_model, is_ready  # noqa: E402
 from tests.support.repos import PYTEST_SETUP, make_repo  # noqa: E402
 
 
@@ -72,12 +78,16 @@ class Case:
 
 
 def run_bugsweep(
-    case: Case, base_url: str, model: str, out_dir: Path, max_turns: int, policy: str = "small-model"
+    case: Case, base_url: str | None, model: str, out_dir: Path, max_turns: int, policy: str = "small-model"
 ) -> dict[str, Any]:
-    """One `bugsweep demo` (or `bugsweep solve` on a copy of the case) run against the running server; the grade
-    comes from its grade.json."""
-    env = {**os.environ, "LLM_BASE_URL": base_url, "LLM_MODEL": model, "LLM_API_KEY": "none"}
-    env["BUGSWEEP_POLICY"] = policy
+    """One `bugsweep demo` (or `bugsweep solve` on a copy of the case) run against the running server, or with
+    `base_url` None as the README runs it (its own embedded server, the policy its default); the grade comes from
+    its grade.json."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LLM_") and k != "BUGSWEEP_POLICY"}
+    if base_url is not None:
+        env.update({"LLM_BASE_URL": base_url, "LLM_MODEL": model, "LLM_API_KEY": "none"})
+    if base_url is not None or policy != "small-model":
+        env["BUGSWEEP_POLICY"] = policy
     command = ["bugsweep", "demo", "--out", str(out_dir), "--max-turns", str(max_turns)]
     if case.folder is not None:
         repo = case.materialise(Path(tempfile.mkdtemp(prefix=f"bench-{case.name}-")) / "repo")
@@ -189,12 +199,21 @@ def main() -> None:
         "--case", type=Path, default=None, help="a folder like bench/cases/pages (default: the demo)"
     )
     parser.add_argument("--max-turns", type=int, default=30)
+    parser.add_argument(
+        "--cold",
+        action="store_true",
+        help="each run as the README's `bugsweep demo`: it starts (and stops) the embedded server itself",
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = parser.parse_args()
     stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     run_root = Path(tempfile.gettempdir()) / f"bugsweep-bench-{stamp}"
     agents = [a.strip() for a in args.agents.split(",") if a.strip()]
     case = Case(args.case)
+    if args.cold and (any(not a.startswith("bugsweep") for a in agents) or args.case is not None):
+        parser.error("--cold runs `bugsweep demo` only: --agents bugsweep,bugsweep-plain and no --case")
+    if args.cold and is_ready(EmbeddedSettings(), DEFAULT_MODEL.name):
+        parser.error("--cold: a model server is already running (bugsweep model stop)")
     report: dict[str, Any] = {
         "started": stamp,
         "case": case.name,
@@ -204,10 +223,16 @@ def main() -> None:
         "commit": subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
         ).stdout.strip(),
+        "cold": args.cold,
         "runs": [],
     }
     print(f"load before: {report['load_before']}", flush=True)
-    with ensure_embedded_model(progress=lambda m: print(m, flush=True)) as endpoint:
+    server = (
+        contextlib.nullcontext(EmbeddedModel(None, DEFAULT_MODEL.name, None, started=False))  # type: ignore[arg-type]
+        if args.cold
+        else ensure_embedded_model(progress=lambda m: print(m, flush=True))
+    )
+    with server as endpoint:
         report["model"] = endpoint.model
         for agent in agents:
             for i in range(1, args.runs + 1):

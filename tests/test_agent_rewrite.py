@@ -15,6 +15,7 @@ from bugsweep.agent.rewrite import (
     enclosing_function,
     function_from_reply,
     function_meant,
+    keep_docstring,
     splice,
 )
 
@@ -224,3 +225,43 @@ def test_the_function_an_unmatched_old_means(old: str, found_nowhere: bool, mean
 def test_a_function_defined_twice_is_never_guessed() -> None:
     twice = DATES + "\n\ndef is_leap_year(year):\n    return False\n"
     assert function_meant(twice, "dates.py", "is_leap_year", found_nowhere=False) is None
+
+
+def test_a_function_written_without_its_docstring_keeps_the_original_one() -> None:
+    """Seen on the 1.5B model: the right code without the docstring it had; the patch deleted the docstring."""
+    original = (
+        "    def leap(self, year: int) -> bool:\n"
+        '        """True in a leap year.\n\n        Not every fourth year.\n        """\n'
+        "        return year % 4 == 0\n"
+    )
+    fixed = "def leap(self, year):\n    if year % 100 == 0:\n        return year % 400 == 0\n    return year % 4 == 0"
+    assert keep_docstring(original, fixed) == (
+        "def leap(self, year: int) -> bool:\n"
+        '    """True in a leap year.\n\n    Not every fourth year.\n    """\n'
+        "    if year % 100 == 0:\n        return year % 400 == 0\n    return year % 4 == 0"
+    )
+    with_own = 'def leap(self, year):\n    """Mine."""\n    return False'
+    assert keep_docstring(original, with_own) == with_own.replace("year)", "year: int) -> bool"), (
+        "its own kept"
+    )
+    assert keep_docstring("def leap(year):\n    return 1\n", fixed) == fixed, "no docstring to keep"
+    assert keep_docstring(original, "def leap(year): return 1") == "def leap(year): return 1"
+
+
+def test_a_function_written_without_its_annotations_keeps_the_original_signature() -> None:
+    """Seen on the 1.5B model: `def is_leap_year(year):` for `def is_leap_year(year: int) -> bool:`."""
+    original = (
+        'def leap(year: int, *, strict: bool = False) -> bool:\n    """Doc."""\n    return year % 4 == 0\n'
+    )
+    fixed = "def leap(year, *, strict=False):\n    return year % 4 == 0 and year % 100 != 0"
+    assert keep_docstring(original, fixed) == (
+        'def leap(year: int, *, strict: bool = False) -> bool:\n    """Doc."""\n'
+        "    return year % 4 == 0 and year % 100 != 0"
+    )
+    for changed in (
+        "def leap(year, strict=False):\n    return 1",  # strict is no longer keyword-only
+        "def leap(year, *, strict=True):\n    return 1",  # another default
+        "def leap(y, *, strict=False):\n    return 1",  # another name
+        "def leap(year: int, *, strict=False):\n    return 1",  # annotated by the model
+    ):
+        assert keep_docstring(original, changed).startswith(changed.split("\n")[0]), changed

@@ -225,6 +225,87 @@ def function_from_reply(text: str, name: str) -> str:
     raise RewriteError(problem)
 
 
+def keep_docstring(original: str, function: str) -> str:
+    """`function` (dedented code of one definition) with what the model left out of `original` (the definition it
+    replaces) put back: its docstring, when `function` has none, and its annotated signature, when `function`
+    has the same parameters without any annotation.
+
+    Seen on the 1.5B model: its version of a function is the right code without the docstring and type hints the
+    function had, so the patch also deleted them. A definition whose body starts on its `def` line, or either
+    version not parsing as one function, leaves `function` as it is.
+    """
+    dedented = textwrap.dedent(original)
+    old_node, new_node = _only_function(dedented), _only_function(function)
+    if old_node is None or new_node is None:
+        return function
+    if new_node.body[0].lineno == new_node.lineno or old_node.body[0].lineno == old_node.lineno:
+        return function
+    old_lines, new_lines = dedented.split("\n"), function.split("\n")
+    if _unannotated_twin(old_node, new_node):
+        header = old_lines[old_node.lineno - 1 : old_node.body[0].lineno - 1]
+        new_lines[new_node.lineno - 1 : new_node.body[0].lineno - 1] = header
+        function = "\n".join(new_lines)
+        new_node = _only_function(function)
+        assert new_node is not None
+    if ast.get_docstring(new_node) is not None or ast.get_docstring(old_node) is None:
+        return function
+    new_lines = function.split("\n")
+    doc = old_node.body[0]
+    doc_lines = old_lines[doc.lineno - 1 : doc.end_lineno]
+    old_indent = _indent_of(old_lines[doc.lineno - 1])
+    new_indent = _indent_of(new_lines[new_node.body[0].lineno - 1])
+    moved = [
+        new_indent + line[len(old_indent) :] if line.startswith(old_indent) else line for line in doc_lines
+    ]
+    at = new_node.body[0].lineno - 1
+    return "\n".join([*new_lines[:at], *moved, *new_lines[at:]])
+
+
+def _unannotated_twin(old: _Function, new: _Function) -> bool:
+    """Whether `new` has the same name and parameters as `old`, none annotated, while `old` has annotations."""
+
+    def params(node: _Function) -> list[ast.arg]:
+        a = node.args
+        return [
+            *a.posonlyargs,
+            *a.args,
+            *([a.vararg] if a.vararg else []),
+            *a.kwonlyargs,
+            *([a.kwarg] if a.kwarg else []),
+        ]
+
+    def annotated(node: _Function) -> bool:
+        return node.returns is not None or any(p.annotation is not None for p in params(node))
+
+    same = (
+        old.name == new.name
+        and type(old) is type(new)
+        and [p.arg for p in params(old)] == [p.arg for p in params(new)]
+        and [ast.dump(d) for d in old.args.defaults] == [ast.dump(d) for d in new.args.defaults]
+        and [ast.dump(d) if d else None for d in old.args.kw_defaults]
+        == [ast.dump(d) if d else None for d in new.args.kw_defaults]
+        and bool(old.args.vararg) == bool(new.args.vararg)
+        and bool(old.args.kwarg) == bool(new.args.kwarg)
+        and len(old.args.posonlyargs) == len(new.args.posonlyargs)
+        and len(old.args.kwonlyargs) == len(new.args.kwonlyargs)
+    )
+    return same and annotated(old) and not annotated(new)
+
+
+def _only_function(code: str) -> _Function | None:
+    try:
+        tree = ast.parse(code)
+    except (SyntaxError, ValueError):
+        return None
+    if len(tree.body) != 1 or not isinstance(tree.body[0], _Function):
+        return None
+    return tree.body[0]
+
+
+def _indent_of(line: str) -> str:
+    return line[: len(line) - len(line.lstrip())]
+
+
 def splice(source: str, span: FunctionSpan, function: str) -> str:
     """`source` with the lines of `span` replaced by `function` (dedented code), indented like the original."""
     lines = source.split("\n")

@@ -62,6 +62,7 @@ from bugsweep.agent.rewrite import (
     function_from_reply,
     function_meant,
     functions_named,
+    keep_docstring,
     splice,
 )
 from bugsweep.agent.text import closest_lines, loose_matches, new_syntax_error, occurrences, snippet
@@ -411,7 +412,8 @@ class SmallModelPolicy(Policy):
                 "", "edit_file", json.dumps({"path": span.path, "function": span.name}), recovered=True
             )
             now = file_text(toolbox, span.path)
-            last = span.first + function_from_reply(content, span.name).rstrip("\n").count("\n")
+            written = current_span(now[1], span) if now is not None else None
+            last = written.last if written is not None else span.last
             shown = snippet(now[1], span.first, last) if now is not None else ""
             answer = replace(outcome, content=prompts.reply_code_applied(span, last, shown, run.test_command))
             run.record_tool(
@@ -560,6 +562,7 @@ def rewrite_function(toolbox: Toolbox, span: FunctionSpan, reply: str) -> ToolOu
         return ToolOutcome(
             prompts.rewrite_unusable(str(exc), now), ok=False, format_error=True, short_arg=rel
         )
+    function = keep_docstring(now.source, function)
     updated = splice(content, now, function)
     if updated == content:
         # Seen: asked for a function it had edited at a call site, the model wrote it back unchanged, turn
