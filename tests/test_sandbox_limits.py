@@ -252,6 +252,12 @@ def test_nothing_of_the_hosts_paths_is_readable_inside(sbx, provider, buggy_repo
         assert host_path not in seen
     setup_seen = sbx.exec("cat /proc/self/mountinfo; tr '\\0' ' ' < /proc/1/cmdline", network=True).stdout
     assert str(tmp_path) not in setup_seen
+    # A command's own descriptors: its output and input used to be files of the host's spool folder, and
+    # `ls -l /proc/self/fd` named them (/tmp/.../state/local-ID/spool/#12 (deleted)).
+    fds = sbx.exec("ls -l /proc/self/fd/ /proc/$$/fd/ >&2; cat > /dev/null", stdin="input")
+    assert fds.ok and "pipe:[" in fds.stderr and "memfd:bugsweep-stdin" in fds.stderr
+    for host_path in (str(provider.state_dir), str(tmp_path), "spool", "bugsweep-sandboxes"):
+        assert host_path not in fds.stderr
 
 
 # -- a whole run ----------------------------------------------------------------------------------------------

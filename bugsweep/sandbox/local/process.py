@@ -1,5 +1,5 @@
 """Running one command: `bwrap ... bash -c COMMAND` as a process tree that ends as a whole, with output spooled
-to unlinked files on the host (never into memory).
+to unlinked files on the sandbox's disk (never into memory) through pipes (capture.py).
 
 Because each command gets its own pid namespace, killing the namespace's init kills the whole process tree at once:
 that is how a timeout ends a command, and why background processes (`server &`) end with the command that started
@@ -15,19 +15,18 @@ import re
 import select
 import signal
 import subprocess
-import tempfile
 import threading
 import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
 from bugsweep.errors import SandboxError, SandboxGone
 from bugsweep.sandbox.base import OUTPUT_LIMIT_BYTES
 from bugsweep.sandbox.local import seccomp
 from bugsweep.sandbox.local.bwrap import options_fd
+from bugsweep.sandbox.local.capture import Capture, stdin_file
 from bugsweep.sandbox.local.common import decode, short
 from bugsweep.sandbox.local.limits import ATTACH_FAILED
 from bugsweep.sandbox.local.setup_network import NetworkPlan, SetupNetwork
@@ -163,13 +162,11 @@ def children(pid: int) -> list[int]:
 
 
 @contextlib.contextmanager
-def stdin_file(data: bytes | None, spool: Path) -> Iterator[int | IO[bytes]]:
+def _stdin(data: bytes | None) -> Iterator[int | IO[bytes]]:
     if data is None:
         yield subprocess.DEVNULL
         return
-    with tempfile.TemporaryFile(dir=spool) as fh:
-        fh.write(data)
-        fh.seek(0)
+    with stdin_file(data) as fh:
         yield fh
 
 
@@ -210,9 +207,9 @@ def run_command(
     disk_full = False
     with contextlib.ExitStack() as stack:
         try:
-            out = stack.enter_context(tempfile.TemporaryFile(dir=res.root / "spool"))
-            err = stack.enter_context(tempfile.TemporaryFile(dir=res.root / "spool"))
-            stdin_fh = stack.enter_context(stdin_file(stdin, res.root / "spool"))
+            capture = Capture(res.root / "spool")
+            stack.callback(capture.close)
+            stdin_fh = stack.enter_context(_stdin(stdin))
         except OSError:
             res.check_alive(sandbox_id)  # released meanwhile: SandboxGone
             raise
@@ -257,10 +254,11 @@ def run_command(
 
         start = time.monotonic()
         try:
-            proc = _start(res, argv, bwrap_at, stdin_fh, out, err, environ, child_fds)
+            proc = _start(res, argv, bwrap_at, stdin_fh, capture.writers, environ, child_fds)
         finally:
             for fd in child_fds:
                 os.close(fd)
+        capture.started()
         cmd = Command(proc)
         setup_net: SetupNetwork | None = None
         try:
@@ -274,8 +272,9 @@ def run_command(
                         setup_net = network.start(cmd.init_pid)
                     except SandboxError as exc:
                         cmd.kill()
-                        err.seek(0)
-                        said = decode(err.read()[-2000:]).strip()
+                        capture.finish()
+                        capture.err.seek(0)
+                        said = decode(capture.err.read()[-2000:]).strip()
                         raise SandboxError(
                             f"{exc}" + (f"; bubblewrap said: {said}" if said else "")
                         ) from None
@@ -301,8 +300,10 @@ def run_command(
         duration = time.monotonic() - start
         if res.released:
             raise SandboxGone(f"sandbox {sandbox_id} was released while `{short(command)}` was running")
-        stdout, cut_out = read_spool(out, full_output)
-        stderr, cut_err = read_spool(err, full_output)
+        capture.finish()
+        disk_full = disk_full or capture.disk_full
+        stdout, cut_out = read_spool(capture.out, full_output)
+        stderr, cut_err = read_spool(capture.err, full_output)
         # A file filled and deleted between two samples leaves only the error message behind.
         if res.disk is not None and (_ENOSPC in stdout or _ENOSPC in stderr):
             disk_full = True
@@ -330,8 +331,7 @@ def _start(
     argv: list[str],
     bwrap_at: int,
     stdin: int | IO[bytes],
-    out: IO[bytes],
-    err: IO[bytes],
+    output: tuple[int, int],
     environ: dict[str, str],
     child_fds: list[int],
 ) -> subprocess.Popen[bytes] | SpawnedProcess:
@@ -345,7 +345,7 @@ def _start(
             else:
                 assert not isinstance(stdin, int)
                 stdin_fd = stdin.fileno()
-            fds = {stdin_fd: 0, out.fileno(): 1, err.fileno(): 2, **{fd: fd for fd in child_fds}}
+            fds = {stdin_fd: 0, output[0]: 1, output[1]: 2, **{fd: fd for fd in child_fds}}
             spawned = res.spawner.spawn(argv[bwrap_at:], environ, fds)
             if spawned is not None:
                 return spawned
@@ -353,8 +353,8 @@ def _start(
         return subprocess.Popen(
             argv,
             stdin=stdin,
-            stdout=out,
-            stderr=err,
+            stdout=output[0],
+            stderr=output[1],
             env=environ,
             close_fds=True,
             pass_fds=tuple(child_fds),
