@@ -10,6 +10,10 @@ With it the embedded model resolved the demo 5 of 5 times (bench/README.md, "who
   An edit_file call whose `old` matches no single place but clearly means one function (it defines it, names it,
   or, found nowhere, is mostly that function's words: rewrite.function_meant) is answered the same way (seen:
   "old text not found" again and again on unread files, in the demo and on real bugs).
+- A reply without a tool call whose ```python block defines a function of the code under test is tried in place
+  of that function and kept when the task's tests pass with it (seen: the demo on a freshly started server, whose
+  first reply wrote the right function as text; bench/README.md, "code in a reply"). A function written whole
+  gets back the docstring and annotated signature it left out (rewrite.keep_docstring).
 - The first finish call while the task's tests still fail is answered with what they say; a second one ends the
   run (seen on real bugs: finish after edits to the wrong file, the test unchanged).
 - A failed edit_file call leaves the conversation: the reply and its result are replaced by one note saying what
@@ -368,7 +372,7 @@ class SmallModelPolicy(Policy):
         function is tried in place of the file's and kept when the task's tests pass with it (the reply is then
         answered as an edit). Otherwise the file is put back, nothing is said, and the reply gets the usual nudge.
 
-        Seen on the 1.5B model (bench/README.md, "code in a reply"): on a freshly started server its first reply
+        Seen on the 1.5B model (bench/README.md, "The README's way ... code in a reply"): on a freshly started server its first reply
         explained the bug and wrote the right function as text, with no tool call; after the nudge it called
         finish, then sent the function back unchanged, and the right fix was never applied. Only functions of the
         files the first prompt named or the model read, defined once there, are tried.
