@@ -57,11 +57,8 @@ COMMANDS = [
     ("ulimit -n; trap -p; echo $$", None, 30),
     ("sleep 10", None, 1),
     ("printf 'h\\u00e9llo \\u2713 '; echo 'd\u00e9j\u00e0 \u2713'", None, 30),  # not ASCII, both ways
-    (
-        "ls -l /proc/$$/fd | sed 's/.* \\([0-9]* ->\\)/\\1/; s/pipe:.*/pipe/'; true",
-        None,
-        30,
-    ),  # its descriptors
+    # the shell's descriptors, listed into a file: through a pipe, the shell may still hold the pipe's ends
+    ("ls -l /proc/$$/fd > /tmp/fds; sed 's/.* \\([0-9]* ->\\)/\\1/; s/pipe:.*/pipe/' /tmp/fds", None, 30),
 ]
 
 
