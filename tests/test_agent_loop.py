@@ -901,3 +901,35 @@ def test_under_the_plain_policy_a_code_block_in_a_reply_is_only_text(
     solve(server, sandbox, tmp_path)
     assert "return a - b" in sandbox.files.read_text(f"{sandbox.workdir}/calc.py")
     assert server.requests[1]["messages"][-1] == {"role": "user", "content": prompts.NUDGE}
+
+
+def test_an_edit_that_changes_nothing_inside_a_function_asks_for_that_function_once(
+    scripted_model, sandbox: Sandbox, tmp_path: Path
+) -> None:
+    """Seen on real bugs (attrs, prettytable): edit_file calls whose `new` equals their `old`, a region of the
+    right file, again and again whatever the error said. The first one inside a function asks for that function
+    whole; once it was asked for, the same kind of call gets the usual error (no loop of requests)."""
+    same = tool_call("edit_file", path="calc.py", old="return a - b", new="return a - b")
+    server = scripted_model(
+        [
+            same,
+            text_reply("```python\ndef add(a, b):\n    return a - b\n```"),  # written back unchanged
+            same,
+            tool_call("finish", summary="x"),
+            tool_call("finish", summary="x"),
+        ]
+    )
+    solve(server, sandbox, tmp_path, settings=WHOLE)
+
+    asked = server.requests[1]["messages"][-1]
+    assert asked == {
+        "role": "user",
+        "content": prompts.rewrite_request(
+            "add", "calc.py", 1, 2, "def add(a, b):\n    return a - b", failures=CALC_FAILURES
+        ),
+    }
+    again = server.requests[3]["messages"][-1]
+    assert again["role"] == "user" and "old and new are the same" in again["content"]
+    trajectory = load(tmp_path / "run" / "trajectory.json")
+    assert [e["function"] for e in trajectory if e["type"] == "rewrite_requested"] == ["add"]
+    assert "return a - b" in sandbox.files.read_text(f"{sandbox.workdir}/calc.py")

@@ -10,6 +10,8 @@ With it the embedded model resolved the demo 5 of 5 times (bench/README.md, "who
   An edit_file call whose `old` matches no single place but clearly means one function (it defines it, names it,
   or, found nowhere, is mostly that function's words: rewrite.function_meant) is answered the same way (seen:
   "old text not found" again and again on unread files, in the demo and on real bugs).
+  So is an edit_file call that changes nothing (`new` equal to `old`) inside one function, once per function
+  (seen on real bugs: the same region of the right file sent back unchanged, turn after turn).
 - A reply without a tool call whose ```python block defines a function of the code under test is tried in place
   of that function and kept when the task's tests pass with it (seen: the demo on a freshly started server, whose
   first reply wrote the right function as text; bench/README.md, "code in a reply"). A function written whole
@@ -127,6 +129,8 @@ class SmallModelPolicy(Policy):
         """What the last test output with failures said (focus.failure_digest), shown with a rewrite request."""
         self.sources: list[str] = []
         """The code files (not tests) named in the first prompt."""
+        self.asked: set[tuple[str, str]] = set()
+        """(path, function) of every whole function asked for: an edit that changes nothing asks for each once."""
 
     def start(self, run: AgentRun) -> None:
         """Replace the first message's file list with the failing tests and how they fail (see focus.first_prompt)."""
@@ -185,7 +189,7 @@ class SmallModelPolicy(Policy):
         elif not reply.tool_calls and self._code_in_reply(run, reply.content):
             return True
         elif len(reply.tool_calls) == 1 and reply.tool_calls[0].name == "edit_file":
-            span = function_to_rewrite(run.toolbox, reply.tool_calls[0].arguments)
+            span = function_to_rewrite(run.toolbox, reply.tool_calls[0].arguments, asked=self.asked)
             if span is not None:
                 if not self._edit_passes_tests(run, reply.tool_calls[0], span):
                     self._request_rewrite(run, span, reply.tool_calls[0])
@@ -449,6 +453,7 @@ class SmallModelPolicy(Policy):
         self.rewrite_from = len(run.messages)
         run.append({"role": "user", "content": request}, result=True)
         self.pending_rewrite = span
+        self.asked.add((span.path, span.name))
         run.trajectory.add(
             "rewrite_requested",
             turn=run.turn,
@@ -501,11 +506,17 @@ class SmallModelPolicy(Policy):
         run.trajectory.save()
 
 
-def function_to_rewrite(toolbox: Toolbox, raw_arguments: str | dict[str, Any] | None) -> FunctionSpan | None:
+def function_to_rewrite(
+    toolbox: Toolbox,
+    raw_arguments: str | dict[str, Any] | None,
+    asked: set[tuple[str, str]] | frozenset[tuple[str, str]] = frozenset(),
+) -> FunctionSpan | None:
     """The Python function that an edit_file call would change: where its `old` matches exactly one place inside
     one function of a code file, or, when it matches no single place, the function it clearly means
-    (rewrite.function_meant). None for every other call (those run as usual, so their errors and refusals stay
-    the same)."""
+    (rewrite.function_meant). An edit whose `new` equals its `old` means that function too, unless it was asked
+    for already (`asked`: (path, name) pairs): seen on real bugs (attrs, prettytable; bench/README.md), the model
+    sent a region of the right file back unchanged, again and again, whatever the error said; it knew where, not
+    what. None for every other call (those run as usual, so their errors and refusals stay the same)."""
     args, _ = parse_arguments(raw_arguments)
     if args is None or not all(isinstance(args.get(k), str) for k in ("path", "old", "new")):
         return None
@@ -524,10 +535,14 @@ def function_to_rewrite(toolbox: Toolbox, raw_arguments: str | dict[str, Any] | 
         return None
     spans = [(i, i + len(old)) for i in occurrences(content, old)] or loose_matches(content, old)
     if len(spans) == 1:
-        return None if old == new else enclosing_function(content, rel, *spans[0])
-    if not spans and len(normalised_matches(content, old)) == 1:
+        span = enclosing_function(content, rel, *spans[0])
+    elif not spans and len(normalised_matches(content, old)) == 1:
         return None  # applied where it matches once quotes and spacing are normalised (_edit_loosely)
-    return function_meant(content, rel, old, found_nowhere=not spans)
+    else:
+        span = function_meant(content, rel, old, found_nowhere=not spans)
+    if span is not None and old == new and (span.path, span.name) in asked:
+        return None  # asked for once already: the usual "old and new are the same"
+    return span
 
 
 def has_seen(toolbox: Toolbox, span: FunctionSpan) -> bool:
