@@ -933,3 +933,34 @@ def test_an_edit_that_changes_nothing_inside_a_function_asks_for_that_function_o
     trajectory = load(tmp_path / "run" / "trajectory.json")
     assert [e["function"] for e in trajectory if e["type"] == "rewrite_requested"] == ["add"]
     assert "return a - b" in sandbox.files.read_text(f"{sandbox.workdir}/calc.py")
+
+
+def test_a_whole_read_of_a_long_file_comes_back_as_its_outline(scripted_model, tmp_path: Path) -> None:
+    """Seen on real bugs (prettytable): read_file of a 2,602-line file without a range, again and again; each
+    answer overflowed the 8k window. Under the small-model policy it is answered with the file's classes and
+    functions and their lines (the ones the failing tests name first); a read with a range is as before."""
+    filler = "".join(f"def helper_{i}(x):\n    return x + {i}  # {'-' * 60}\n\n\n" for i in range(300))
+    files = {
+        "big.py": filler + "def target(a, b):\n    return a - b\n",
+        "tests/test_big.py": "from big import target\n\n\ndef test_target():\n    assert target(2, 3) == 5\n",
+    }
+    repo = make_repo(tmp_path / "big", files)
+    server = scripted_model(
+        [
+            tool_call("read_file", path="big.py"),
+            tool_call("read_file", path="big.py", start_line=1201, end_line=1202),
+            tool_call("finish", summary="x"),
+            tool_call("finish", summary="x"),
+        ]
+    )
+    with with_pytest(get_provider("local").create(RepoSource(str(repo)))) as sbx:
+        solve(server, sbx, tmp_path, settings=WHOLE)
+    whole = server.requests[1]["messages"][-1]["content"]
+    assert whole.startswith("big.py has 1202 lines (") and "too long to read whole" in whole
+    assert "lines 1201-1202: def target" in whole, "the function the failing test names is listed"
+    assert "lines 1-2: def helper_0" in whole and "(and 241 more)" in whole
+    assert len(whole) < 3000
+    part = server.requests[2]["messages"][-1]["content"]
+    assert part.startswith("big.py, lines 1201-1202 of 1202:") and "return a - b" in part
+    outlined = [e for e in load(tmp_path / "run" / "trajectory.json") if e["type"] == "read_outlined"]
+    assert [(e["path"], e["entries"]) for e in outlined] == [("big.py", 60)]

@@ -263,6 +263,19 @@ def read_header(path: str, first: int, last: int, total: int) -> str:
     return f"{path}, lines {first}-{last} of {total}:"
 
 
+def read_outline(path: str, total: int, chars: int, entries: Sequence[str], left_out: int) -> str:
+    """A whole-file read too long for a small model's window (small_model.py): where things are instead."""
+    more = f"\n(and {left_out} more)" if left_out else ""
+    return (
+        f"{path} has {total} lines ({chars} characters), too long to read whole here. Its classes and "
+        f"functions:\n"
+        + "\n".join(entries)
+        + more
+        + "\nRead the part you need: read_file with start_line and "
+        "end_line (a function's lines above)."
+    )
+
+
 def read_cut(next_line: int, max_chars: int) -> str:
     return (
         f"[cut here: only {max_chars} characters are shown at a time. "

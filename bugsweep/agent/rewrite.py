@@ -225,6 +225,27 @@ def function_from_reply(text: str, name: str) -> str:
     raise RewriteError(problem)
 
 
+def outline(source: str) -> list[tuple[int, int, str]] | None:
+    """(first line, last line, "class Name" / "def name" / "def Class.method") of a module's classes and
+    functions, methods included, in file order; None when it does not parse."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return None
+    entries: list[tuple[int, int, str]] = []
+
+    def visit(nodes: list[ast.stmt], prefix: str) -> None:
+        for node in nodes:
+            if isinstance(node, ast.ClassDef):
+                entries.append((node.lineno, node.end_lineno or node.lineno, f"class {prefix}{node.name}"))
+                visit(node.body, f"{prefix}{node.name}.")
+            elif isinstance(node, _Function):
+                entries.append((_top(node), node.end_lineno or node.lineno, f"def {prefix}{node.name}"))
+
+    visit(tree.body, "")
+    return entries
+
+
 def keep_docstring(original: str, function: str) -> str:
     """`function` (dedented code of one definition) with what the model left out of `original` (the definition it
     replaces) put back: its docstring, when `function` has none, and its annotated signature, when `function`

@@ -34,6 +34,9 @@ On real repositories (bench/README.md, "Real bugs"), also:
   is applied there, and the answer says so.
 - An edit_file call on a file the model never read that finds no match gets the region of the file that best
   matches its `old`, with more context than usual (seen: three "old text not found" in a row on an unread file).
+- A read_file without a range of a Python file longer than read_file shows at once comes back as the file's
+  outline (classes and functions with their lines, those the failing tests name first): seen on real bugs, whole
+  reads of a 2,602-line file, each overflowing the 8k window.
 - Within an 8k window, the failing assertion is never lost: it is in the first message, which the loop's
   context-length shortening never elides (only old tool outputs go).
 Every change is recorded in the trajectory (rewrite_requested, edit_tried, forgotten events and the messages).
@@ -42,6 +45,7 @@ Every change is recorded in the trajectory (rewrite_requested, edit_tried, forgo
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
@@ -69,6 +73,7 @@ from bugsweep.agent.rewrite import (
     function_meant,
     functions_named,
     keep_docstring,
+    outline,
     splice,
 )
 from bugsweep.agent.text import closest_lines, loose_matches, new_syntax_error, occurrences, snippet
@@ -77,6 +82,8 @@ from bugsweep.agent.tools import Toolbox, ToolOutcome, parse_arguments
 if TYPE_CHECKING:
     from bugsweep.agent.loop import AgentRun
 
+
+_WORDS = re.compile(r"[A-Za-z_]\w*")
 
 REPEAT_SAME = (
     "Note: this is the same command as in turn {turn}, and its output is the same: nothing it checks has changed "
@@ -95,6 +102,9 @@ FINISH_REFUSED = (
     "Find the code that gives the wrong result, fix it, run the tests, and call finish when they pass. "
     "A second finish call ends the work as it is."
 )
+#: At most this many outline entries (those named in the failing tests first).
+OUTLINE_MAX_ENTRIES = 60
+
 UNREAD_FILE = (
     "Error: The text in old was not found in {path}, so nothing was changed. You have not read {path}: edit only "
     "text you have read. The part of {path} most like your old is at {closest}\n"
@@ -202,6 +212,8 @@ class SmallModelPolicy(Policy):
             return self._finish_when_tests_pass(run, outcome)
         if call.name == "run":
             outcome = self._focus_run(run, call, outcome)
+        elif call.name == "read_file" and outcome.ok:
+            outcome = self._outline_long_read(run, call, outcome)
         elif call.name == "edit_file" and not outcome.ok and not outcome.format_error:
             outcome = self._edit_loosely(run, call, outcome)
         self.last_outcome = outcome = self._mark_repeat(run, call, outcome)
@@ -258,6 +270,42 @@ class SmallModelPolicy(Policy):
             "run_focused", turn=run.turn, repeat_of=earlier[0] if earlier else None, focused=bool(focused)
         )
         return replace(outcome, content=content)
+
+    def _outline_long_read(self, run: AgentRun, call: ToolCall, outcome: ToolOutcome) -> ToolOutcome:
+        """A read without a range of a Python file longer than read_file shows at once (read_file_max_chars)
+        comes back as its outline: classes and functions with their lines (those the failing tests name first),
+        and how to read a part (a range is shown as asked for, in such a file).
+
+        Seen on real bugs (prettytable, bench/README.md): read_file of a 2,602-line file without a range, four
+        times in 12 turns; each answer (20,000 characters, ~6k tokens) overflowed the 8k window, so the loop
+        elided the older messages, the model lost what it had read, and read the whole file again.
+        """
+        args, _ = parse_arguments(call.arguments)
+        if not args or any(args.get(k) not in (None, "") for k in ("start_line", "end_line")):
+            return outcome
+        found = run.toolbox.existing_file(str(args.get("path", "")))
+        if isinstance(found, ToolOutcome) or not found[1].endswith(".py"):
+            return outcome
+        real, rel = found
+        try:
+            text = run.toolbox.sandbox.files.read_text(real)
+        except UnicodeDecodeError:
+            return outcome
+        entries = outline(text) if len(text) > run.toolbox.settings.read_file_max_chars else None
+        if not entries:
+            return outcome
+        named = set(_WORDS.findall(self.failures or ""))
+        first = [e for e in entries if e[2].rsplit(" ", 1)[-1].rsplit(".", 1)[-1] in named]
+        rest = [e for e in entries if e not in first][: max(OUTLINE_MAX_ENTRIES - len(first), 0)]
+        shown = sorted(first + rest)
+        lines = [f"lines {a}-{b}: {what}" for a, b, what in shown]
+        run.toolbox.seen.pop(rel, None)  # none of its code was shown
+        run.trajectory.add("read_outlined", turn=run.turn, path=rel, chars=len(text), entries=len(shown))
+        total = text.count("\n") + (0 if text.endswith("\n") else 1)
+        return replace(
+            outcome,
+            content=prompts.read_outline(rel, total, len(text), lines, len(entries) - len(shown)),
+        )
 
     def _edit_loosely(self, run: AgentRun, call: ToolCall, outcome: ToolOutcome) -> ToolOutcome:
         """A failed edit: apply it where `old` matches once quotes and whitespace are normalised; otherwise, for a
