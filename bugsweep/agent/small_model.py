@@ -283,14 +283,10 @@ class SmallModelPolicy(Policy):
         args, _ = parse_arguments(call.arguments)
         if not args or any(args.get(k) not in (None, "") for k in ("start_line", "end_line")):
             return outcome
-        found = run.toolbox.existing_file(str(args.get("path", "")))
-        if isinstance(found, ToolOutcome) or not found[1].endswith(".py"):
+        found = repo_file(run.toolbox, str(args.get("path", "")))
+        if found is None or not found[1].endswith(".py"):
             return outcome
-        real, rel = found
-        try:
-            text = run.toolbox.sandbox.files.read_text(real)
-        except UnicodeDecodeError:
-            return outcome
+        _, rel, text = found
         entries = outline(text) if len(text) > run.toolbox.settings.read_file_max_chars else None
         if not entries:
             return outcome
@@ -316,14 +312,10 @@ class SmallModelPolicy(Policy):
         path, old, new = args["path"], args["old"], args["new"]
         if not old.strip() or "not found" not in outcome.content:
             return outcome
-        found = run.toolbox.existing_file(path)
-        if isinstance(found, ToolOutcome):
+        found = repo_file(run.toolbox, path)
+        if found is None:
             return outcome
-        real, rel = found
-        try:
-            content = run.toolbox.sandbox.files.read_text(real)
-        except UnicodeDecodeError:
-            return outcome
+        _, rel, content = found
         spans = normalised_matches(content, old)
         if len(spans) == 1:
             start, end = spans[0]
@@ -599,15 +591,23 @@ def has_seen(toolbox: Toolbox, span: FunctionSpan) -> bool:
     return first <= span.first and span.last <= last
 
 
-def file_text(toolbox: Toolbox, path: str) -> tuple[str, str] | None:
-    """(real path, text) of a repository file, to put it back as it was; None when it cannot be read."""
+def repo_file(toolbox: Toolbox, path: str) -> tuple[str, str, str] | None:
+    """(real path, repository-relative path, text) of an existing text file of the repository; None when there
+    is none or it is not text."""
     found = toolbox.existing_file(path)
     if isinstance(found, ToolOutcome):
         return None
+    real, rel = found
     try:
-        return found[0], toolbox.sandbox.files.read_text(found[0])
+        return real, rel, toolbox.sandbox.files.read_text(real)
     except UnicodeDecodeError:
         return None
+
+
+def file_text(toolbox: Toolbox, path: str) -> tuple[str, str] | None:
+    """(real path, text) of a repository file, to put it back as it was; None when it cannot be read."""
+    found = repo_file(toolbox, path)
+    return None if found is None else (found[0], found[2])
 
 
 def rewrite_function(toolbox: Toolbox, span: FunctionSpan, reply: str) -> ToolOutcome:
