@@ -87,6 +87,10 @@ class AgentSettings(BaseSettings):
     'small-model' (whole-function edits tried against the tests, failed edits dropped from the history: the help
     the embedded 1.5B model needs). Unset: 'small-model' when bugsweep runs its embedded model, 'plain' for every
     other endpoint. Recorded in grade.json, the trajectory and every report."""
+    rewrite_samples: int = Field(default=3, ge=0)
+    """Under 'small-model': when the answer to a request for a whole function leaves the task's tests failing, the
+    same request is asked again this many times at temperature 0.8, and the first version the tests pass with is
+    kept (each sample is a turn; 0: none). Recorded with the settings in the trajectory."""
 
 
 class SandboxSettings(BaseSettings):

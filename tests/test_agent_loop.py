@@ -586,7 +586,10 @@ def test_no_policy_setting_means_plain_whatever_the_model(
 
 # -- whole-function edits (policy small-model) -----------------------------------------------------------------
 
-SMALL = WHOLE = AgentSettings(policy="small-model")
+SMALL = AgentSettings(policy="small-model")
+#: Without samples of a failing whole-function answer, so that a script's next step is the model's next turn
+#: (the samples have their own tests below).
+WHOLE = AgentSettings(policy="small-model", rewrite_samples=0)
 ADD_FIXED = "```python\ndef add(a, b):\n    return a + b\n"  # no closing fence: llama.cpp may drop it
 #: What the failing test run said (focus.failure_digest), shown with every request for a whole function.
 CALC_FAILURES = "assert add(2, 3) == 5\nassert -1 == 5\n+  where -1 = add(2, 3)"
@@ -964,3 +967,79 @@ def test_a_whole_read_of_a_long_file_comes_back_as_its_outline(scripted_model, t
     assert part.startswith("big.py, lines 1201-1202 of 1202:") and "return a - b" in part
     outlined = [e for e in load(tmp_path / "run" / "trajectory.json") if e["type"] == "read_outlined"]
     assert [(e["path"], e["entries"]) for e in outlined] == [("big.py", 60)]
+
+
+ADD_UNCHANGED = "```python\ndef add(a, b):\n    return a - b\n```"
+ADD_WRONG = "```python\ndef add(a, b):\n    return b - a\n```"
+
+
+def test_a_rewrite_that_leaves_the_tests_failing_is_asked_again_at_a_temperature_and_a_passing_sample_kept(
+    scripted_model, sandbox: Sandbox, tmp_path: Path
+) -> None:
+    """Seen on real bugs (bench/README.md): at temperature 0 the 1.5B model wrote a function back unchanged, while
+    a sample of the same request at 0.8 wrote the fix. A whole-function answer that leaves the tests failing is
+    asked again (same conversation, temperature 0.8, seeds 1, 2, ...), each new version tried against the tests;
+    the first that passes is kept and takes the answer's place in the conversation."""
+    server = scripted_model(
+        [
+            tool_call(
+                "edit_file", path="calc.py", old="return a - b", new="return a * b"
+            ),  # fails: asked whole
+            text_reply(ADD_UNCHANGED),  # the answer: unchanged
+            text_reply(ADD_WRONG),  # sample 1: fails the tests
+            text_reply(ADD_FIXED),  # sample 2: passes
+            tool_call("finish", summary="add adds"),
+        ]
+    )
+    result, _ = solve(server, sandbox, tmp_path, settings=SMALL)
+    assert result.stop_reason == "finished"
+    assert "return a + b" in sandbox.files.read_text(f"{sandbox.workdir}/calc.py")
+    answer, *samples, after = server.requests[1:5]
+    assert [(r.get("temperature"), r.get("seed")) for r in samples] == [(0.8, 1), (0.8, 2)]
+    assert all(r["messages"] == answer["messages"] for r in samples), "the same request, asked again"
+    assert answer.get("temperature") == 0.0 and "seed" not in answer
+    sent = after["messages"]
+    assert sent[: len(answer["messages"])] == answer["messages"]
+    assert sent[-2]["role"] == "assistant" and "return a + b" in sent[-2]["content"], (
+        "the sample, not the answer"
+    )
+    assert sent[-1]["role"] == "user" and sent[-1]["content"].endswith(
+        prompts.tests_pass_after_edit(TEST_COMMAND)
+    )
+    assert "return a - b\n```" not in json.dumps(sent[len(answer["messages"]) :])
+    assert result.turns == 5, "each sample is a turn (the edit, the answer, two samples, finish)"
+    trajectory = load(tmp_path / "run" / "trajectory.json")
+    sampled = [e for e in trajectory if e["type"] == "rewrite_sampled"]
+    assert [(e["function"], e["kept_seed"], e["tests_exit_codes"]) for e in sampled] == [("add", 2, [1, 0])]
+    assert [e["seed"] for e in trajectory if e["type"] == "model_sample"] == [1, 2]
+
+
+def test_when_no_sample_passes_the_answer_stays_and_the_run_goes_on_as_before(
+    scripted_model, sandbox: Sandbox, tmp_path: Path
+) -> None:
+    server = scripted_model(
+        [
+            tool_call("edit_file", path="calc.py", old="return a - b", new="return a * b"),
+            text_reply(ADD_WRONG),  # the answer: changed, still failing
+            text_reply(ADD_WRONG),  # the same version again: not tested twice
+            text_reply("I cannot."),  # no function: skipped
+            text_reply("```python\ndef add(a, b):\n    return 0\n```"),  # fails the tests
+            tool_call("finish", summary="x"),
+            tool_call("finish", summary="x"),
+        ]
+    )
+    result, _ = solve(server, sandbox, tmp_path, settings=SMALL)
+    assert "return b - a" in sandbox.files.read_text(f"{sandbox.workdir}/calc.py"), "the model's answer stays"
+    after = server.requests[5]["messages"]
+    assert after[-2]["role"] == "assistant" and "return b - a" in after[-2]["content"]
+    assert after[-1]["content"].startswith("Replaced add in calc.py (lines 1-2) with your version.")
+    sampled = [e for e in load(tmp_path / "run" / "trajectory.json") if e["type"] == "rewrite_sampled"]
+    assert [(e["kept_seed"], e["tests_exit_codes"]) for e in sampled] == [(None, [1])]
+    assert result.stop_reason == "finished"
+
+
+def test_under_the_plain_policy_nothing_is_sampled(scripted_model, sandbox: Sandbox, tmp_path: Path) -> None:
+    server = scripted_model([text_reply(ADD_FIXED), tool_call("finish", summary="x")])
+    solve(server, sandbox, tmp_path, settings=AgentSettings(policy="plain"))
+    assert all("seed" not in r for r in server.requests)
+    assert "return a - b" in sandbox.files.read_text(f"{sandbox.workdir}/calc.py")

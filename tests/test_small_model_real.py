@@ -28,7 +28,7 @@ from bugsweep.agent.trajectory import load
 from bugsweep.sandbox import RepoSource, Sandbox, get_provider
 from bugsweep.settings import AgentSettings, ModelSettings
 from tests.support.repos import BUGGY_CALC, make_repo, with_pytest
-from tests.support.scripted_model import ScriptedModelServer, tool_call
+from tests.support.scripted_model import ScriptedModelServer, text_reply, tool_call
 
 SMALL = AgentSettings(policy="small-model")
 TEST_COMMAND = "python -m pytest -q"
@@ -258,3 +258,48 @@ def test_under_the_plain_policy_finish_ends_the_run_whatever_the_tests(
     server = scripted_model([FINISH, FINISH])
     result = solve(server, sandbox, tmp_path, settings=AgentSettings(policy="plain"))
     assert result.stop_reason == "finished" and result.turns == 1
+
+
+RAISING_CALC = {
+    **BUGGY_CALC,
+    "calc.py": "def add(a, b):\n    return a + None\n\n\ndef mul(a, b):\n    return a * b\n",
+}
+
+
+def test_a_test_run_repeated_with_nothing_changed_asks_for_the_function_where_the_traceback_ends(
+    scripted_model, tmp_path: Path
+) -> None:
+    """Seen on real bugs (cachetools, bench/README.md): the same failing test run ten times in a row to the end of
+    the turns, each answered with the note that nothing had changed. The traceback ended in the function the real
+    fix changed; asked for it whole, the model could write the fix. So the second identical run is followed by
+    that request (once per function)."""
+    repo = make_repo(tmp_path / "raising", RAISING_CALC)
+    run_tests = tool_call("run", command=TEST_COMMAND)
+    server = scripted_model(
+        [run_tests, run_tests, text_reply("```python\ndef add(a, b):\n    return a + b\n```"), FINISH]
+    )
+    for sbx in sandbox_for(repo):
+        result = solve(server, sbx, tmp_path)
+        assert sbx.files.read_text("/workspace/repo/calc.py").startswith("def add(a, b):\n    return a + b\n")
+    assert result.stop_reason == "finished"
+    assert server.requests[1]["messages"][-1]["role"] == "tool", "the first run: no request"
+    sent = server.requests[2]["messages"]
+    assert sent[-2]["role"] == "tool" and "same command as in turn 1" in sent[-2]["content"]
+    assert sent[-1]["role"] == "user" and sent[-1]["content"].startswith(
+        "The failing tests' traceback ends in the function add (calc.py, lines 1-2). It now reads:\n"
+        "```python\ndef add(a, b):\n    return a + None\n```"
+    )
+    asked = [e for e in load(tmp_path / "run" / "trajectory.json") if e["type"] == "rewrite_requested"]
+    assert [(e["function"], e["stuck"]) for e in asked] == [("add", True)]
+
+
+def test_a_repeated_run_whose_traceback_ends_in_a_test_asks_for_nothing(
+    scripted_model, sandbox: Sandbox, tmp_path: Path
+) -> None:
+    run_tests = tool_call("run", command=TEST_COMMAND)
+    server = scripted_model([run_tests, run_tests, FINISH, FINISH])
+    solve(server, sandbox, tmp_path)
+    assert (
+        server.requests[2]["messages"][-1]["role"] == "tool"
+    )  # an assertion in the test: no function to ask for
+    assert not [e for e in load(tmp_path / "run" / "trajectory.json") if e["type"] == "rewrite_requested"]

@@ -51,6 +51,20 @@ def focus_test_output(output: str, limit: int = FOCUSED_OUTPUT_MAX_CHARS) -> str
     return (failures + ("\n" if not failures.endswith("\n") else "") + tail[: limit // 2]).strip("\n")
 
 
+_FRAME = re.compile(r'^([\w./-]+\.py):(\d+)|File "([^"\n]+\.py)", line (\d+)', re.MULTILINE)
+
+
+def traceback_frames(output: str, repo_dir: str) -> list[tuple[str, int]]:
+    """(path, line) of every frame of a traceback in `output`, in order: pytest's `path:LINE: Error` lines and
+    Python's `File "path", line LINE`. Paths under `repo_dir` are made relative to it; others are kept as written."""
+    frames = []
+    for m in _FRAME.finditer(output):
+        path, line = (m[1], m[2]) if m[1] else (m[3], m[4])
+        path = path.removeprefix(repo_dir.rstrip("/") + "/").removeprefix("./")
+        frames.append((path, int(line)))
+    return frames
+
+
 def files_in_traceback(output: str, repo_files: set[str]) -> list[str]:
     """Repository files named in a traceback, in order of appearance."""
     found = [f.removeprefix("./") for f in _FILE_IN_TRACEBACK.findall(output)]

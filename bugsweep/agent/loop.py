@@ -240,6 +240,34 @@ class AgentRun:
         self.format_errors = 0
 
     # -- what policies use to change the conversation ----------------------------------------------------------
+    def sample(self, messages: list[dict[str, Any]], *, temperature: float, seed: int) -> ModelReply | None:
+        """One more reply to `messages` (an earlier state of the conversation) at `temperature`, for a policy that
+        tries several answers to one request. It counts as a turn, and its tokens and cost as any reply's; it is
+        recorded as a `model_sample` event and does not enter the conversation. None when a budget is used up or
+        the conversation no longer fits."""
+        if self.progress.over_budget(self.settings, self.turn, self.trajectory.elapsed()):
+            return None
+        try:
+            reply = self.model.complete(messages, self.tools, temperature=temperature, seed=seed)
+        except ContextLengthExceeded:
+            return None
+        self.turn += 1
+        progress = self.progress
+        progress.turns, progress.usage = self.turn, progress.usage + reply.usage
+        progress.cost_usd = self.model.cost_usd(progress.usage)
+        self.trajectory.add(
+            "model_sample",
+            turn=self.turn,
+            temperature=temperature,
+            seed=seed,
+            total_tokens=progress.usage.total_tokens,
+            cost_usd=progress.cost_usd,
+            **reply.record(),
+        )
+        self.trajectory.save()
+        self.emit("model", detail=f"sample at temperature {temperature}")
+        return reply
+
     def append(self, message: dict[str, Any], result: bool = False) -> None:
         """Add a message at the end (and to the trajectory); `result`: tool output the shortening may elide."""
         if result:

@@ -147,8 +147,26 @@ class ChatModel:
         return self.settings.cost_usd(usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens)
 
     # -- one completion ----------------------------------------------------------------------------------------
-    def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> ModelReply:
-        """One reply. Raises ConfigError, ContextLengthExceeded, or ModelUnavailable after the retries."""
+    def complete(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]],
+        *,
+        temperature: float | None = None,
+        seed: int | None = None,
+    ) -> ModelReply:
+        """One reply, at the settings' temperature unless `temperature` is given (`seed`: the server's sampling
+        seed, for a reproducible sample). Raises ConfigError, ContextLengthExceeded, or ModelUnavailable after the
+        retries."""
+        body: dict[str, Any] = {
+            "model": self.settings.model,
+            "messages": messages,
+            "tools": tools,
+            "max_tokens": self.settings.max_tokens_per_reply,
+            "temperature": self.settings.temperature if temperature is None else temperature,
+        }
+        if seed is not None:
+            body["seed"] = seed
         started = time.monotonic()
         retrying = Retrying(
             retry=retry_if_exception(_is_transient),
@@ -166,17 +184,7 @@ class ChatModel:
                     # the SDK's TypedDict transform, which costs milliseconds per turn and grows with the
                     # history (measured: most of the loop's own time at 200 turns). The body here is plain JSON
                     # already; errors, auth and the typed ChatCompletion reply are the same.
-                    response = self.client.post(
-                        "/chat/completions",
-                        body={
-                            "model": self.settings.model,
-                            "messages": messages,
-                            "tools": tools,
-                            "max_tokens": self.settings.max_tokens_per_reply,
-                            "temperature": self.settings.temperature,
-                        },
-                        cast_to=ChatCompletion,
-                    )
+                    response = self.client.post("/chat/completions", body=body, cast_to=ChatCompletion)
         except openai.APIStatusError as exc:
             raise self._translate(exc, attempts) from None
         except openai.APIConnectionError as exc:

@@ -446,17 +446,22 @@ def rewrite_request(
     source: str | None = None,
     caller: str | None = None,
     failures: str | None = None,
+    stuck: bool = False,
 ) -> str:
     """Sent in place of an edit_file call inside one function. Measured wording (bench/README.md): the model's own
     call is not shown again, and the function is shown only when its file was not read in this run. With `caller`:
     the model wrote the function its edit was in (`caller`) back unchanged, so the request moves to the function
     of the same file that `caller` calls. With `failures`: what the last failing test run said
-    (focus.failure_digest), next to the code it is about."""
+    (focus.failure_digest), next to the code it is about. With `stuck`: no edit_file call; the same failing test
+    run came back unchanged, and `name` is where its traceback ends."""
     where = f"{path}, lines {first}-{last}"
     shown = f"It now reads:\n```python\n{source}\n```\n" if source is not None else ""
     if failures:
         shown += f"The failing tests say:\n```\n{failures}\n```\n"
-    if caller is None:
+    if stuck:  # after a test run repeated with nothing changed: where the failing tests' traceback ends
+        head = f"The failing tests' traceback ends in the function {name} ({where}). "
+        what = f"the whole corrected {name} function, from its def line to its end"
+    elif caller is None:
         head = f"Your edit_file call changes the function {name} ({where}). "
         what = f"the whole corrected {name} function, from its def line to its end"
     else:

@@ -12,6 +12,9 @@ With it the embedded model resolved the demo 5 of 5 times (bench/README.md, "who
   "old text not found" again and again on unread files, in the demo and on real bugs).
   So is an edit_file call that changes nothing (`new` equal to `old`) inside one function, once per function
   (seen on real bugs: the same region of the right file sent back unchanged, turn after turn).
+  An answer that leaves the task's tests failing is followed by up to `rewrite_samples` answers to the same request
+  at temperature 0.8 (each a turn), each tried against the tests; the first they pass with is kept (seen on real
+  bugs: at temperature 0 the function came back unchanged, a sample at 0.8 wrote the fix).
 - A reply without a tool call whose ```python block defines a function of the code under test is tried in place
   of that function and kept when the task's tests pass with it (seen: the demo on a freshly started server, whose
   first reply wrote the right function as text; bench/README.md, "code in a reply"). A function written whole
@@ -29,7 +32,9 @@ On real repositories (bench/README.md, "Real bugs"), also:
 - Test output focused on failures: a `run` whose output has pytest's FAILURES/ERRORS section comes back as that
   section and the short summary, without the progress dots of the passing tests.
 - A `run` of the same command as before is answered with what is new in its output since then, or that nothing
-  is (seen: the same `python -m pytest tests` eight times in a row until the context was full).
+  is (seen: the same `python -m pytest tests` eight times in a row until the context was full). A failing test run
+  repeated with nothing changed is followed by a request for the function where its traceback ends, when that is
+  code under test and was not asked for before (seen: the same run ten times in a row despite that note).
 - An edit_file `old` found nowhere as written but in exactly one place once quotes and whitespace are normalised
   is applied there, and the answer says so.
 - An edit_file call on a file the model never read that finds no match gets the region of the file that best
@@ -39,11 +44,13 @@ On real repositories (bench/README.md, "Real bugs"), also:
   reads of a 2,602-line file, each overflowing the 8k window.
 - Within an 8k window, the failing assertion is never lost: it is in the first message, which the loop's
   context-length shortening never elides (only old tool outputs go).
-Every change is recorded in the trajectory (rewrite_requested, edit_tried, forgotten events and the messages).
+Every change is recorded in the trajectory (rewrite_requested, edit_tried, rewrite_sampled, model_sample,
+forgotten events and the messages).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import time
@@ -60,6 +67,7 @@ from bugsweep.agent.focus import (
     same_output,
     what_is_new,
 )
+from bugsweep.agent.history import for_history
 from bugsweep.agent.model import ModelReply, ToolCall
 from bugsweep.agent.policy import Policy
 from bugsweep.agent.rewrite import (
@@ -104,6 +112,9 @@ FINISH_REFUSED = (
 )
 #: At most this many outline entries (those named in the failing tests first).
 OUTLINE_MAX_ENTRIES = 60
+#: A whole-function request whose answer leaves the tests failing is asked again (AgentSettings.rewrite_samples
+#: times) at this temperature; the first version the tests pass with is kept.
+SAMPLE_TEMPERATURE = 0.8
 
 UNREAD_FILE = (
     "Error: The text in old was not found in {path}, so nothing was changed. You have not read {path}: edit only "
@@ -141,6 +152,9 @@ class SmallModelPolicy(Policy):
         """The code files (not tests) named in the first prompt."""
         self.asked: set[tuple[str, str]] = set()
         """(path, function) of every whole function asked for: an edit that changes nothing asks for each once."""
+        self.stuck_on: FunctionSpan | None = None
+        """The function to ask for before the next request: a test run repeated with nothing changed (see
+        _focus_run)."""
 
     def start(self, run: AgentRun) -> None:
         """Replace the first message's file list with the failing tests and how they fail (see focus.first_prompt)."""
@@ -186,6 +200,9 @@ class SmallModelPolicy(Policy):
     # -- hooks -------------------------------------------------------------------------------------------------
     def before_request(self, run: AgentRun) -> None:
         self._forget_failed_edit(run)
+        if self.stuck_on is not None:
+            span, self.stuck_on = self.stuck_on, None
+            self._request_rewrite(run, span, None, stuck=True)
 
     def after_reply(self, run: AgentRun, reply: ModelReply) -> bool:
         self.last_calls, self.last_outcome = [], None
@@ -259,6 +276,8 @@ class SmallModelPolicy(Policy):
             turn, before = earlier
             if same_output(before, output):
                 content += "\n\n" + REPEAT_SAME.format(turn=turn)
+                if focused:
+                    self.stuck_on = self._where_it_fails(run, output)
             else:
                 new = what_is_new(before, output)
                 content += "\n\n" + REPEAT_CHANGED.format(
@@ -270,6 +289,33 @@ class SmallModelPolicy(Policy):
             "run_focused", turn=run.turn, repeat_of=earlier[0] if earlier else None, focused=bool(focused)
         )
         return replace(outcome, content=content)
+
+    def _where_it_fails(self, run: AgentRun, output: str) -> FunctionSpan | None:
+        """The function of the code under test where the failing tests' traceback ends (its deepest frame in a
+        repository file that is not a test), when it was not asked for whole before.
+
+        Seen on real bugs (cachetools, bench/README.md): after two failed edits the 1.5B model ran the same test
+        command ten times in a row to the end of its turns, each answered with the note that nothing had changed;
+        the traceback ended in `__get__`, the function the real fix changed, and asked for it whole the model
+        wrote the fix (in one sample of four).
+        """
+        toolbox = run.toolbox
+        for path, line in reversed(focus.traceback_frames(output, toolbox.workdir)):
+            if not path.endswith(".py") or toolbox.is_protected(path):
+                continue
+            found = repo_file(toolbox, path)
+            if found is None:
+                continue
+            _, rel, text = found
+            lines = text.split("\n")
+            if not 1 <= line <= len(lines):
+                continue
+            start = sum(len(x) + 1 for x in lines[: line - 1])
+            span = enclosing_function(text, rel, start, start + len(lines[line - 1]))
+            if span is None or (span.path, span.name) in self.asked:
+                return None
+            return span
+        return None
 
     def _outline_long_read(self, run: AgentRun, call: ToolCall, outcome: ToolOutcome) -> ToolOutcome:
         """A read without a range of a Python file longer than read_file shows at once (read_file_max_chars)
@@ -477,7 +523,12 @@ class SmallModelPolicy(Policy):
         return False
 
     def _request_rewrite(
-        self, run: AgentRun, span: FunctionSpan, call: ToolCall | None, caller: str | None = None
+        self,
+        run: AgentRun,
+        span: FunctionSpan,
+        call: ToolCall | None,
+        caller: str | None = None,
+        stuck: bool = False,
     ) -> None:
         """Ask for the whole function `span` as a code block, in place of an edit_file call inside it.
 
@@ -488,7 +539,7 @@ class SmallModelPolicy(Policy):
             run.drop_messages_from(len(run.messages) - 1)
         source = None if has_seen(run.toolbox, span) else span.source
         request = prompts.rewrite_request(
-            span.name, span.path, span.first, span.last, source, caller, failures=self.failures
+            span.name, span.path, span.first, span.last, source, caller, failures=self.failures, stuck=stuck
         )
         self.rewrite_from = len(run.messages)
         run.append({"role": "user", "content": request}, result=True)
@@ -502,6 +553,7 @@ class SmallModelPolicy(Policy):
             lines=[span.first, span.last],
             arguments=parse_arguments(call.arguments)[0] if call is not None else None,
             caller=caller,
+            stuck=stuck,
         )
         run.trajectory.save()
         run.emit(
@@ -519,6 +571,7 @@ class SmallModelPolicy(Policy):
         the function it calls, when there is exactly one in the file.
         """
         started = time.monotonic()
+        before = file_text(run.toolbox, span.path)
         outcome = rewrite_function(run.toolbox, span, content)
         call = ToolCall(
             "", "edit_file", json.dumps({"path": span.path, "function": span.name}), recovered=True
@@ -534,6 +587,8 @@ class SmallModelPolicy(Policy):
             run.format_error("the reply had no usable version of the function")
             return
         run.usable_reply()
+        if before is not None and self._sampled_rewrite_passes(run, span, before, content):
+            return
         if outcome.callees is not None:
             run.drop_messages_from(self.rewrite_from)
             run.trajectory.add(
@@ -544,6 +599,70 @@ class SmallModelPolicy(Policy):
                 return
         run.append({"role": "user", "content": outcome.content}, result=True)
         run.trajectory.save()
+
+    def _sampled_rewrite_passes(
+        self, run: AgentRun, span: FunctionSpan, before: tuple[str, str], answered: str
+    ) -> bool:
+        """When the tests still fail after the model's answer to a whole-function request, ask the same request
+        again up to `rewrite_samples` times (AgentSettings) at SAMPLE_TEMPERATURE, try each new version of the function against the
+        task's tests, and keep the first they pass with: the sample's reply then takes the answer's place in the
+        conversation. Otherwise the file is left as the answer made it and nothing is said. Each sample is a turn.
+
+        Seen on real bugs (bench/README.md, "What the model can write when shown the place"): at temperature 0 the
+        1.5B model wrote the function back unchanged, or wrong, while a sample at 0.8 of the same request wrote
+        the fix (cachetools, `__get__`); and a function written back unchanged once is written back unchanged at
+        temperature 0 every time it is asked again (marshmallow, 5 times in a run).
+        """
+        toolbox = run.toolbox
+        samples = run.settings.rewrite_samples
+        if not samples or not run.test_command or toolbox.run(run.test_command).exit_code == 0:
+            return False
+        answered_text = file_text(toolbox, span.path)
+        request = run.messages[: self.rewrite_from + 1]
+        tried: set[str] = set()
+        with contextlib.suppress(RewriteError):
+            tried.add(function_from_reply(answered, span.name))  # the answer itself failed already
+        codes: list[int | None] = []
+        for seed in range(1, samples + 1):
+            reply = run.sample(request, temperature=SAMPLE_TEMPERATURE, seed=seed)
+            if reply is None:
+                break
+            try:
+                code = function_from_reply(reply.content or "", span.name)
+            except RewriteError:
+                continue
+            if code in tried:
+                continue
+            tried.add(code)
+            toolbox.write_file(*before)
+            outcome = rewrite_function(toolbox, span, reply.content or "")
+            if not outcome.ok:
+                continue
+            tests = toolbox.run(run.test_command)
+            codes.append(tests.exit_code)
+            if tests.exit_code != 0:
+                continue
+            run.trajectory.add(
+                "rewrite_sampled", turn=run.turn, function=span.name, path=span.path, kept_seed=seed,
+                tests_exit_codes=codes,
+            )  # fmt: skip
+            run.drop_messages_from(len(run.messages) - 1)  # the answer (the newest message) gives way
+            run.append(for_history(reply.message))
+            text = outcome.content.rsplit("\n", 1)[0] + "\n" + prompts.tests_pass_after_edit(run.test_command)
+            run.append({"role": "user", "content": text}, result=True)
+            run.trajectory.save()
+            run.emit(
+                "rewrite", tool="edit_file", short_arg=f"{span.path}: {span.name}", detail="a sample passed"
+            )
+            return True
+        if answered_text is not None:
+            toolbox.write_file(*answered_text)
+        run.trajectory.add(
+            "rewrite_sampled", turn=run.turn, function=span.name, path=span.path, kept_seed=None,
+            tests_exit_codes=codes,
+        )  # fmt: skip
+        run.trajectory.save()
+        return False
 
 
 def function_to_rewrite(

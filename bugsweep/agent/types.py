@@ -19,7 +19,14 @@ class Model(Protocol):
     @property
     def name(self) -> str: ...
 
-    def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> ModelReply: ...
+    def complete(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]],
+        *,
+        temperature: float | None = None,
+        seed: int | None = None,
+    ) -> ModelReply: ...
 
     def cost_usd(self, usage: Usage) -> float: ...
 
