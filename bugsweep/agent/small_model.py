@@ -604,9 +604,10 @@ class SmallModelPolicy(Policy):
         self, run: AgentRun, span: FunctionSpan, before: tuple[str, str], answered: str
     ) -> bool:
         """When the tests still fail after the model's answer to a whole-function request, ask the same request
-        again up to `rewrite_samples` times (AgentSettings) at SAMPLE_TEMPERATURE, try each new version of the function against the
-        task's tests, and keep the first they pass with: the sample's reply then takes the answer's place in the
-        conversation. Otherwise the file is left as the answer made it and nothing is said. Each sample is a turn.
+        again up to `rewrite_samples` times (AgentSettings) at SAMPLE_TEMPERATURE, try each new version of the
+        function against the task's tests, and keep the first they pass with: the sample's reply then takes the
+        answer's place in the conversation. Otherwise the file is left as the answer made it and nothing is said.
+        Each sample is a turn (AgentRun.sample).
 
         Seen on real bugs (bench/README.md, "What the model can write when shown the place"): at temperature 0 the
         1.5B model wrote the function back unchanged, or wrong, while a sample at 0.8 of the same request wrote
