@@ -87,11 +87,8 @@ def fix_places(spec: Any, max_function_lines: int, context: int, read: Any) -> l
                 places and places[-1].path == path and place.first <= places[-1].last
             ):  # overlapping: one place
                 prev = places[-1]
-                places[-1] = Place(
-                    path, prev.first, max(prev.last, place.last), prev.function or place.function
-                )
-                if prev.function != place.function:
-                    places[-1].function = None
+                same = prev.function if prev.function == place.function else None  # else: plain lines
+                places[-1] = Place(path, prev.first, max(prev.last, place.last), same)
             else:
                 places.append(place)
     return places

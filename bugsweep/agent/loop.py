@@ -149,10 +149,7 @@ class AgentRun:
     def _turn(self) -> bool:
         """One model reply and its tool calls. True when the model called finish."""
         reply = self._complete()
-        self.turn += 1
-        progress = self.progress
-        progress.turns, progress.usage = self.turn, progress.usage + reply.usage
-        progress.cost_usd = self.model.cost_usd(progress.usage)
+        progress = self._count(reply)
         self.messages.append(for_history(reply.message))
         self.trajectory.add(
             "model_reply",
@@ -206,6 +203,15 @@ class AgentRun:
             self.format_error("no usable tool call in the reply")
         return False
 
+    def _count(self, reply: ModelReply) -> AgentProgress:
+        """One more turn, with the reply's tokens and cost: every model call counts so (the loop's replies and a
+        policy's samples alike)."""
+        self.turn += 1
+        progress = self.progress
+        progress.turns, progress.usage = self.turn, progress.usage + reply.usage
+        progress.cost_usd = self.model.cost_usd(progress.usage)
+        return progress
+
     def _call_tool(self, call: ToolCall) -> ToolOutcome:
         started = time.monotonic()
         outcome = self.toolbox.call(call.name, call.arguments)
@@ -251,10 +257,7 @@ class AgentRun:
             reply = self.model.complete(messages, self.tools, temperature=temperature, seed=seed)
         except ContextLengthExceeded:
             return None
-        self.turn += 1
-        progress = self.progress
-        progress.turns, progress.usage = self.turn, progress.usage + reply.usage
-        progress.cost_usd = self.model.cost_usd(progress.usage)
+        progress = self._count(reply)
         self.trajectory.add(
             "model_sample",
             turn=self.turn,
