@@ -117,6 +117,10 @@ class SandboxSettings(BaseSettings):
     """'local': how many sandbox disks (of the last quota asked for) to keep made and mounted ahead of time, so
     that creating a sandbox only takes one (each holds a few MB of the host's disk until used; released at exit).
     0: each sandbox makes its disk when it is created."""
+    resident: bool = True
+    """'local': start a process in each spare sandbox's namespaces that forks its commands there (a command then
+    costs a fork and an exec, not a bubblewrap of its own; bugsweep/sandbox/local/resident.py). False: every
+    command is a bubblewrap of its own."""
     workdir: str = "/workspace/repo"
     """Where the repository lives inside the sandbox."""
     cache_dir: str | None = None

@@ -18,7 +18,7 @@ import pytest
 from bugsweep.sandbox import RepoSource
 from bugsweep.sandbox.local import LocalProvider, reap_stale, spares
 from bugsweep.settings import SandboxSettings
-from tests.support.leftovers import sandbox_leftovers
+from tests.support.leftovers import processes_in_cgroups, sandbox_leftovers
 
 PROJECT_DIR = Path(__file__).resolve().parents[1]
 QUOTA_MIB = 64
@@ -60,8 +60,10 @@ def test_the_next_sandbox_takes_a_fresh_spare_and_its_quota_holds(provider, bugg
             "echo from-the-first > /workspace/mark && dd if=/dev/zero of=/tmp/f bs=1M count=8"
         ).ok
         [spare] = wait_for_spares(provider.state_dir)
-        # made, on a loop device, but mounted nowhere until taken (a detached mount held by this process)
-        assert on_the_machine(provider.state_dir, spare) == ["loop device", spare.name, f"{spare.name}.disk"]
+        # made, on a loop device, mounted on its folder: its resident (resident.py) binds it already
+        assert on_the_machine(provider.state_dir, spare) == [
+            "mount", "loop device", spare.name, f"{spare.name}.disk"
+        ]  # fmt: skip
         assert json.loads((spare / "meta.json").read_text())["kind"] == "spare"
         assert spare.name not in {entry["id"] for entry in provider.sandboxes()}  # not a sandbox yet
 
@@ -108,6 +110,20 @@ def test_no_spares_when_turned_off(tmp_path, buggy_repo):
         assert [p.name for p in provider.state_dir.glob("local-*") if p.is_dir()] == [sandbox.id]
     assert spares.ready(provider.state_dir) == []
     assert sandbox_leftovers(provider.state_dir, [sandbox.id]) == []
+
+
+def test_without_a_resident_a_spare_is_mounted_nowhere_until_taken(tmp_path, buggy_repo):
+    settings = SandboxSettings(disk_mib=QUOTA_MIB, resident=False)
+    provider = LocalProvider(settings, cache_dir=tmp_path / "cache", state_dir=tmp_path / "state")
+    with provider.create(RepoSource(str(buggy_repo))) as first:
+        assert first.exec("true").ok
+        [spare] = wait_for_spares(provider.state_dir)
+        # a detached mount held by this process: the kernel drops it with the process, however it dies
+        assert on_the_machine(provider.state_dir, spare) == ["loop device", spare.name, f"{spare.name}.disk"]
+        with provider.create(RepoSource(str(buggy_repo))) as second:
+            assert second.id == spare.name and second._res.resident is None
+            assert "/bin/bash" in second.exec("tr '\\0' ' ' < /proc/1/cmdline").stdout  # its own bubblewrap
+    assert sandbox_leftovers(provider.state_dir, [first.id, second.id]) == []
 
 
 def child_script(tmp_path: Path, repo: Path, then: str) -> str:
@@ -158,11 +174,12 @@ def test_spares_of_a_killed_process_are_reaped(tmp_path, buggy_repo):
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
     spare = Path(folder)
-    # the kernel dropped the file system and its loop device with the process; the folder and image are the sweep's
+    # its resident and spawner went with the process; its mount, loop device, folder and image are the sweep's
     deadline = time.monotonic() + 10
-    while on_the_machine(state, spare) != [spare.name, f"{spare.name}.disk"] and time.monotonic() < deadline:
+    while processes_in_cgroups(spare.name) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert on_the_machine(state, spare) == [spare.name, f"{spare.name}.disk"]
+    assert processes_in_cgroups(spare.name) == []
+    assert on_the_machine(state, spare) == ["mount", "loop device", spare.name, f"{spare.name}.disk"]
     assert spare.name in reap_stale(state)
     assert on_the_machine(state, spare) == []
     assert sandbox_leftovers(state, []) == []

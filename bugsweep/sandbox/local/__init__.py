@@ -8,9 +8,11 @@
 2. a per-sandbox cgroup sets the memory and process limits (`limits.py`; prlimit where no cgroup can be made),
    with a spawner process already in it that starts the commands there (`spawner.py`: joining a cgroup costs a
    kernel grace period, 5-20 ms, that a command forked inside it does not pay);
-3. every `exec` is then one `bwrap ... /bin/bash -c COMMAND` (`bwrap.py`: a root of read-only binds, new
-   user/pid/ipc/uts/cgroup/net namespaces, a clean environment) whose whole process tree ends with it
-   (`process.py`); files in /workspace and /tmp persist across commands, processes do not;
+3. every `exec` then runs `/bin/bash -c COMMAND` under bubblewrap's isolation (`bwrap.py`: a root of read-only
+   binds, new user/pid/ipc/uts/cgroup/net namespaces, a clean environment), its whole process tree ending with it
+   (`process.py`): forked by the sandbox's resident, one bubblewrap started with the spare ahead of time
+   (`resident.py`), else (a setup command, a sandbox without one) as a bubblewrap of its own; files in /workspace
+   and /tmp persist across commands, processes do not;
 4. `files` reads and writes the workspace from the host without following anything out of it (`files.py`);
 5. `release()` kills every running command, removes the cgroups, unmounts the overlay and deletes the folder
    (`resources.py`); a weakref finaliser runs it at interpreter exit, and what a process killed outright left
@@ -61,6 +63,7 @@ from bugsweep.sandbox.local.layers import (
 )
 from bugsweep.sandbox.local.limits import Limits
 from bugsweep.sandbox.local.process import RawResult, run_command
+from bugsweep.sandbox.local.resident import ResidentPlan
 from bugsweep.sandbox.local.resources import Resources
 from bugsweep.sandbox.local.setup_network import NetworkPlan
 from bugsweep.sandbox.local.spawner import Spawner
@@ -163,9 +166,12 @@ class LocalProvider:
         """With a disk quota: the next sandboxes' disks are made in the background (spares.py), from the end of this
         sandbox's first command on (made during it, they slowed it by ~8 ms: bench/README.md)."""
         if disk_mib and sandbox._res.disk is not None and self.settings.spare_disks > 0:
+            plan = (
+                ResidentPlan(find_bwrap(), sandbox.interpreter, find_uv()) if self.settings.resident else None
+            )
             sandbox._after_first_command = functools.partial(
                 spares.refill, self.state_dir, disk_mib * MIB, self.settings.spare_disks, sandbox._templates,
-                sandbox._etc_dir, sandbox._skeleton,
+                sandbox._etc_dir, sandbox._skeleton, plan,
             )  # fmt: skip
         return sandbox
 
@@ -228,6 +234,7 @@ class LocalSandbox:
         self._res.snapshot = snapshot
         if spare is not None:
             self._res.disk, self._res.limits, self._res.spawner = spare.disk, spare.limits, spare.spawner
+            self._res.resident = spare.resident
         self._finalizer = weakref.finalize(self, self._res.cleanup)
         try:
             self._setup(bwrap, prepared)
@@ -273,7 +280,7 @@ class LocalSandbox:
             res.limits = Limits.create(self.id, memory_bytes, self.settings.max_processes)
             if res.limits.procs_files:  # commands start the slower way until it is ready (spawner.py)
                 res.spawner = Spawner.start(res.limits.wrapper())
-        res.write_meta()
+            res.write_meta()  # with the new cgroups (a spare's were in the first one)
         self._base_env = {
             "PATH": f"{TASK_ENV}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
             "VIRTUAL_ENV": TASK_ENV, "HOME": WORKSPACE, "USER": SANDBOX_USER, "LOGNAME": SANDBOX_USER,
@@ -289,6 +296,10 @@ class LocalSandbox:
             bwrap_path, etc_dir=etc_dir, root=res.root, wrapper=wrapper,
             interpreter=self.interpreter.binds(), uv=find_uv(), shims=pip_shims(etc_dir),
         )  # fmt: skip
+        if res.resident is not None and res.resident.head != self._argv_head[self._bwrap_at :]:
+            # started for another sandbox's options (another interpreter): this one's commands start the old way
+            res.resident.stop()
+            res.resident = None
 
     def lowers(self, part: str) -> list[Path]:
         """The read-only folders under the repository ('repo') or the task environment ('venv'), top first."""

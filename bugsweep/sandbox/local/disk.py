@@ -46,6 +46,7 @@ _LOOP_CONFIGURE = 0x4C0A
 _LO_FLAGS_AUTOCLEAR = 4
 _MS_NOSUID, _MS_NODEV, _MS_NOATIME = 2, 4, 1024
 _MNT_DETACH = 2
+_MS_SHARED = 1 << 20
 #: The file system's own needs (inode tables, directories, bitmaps) on top of the quota, as an upper bound for
 #: what an image can take of the host's disk: the ext4 overhead of a small file system is a few percent.
 METADATA_SLACK = 0.05
@@ -143,6 +144,13 @@ class DetachedDisk:
         self.disk = disk
         self._fd: int | None = mount_fd
 
+    @property
+    def inside(self) -> Path:
+        """A path to its root while it is mounted nowhere (through this process's descriptor of it)."""
+        if self._fd is None:
+            raise OSError(errno.EBADF, "this disk was attached or dropped already")
+        return Path(f"/proc/self/fd/{self._fd}")
+
     def attach(self) -> WritableDisk:
         """Mount it on its folder (an empty folder); the descriptor is closed either way."""
         fd, self._fd = self._fd, None
@@ -169,6 +177,14 @@ class DetachedDisk:
             os.close(fd)
         with contextlib.suppress(FileNotFoundError):
             self.disk.image.unlink()
+
+
+def make_shared(target: Path) -> None:
+    """Make the mount on `target` shared: mounts made under it later reach the mount namespaces that bind it
+    (resident.py). Raises OSError."""
+    if _libc.mount(None, os.fsencode(target), None, ctypes.c_ulong(_MS_SHARED), None) != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, f"make {target} shared: {os.strerror(code)}")
 
 
 def empty_and_unmount(folder: Path) -> None:

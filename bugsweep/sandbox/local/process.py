@@ -1,10 +1,13 @@
-"""Running one command: `bwrap ... bash -c COMMAND` as a process tree that ends as a whole, with output spooled
-to unlinked files on the sandbox's disk (never into memory) through pipes (capture.py).
+"""Running one command: `bash -c COMMAND` as a process tree that ends as a whole, with output spooled to unlinked
+files on the sandbox's disk (never into memory) through pipes (capture.py).
 
-Because each command gets its own pid namespace, killing the namespace's init kills the whole process tree at once:
-that is how a timeout ends a command, and why background processes (`server &`) end with the command that started
-them. A caller gets the last OUTPUT_LIMIT_BYTES of each stream (`truncated=True` when more was written), or
-everything with `full_output=True`.
+A command is forked by the sandbox's resident when it has one (resident.py: no bubblewrap per command; the resident
+ends everything the command left before it reports the exit code), else it is one `bwrap ... bash -c COMMAND` of
+its own: a setup command (its own network namespace), a command while another runs, a sandbox without a resident.
+Such a command gets its own pid namespace, and killing the namespace's init kills the whole process tree at once.
+Either way, that is how a timeout ends a command, and why background processes (`server &`) end with the command
+that started them. A caller gets the last OUTPUT_LIMIT_BYTES of each stream (`truncated=True` when more was
+written), or everything with `full_output=True`.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from bugsweep.sandbox.local.setup_network import NetworkPlan, SetupNetwork
 from bugsweep.sandbox.local.spawner import SpawnedProcess
 
 if TYPE_CHECKING:
+    from bugsweep.sandbox.local.resident import ResidentCommand
     from bugsweep.sandbox.local.resources import Resources
 
 #: Longer commands are passed to bash as a script file (Linux caps one argument at 128 KiB).
@@ -40,6 +44,9 @@ MAX_ARG_BYTES = 64 * 1024
 #: How often a running command's disk use is sampled for the sandbox's peak.
 DISK_SAMPLE_S = 0.25
 _ENOSPC = b"No space left on device"
+
+#: The exit code of a command whose sandbox was killed under it (bubblewrap's for SIGKILL).
+KILLED = 128 + signal.SIGKILL
 
 _CHILD_PID = re.compile(rb'"child-pid":\s*(\d+)\s*[,}\n]')
 
@@ -71,6 +78,15 @@ class Command:
         self.init_pid: int | None = None
         self._init_fd: int | None = None
         self._fd_lock = threading.Lock()  # release() may kill while the exec thread closes
+
+    @property
+    def returncode(self) -> int | None:
+        return self.proc.returncode
+
+    @property
+    def started(self) -> bool:
+        """bubblewrap got as far as starting the command (it said its init's pid)."""
+        return self.init_pid is not None
 
     def read_info(self, info_fd: int, timeout: float) -> None:
         """Read the init's pid from bwrap's --info-fd (JSON, written in several pieces)."""
@@ -213,73 +229,47 @@ def run_command(
         except OSError:
             res.check_alive(sandbox_id)  # released meanwhile: SandboxGone
             raise
-        info_r, info_w = os.pipe()
-        stack.callback(os.close, info_r)
-        child_fds = [info_w]  # ours to close once bwrap has them
-        try:
-            filter_fd = seccomp.filter_fd()
-            child_fds.append(filter_fd)
-            options = [
-                *argv_head[bwrap_at + 1 :],
-                *extra,
-                "--info-fd",
-                str(info_w),
-                "--unshare-net",
-                "--seccomp",
-                str(filter_fd),
-            ]
-            block_w: int | None = None
-            if network is not None:  # bwrap waits on --block-fd until the namespace has its network
-                block_r, block_w = os.pipe()
-                child_fds.append(block_r)
-                stack.callback(_close_quietly, block_w)
-                resolv = network.resolv_conf_fd()
-                child_fds.append(resolv)
-                options += ["--block-fd", str(block_r), "--ro-bind-data", str(resolv), "/etc/resolv.conf"]
-            options += ["--chdir", cwd]
-            args_fd = options_fd(options)
-            child_fds.append(args_fd)
-            argv = [*argv_head[: bwrap_at + 1], "--args", str(args_fd)]
-            if len(command.encode()) <= MAX_ARG_BYTES:
-                argv += ["/bin/bash", "-c", command]
-            else:  # the kernel refuses a single argument over 128 KiB (a big heredoc): run it from a file
-                script = res.root / "tmp" / f".bugsweep-command-{uuid.uuid4().hex}.sh"
-                script.write_text(command)
-                stack.callback(script.unlink, missing_ok=True)
-                argv += ["/bin/bash", f"/tmp/{script.name}"]
-        except BaseException:
-            for fd in child_fds:
-                os.close(fd)
-            raise
-
+        if len(command.encode()) <= MAX_ARG_BYTES:
+            bash = ["/bin/bash", "-c", command]
+        else:  # the kernel refuses a single argument over 128 KiB (a big heredoc): run it from a file
+            script = res.root / "tmp" / f".bugsweep-command-{uuid.uuid4().hex}.sh"
+            script.write_text(command)
+            stack.callback(script.unlink, missing_ok=True)
+            bash = ["/bin/bash", f"/tmp/{script.name}"]
         start = time.monotonic()
-        try:
-            proc = _start(res, argv, bwrap_at, stdin_fh, capture.writers, environ, child_fds)
-        finally:
-            for fd in child_fds:
-                os.close(fd)
+        cmd: Command | ResidentCommand | None = None
+        if (
+            res.resident is not None and network is None and not extra
+        ):  # no bubblewrap of its own (resident.py)
+            with _stdin_fd(stdin_fh) as stdin_fd:
+                cmd = res.resident.run(bash, environ, cwd, (stdin_fd, *capture.writers))
+        if cmd is None:
+            cmd, info_r, block_w = _start_bwrap(
+                stack, res, argv_head, bash, cwd=cwd, environ=environ, network=network, extra=extra,
+                bwrap_at=bwrap_at, stdin=stdin_fh, output=capture.writers,
+            )  # fmt: skip
         capture.started()
-        cmd = Command(proc)
         setup_net: SetupNetwork | None = None
         try:
             if not res.track(cmd):
                 cmd.kill()
                 raise SandboxGone(f"sandbox {sandbox_id} was released")
-            cmd.read_info(info_r, timeout)
-            if network is not None and block_w is not None:
-                if cmd.init_pid is not None:
-                    try:
-                        setup_net = network.start(cmd.init_pid)
-                    except SandboxError as exc:
-                        cmd.kill()
-                        capture.finish()
-                        capture.err.seek(0)
-                        said = decode(capture.err.read()[-2000:]).strip()
-                        raise SandboxError(
-                            f"{exc}" + (f"; bubblewrap said: {said}" if said else "")
-                        ) from None
-                with contextlib.suppress(OSError):  # bwrap is gone already: its error is reported below
-                    os.write(block_w, b"1")
+            if isinstance(cmd, Command):
+                cmd.read_info(info_r, timeout)
+                if network is not None and block_w is not None:
+                    if cmd.init_pid is not None:
+                        try:
+                            setup_net = network.start(cmd.init_pid)
+                        except SandboxError as exc:
+                            cmd.kill()
+                            capture.finish()
+                            capture.err.seek(0)
+                            said = decode(capture.err.read()[-2000:]).strip()
+                            raise SandboxError(
+                                f"{exc}" + (f"; bubblewrap said: {said}" if said else "")
+                            ) from None
+                    with contextlib.suppress(OSError):  # bwrap is gone already: its error is reported below
+                        os.write(block_w, b"1")
             deadline = start + timeout
             while True:  # in slices, so that the disk's peak is seen while the command writes
                 done = cmd.wait(min(DISK_SAMPLE_S, deadline - time.monotonic()))
@@ -308,14 +298,14 @@ def run_command(
         if res.disk is not None and (_ENOSPC in stdout or _ENOSPC in stderr):
             disk_full = True
 
-    if proc.returncode == 125 and ATTACH_FAILED in stderr:
+    if isinstance(cmd, Command) and cmd.returncode == 125 and ATTACH_FAILED in stderr:
         res.check_alive(sandbox_id)
         raise SandboxError(f"sandbox {sandbox_id}: {decode(stderr).strip()}")
-    if cmd.init_pid is None and not timed_out:  # bwrap never got as far as starting the command
+    if not cmd.started and not timed_out:  # bwrap never got as far as starting the command
         res.check_alive(sandbox_id)
         raise SandboxError(f"bubblewrap could not start the command: {decode(stderr[-2000:]).strip()}")
     return RawResult(
-        exit_code=None if timed_out else proc.returncode,
+        exit_code=None if timed_out else cmd.returncode,
         stdout=stdout,
         stderr=stderr,
         timed_out=timed_out,
@@ -324,6 +314,68 @@ def run_command(
         out_of_memory=bool(res.limits and res.limits.oom_kills() > oom_before),
         disk_full=disk_full,
     )
+
+
+def _start_bwrap(
+    stack: contextlib.ExitStack,
+    res: Resources,
+    argv_head: list[str],
+    bash: list[str],
+    *,
+    cwd: str,
+    environ: dict[str, str],
+    network: NetworkPlan | None,
+    extra: list[str],
+    bwrap_at: int,
+    stdin: int | IO[bytes],
+    output: tuple[int, int],
+) -> tuple[Command, int, int | None]:
+    """Start `bash` as one `bwrap` of its own: the command, the read end of bwrap's --info-fd, and the write end
+    of its --block-fd when the command gets the setup network."""
+    info_r, info_w = os.pipe()
+    stack.callback(os.close, info_r)
+    child_fds = [info_w]  # ours to close once bwrap has them
+    try:
+        filter_fd = seccomp.filter_fd()
+        child_fds.append(filter_fd)
+        options = [*argv_head[bwrap_at + 1 :], *extra, "--info-fd", str(info_w), "--unshare-net"]
+        options += ["--seccomp", str(filter_fd)]
+        block_w: int | None = None
+        if network is not None:  # bwrap waits on --block-fd until the namespace has its network
+            block_r, block_w = os.pipe()
+            child_fds.append(block_r)
+            stack.callback(_close_quietly, block_w)
+            resolv = network.resolv_conf_fd()
+            child_fds.append(resolv)
+            options += ["--block-fd", str(block_r), "--ro-bind-data", str(resolv), "/etc/resolv.conf"]
+        options += ["--chdir", cwd]
+        args_fd = options_fd(options)
+        child_fds.append(args_fd)
+        argv = [*argv_head[: bwrap_at + 1], "--args", str(args_fd), *bash]
+    except BaseException:
+        for fd in child_fds:
+            os.close(fd)
+        raise
+    try:
+        proc = _start(res, argv, bwrap_at, stdin, output, environ, child_fds)
+    finally:
+        for fd in child_fds:
+            os.close(fd)
+    return Command(proc), info_r, block_w
+
+
+@contextlib.contextmanager
+def _stdin_fd(stdin: int | IO[bytes]) -> Iterator[int]:
+    """The command's stdin as a descriptor of ours: the given file, or /dev/null."""
+    if stdin != subprocess.DEVNULL:
+        assert not isinstance(stdin, int)
+        yield stdin.fileno()
+        return
+    fd = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        yield fd
+    finally:
+        os.close(fd)
 
 
 def _start(

@@ -18,6 +18,7 @@ from bugsweep.sandbox.local.disk import WritableDisk
 from bugsweep.sandbox.local.layers import Layer, LocalSnapshot
 from bugsweep.sandbox.local.limits import Limits
 from bugsweep.sandbox.local.process import Command
+from bugsweep.sandbox.local.resident import Resident, ResidentCommand
 from bugsweep.sandbox.local.spawner import Spawner
 from bugsweep.sandbox.local.stale import write_owner_meta
 from bugsweep.sandbox.local.workspace import Overlay, remove_root
@@ -37,6 +38,9 @@ class Resources:
         self.limits: Limits | None = None
         self.spawner: Spawner | None = None
         """The process in the cgroups that starts the commands (spawner.py); None: each joins them itself."""
+        self.resident: Resident | None = None
+        """The process in the sandbox's namespaces that starts its commands (resident.py); None: each command is a
+        bubblewrap of its own."""
         self.disk: WritableDisk | None = None
         self.lease: CheckoutLease | None = None
         self.layers: list[Layer] = []
@@ -48,7 +52,7 @@ class Resources:
         self.labels: dict[str, str] = {}
         self.created = time.time()
         self.released = False
-        self._commands: set[Command] = set()
+        self._commands: set[Command | ResidentCommand] = set()
         self._lock = threading.Lock()
 
     def check_alive(self, sandbox_id: str) -> None:
@@ -58,14 +62,14 @@ class Resources:
         if gone:
             raise SandboxGone(f"sandbox {sandbox_id}: its workspace {self.repo_dir} is gone")
 
-    def track(self, cmd: Command) -> bool:
+    def track(self, cmd: Command | ResidentCommand) -> bool:
         with self._lock:
             if self.released:
                 return False
             self._commands.add(cmd)
             return True
 
-    def untrack(self, cmd: Command) -> None:
+    def untrack(self, cmd: Command | ResidentCommand) -> None:
         with self._lock:
             self._commands.discard(cmd)
 
@@ -97,6 +101,8 @@ class Resources:
             commands = list(self._commands)
         for cmd in commands:
             guard("kill a command", cmd.kill)
+        if self.resident is not None:  # before the mounts go: its namespace holds copies of them
+            guard("stop the resident", self.resident.stop)
         if self.spawner is not None:
             guard("stop the spawner", self.spawner.stop)
         if self.limits is not None:

@@ -1,19 +1,23 @@
 """Spare disks: sandbox folders whose size-limited file system (disk.py) is made ahead of time, so that
-`LocalProvider.create()` only mounts it (one move_mount call) instead of copying an image, attaching a loop device
-and mounting it on the path to the first command (about 10 ms of the ~17 ms of a create at load 2; bench/README.md).
+`LocalProvider.create()` takes it instead of copying an image, attaching a loop device and mounting it on the path to
+the first command (about 10 ms of the ~17 ms of a create at load 2; bench/README.md), together with its cgroups, a
+spawner in them (spawner.py) and a resident in its namespaces (resident.py).
 
 A spare is exactly what a new sandbox's folder would be before its first use: `state_dir/local-<id>` and a fresh
 file system from the process's template, never used by any sandbox before (a spare is taken once; a released
-sandbox's disk is destroyed, never recycled). The sandbox that takes it keeps its id. Until it is taken, the file
-system is a detached mount held by a file descriptor of this process (mounted nowhere): if the process dies, the
-kernel drops it and its loop device, whatever killed the process. After a sandbox's
+sandbox's disk is destroyed, never recycled). The sandbox that takes it keeps its id. With a resident (the
+default, `SandboxSettings.resident`) the file system is mounted on its folder as a shared mount, because the
+resident's bubblewrap binds it and the overlays create() mounts under it must reach the resident's namespace;
+without one, it is a detached mount held by a file descriptor of this process (mounted nowhere) until taken: if
+the process dies, the kernel drops it and its loop device, whatever killed the process. After a sandbox's
 first command (not during it: made then, a spare slowed that command by ~8 ms) a background thread makes spares
 until `count` of that size are ready (`SandboxSettings.spare_disks`; only the
 last size and state folder asked for keep spares); while there is none, create() makes its disk itself.
 
 Nothing is left behind: a spare's folder carries an owner `meta.json` (kind "spare") like a sandbox's, so the
-stale-sandbox sweep (stale.py, `bugsweep sandboxes --reap`, `bugsweep worker`) deletes the folder and the image a
-dead process's spare leaves (no mount: that went with the process); the spares of a process that exits normally
+stale-sandbox sweep (stale.py, `bugsweep sandboxes --reap`, `bugsweep worker`) unmounts and deletes what a dead
+process's spare leaves (its spawner and resident went with the process: the spawner's socket ended, and the
+resident's bubblewrap dies with its parent); the spares of a process that exits normally
 are deleted at exit (`release`), once the worker thread has finished the spare it is making.
 """
 
@@ -29,8 +33,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bugsweep.sandbox.local.disk import DetachedDisk, WritableDisk
+from bugsweep.sandbox.local.disk import DetachedDisk, WritableDisk, make_shared
 from bugsweep.sandbox.local.limits import Limits
+from bugsweep.sandbox.local.resident import Resident, ResidentPlan
 from bugsweep.sandbox.local.spawner import Spawner
 from bugsweep.sandbox.local.stale import write_owner_meta
 from bugsweep.sandbox.local.workspace import remove_root
@@ -49,6 +54,9 @@ class Spare:
     disk: DetachedDisk
     limits: Limits | None = None
     spawner: Spawner | None = None
+    resident: Resident | None = None
+    """The process that will start the sandbox's commands (resident.py): the disk is then mounted already."""
+    attached: WritableDisk | None = None
 
     @property
     def root(self) -> Path:
@@ -62,6 +70,7 @@ class Taken:
     disk: WritableDisk
     limits: Limits | None
     spawner: Spawner | None
+    resident: Resident | None
 
 
 @dataclass
@@ -69,8 +78,9 @@ class _Pool:
     key: tuple[Path, int]
     """(state_dir, size_bytes)"""
     count: int
-    recipe: tuple[Path, Path, tuple[str, ...]]
-    """What `make` needs besides the key: the templates folder, the /etc to copy, the skeleton."""
+    recipe: tuple[Path, Path, tuple[str, ...], ResidentPlan | None]
+    """What `make` needs besides the key: the templates folder, the /etc to copy, the skeleton, the resident's
+    options."""
     ready: list[Spare] = field(default_factory=list)
     busy: bool = False
     """The worker is making a spare for this pool now."""
@@ -97,7 +107,8 @@ def take(state_dir: Path, size_bytes: int) -> Taken | None:
     if spare is None:
         return None
     try:
-        return Taken(spare.disk.attach(), spare.limits, spare.spawner)
+        disk = spare.attached or spare.disk.attach()
+        return Taken(disk, spare.limits, spare.spawner, spare.resident)
     except OSError as exc:
         log.warning("could not mount the spare sandbox disk %s: %s", spare.root, exc)
         _destroy(spare)
@@ -119,8 +130,10 @@ def refill(
     templates: Path,
     etc_dir: Path,
     skeleton: Sequence[str],
+    resident: ResidentPlan | None = None,
 ) -> None:
-    """Have spares of `size_bytes` made in the background until `count` are ready. Returns at once: one
+    """Have spares of `size_bytes` made in the background until `count` are ready, each with a resident started
+    with `resident`'s options (the last sandbox's) where given. Returns at once: one
     long-lived worker thread per process makes them (starting a thread per call cost the caller ~1 ms).
     Spares of another size or state folder go: only the last one asked for is kept ready."""
     global _worker
@@ -137,8 +150,9 @@ def refill(
             old.ready = []
         pool = _pools.get(key)
         if pool is None:
-            pool = _pools[key] = _Pool(key, count, (templates, etc_dir, tuple(skeleton)))
+            pool = _pools[key] = _Pool(key, count, (templates, etc_dir, tuple(skeleton), resident))
         pool.count = count
+        pool.recipe = (templates, etc_dir, tuple(skeleton), resident)
         if _worker is None:
             # A daemon: it must not hold up the interpreter's exit; `release` (at exit) waits for its current spare.
             _worker = threading.Thread(target=_work, name="bugsweep-spare-disks", daemon=True)
@@ -170,10 +184,18 @@ def release(state_dir: Path | None = None) -> None:
 atexit.register(release)
 
 
-def make(state_dir: Path, size_bytes: int, templates: Path, etc_dir: Path, skeleton: Sequence[str]) -> Spare:
+def make(
+    state_dir: Path,
+    size_bytes: int,
+    templates: Path,
+    etc_dir: Path,
+    skeleton: Sequence[str],
+    resident: ResidentPlan | None = None,
+) -> Spare:
     """One spare now: a new sandbox folder in `state_dir` (with its owner meta.json, kind "spare"), a file system
-    for it, not mounted yet, and its cgroups with a spawner in them. Raises OSError where this host cannot make
-    the folder or the file system (without cgroups, the sandbox makes its own limits)."""
+    for it, and its cgroups with a spawner in them; with `resident`, the file system is mounted on the folder (a
+    shared mount) and a resident started in them (resident.py), else it is not mounted yet. Raises OSError where
+    this host cannot make the folder or the file system (without cgroups, the sandbox makes its own limits)."""
     root = state_dir / f"local-{uuid.uuid4().hex[:12]}"
     root.mkdir()
     created = time.time()
@@ -188,6 +210,16 @@ def make(state_dir: Path, size_bytes: int, templates: Path, etc_dir: Path, skele
                 root, kind=KIND, created=created, mounts=[], cgroups=[str(d) for d in limits.dirs]
             )
             spare.spawner = Spawner.start(limits.wrapper())
+        if resident is not None and spare.spawner is not None:
+            # the owner meta.json on the disk too: mounted on the folder, the disk hides the folder's own
+            write_owner_meta(
+                spare.disk.inside,
+                kind=KIND,
+                created=created,
+                mounts=[],
+                cgroups=[str(d) for d in limits.dirs],
+            )
+            _start_resident(spare, resident)
         return spare
     except BaseException:
         if spare is not None:
@@ -195,6 +227,15 @@ def make(state_dir: Path, size_bytes: int, templates: Path, etc_dir: Path, skele
         else:
             remove_root(root, [])
         raise
+
+
+def _start_resident(spare: Spare, plan: ResidentPlan) -> None:
+    """Mount the spare's disk (shared, so that the overlays mounted under it at create() reach the resident's
+    namespace) and start its resident. A resident that cannot start leaves a spare without one."""
+    assert spare.spawner is not None
+    spare.attached = spare.disk.attach()  # from here on a killed process leaves a mount: stale.py unmounts it
+    make_shared(spare.root)
+    spare.resident = Resident.start(spare.spawner, plan.head(spare.root), plan.interpreter.executable)
 
 
 def _work() -> None:
@@ -220,10 +261,10 @@ def _work() -> None:
 
 
 def _make_for(pool: _Pool) -> None:
-    (state_dir, size_bytes), (templates, etc_dir, skeleton) = pool.key, pool.recipe
+    (state_dir, size_bytes), (templates, etc_dir, skeleton, resident) = pool.key, pool.recipe
     made: Spare | None = None
     try:
-        made = make(state_dir, size_bytes, templates, etc_dir, skeleton)
+        made = make(state_dir, size_bytes, templates, etc_dir, skeleton, resident)
         pool.failed = made is None
     except Exception as exc:  # the next create() makes its own disk and reports what is wrong
         log.warning("could not make a spare sandbox disk in %s: %s", state_dir, exc)
@@ -248,6 +289,8 @@ def _next_job() -> _Pool | None:
 
 def _destroy(spare: Spare) -> None:
     try:
+        if spare.resident is not None:
+            spare.resident.stop()
         if spare.spawner is not None:
             spare.spawner.stop()
         if spare.limits is not None:

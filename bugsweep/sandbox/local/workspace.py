@@ -121,13 +121,18 @@ class Overlay:
         self.mounted = False
 
 
+_MS_NOSUID, _MS_NODEV = 2, 4
+
+
 def mount_overlay(lowers: list[Path], upper: Path, work: Path, target: Path) -> bool:
     """Mount `lowers` (top first) + `upper` at `target`. False (with a warning) when overlayfs is not available."""
     layers = [os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC) for path in (*lowers, upper, work)]
     try:  # short, comma-free names that show no host path (the kernel resolves them at mount time)
         names = [f"/proc/self/fd/{fd}" for fd in layers]
         options = f"lowerdir={':'.join(names[:-2])},upperdir={names[-2]},workdir={names[-1]}"
-        rc = _libc.mount(b"overlay", os.fsencode(target), b"overlay", ctypes.c_ulong(0), os.fsencode(options))
+        # nosuid, nodev: as bubblewrap's binds are; a sandbox's resident sees this very mount (resident.py)
+        flags = ctypes.c_ulong(_MS_NOSUID | _MS_NODEV)
+        rc = _libc.mount(b"overlay", os.fsencode(target), b"overlay", flags, os.fsencode(options))
     finally:
         for fd in layers:
             os.close(fd)
