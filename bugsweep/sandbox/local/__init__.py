@@ -296,8 +296,11 @@ class LocalSandbox:
             bwrap_path, etc_dir=etc_dir, root=res.root, wrapper=wrapper,
             interpreter=self.interpreter.binds(), uv=find_uv(), shims=pip_shims(etc_dir),
         )  # fmt: skip
-        if res.resident is not None and res.resident.head != self._argv_head[self._bwrap_at :]:
-            # started for another sandbox's options (another interpreter): this one's commands start the old way
+        resident = res.resident
+        if resident is not None and (
+            not self.settings.resident or resident.head != self._argv_head[self._bwrap_at :]
+        ):
+            # turned off, or started for another sandbox's options (another interpreter): the old way
             res.resident.stop()
             res.resident = None
 
