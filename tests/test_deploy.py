@@ -453,3 +453,9 @@ def test_a_worker_killed_with_its_run_mid_solve_ends_crashed_and_the_next_worker
     assert run["run_count"] == 2, "run once more, as the same flow run"
     grade = json.loads(deployed.store.get_bytes("KILL-ME/calc-kill-me/scripted-model/grade.json"))
     assert grade["resolved"] is True
+    # nothing of the killed process is left on the machine (its spare disk and resident neither), and the rerun's
+    # process leaves nothing once it has exited
+    deadline = time.monotonic() + 60
+    while f"{state_dir}/" in Path("/proc/mounts").read_text() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert f"{state_dir}/" not in Path("/proc/mounts").read_text()

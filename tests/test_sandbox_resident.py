@@ -173,3 +173,20 @@ def test_the_resident_goes_with_its_sandbox(provider, buggy_repo):
     assert processes_in_cgroups(sbx.id) == []
     assert sandbox_leftovers(provider.state_dir, [sbx.id]) == []
     assert subprocess.run(["pgrep", "-f", f"bugsweep-{sbx.id}"], capture_output=True).returncode == 1
+
+
+def test_the_limits_hold_for_commands_the_resident_starts(provider, buggy_repo):
+    with with_resident(provider, buggy_repo) as sbx:
+        assert sbx._res.resident is not None and sbx._res.resident.alive
+        hog = sbx.exec("python3 -c 'x = bytearray(1 << 30); print(len(x))'")  # over the 256 MiB limit
+        assert hog.out_of_memory and hog.exit_code == 137
+        assert sbx.exec("echo after the hog").stdout == "after the hog\n"
+        fork = sbx.exec("for i in $(seq 200); do sleep 600 & done; wait", timeout=5)  # 64 processes at most
+        assert "fork" in fork.stderr.lower() or fork.timed_out
+        assert not [p for p in processes_in_cgroups(sbx.id) if "sleep" in _cmdline(p)]
+        full = sbx.exec(
+            "dd if=/dev/zero of=/tmp/big bs=1M count=200 2>&1; rm -f /tmp/big"
+        )  # the 64 MiB quota
+        assert full.disk_full and "No space left on device" in full.stdout
+        assert sbx.exec("echo still here").stdout == "still here\n"
+    assert sandbox_leftovers(provider.state_dir, [sbx.id]) == []
