@@ -190,3 +190,25 @@ def test_the_limits_hold_for_commands_the_resident_starts(provider, buggy_repo):
         assert full.disk_full and "No space left on device" in full.stdout
         assert sbx.exec("echo still here").stdout == "still here\n"
     assert sandbox_leftovers(provider.state_dir, [sbx.id]) == []
+
+
+def test_the_resident_sees_the_layers_rearranged_by_a_snapshot(provider, buggy_repo):
+    """A snapshot unmounts the sandbox's overlays and mounts them again on a new layer: on the host, after the
+    resident started; its namespace gets both by propagation, and a sandbox made from the snapshot sees it too."""
+    with with_resident(provider, buggy_repo) as sbx:
+        assert sbx._res.resident is not None
+        assert sbx.exec("echo one > one.txt && echo env > /opt/venv/marker").ok
+        snapshot = sbx.snapshot()
+        try:
+            assert sbx._res.resident.alive
+            assert sbx.exec("cat one.txt /opt/venv/marker && echo two > two.txt").stdout == "one\nenv\n"
+            assert sbx.files.read_text("two.txt") == "two\n"
+            assert "-I -S -" in pid1(sbx)
+            with provider.create_from(snapshot) as fresh:
+                assert fresh.exec("cat one.txt /opt/venv/marker; ls two.txt 2>&1").stdout.startswith(
+                    "one\nenv\n"
+                )
+                assert "No such file" in fresh.exec("ls two.txt 2>&1").stdout
+        finally:
+            snapshot.release()
+    assert sandbox_leftovers(provider.state_dir, []) == []
