@@ -1,6 +1,6 @@
 """The resident of one sandbox (see resident.py for why it exists and the protocol). Standard library only: it runs
 inside the sandbox, under its namespaces, seccomp filter and cgroups, as `python -I -S - CTL_FD` with this file on
-its standard input, and forks the sandbox's commands from there.
+its standard input, and starts the sandbox's commands from there.
 
 On its control socket (AF_UNIX, SOCK_SEQPACKET) it says b"ready" once, then reads one request per message: a JSON
 object {"argv": [...], "env": {...}, "cwd": "..."} with four descriptors attached: a reply socket and the command's
@@ -56,6 +56,8 @@ def main(ctl_fd: int) -> None:
 
 
 def _received_fds(ancdata: list[tuple[int, int, bytes]]) -> list[int]:
+    """_spawner_main.received_fds again: this program runs from its standard input inside the sandbox, where no
+    module of bugsweep can be imported."""
     fds = array.array("i")
     for level, kind, payload in ancdata:
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
