@@ -301,7 +301,7 @@ class LocalSandbox:
             not self.settings.resident or resident.head != self._argv_head[self._bwrap_at :]
         ):
             # turned off, or started for another sandbox's options (another interpreter): the old way
-            res.resident.stop()
+            resident.stop()
             res.resident = None
 
     def lowers(self, part: str) -> list[Path]:
