@@ -22,8 +22,11 @@ knows the task only then); they reach its mount namespace by propagation: the sp
 
 Commands that need other bubblewrap options start the old way: a setup command (its network namespace with
 slirp4netns, the download cache), a command while another one runs, and every command of a sandbox whose resident
-is gone (killed with a timed-out command, or its options differ from the sandbox's: another interpreter). The
-resident only makes commands start sooner; it never decides what they may do.
+is gone (killed with a timed-out command, or its options differ from the sandbox's: another interpreter), and every
+command of a sandbox made without a spare: a process's first sandbox (a spare is made after a sandbox's first
+command), so the agent of a one-task `bugsweep solve` runs its commands the old way and only its regrade's sandbox
+has a resident, where a sweep's later tasks all have one. The resident only makes commands start sooner; it never
+decides what they may do.
 """
 
 from __future__ import annotations
