@@ -21,7 +21,7 @@ from bugsweep.sandbox import RepoSource
 from bugsweep.sandbox.local import LocalProvider, LocalSandbox, spares
 from bugsweep.settings import SandboxSettings
 from tests.support.leftovers import processes_in_cgroups, sandbox_leftovers
-from tests.test_sandbox_spawner import COMMANDS
+from tests.test_sandbox_spawner import COMMANDS, exec_results
 
 
 @pytest.fixture
@@ -70,18 +70,10 @@ def test_a_command_gives_the_same_result_through_the_resident_as_in_its_own_bubb
         assert "-I -S -" in pid1(sbx)  # the command was forked by the resident (python -I -S - CTL)
         # the timeout last: it ends the resident (its whole namespace goes), and later commands start the old way
         commands = [*ISOLATION, *sorted(COMMANDS, key=lambda c: c[2] < 30)]
-
-        def results() -> list[tuple[object, ...]]:
-            out = []
-            for command, stdin, timeout in commands:
-                r = sbx.exec(command, stdin=stdin, timeout=timeout)
-                out.append((command, r.exit_code, r.stdout, r.stderr, r.timed_out, r.out_of_memory))
-            return out
-
-        through = results()
+        through = exec_results(sbx, commands)
         assert not resident.alive  # ended by the timed-out command
         assert "/bin/bash" in pid1(sbx)  # each command its own bubblewrap again
-        direct = results()
+        direct = exec_results(sbx, commands)
     for (command, *got), (_, *want) in zip(through, direct, strict=True):
         if command.endswith("echo $$"):  # the differences allowed: the shell is not pid 2 of its namespace
             assert got[1].splitlines()[:-1] == want[1].splitlines()[:-1] and got[1].split()[-1] != "2"

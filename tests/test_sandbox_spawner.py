@@ -62,21 +62,24 @@ COMMANDS = [
 ]
 
 
+def exec_results(
+    sbx: LocalSandbox, commands: list[tuple[str, str | None, float]]
+) -> list[tuple[object, ...]]:
+    """Each of `commands` run in `sbx`, as (command, exit code, stdout, stderr, timed out, out of memory)."""
+    out = []
+    for command, stdin, timeout in commands:
+        r = sbx.exec(command, stdin=stdin, timeout=timeout)
+        out.append((command, r.exit_code, r.stdout, r.stderr, r.timed_out, r.out_of_memory))
+    return out
+
+
 def test_a_command_gives_the_same_result_through_the_spawner_as_without(provider, buggy_repo):
     with with_ready_spawner(provider.create(RepoSource(str(buggy_repo)))) as sbx:
         spawner = sbx._res.spawner
-
-        def results() -> list[tuple[object, ...]]:
-            out = []
-            for command, stdin, timeout in COMMANDS:
-                r = sbx.exec(command, stdin=stdin, timeout=timeout)
-                out.append((command, r.exit_code, r.stdout, r.stderr, r.timed_out, r.out_of_memory))
-            return out
-
-        through = results()
+        through = exec_results(sbx, COMMANDS)
         sbx._res.spawner = None  # each command joins the cgroups itself, as before the spawner
         try:
-            direct = results()
+            direct = exec_results(sbx, COMMANDS)
         finally:
             sbx._res.spawner = spawner
     assert through == direct

@@ -222,6 +222,13 @@ def command_argv(
     ]  # fmt: skip
 
 
+def isolation_args(info_fd: int, filter_fd: int) -> list[str]:
+    """What every sandboxed process gets on top of command_argv, whether it is a command or a resident that
+    starts commands (resident.py): bubblewrap says its init's pid on `info_fd`, no network (a setup command's
+    comes later, into this namespace) and the seccomp filter read from `filter_fd` (seccomp.filter_fd)."""
+    return ["--info-fd", str(info_fd), "--unshare-net", "--seccomp", str(filter_fd)]
+
+
 def options_fd(options: list[str]) -> int:
     """A new file descriptor holding `options` NUL-separated, for `bwrap --args FD`: bubblewrap reads its options
     from there instead of its command line, so the sandbox's /proc/1/cmdline (bubblewrap is pid 1 inside) shows

@@ -28,7 +28,7 @@ from typing import IO, TYPE_CHECKING
 from bugsweep.errors import SandboxError, SandboxGone
 from bugsweep.sandbox.base import OUTPUT_LIMIT_BYTES
 from bugsweep.sandbox.local import seccomp
-from bugsweep.sandbox.local.bwrap import options_fd
+from bugsweep.sandbox.local.bwrap import isolation_args, options_fd
 from bugsweep.sandbox.local.capture import Capture, stdin_file
 from bugsweep.sandbox.local.common import decode, short
 from bugsweep.sandbox.local.limits import ATTACH_FAILED
@@ -338,8 +338,7 @@ def _start_bwrap(
     try:
         filter_fd = seccomp.filter_fd()
         child_fds.append(filter_fd)
-        options = [*argv_head[bwrap_at + 1 :], *extra, "--info-fd", str(info_w), "--unshare-net"]
-        options += ["--seccomp", str(filter_fd)]
+        options = [*argv_head[bwrap_at + 1 :], *extra, *isolation_args(info_w, filter_fd)]
         block_w: int | None = None
         if network is not None:  # bwrap waits on --block-fd until the namespace has its network
             block_r, block_w = os.pipe()
@@ -390,13 +389,7 @@ def _start(
     """Start the command: through the sandbox's spawner (already in its cgroups: no join, spawner.py) when it is
     ready, else as `Limits.wrapper() + bwrap ...` from here."""
     if res.spawner is not None:
-        with contextlib.ExitStack() as stack:
-            if stdin == subprocess.DEVNULL:
-                stdin_fd = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
-                stack.callback(os.close, stdin_fd)
-            else:
-                assert not isinstance(stdin, int)
-                stdin_fd = stdin.fileno()
+        with _stdin_fd(stdin) as stdin_fd:
             fds = {stdin_fd: 0, output[0]: 1, output[1]: 2, **{fd: fd for fd in child_fds}}
             spawned = res.spawner.spawn(argv[bwrap_at:], environ, fds)
             if spawned is not None:

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bugsweep.sandbox.local import seccomp
-from bugsweep.sandbox.local.bwrap import command_argv, options_fd
+from bugsweep.sandbox.local.bwrap import command_argv, isolation_args, options_fd, pip_shims
 from bugsweep.sandbox.local.layers import Interpreter
 from bugsweep.sandbox.local.process import KILLED, Command
 from bugsweep.sandbox.local.spawner import Spawner
@@ -73,7 +73,7 @@ class ResidentPlan:
         etc_dir = root / "etc"
         return command_argv(
             self.bwrap, etc_dir=etc_dir, root=root, wrapper=[], interpreter=self.interpreter.binds(),
-            uv=self.uv, shims=etc_dir / "bugsweep-shims",
+            uv=self.uv, shims=pip_shims(etc_dir),
         )  # fmt: skip
 
 
@@ -109,8 +109,9 @@ class Resident:
             quiet = [os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC) for _ in range(2)]
             mine += quiet
             mine.append(filter_fd := seccomp.filter_fd())
-            options = [*head[1:], "--info-fd", str(info_w), "--unshare-net", "--seccomp", str(filter_fd)]
-            mine.append(args_fd := options_fd([*options, "--chdir", "/"]))
+            mine.append(
+                args_fd := options_fd([*head[1:], *isolation_args(info_w, filter_fd), "--chdir", "/"])
+            )
             ctl_fd = theirs.fileno()
             argv = [head[0], "--args", str(args_fd), python, "-I", "-S", "-", str(ctl_fd)]
             fds = {

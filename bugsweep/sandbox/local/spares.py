@@ -206,20 +206,13 @@ def make(
         limits = Limits.create(root.name, None, None)
         if limits.procs_files:
             spare.limits = limits
-            write_owner_meta(
-                root, kind=KIND, created=created, mounts=[], cgroups=[str(d) for d in limits.dirs]
-            )
+            owner = {"kind": KIND, "created": created, "mounts": [], "cgroups": [str(d) for d in limits.dirs]}
+            write_owner_meta(root, **owner)
             spare.spawner = Spawner.start(limits.wrapper())
-        if resident is not None and spare.spawner is not None:
-            # the owner meta.json on the disk too: mounted on the folder, the disk hides the folder's own
-            write_owner_meta(
-                spare.disk.inside,
-                kind=KIND,
-                created=created,
-                mounts=[],
-                cgroups=[str(d) for d in limits.dirs],
-            )
-            _start_resident(spare, resident)
+            if resident is not None and spare.spawner is not None:
+                # on the disk too: mounted on the folder, the disk hides the folder's own meta.json
+                write_owner_meta(spare.disk.inside, **owner)
+                _start_resident(spare, resident)
         return spare
     except BaseException:
         if spare is not None:
