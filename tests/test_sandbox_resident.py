@@ -204,3 +204,20 @@ def test_the_resident_sees_the_layers_rearranged_by_a_snapshot(provider, buggy_r
         finally:
             snapshot.release()
     assert sandbox_leftovers(provider.state_dir, []) == []
+
+
+def test_a_setup_network_leaves_every_sandbox_s_overlays_mounted(provider, buggy_repo):
+    """A spare's disk is a shared mount (so the overlays under it reach the resident). slirp4netns, which gives a
+    setup command its network, makes its own mount namespace with only / private, then detaches the host's tree:
+    run from this namespace, that detach unmounted the overlays of every sandbox made from a spare (a sweep's
+    task then failed with "its workspace is gone", or found no Python). The setup network must leave them."""
+    with with_resident(provider, buggy_repo) as sbx:
+        assert sbx._res.resident is not None
+        mounts = [sbx._res.repo_dir, sbx._res.env.target]
+        assert all(os.path.ismount(m) for m in mounts)
+        with provider.create(RepoSource(str(buggy_repo))) as other:
+            assert other.exec("true", network=True).ok
+        assert sbx.exec("true", network=True).ok  # its own setup command too
+        assert [m for m in mounts if not os.path.ismount(m)] == []
+        assert sbx.exec("ls calc.py && python3 -c 'print(1)'").stdout == "calc.py\n1\n"
+    assert sandbox_leftovers(provider.state_dir, []) == []

@@ -14,7 +14,7 @@ them. `allow` (settings: `setup_network_allow`) names ranges that stay reachable
 on the company network.
 
 How it is wired: bubblewrap makes the namespace and waits on `--block-fd`; `SetupNetwork.start(pid)` attaches
-slirp4netns to the namespace of the command's init, waits for its ready signal, installs the routes with
+slirp4netns (in a mount namespace of its own, all private: see `start`) to the namespace of the command's init, waits for its ready signal, installs the routes with
 `nsenter --net ip -batch -`, and then the caller lets bubblewrap go on. `stop()` ends slirp4netns (closing its
 exit fd, then SIGKILL if it lingers) and waits for it.
 """
@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 from bugsweep.errors import ConfigError, SandboxError
 
-INSTALL_HINT = "install slirp4netns and iproute2: `apt-get install slirp4netns iproute2` (Debian/Ubuntu)"
+INSTALL_HINT = "install slirp4netns, iproute2 and util-linux: `apt-get install slirp4netns iproute2 util-linux` (Debian/Ubuntu)"
 
 #: Never reachable from the setup step (besides the host's own addresses and networks, found at start).
 BLOCKED_RANGES = (
@@ -110,7 +110,7 @@ class NetworkPlan:
 
     @classmethod
     def _make(cls, allow: tuple[str, ...]) -> NetworkPlan:
-        for name in ("slirp4netns", "nsenter", "ip"):
+        for name in ("slirp4netns", "unshare", "nsenter", "ip"):
             _tool(name)
         allowed = tuple(allow)
         for cidr in allowed:
@@ -150,6 +150,10 @@ class SetupNetwork:
     def start(cls, pid: int, *, subnet: ipaddress.IPv4Network, allow: Iterable[str] = ()) -> SetupNetwork:
         """Give the network namespace of `pid` the setup network. Raises SandboxError when it cannot."""
         slirp = _tool("slirp4netns")
+        # In a mount namespace of its own whose mounts are all private: --enable-sandbox makes only its / private
+        # (not recursively) before it detaches the host's tree, and that detach would otherwise reach every shared
+        # mount's peers, unmounting the overlays under a spare sandbox's disk in this namespace (spares.py).
+        private = [_tool("unshare"), "--mount", "--propagation", "private", "--"]
         _wait_for_loopback(pid)
         ready_r, ready_w = os.pipe()
         exit_r, exit_w = os.pipe()
@@ -157,7 +161,7 @@ class SetupNetwork:
             proc = subprocess.Popen(
                 # --userns-path: stay in our own user namespace (setns to it is a no-op) instead of joining the
                 # target's, which bubblewrap's --disable-userns nests once more while we start
-                [slirp, "--configure", "--mtu=65520", "--disable-host-loopback", f"--cidr={subnet}",
+                [*private, slirp, "--configure", "--mtu=65520", "--disable-host-loopback", f"--cidr={subnet}",
                  "--userns-path=/proc/self/ns/user",
                  "--enable-sandbox", "--enable-seccomp", f"--ready-fd={ready_w}", f"--exit-fd={exit_r}",
                  str(pid), "tap0"],
