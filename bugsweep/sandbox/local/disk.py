@@ -44,7 +44,7 @@ _T = TypeVar("_T")
 _LOOP_CTL_GET_FREE = 0x4C82
 _LOOP_CONFIGURE = 0x4C0A
 _LO_FLAGS_AUTOCLEAR = 4
-_MS_NOSUID, _MS_NODEV, _MS_NOATIME = 2, 4, 1024
+MS_NOSUID, MS_NODEV, _MS_NOATIME = 2, 4, 1024  # MS_NOSUID, MS_NODEV: also the overlays' (workspace.py)
 _MNT_DETACH = 2
 _MS_SHARED = 1 << 20
 #: The file system's own needs (inode tables, directories, bitmaps) on top of the quota, as an upper bound for
@@ -349,7 +349,7 @@ def _device(loop: int) -> bytes:
 
 def _mount(loop: int, target: Path) -> None:
     device = _device(loop)
-    flags = ctypes.c_ulong(_MS_NOSUID | _MS_NODEV | _MS_NOATIME)
+    flags = ctypes.c_ulong(MS_NOSUID | MS_NODEV | _MS_NOATIME)
     if _libc.mount(device, os.fsencode(target), b"ext4", flags, b"noinit_itable") != 0:
         code = ctypes.get_errno()
         raise OSError(code, f"mount {device.decode()} on {target}: {os.strerror(code)}")

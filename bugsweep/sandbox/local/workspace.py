@@ -36,7 +36,7 @@ from pathlib import Path, PurePosixPath
 from bugsweep.errors import ConfigError, SandboxError
 from bugsweep.sandbox.local import disk
 from bugsweep.sandbox.local.common import WORKSPACE
-from bugsweep.sandbox.local.disk import umount
+from bugsweep.sandbox.local.disk import MS_NODEV, MS_NOSUID, umount
 
 log = logging.getLogger(__name__)
 
@@ -121,9 +121,6 @@ class Overlay:
         self.mounted = False
 
 
-_MS_NOSUID, _MS_NODEV = 2, 4
-
-
 def mount_overlay(lowers: list[Path], upper: Path, work: Path, target: Path) -> bool:
     """Mount `lowers` (top first) + `upper` at `target`. False (with a warning) when overlayfs is not available."""
     layers = [os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC) for path in (*lowers, upper, work)]
@@ -131,7 +128,7 @@ def mount_overlay(lowers: list[Path], upper: Path, work: Path, target: Path) -> 
         names = [f"/proc/self/fd/{fd}" for fd in layers]
         options = f"lowerdir={':'.join(names[:-2])},upperdir={names[-2]},workdir={names[-1]}"
         # nosuid, nodev: as bubblewrap's binds are; a sandbox's resident sees this very mount (resident.py)
-        flags = ctypes.c_ulong(_MS_NOSUID | _MS_NODEV)
+        flags = ctypes.c_ulong(MS_NOSUID | MS_NODEV)
         rc = _libc.mount(b"overlay", os.fsencode(target), b"overlay", flags, os.fsencode(options))
     finally:
         for fd in layers:
