@@ -156,37 +156,43 @@ class Resident:
         gone or busy, or did not answer (then it is killed): the caller starts the command the old way."""
         if not self._busy.acquire(blocking=False):
             return None
+        started: ResidentCommand | None = None
         try:
-            request = json.dumps({"argv": argv, "env": env, "cwd": cwd}).encode()
-            ctl = self._ctl
-            if ctl is None or len(request) > MAX_REQUEST:
+            started = self._send(json.dumps({"argv": argv, "env": env, "cwd": cwd}).encode(), stdio)
+        except BaseException:
+            self.kill()
+            raise
+        finally:
+            if started is None:
                 self._busy.release()
-                return None
-            mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        return started
+
+    def _send(self, request: bytes, stdio: tuple[int, int, int]) -> ResidentCommand | None:
+        """Send one request; the started command, or None: the resident is gone or the request too big (it is
+        left as it is), or it could not be sent or was not answered (the resident is killed)."""
+        ctl = self._ctl
+        if ctl is None or len(request) > MAX_REQUEST:
+            return None
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
             try:
                 ctl.sendmsg(
                     [request], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, _fds([theirs.fileno(), *stdio]))]
                 )
-            except OSError as exc:
-                log.warning("a sandbox's resident is gone (%s): commands start the slower way", exc)
-                mine.close()
-                self.kill()
-                self._busy.release()
-                return None
             finally:
                 theirs.close()
             said = _receive(mine, time.monotonic() + ANSWER_TIMEOUT_S)
-            if said != b"started":
-                log.warning("a sandbox's resident did not start a command (%r): it is stopped", said)
-                mine.close()
-                self.kill()
-                self._busy.release()
-                return None
+            if said == b"started":
+                return ResidentCommand(self, mine)
+            log.warning("a sandbox's resident did not start a command (%r): it is stopped", said)
+        except OSError as exc:
+            log.warning("a sandbox's resident is gone (%s): commands start the slower way", exc)
         except BaseException:
-            self.kill()
-            self._busy.release()
+            mine.close()
             raise
-        return ResidentCommand(self, mine)
+        mine.close()
+        self.kill()
+        return None
 
     def kill(self) -> None:
         """End the resident and the sandbox's pid namespace with it (every process it started), and wait until
