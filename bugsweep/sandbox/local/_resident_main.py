@@ -85,31 +85,29 @@ def _run(data: bytes, reply: socket.socket, stdio: list[int]) -> None:
         return
     with contextlib.suppress(OSError):
         reply.send(b"started")
-    status = 0
-    while True:
-        try:
-            done, got = os.waitpid(-1, 0)
-        except ChildProcessError:
-            break
-        except InterruptedError:
-            continue
-        if done == pid:
-            status = got
-            break
+    status = _reap(pid)
     # What the command left behind: every other process of the sandbox (the kernel spares init and this one).
     # kill(-1) holds the task list while it signals, so a fork loop cannot outrun it.
     with contextlib.suppress(ProcessLookupError):
         os.kill(-1, signal.SIGKILL)
-    while True:
-        try:
-            os.waitpid(-1, 0)
-        except ChildProcessError:
-            break
-        except InterruptedError:
-            continue
+    _reap(None)
     code = 128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.waitstatus_to_exitcode(status)
     with contextlib.suppress(OSError):
         reply.send(b"exit %d" % code)
+
+
+def _reap(pid: int | None) -> int:
+    """Reap this process's children until `pid` ends (its wait status), or, with None, until none is left; 0 when
+    none is left first."""
+    while True:
+        try:
+            done, status = os.waitpid(-1, 0)
+        except ChildProcessError:
+            return 0
+        except InterruptedError:
+            continue
+        if pid is not None and done == pid:
+            return status
 
 
 def _spawn(argv: list[str], env: dict[str, str], cwd: str, stdio: list[int]) -> int | None:
