@@ -148,11 +148,12 @@ def refill(
             old.closed = True
             _retired.extend(old.ready)
             old.ready = []
+        recipe = (templates, etc_dir, tuple(skeleton), resident)
         pool = _pools.get(key)
         if pool is None:
-            pool = _pools[key] = _Pool(key, count, (templates, etc_dir, tuple(skeleton), resident))
+            pool = _pools[key] = _Pool(key, count, recipe)
         pool.count = count
-        pool.recipe = (templates, etc_dir, tuple(skeleton), resident)
+        pool.recipe = recipe
         if _worker is None:
             # A daemon: it must not hold up the interpreter's exit; `release` (at exit) waits for its current spare.
             _worker = threading.Thread(target=_work, name="bugsweep-spare-disks", daemon=True)
