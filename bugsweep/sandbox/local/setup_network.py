@@ -14,9 +14,10 @@ them. `allow` (settings: `setup_network_allow`) names ranges that stay reachable
 on the company network.
 
 How it is wired: bubblewrap makes the namespace and waits on `--block-fd`; `SetupNetwork.start(pid)` attaches
-slirp4netns (in a mount namespace of its own, all private: see `start`) to the namespace of the command's init, waits for its ready signal, installs the routes with
-`nsenter --net ip -batch -`, and then the caller lets bubblewrap go on. `stop()` ends slirp4netns (closing its
-exit fd, then SIGKILL if it lingers) and waits for it.
+slirp4netns (in a mount namespace of its own, all private: see `start`) to the namespace of the command's
+init, waits for its ready signal, installs the routes with `nsenter --net ip -batch -`, and then the caller
+lets bubblewrap go on. `stop()` ends slirp4netns (closing its exit fd, then SIGKILL if it lingers) and waits
+for it.
 """
 
 from __future__ import annotations
@@ -35,7 +36,10 @@ from dataclasses import dataclass
 
 from bugsweep.errors import ConfigError, SandboxError
 
-INSTALL_HINT = "install slirp4netns, iproute2 and util-linux: `apt-get install slirp4netns iproute2 util-linux` (Debian/Ubuntu)"
+INSTALL_HINT = (
+    "install slirp4netns, iproute2 and util-linux: "
+    "`apt-get install slirp4netns iproute2 util-linux` (Debian/Ubuntu)"
+)
 
 #: Never reachable from the setup step (besides the host's own addresses and networks, found at start).
 BLOCKED_RANGES = (
@@ -150,9 +154,9 @@ class SetupNetwork:
     def start(cls, pid: int, *, subnet: ipaddress.IPv4Network, allow: Iterable[str] = ()) -> SetupNetwork:
         """Give the network namespace of `pid` the setup network. Raises SandboxError when it cannot."""
         slirp = _tool("slirp4netns")
-        # In a mount namespace of its own whose mounts are all private: --enable-sandbox makes only its / private
-        # (not recursively) before it detaches the host's tree, and that detach would otherwise reach every shared
-        # mount's peers, unmounting the overlays under a spare sandbox's disk in this namespace (spares.py).
+        # In a mount namespace of its own whose mounts are all private: --enable-sandbox makes only its /
+        # private (not recursively) before it detaches the host's tree, and that detach would otherwise reach
+        # every shared mount's peers, unmounting the overlays under a spare sandbox's disk here (spares.py).
         private = [_tool("unshare"), "--mount", "--propagation", "private", "--"]
         _wait_for_loopback(pid)
         ready_r, ready_w = os.pipe()
