@@ -102,7 +102,9 @@ def failing_test_files(
         tests = run_tests(sandbox, test_command, timeout=timeout)
     if tests.passed:
         return []
-    if tests.tests is None:
+    if tests.tests is None or any(
+        "::" not in t for t in tests.ids("failed", "error")
+    ):  # pytest node ids only
         raise TaskError(
             f"{test_command!r} failed but reported no per-test results: finding failing test files needs pytest "
             f"(its JUnit report). Last output:\n{tests.log.strip()[-800:]}"

@@ -5,11 +5,15 @@ could write. The agent's change is read from outside its sandbox (bugsweep.clean
 infrastructure (bugsweep.testfiles.protected_reason) is dropped and named; the rest is written into a fresh
 sandbox in the task state, with a clean $HOME and PATH, where the tests run again (bugsweep.pipeline.regrade).
 
-The verdict rests on per-test results wherever they exist (pytest's JUnit XML, SWE-bench style): every test that
-failed before must pass after (skipped or missing is not a pass), and no test that passed before may fail or
-disappear. Without them (e.g. unittest) the exit code decides, and no fewer tests may run after than before where
-the runner prints a count. `Grade.evidence` says which. Code outside the tests that patches the test framework or
-inspects its caller is flagged (`suspicious`), never graded: tests cannot tell such a "fix" from a real one.
+The verdict rests on per-test results wherever they exist (pytest's JUnit XML, unittest's outcomes as the probe
+recorded them: bugsweep.tripwire), SWE-bench style: every test that failed before must pass after (skipped or
+missing is not a pass), and no test that passed before may fail or disappear. Without them (another runner) the
+exit code decides, and no fewer tests may run after than before where the runner prints a count. `Grade.evidence`
+says which. The code under test runs in the runner's process, so the runner's reports are checked against each
+other: its summary line against its exit code and per-test results, and the tripwire's canary tests in the
+after-run (a must-fail test reported passed: the runner was subverted). Code outside the tests that patches the
+test framework or inspects its caller is flagged (`suspicious`): tests cannot tell such a "fix" from a real one,
+so a change with such signals is held for review, never resolved.
 """
 
 from __future__ import annotations
@@ -23,8 +27,11 @@ from dataclasses import dataclass, field
 
 from pydantic import BaseModel, Field
 
+from bugsweep import tripwire
 from bugsweep.errors import SandboxError
 from bugsweep.sandbox.base import Sandbox
+from bugsweep.testfiles import IMPORTABLE_SCRIPT
+from bugsweep.tripwire import Canary, ProbeReport, Tripwire
 
 #: Files that running code leaves behind, left out of the task-state commit inside the agent's sandbox.
 PATCH_EXCLUDES = [
@@ -53,9 +60,14 @@ class TestRun:
     log: str
     duration_s: float
     tests: dict[str, str] | None = field(default=None)
-    """Per-test outcome ('passed', 'failed', 'error', 'skipped') by pytest node id, when JUnit XML was available."""
+    """Per-test outcome ('passed', 'failed', 'error', 'skipped') by pytest node id (JUnit XML) or unittest id (the
+    probe), when the runner was one of those."""
     log_bytes: int = 0
     """The size of the whole output; more than `len(log)` when the middle was cut."""
+    probe: ProbeReport = field(default_factory=ProbeReport)
+    """What the probe saw inside the test process (bugsweep.tripwire): the runner, unittest's outcomes."""
+    canary: Canary | None = None
+    """The tripwire's canary module this run held (the regrade's after-run), if any."""
 
     @property
     def count(self) -> int | None:
@@ -91,7 +103,11 @@ class Grade(BaseModel):
     """Why the attempt is not resolved, in words (None when it is, or when the task could not run at all)."""
     suspicious: list[str] = Field(default_factory=list)
     """Signals tests cannot judge ('path:line: what'): code outside the tests that patches the test framework or
-    inspects its caller. Recorded and shown; they do not change `resolved`."""
+    inspects its caller. A change with any is never resolved: it is held for review."""
+    held_for_review: bool = False
+    """The tests say fixed, but the change has `suspicious` signals: not resolved until a person has looked."""
+    tripwire: Tripwire | None = None
+    """What the canary tests in the after-run showed (bugsweep.tripwire); None where the after-run did not run."""
     tests_run_before: int | None = None
     tests_run_after: int | None = None
     FAIL_TO_PASS: list[str] = Field(default_factory=list)
@@ -138,22 +154,45 @@ class Grade(BaseModel):
     reused, and the sha256 of the installed package list (written beside grade.json as environment.txt)."""
 
 
-def run_tests(sandbox: Sandbox, test_command: str, timeout: float = 1800.0) -> TestRun:
-    """Run the test command; for pytest, also collect per-test results.
+def verdict_word(grade: Grade) -> str:
+    """'resolved', 'held for review', 'could not run' or 'not resolved': one word for tables and summaries."""
+    if grade.resolved:
+        return "resolved"
+    if grade.held_for_review:
+        return "held for review"
+    return "could not run" if grade.error else "not resolved"
+
+
+def run_tests(
+    sandbox: Sandbox, test_command: str, timeout: float = 1800.0, *, canary: Canary | None = None
+) -> TestRun:
+    """Run the test command with the probe (bugsweep.tripwire) and, given one, the tripwire's canary; collect
+    per-test results: pytest's JUnit XML, unittest's outcomes as the probe recorded them.
 
     The log keeps the first LOG_HEAD_BYTES and the last LOG_TAIL_BYTES of stdout and stderr together (a run that
     prints without end is cut in between, `log_bytes` says how much there was). The command gets its own timeout
-    inside the sandbox, so that its log is complete up to the moment it was stopped.
+    inside the sandbox, so that its log is complete up to the moment it was stopped. The probe's folder and the
+    canary are removed afterwards.
     """
     tag = uuid.uuid4().hex[:8]
-    junit, head, tail, size = (f"/tmp/bugsweep-{tag}.{x}" for x in ("xml", "head", "tail", "size"))
+    junit, head, tail, size, probe = (
+        f"/tmp/bugsweep-{tag}.{x}" for x in ("xml", "head", "tail", "size", "probe")
+    )
+    for name, text in tripwire.probe_files().items():
+        sandbox.files.write(f"{probe}/{name}", text)
     env = {
         # Affects only pytest; other runners ignore it. xunit1 adds the file attribute we need for node ids.
         "PYTEST_ADDOPTS": f"--junitxml={junit} -o junit_family=xunit1 -p no:cacheprovider",
         "PYTHONDONTWRITEBYTECODE": "1",
+        "BUGSWEEP_PROBE_DIR": probe,
     }
+    canary_path = f"{sandbox.workdir.rstrip('/')}/{canary.path}" if canary else ""
+    if canary is not None:
+        sandbox.files.write(canary_path, canary.source)
+        env["BUGSWEEP_PROBE_CANARY"] = f"{canary_path}\t{canary.module}"
     seconds = max(int(timeout), 1)
     script = (
+        f"export PYTHONPATH={probe}${{PYTHONPATH:+:$PYTHONPATH}}; "
         f"timeout --verbose -k 10 {seconds} bash -c {shlex.quote(test_command)} 2>&1 | "
         f"{{ head -c {LOG_HEAD_BYTES} > {head}; tee >(tail -c {LOG_TAIL_BYTES} > {tail}) | wc -c > {size}; "
         "wait $!; }; exit ${PIPESTATUS[0]}"
@@ -173,6 +212,11 @@ def run_tests(sandbox: Sandbox, test_command: str, timeout: float = 1800.0) -> T
             tests = parse_junit(sandbox.files.read_text(junit))
     except (SandboxError, ET.ParseError, OSError):
         tests = None
+    report = _read_probe(sandbox, probe)
+    if tests is None and "unittest" in report.runners:
+        tests = dict(report.outcomes)
+    leftovers = [probe, canary_path] if canary is not None else [probe]
+    sandbox.exec("rm -rf " + " ".join(shlex.quote(p) for p in leftovers), timeout=60)
     return TestRun(
         command=test_command,
         exit_code=None if timed_out else result.exit_code,
@@ -181,7 +225,26 @@ def run_tests(sandbox: Sandbox, test_command: str, timeout: float = 1800.0) -> T
         duration_s=result.duration_s,
         tests=tests,
         log_bytes=total,
+        probe=report,
+        canary=canary,
     )
+
+
+def importable_modules(sandbox: Sandbox) -> frozenset[str]:
+    """Every top-level module name the task's environment provides, outside the repository (run before the change
+    is applied: bugsweep.testfiles.IMPORTABLE_SCRIPT). Empty when its Python cannot tell."""
+    script = f"python -I -c {shlex.quote(IMPORTABLE_SCRIPT)} {shlex.quote(sandbox.workdir)}"
+    result = sandbox.exec(script, timeout=120, full_output=True)
+    return frozenset(result.stdout.split()) if result.ok else frozenset()
+
+
+def _read_probe(sandbox: Sandbox, probe: str) -> ProbeReport:
+    try:
+        if sandbox.files.exists(f"{probe}/report"):
+            return tripwire.parse_report(sandbox.files.read_text(f"{probe}/report"))
+    except (SandboxError, OSError):
+        pass
+    return ProbeReport()
 
 
 _TIMEOUT_LINE = "timeout: sending signal"
@@ -301,10 +364,18 @@ def grade(
     expected_pass_to_pass: Iterable[str] = (),
     suspicious: Iterable[str] = (),
 ) -> Grade:
-    """The verdict from the before-run, the after-run (in the fresh sandbox) and the dropped protected changes."""
+    """The verdict from the before-run, the after-run (in the fresh sandbox, with the tripwire's canary when it
+    could be made) and the dropped protected changes."""
     dropped = dict(dropped or {})
+    own, wire = tripwire.check(after.canary, after.tests, after.probe)
+    canary_failed = sum(o in ("failed", "error") for o in wire.outcomes.values()) if wire.armed else 0
+    own_failing = {t for t, o in (own or {}).items() if o in ("failed", "error")}
+    ran_missing = sum(o == "missing" for o in wire.outcomes.values())
     failed_before = not before.passed
-    passes_after = after.passed
+    if canary_failed:  # the canary's failure is the only one when the fix is real: the runner then exits 1
+        passes_after = after.exit_code == 1 and not after.timed_out and own is not None and not own_failing
+    else:
+        passes_after = after.passed
     reasons: list[str] = []
     verdict = Grade(
         instance_id=instance_id,
@@ -314,8 +385,11 @@ def grade(
         touched_test_files=sorted(dropped),
         dropped=dropped,
         suspicious=list(suspicious),
-        tests_run_before=before.count,
-        tests_run_after=after.count,
+        tests_run_before=len(before.tests) if before.tests is not None else before.count,
+        tests_run_after=len(own)
+        if own is not None
+        else _count_without(after.count, len(wire.outcomes) - ran_missing),
+        tripwire=wire,
     )
     if not failed_before:
         reasons.append("the tests did not fail before")
@@ -323,23 +397,26 @@ def grade(
         reasons.append("the change touched the test infrastructure: " + ", ".join(sorted(dropped)))
     if after.timed_out:
         reasons.append("the tests timed out after the change")
+    elif canary_failed and after.exit_code == 0:
+        reasons.append(
+            "the test process exited 0 although a test failed (the tripwire's must-fail test): something in the "
+            "code under test changed how the process ends"
+        )
     elif not passes_after:
         reasons.append(f"the tests fail after the change (exit code {after.exit_code})")
+    reasons += _disagreements(after, own, canary_failed + len(own_failing), wire.runner)
     if before.tests is not None:
         verdict.evidence = "per-test"
-        if after.tests is None:
+        if own is None:
             reasons.append("the after-run gave no per-test results (the tests did not run to the end)")
         else:
-            failing, passing, passed_after = (
-                before.ids("failed", "error"),
-                before.ids("passed"),
-                after.ids("passed"),
-            )
+            failing, passing = before.ids("failed", "error"), before.ids("passed")
+            passed_after = {t for t, o in own.items() if o == "passed"}
             verdict.FAIL_TO_PASS = sorted(failing & passed_after)
             verdict.FAIL_TO_FAIL = sorted(failing - passed_after)
             verdict.PASS_TO_PASS = sorted(passing & passed_after)
-            verdict.PASS_TO_FAIL = sorted(passing & after.ids("failed", "error"))
-            verdict.PASS_TO_MISSING = sorted(passing - passed_after - after.ids("failed", "error"))
+            verdict.PASS_TO_FAIL = sorted(passing & own_failing)
+            verdict.PASS_TO_MISSING = sorted(passing - passed_after - own_failing)
             if verdict.FAIL_TO_FAIL:
                 reasons.append(f"{len(verdict.FAIL_TO_FAIL)} test(s) that failed before do not pass after")
             if verdict.PASS_TO_FAIL or verdict.PASS_TO_MISSING:
@@ -356,16 +433,51 @@ def grade(
     # A task that names its own tests (mined tasks) also needs those to come out right.
     wanted = set(expected_fail_to_pass) | set(expected_pass_to_pass)
     if wanted:
-        missing = wanted - after.ids("passed")
-        if after.tests is None:
+        missing = wanted - {t for t, o in (own or {}).items() if o == "passed"}
+        if own is None:
             reasons.append("the task names its tests, and the after-run gave no per-test results")
         elif missing:
             reasons.append(
                 f"{len(missing)} of the task's own tests do not pass after: {', '.join(sorted(missing)[:5])}"
             )
+    if wire.subverted:
+        reasons.append(wire.subverted)
+    elif wire.armed and not reasons and any(wire.outcomes[n] == "missing" for n in after.canary.must_fail):  # type: ignore[union-attr]
+        reasons.append(
+            "the tripwire's must-fail test was not reported although the rest of the run passed: something in "
+            "the test process changes what the runner reports"
+        )
+    if verdict.suspicious and not reasons:
+        verdict.held_for_review = True
+        reasons.append(
+            f"held for review: the tests pass, but the change has {len(verdict.suspicious)} suspicious signal(s) "
+            "(see `suspicious`) that tests cannot judge"
+        )
     verdict.resolved = not reasons
     verdict.reason = "; ".join(reasons) or None
     return verdict
+
+
+def _count_without(count: int | None, canaries: int) -> int | None:
+    return None if count is None else max(count - canaries, 0)
+
+
+def _disagreements(after: TestRun, own: dict[str, str] | None, failing: int, runner: str | None) -> list[str]:
+    """Where the runner's own summary line contradicts its exit code or its per-test results."""
+    counted = tripwire.summary_failures(after.log, runner)
+    if counted is None or after.timed_out:
+        return []
+    if counted and after.exit_code == 0:
+        return [
+            f"the runner's summary reports {counted} failed test(s), yet the test process exited 0: something in "
+            "the code under test changed how the process ends"
+        ]
+    if own is not None and runner is not None and counted != failing:
+        return [
+            f"the runner's summary reports {counted} failed test(s) where its per-test results hold {failing}: "
+            "something in the test process changes what the runner reports"
+        ]
+    return []
 
 
 #: Added lines outside the tests that patch the test framework or look at who is calling: what a "fix" that games

@@ -18,6 +18,7 @@ from bugsweep import cleanroom
 from bugsweep.errors import (
     InfraError,
     NotARealTask,
+    SandboxError,
     SandboxGone,
     SetupFailed,
     TaskError,
@@ -30,6 +31,7 @@ from bugsweep.grading import (
     TestRun,
     commit_task_state,
     grade,
+    importable_modules,
     run_tests,
     suspicious_signals,
     why_cannot_run,
@@ -45,7 +47,8 @@ from bugsweep.sandbox.base import (
 )
 from bugsweep.settings import AgentSettings, ModelSettings
 from bugsweep.spec import TaskSpec
-from bugsweep.testfiles import protected_reason
+from bugsweep.testfiles import import_roots, protected_reason
+from bugsweep.tripwire import Canary, make_canary
 
 if TYPE_CHECKING:
     from bugsweep.agent.loop import AgentEvent, AgentProgress, AgentResult
@@ -244,6 +247,8 @@ def regrade(
                 )
             old = {c.path: fresh_tree.read(c.path, c.old, check=False) for c in changes if c.old}
             task_paths = frozenset(prepared.snapshot.entries if prepared.snapshot else ())
+            importable = importable_modules(fresh)
+            roots = import_roots(task_paths, settings.protected_globs, spec.test_files)
             dropped = {}
             for change in changes:
                 why = protected_reason(
@@ -254,13 +259,16 @@ def regrade(
                     old=old.get(change.path),
                     new=new.get(change.path),
                     task_paths=task_paths,
+                    importable=importable,
+                    import_roots=roots,
                 )
                 if why:
                     dropped[change.path] = why
             kept = [c for c in changes if c.path not in dropped]
             patch = cleanroom.render_patch(changes, old, new)
+            canary = tripwire_canary(prepared, fresh_tree, before)
             fresh_tree.apply(kept, new)
-            after = run_tests(fresh, spec.test_command, timeout=timeout)
+            after = run_tests(fresh, spec.test_command, timeout=timeout, canary=canary)
         verdict = grade(
             instance_id=spec.instance_id,
             before=before,
@@ -293,6 +301,22 @@ def regrade(
     record_resources(verdict, *measured)
     verdict.wall_s = time.monotonic() - prepared.started
     return verdict, after, patch
+
+
+def tripwire_canary(prepared: PreparedTask, tree: cleanroom.TreeAccess, before: TestRun) -> Canary | None:
+    """The canary for the regrade (bugsweep.tripwire), made from the task state's failing test file as the fresh
+    sandbox holds it, before the change is applied."""
+    entries = prepared.snapshot.entries if prepared.snapshot else {}
+
+    def read(rel: str) -> str | None:
+        entry = entries.get(rel)
+        try:
+            return tree.read(rel, entry, check=False).decode(errors="replace") if entry else None
+        except (cleanroom.ChangeRefused, OSError, SandboxError):
+            return None
+
+    failing, passing = sorted(before.ids("failed", "error")), sorted(before.ids("passed"))
+    return make_canary(failing, passing, frozenset(entries), read, test_command=prepared.spec.test_command)
 
 
 def read_change(prepared: PreparedTask) -> tuple[list[cleanroom.Change], dict[str, bytes]]:
@@ -403,6 +427,12 @@ def write_run_dir(
 def _test_log(run: TestRun) -> str:
     status = "timed out" if run.timed_out else f"exit code {run.exit_code}"
     header = f"$ {run.command}\n# {status}, {run.duration_s:.1f} s\n"
+    if run.canary is not None:
+        header += (
+            f"# with the tripwire's canary tests ({run.canary.path}, written by bugsweep for this run): "
+            f"{', '.join(run.canary.must_fail)} must fail, {', '.join(run.canary.must_pass)} must pass; "
+            "grade.json `tripwire` says what the runner reported\n"
+        )
     return header + run.log
 
 

@@ -54,7 +54,9 @@ class RunRecord(BaseModel):
     cpu_s: float | None = None
     peak_disk_mib: float | None = None
     suspicious: list[str] = Field(default_factory=list)
-    """The grade's signals that tests cannot judge (they never change `resolved`)."""
+    """The grade's signals that tests cannot judge."""
+    held_for_review: bool = False
+    """The tests passed but `suspicious` signals hold the run for review: counted as not resolved, and listed."""
 
     @classmethod
     def from_grade(cls, grade: Any, *, model: str, run: int, policy: str | None = None) -> RunRecord:
@@ -429,17 +431,15 @@ def render_markdown(report: ComparisonReport) -> str:
         ]
     flagged = [r for r in report.records if r.suspicious]
     if flagged:
-        parts += ["", "## Suspicious (signals, not verdicts)", ""]
+        parts += ["", "## Held for review and other suspicious runs", ""]
         parts.append(
             "Code outside the tests that patches the test framework or inspects its caller: tests cannot tell it "
-            "from a fix, so these runs are graded as usual; read their patches."
+            "from a fix, so a run whose tests pass with it is held for review and counted as not resolved; read "
+            "their patches."
         )
         parts.append("")
-        rows = [
-            [r.model, r.instance_id, str(r.run), "yes" if r.resolved else "no", r.suspicious[0]]
-            for r in flagged
-        ]
-        parts += [_md_table(["model", "task", "run", "resolved", "first signal"], rows), ""]
+        rows = [[r.model, r.instance_id, str(r.run), _verdict(r), r.suspicious[0]] for r in flagged]
+        parts += [_md_table(["model", "task", "run", "verdict", "first signal"], rows), ""]
     return "\n".join(parts)
 
 
@@ -577,3 +577,7 @@ def write_report(report: ComparisonReport, out_dir: str | Path) -> dict[str, Pat
     paths["json"].write_text(render_json(report), encoding="utf-8")
     paths["html"].write_text(render_html(report), encoding="utf-8")
     return paths
+
+
+def _verdict(record: RunRecord) -> str:
+    return "held for review" if record.held_for_review else "yes" if record.resolved else "no"

@@ -60,11 +60,16 @@ def protected_reason(
     old: bytes | None = None,
     new: bytes | None = None,
     task_paths: frozenset[str] = frozenset(),
+    importable: frozenset[str] = frozenset(),
+    import_roots: frozenset[str] = frozenset(),
 ) -> str | None:
     """Why a change to `path` may not count towards a grade, or None when it may.
 
     `old`/`new` are the file's bytes in the task state and after the change (None: absent); `task_paths` is every
-    path of the task state (for "is this new" and "does the test command name it").
+    path of the task state (for "is this new" and "does the test command name it"). `importable` is every
+    top-level module name the task's environment provides (`IMPORTABLE_SCRIPT`), `import_roots` the folders the
+    test run puts first on sys.path (`import_roots`): a new module there with such a name replaces the real one
+    for the test process, e.g. a package that pytest imports at start-up, loading a plugin of its own.
     """
     rel = path[2:] if path.startswith("./") else path
     parts = rel.split("/")
@@ -81,18 +86,22 @@ def protected_reason(
         return "run by Python at start-up"
     if rel in _command_files(test_command, task_paths):
         return "run by the test command"
-    top = parts[0]
-    module = (
-        top[: -len(suffix)] if (suffix := next((s for s in _MODULE_SUFFIXES if top.endswith(s)), "")) else top
-    )
     existing = _folders(task_paths) | task_paths
-    is_new = top not in existing
-    if (
-        is_new
-        and (len(parts) > 1 or suffix)
-        and (module in sys.stdlib_module_names or module in RUNNER_MODULES)
-    ):
-        return f"shadows the module {module!r} from the repository root"
+    shadows = sys.stdlib_module_names | RUNNER_MODULES | importable
+    for root in sorted(import_roots | {""}, key=len, reverse=True):
+        depth = root.count("/") + 1 if root else 0
+        if root and not rel.startswith(root + "/"):
+            continue
+        if len(parts) <= depth:
+            continue
+        top = parts[depth]
+        suffix = next((s for s in _MODULE_SUFFIXES if top.endswith(s)), "")
+        module = top[: -len(suffix)] if suffix else top
+        is_new = "/".join(parts[: depth + 1]) not in existing
+        if is_new and (len(parts) > depth + 1 or suffix) and module in shadows:
+            where = f"the folder {root}/" if root else "the repository root"
+            source = "the task's environment" if module in importable else "Python or the test runner"
+            return f"shadows the module {module!r} ({source} has one) from {where}"
     for i, part in enumerate(parts):
         module = (
             part[: -len(s)] if (s := next((x for x in _MODULE_SUFFIXES if part.endswith(x)), "")) else part
@@ -102,6 +111,36 @@ def protected_reason(
         if is_module and module in RUNNER_MODULES and prefix not in existing:
             return f"shadows the test runner's module {module!r}"
     return None
+
+
+#: Run with the task's interpreter in the regrade's fresh sandbox, before the change is applied, as
+#: `python -I -c SCRIPT REPO`: every top-level module name importable from the task's environment (the standard
+#: library, its site-packages, what .pth files add), except what lives in the repository itself.
+IMPORTABLE_SCRIPT = """
+import os, sys
+repo = os.path.realpath(sys.argv[1])
+names = set(getattr(sys, "stdlib_module_names", ())) | set(sys.builtin_module_names)
+for entry in sys.path:
+    real = os.path.realpath(entry or ".")
+    if real == repo or real.startswith(repo + os.sep) or not os.path.isdir(real):
+        continue
+    for name in os.listdir(real):
+        if name.endswith((".dist-info", ".egg-info", ".egg-link", ".pth")):
+            continue
+        base = name.split(".")[0]
+        if base.isidentifier():
+            names.add(base)
+print(" ".join(sorted(names)))
+"""
+
+
+def import_roots(
+    task_paths: frozenset[str], patterns: Iterable[str], extra: Iterable[str] = ()
+) -> frozenset[str]:
+    """Folders a test run puts first on sys.path: the repository root, `src`, and every folder holding test files
+    (pytest inserts a test file's folder; unittest's discovery its start folder)."""
+    tests = _protected_files(task_paths, tuple(patterns), tuple(extra))
+    return frozenset({"", "src"} | {p.rpartition("/")[0] for p in tests})
 
 
 @lru_cache(maxsize=8)

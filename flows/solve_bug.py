@@ -23,7 +23,7 @@ from prefect_aws import S3Bucket
 from blocks import ModelEndpoint
 from bugsweep import pipeline
 from bugsweep.errors import BugsweepError, ConfigError, StorageError
-from bugsweep.grading import Grade
+from bugsweep.grading import Grade, verdict_word
 from bugsweep.pipeline import failed_grade
 from bugsweep.spec import TaskSpec
 from bugsweep.storage import GRADE_FILE, PENDING_FILE, mark_pending, pending_key, run_key
@@ -322,7 +322,7 @@ class TaskNotRun(BugsweepError):
 
 def report(outcome: TaskOutcome) -> None:
     g = outcome.grade
-    status = "RESOLVED" if g.resolved else ("could not run" if g.error else "not resolved")
+    status = verdict_word(g).upper() if g.resolved else verdict_word(g)
     if outcome.reused:
         status += " (an earlier run's grade, kept after its upload failed; the agent did not run again)"
     print(

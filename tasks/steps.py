@@ -29,7 +29,7 @@ from prefect.cache_policies import NO_CACHE
 from bugsweep import discover
 from bugsweep.discover import RepoBranch, TaskFile
 from bugsweep.errors import ConfigError, InfraError, SandboxGone, failure_kind
-from bugsweep.grading import Grade
+from bugsweep.grading import Grade, verdict_word
 from bugsweep.settings import AgentSettings
 from bugsweep.spec import TaskSpec
 from bugsweep.storage import ArtifactStore, UploadResult, upload_run
@@ -166,7 +166,7 @@ def upload(out_dir: Path, store: ArtifactStore, key: str, verdict: Grade) -> Upl
     """
     result = upload_run(store, out_dir, key)
     if "patch.diff" in result.uris:
-        status = "resolved" if verdict.resolved else "not resolved"
+        status = verdict_word(verdict)
         create_link_artifact(
             link=store.link(f"{key}/patch.diff"),
             link_text=result.uris["patch.diff"],
@@ -256,6 +256,7 @@ def summary_row(
         "ran": verdict.failure_kind not in COULD_NOT_RUN and not upload_failed,
         "artifacts": uploaded_to or "",
         "suspicious": "; ".join(verdict.suspicious[:3]),
+        "held_for_review": verdict.held_for_review,
     }
 
 
@@ -266,6 +267,10 @@ def sweep_outcome(rows: list[dict[str, Any]]) -> str:
         return f"COMPLETED: all {len(rows)} task(s) ran"
     names = ", ".join(f"{r['task']} ({r['status']})" for r in not_run[:10])
     return f"FAILED: {len(not_run)} of {len(rows)} task(s) could not be run or stored: {names}"
+
+
+def _cell(row: dict[str, Any]) -> str:
+    return "yes" if row["resolved"] else "held for review" if row.get("held_for_review") else "no"
 
 
 def summary_markdown(sweep: str, rows: list[dict[str, Any]], location: str) -> str:
@@ -287,13 +292,14 @@ def summary_markdown(sweep: str, rows: list[dict[str, Any]], location: str) -> s
     flagged = [r for r in rows if r.get("suspicious")]
     for r in rows:
         lines.append(
-            f"| {r['task']} | {r['model']} | {'yes' if r['resolved'] else 'no'} | {r['turns']} | "
+            f"| {r['task']} | {r['model']} | {_cell(r)} | {r['turns']} | "
             f"{r['prompt_tokens'] + r['completion_tokens']} | {r['cost_usd']:.4f} | {r['wall_s']:.1f} | {r['status']} |"
         )
     if flagged:
         lines += [
             "",
-            "**Suspicious** (signals tests cannot judge; `resolved` is unchanged, read the patch):",
+            "**Suspicious** (signals tests cannot judge: a run whose tests pass with them is held for review and "
+            "counted as not resolved; read the patch):",
             "",
         ]
         lines += [f"- {r['task']} ({r['model']}): {r['suspicious']}" for r in flagged]

@@ -219,42 +219,38 @@ UNITTEST_CALC = {
 }
 
 
-def test_an_honest_fix_with_unittest_resolves_on_the_exit_code_and_the_test_count(
-    tmp_path: Path, scripted_model
-) -> None:
+def test_an_honest_fix_with_unittest_resolves_on_per_test_results(tmp_path: Path, scripted_model) -> None:
+    """unittest has per-test results too (recorded by the probe in the test process: bugsweep.tripwire)."""
     repo = make_repo(tmp_path / "u", UNITTEST_CALC)
     steps = [
         tool_call("edit_file", path="calc.py", old="return a - b", new="return a + b"),
         tool_call("finish"),
     ]
     grade = _solve(repo, tmp_path / "out", steps, scripted_model, test_command="python -m unittest -v")
-    assert grade["resolved"] and grade["evidence"] == "exit code and test count"
+    assert grade["resolved"] and grade["evidence"] == "per-test"
+    assert grade["FAIL_TO_PASS"] == ["test_calc.CalcTest.test_add"]
+    assert grade["PASS_TO_PASS"] == ["test_calc.CalcTest.test_mul"]
     assert grade["tests_run_before"] == grade["tests_run_after"] == 2
 
 
 @pytest.mark.parametrize(
-    ("attack", "resolved"),
+    "attack",
     [
-        (
-            "printf 'def test_add(self):\\n    pass\\n' > /dev/null; sed -i '/test_mul/,$d' test_calc.py",
-            False,
-        ),
-        (
-            "printf '\\nimport unittest\\nunittest.TestCase.assertEqual = lambda *a, **k: None\\n' >> calc.py",
-            True,
-        ),
+        "printf 'def test_add(self):\\n    pass\\n' > /dev/null; sed -i '/test_mul/,$d' test_calc.py",
+        "printf '\\nimport unittest\\nunittest.TestCase.assertEqual = lambda *a, **k: None\\n' >> calc.py",
     ],
     ids=["test-removed", "assertion-patched"],
 )
-def test_unittest_attacks(attack: str, resolved: bool, tmp_path: Path, scripted_model) -> None:
-    """Without per-test results: a removed test is a dropped change; a patched assertEqual passes every test, so
-    tests alone cannot catch it: it is resolved, and flagged as suspicious for a person to look at."""
+def test_unittest_attacks(attack: str, tmp_path: Path, scripted_model) -> None:
+    """A removed test is a dropped change; a patched assertEqual passes every test, and the tripwire's must-fail
+    test (which asserts with assertEqual, as the failing test does) with them: not resolved, and flagged."""
     repo = make_repo(tmp_path / "u", UNITTEST_CALC)
     steps = [tool_call("run", command=attack), tool_call("finish")]
     grade = _solve(repo, tmp_path / "out", steps, scripted_model, test_command="python -m unittest -v")
-    assert grade["resolved"] is resolved and grade["failure_kind"] is None
-    if resolved:
+    assert grade["resolved"] is False and grade["failure_kind"] is None
+    if "assertEqual" in attack:
         assert any("assertion" in s for s in grade["suspicious"]), grade["suspicious"]
+        assert grade["tripwire"]["subverted"] and "must-fail" in grade["reason"], grade["reason"]
     else:
         assert grade["dropped"] == {"test_calc.py": "test file"}
 

@@ -197,18 +197,28 @@ def test_the_report_says_whether_every_model_ran_under_the_same_policy() -> None
     assert "did not all run under the same agent policy" in render_html(report)
 
 
-def test_suspicious_runs_are_listed_and_still_counted() -> None:
-    """A grade's `suspicious` signals reach the comparison report; they never change the resolve rate."""
-    from bugsweep.grading import Grade
+def test_a_run_held_for_review_counts_as_not_resolved_and_is_listed() -> None:
+    """A grade whose tests pass with `suspicious` signals is held for review (bugsweep.grading.grade): the
+    comparison counts it as not resolved and lists it, in the report and in a sweep's summary."""
+    from bugsweep.grading import TestRun, grade
+    from tasks.steps import summary_markdown, summary_row
 
-    flagged = Grade(
-        instance_id="t1", resolved=True, suspicious=["calc.py:3: replaces an assertion method: x"]
-    )
-    clean = Grade(instance_id="t2", resolved=False, reason="the tests fail after the change (exit code 1)")
+    def run(outcome: str, code: int) -> TestRun:
+        tests = {"t::a": outcome, "t::b": "passed"}
+        return TestRun(command="pytest", exit_code=code, timed_out=False, log="", duration_s=0.1, tests=tests)
+
+    signal = "calc.py:3: replaces an assertion method: x"
+    flagged = grade(instance_id="t1", before=run("failed", 1), after=run("passed", 0), suspicious=[signal])
+    assert flagged.held_for_review and not flagged.resolved and flagged.passes_after
+    assert flagged.reason and flagged.reason.startswith("held for review")
+    clean = grade(instance_id="t2", before=run("failed", 1), after=run("passed", 0))
+    assert clean.resolved and not clean.held_for_review
+    flagged.model = clean.model = "m"
     records = [RunRecord.from_grade(g, model="m", run=0) for g in (flagged, clean)]
     report = build_report(records)
     assert report.models[0].resolved == 1 and report.models[0].graded == 2
     text = render_markdown(report)
-    assert (
-        "## Suspicious" in text and "replaces an assertion method" in text and "| m | t1 | 0 | yes |" in text
-    )
+    assert "## Held for review" in text and "| m | t1 | 0 | held for review | calc.py:3" in text
+    rows = [summary_row(g, uploaded_to="") for g in (flagged, clean)]
+    summary = summary_markdown("nightly", rows, "s3://b/nightly")
+    assert "**1 of 2** tasks resolved" in summary and "| t1 | m | held for review |" in summary

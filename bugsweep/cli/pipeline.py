@@ -242,6 +242,10 @@ def _named_blocks(model_block: str | None, store_block: str | None) -> tuple[Any
     return model, store
 
 
+def _cell(grade: Any) -> str:
+    return "yes" if grade.resolved else "held" if grade.held_for_review else "no"
+
+
 def _print_grades(grades: list[Any]) -> None:
     table = Table(title="sweep")
     for column in ("task", "model", "resolved", "turns", "tokens", "cost (USD)", "time (s)", "note"):
@@ -249,11 +253,14 @@ def _print_grades(grades: list[Any]) -> None:
     for g in grades:
         note = f"{g.failure_kind}: {g.error[:60]}" if g.error else ""
         table.add_row(
-            g.instance_id, g.model, "yes" if g.resolved else "no", str(g.turns),
+            g.instance_id, g.model, _cell(g), str(g.turns),
             str(g.prompt_tokens + g.completion_tokens), f"{g.cost_usd:.4f}", f"{g.wall_s:.1f}", note,
         )  # fmt: skip
     console.print(table)
+    held = ", ".join(g.instance_id for g in grades if g.held_for_review)
     console.print(f"{sum(g.resolved for g in grades)} of {len(grades)} resolved")
+    if held:
+        console.print(f"held for review (tests pass, suspicious signals; counted as not resolved): {held}")
     policies = sorted({g.policy for g in grades if g.policy})
     if policies:
         console.print(f"agent policy: {', '.join(policies)}")

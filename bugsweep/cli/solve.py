@@ -299,7 +299,10 @@ def print_summary(verdict: Any, out_dir: Path, *, show_patch: bool = False) -> N
     def mark(ok: bool) -> str:
         return "[green]yes[/]" if ok else "[red]no[/]"
 
-    head = "[bold green]RESOLVED[/]" if verdict.resolved else "[bold red]NOT RESOLVED[/]"
+    from bugsweep.grading import verdict_word
+
+    colour = {"resolved": "green", "held for review": "yellow"}.get(verdict_word(verdict), "red")
+    head = f"[bold {colour}]{verdict_word(verdict).upper()}[/]"
     console.print()
     console.print(f"{head}  {verdict.instance_id}  ({verdict.model})")
     console.print(
@@ -312,7 +315,7 @@ def print_summary(verdict: Any, out_dir: Path, *, show_patch: bool = False) -> N
     if verdict.reason and not verdict.resolved:
         console.print(f"  why not: {escape(verdict.reason)}")
     for signal in verdict.suspicious[:5]:
-        console.print(f"  [yellow]suspicious[/] (not graded): {escape(signal)}")
+        console.print(f"  [yellow]suspicious[/]: {escape(signal)}")
     if verdict.FAIL_TO_PASS:
         console.print(
             f"  fixed tests: {len(verdict.FAIL_TO_PASS)}   still passing: {len(verdict.PASS_TO_PASS)}   "

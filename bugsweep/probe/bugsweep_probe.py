@@ -1,0 +1,197 @@
+"""Runs inside the task's test process (the sandbox's Python, not bugsweep's): per-test outcomes for unittest, and
+the tripwire's canary tests added to whichever runner runs first.
+
+bugsweep writes this folder into the sandbox for one test run and puts it first on PYTHONPATH, so that Python
+imports its `sitecustomize` (which imports this module) and pytest finds its entry point (the `.dist-info` beside
+it). Nothing here is trusted for its own sake: the code under test runs in the same process and could undo any of
+it. What it buys is that undoing it is visible (bugsweep.tripwire): a must-fail canary reported passed, a test
+recorded failed that the runner's summary calls OK, an exit code that contradicts both.
+
+Settings come from the environment of the test command (bugsweep.grading.run_tests):
+- BUGSWEEP_PROBE_DIR: this folder; the report (`report`, one "kind<TAB>value" line each) is written in it;
+- BUGSWEEP_PROBE_CANARY: the canary module's path in the repository (pytest) and its module name (unittest),
+  separated by a TAB; unset: no canary.
+
+The first test runner of the run takes the canary (a file created with O_EXCL says so); every runner process
+removes this folder from PYTHONPATH for its children, so that a test that starts another test runner in a
+subprocess neither records into the report nor gets a canary. Kept compatible with Python 3.8.
+"""
+
+import os
+import sys
+
+_DIR = os.environ.get("BUGSWEEP_PROBE_DIR", "")
+_CANARY = os.environ.get("BUGSWEEP_PROBE_CANARY", "")
+_runner = [""]  # the runner this process is, once it has started one
+_depth = [0]  # how deep in TextTestRunner.run this process is
+
+
+def record(kind, value):
+    """Append one line to the report; each line is written at once, so a process that ends abruptly keeps it."""
+    if not _DIR:
+        return
+    line = "{}\t{}\n".format(kind, " ".join(str(value).split()))
+    try:
+        fd = os.open(os.path.join(_DIR, "report"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            os.write(fd, line.encode("utf-8", "replace"))
+        finally:
+            os.close(fd)
+    except OSError:
+        pass
+
+
+def _claim(runner):
+    """This process runs tests: say so, keep the probe from its children, and take the canary if no runner has.
+    Returns the canary (path, module) this runner runs, or None."""
+    if _runner[0]:
+        return None
+    _runner[0] = runner
+    parts = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != _DIR]
+    if parts:
+        os.environ["PYTHONPATH"] = os.pathsep.join(parts)
+    else:
+        os.environ.pop("PYTHONPATH", None)
+    record("runner", runner)
+    if not _CANARY or not _DIR:
+        return None
+    try:
+        os.close(os.open(os.path.join(_DIR, "canary-taken"), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except OSError:
+        return None  # an earlier runner of the same command has it
+    path, _, module = _CANARY.partition("\t")
+    record("canary", runner)
+    return path, module
+
+
+# -- unittest: outcomes recorded by the result object of each run ----------------------------------------------
+
+_OUTCOMES = {
+    "addSuccess": "passed",
+    "addFailure": "failed",
+    "addError": "error",
+    "addSkip": "skipped",
+    "addExpectedFailure": "skipped",  # as pytest's JUnit XML has an expected failure
+    "addUnexpectedSuccess": "failed",
+}
+
+
+def _test_id(test):
+    try:
+        return test.id()
+    except Exception:
+        return repr(test)
+
+
+def _watch(result):
+    """Record every outcome on the result object itself (an instance attribute, so that replacing the methods of
+    unittest's classes afterwards does not stop the recording)."""
+    for name, outcome in _OUTCOMES.items():
+        method = getattr(result, name, None)
+        if method is None:
+            continue
+
+        def wrapper(test, *args, _method=method, _outcome=outcome):
+            record(_outcome, _test_id(test))
+            return _method(test, *args)
+
+        setattr(result, name, wrapper)
+    sub = getattr(result, "addSubTest", None)
+    if sub is not None:
+
+        def add_sub_test(test, subtest, err, _method=sub):
+            if err is not None:
+                failed = issubclass(err[0], getattr(test, "failureException", AssertionError))
+                record("failed" if failed else "error", _test_id(test))
+            return _method(test, subtest, err)
+
+        result.addSubTest = add_sub_test
+    return result
+
+
+def _with_canary(suite, module):
+    """The suite with the canary module's tests last (dropped first where discovery found them)."""
+    import unittest
+
+    canary = unittest.defaultTestLoader.loadTestsFromName(module)
+
+    def rest(test):
+        if isinstance(test, unittest.TestSuite):
+            return unittest.TestSuite([rest(t) for t in test])
+        return None if _test_id(test).startswith(module + ".") else test
+
+    kept = rest(suite) if isinstance(suite, unittest.TestSuite) else suite
+    return unittest.TestSuite([t for t in (kept, canary) if t is not None])
+
+
+def _install_unittest():
+    import unittest.runner
+
+    run = unittest.runner.TextTestRunner.run
+    make = unittest.runner.TextTestRunner._makeResult
+
+    def make_result(self):
+        result = make(self)
+        # only the outermost run of the runner process: a test that runs a suite of its own in-process (tests of
+        # test tools) does not add its inner outcomes
+        return _watch(result) if _runner[0] == "unittest" and _depth[0] == 1 else result
+
+    def run_tests(self, test):
+        canary = _claim("unittest")
+        if canary is not None:
+            test = _with_canary(test, canary[1])
+        _depth[0] += 1
+        try:
+            return run(self, test)
+        finally:
+            _depth[0] -= 1
+
+    unittest.runner.TextTestRunner._makeResult = make_result  # type: ignore[method-assign]
+    unittest.runner.TextTestRunner.run = run_tests  # type: ignore[method-assign]
+
+
+class _Pytest:
+    """The canary's tests, last among the collected items (also after -k or -m deselected them)."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def modifyitems(self, session, items):
+        import pytest
+
+        ours = [i for i in items if str(getattr(i, "path", "")) == self.path]
+        if not ours:
+            try:
+                module = pytest.Module.from_parent(session, path=__import__("pathlib").Path(self.path))
+                ours = list(session.genitems(module))
+            except Exception as exc:  # the canary could not be collected: said, and judged by bugsweep
+                record("canary-error", repr(exc)[:300])
+        items[:] = [i for i in items if str(getattr(i, "path", "")) != self.path] + ours
+
+
+def pytest_configure(config):
+    """pytest loads this module as a plugin through the entry point beside it."""
+    canary = _claim("pytest")
+    if canary is None:
+        return
+    import pytest
+
+    plugin = _Pytest(canary[0])
+
+    class Hooks:
+        @pytest.hookimpl(trylast=True)
+        def pytest_collection_modifyitems(self, session, config, items):
+            plugin.modifyitems(session, items)
+
+    config.pluginmanager.register(Hooks(), "bugsweep-canary")
+
+
+def install():
+    """Called by the sitecustomize beside this module, in every Python process of the test run."""
+    if not _DIR:
+        return
+    try:
+        _install_unittest()
+    except Exception as exc:  # a Python without unittest: nothing to record
+        record("probe-error", repr(exc)[:300])
+    sys.modules.setdefault("bugsweep_probe", sys.modules[__name__])
