@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sandbox_start import make_big_repo, ms
 
 from bugsweep import grading, pipeline
-from bugsweep.sandbox.local import LocalProvider
+from bugsweep.sandbox.local import LocalProvider, spares
 from bugsweep.settings import SandboxSettings
 from bugsweep.spec import TaskSpec
 from tests.support.repos import BUGGY_CALC, PYTEST_SETUP, commit_all, write_files
@@ -118,9 +118,10 @@ def main() -> None:
             "parts_median_ms": {k: round(statistics.median(v) * 1000, 1) for k, v in sorted(parts.items())},
             "load_average": os.getloadavg(),
         }
-    print(json.dumps(results, indent=2))
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=2) + "\n")
+        print(json.dumps(results, indent=2))
+        if args.json:
+            args.json.write_text(json.dumps(results, indent=2) + "\n")
+        spares.release(work / "state")  # the spare disks made ahead of time, before their folder goes
 
 
 if __name__ == "__main__":

@@ -156,7 +156,12 @@ def make_canary(
             for n in [got[3]]
         ]
         kept = [n for n in passing if (got := _locate(n, task_paths)) and got[0] == rel and got[2] == cls]
-        return _write_canary(tree, text, rel, module, cls, list(dict.fromkeys(names))[:2], kept)
+        canary = _write_canary(tree, text, rel, module, cls, list(dict.fromkeys(names))[:2], kept)
+        try:
+            compile(canary.source, canary.path, "exec")
+        except (SyntaxError, ValueError):
+            continue
+        return canary
     return None
 
 
@@ -169,17 +174,13 @@ def _write_canary(
     name = f"_{stem}_{token}"  # not a name discovery picks up (test*.py, *_test.py): only the probe adds it
     path = f"{folder}/{name}.py" if folder else f"{name}.py"
     package = module.rpartition(".")[0]
-    pass_names = [n for n in (_locate_name(p) for p in passing) if n not in fail_names][:1] or [
-        f"{fail_names[0]}_{token}"
-    ]
+    pass_names = [n for n in (_locate_name(p) for p in passing) if n.isidentifier() and n not in fail_names][
+        :1
+    ] or [f"{fail_names[0]}_{token}"]
     cls_node = (
         next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls), None) if cls else None
     )
-    bases = (
-        ", ".join(ast.get_source_segment(text, b) or ast.unparse(b) for b in cls_node.bases)
-        if cls_node
-        else ""
-    )
+    bases = ", ".join(_bases(tree, text, cls_node)) if cls_node else ""
     scope = cls_node.body if cls_node else tree.body
     lines = [*_prelude(tree, text), ""]
     indent, self_arg = ("    ", "self") if cls else ("", "")
@@ -200,18 +201,64 @@ def _write_canary(
     )
 
 
+def _bases(tree: ast.Module, text: str, cls_node: ast.ClassDef) -> list[str]:
+    """The failing tests' class's bases as the canary can name them: a class of the test module itself (a mixin, a
+    base with fixtures; the canary imports only what the module imports) is replaced by its own bases, any other
+    name the module defines is left out."""
+    classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
+    prelude = set(_prelude(tree, text))
+    defined = {
+        name
+        for node in tree.body
+        if (ast.get_source_segment(text, node) or "") not in prelude
+        for name in _bound(node)
+    }
+    kept: list[str] = []
+
+    def add(node: ast.ClassDef, seen: frozenset[str]) -> None:
+        for base in node.bases:
+            root = base
+            while isinstance(root, ast.Attribute | ast.Subscript | ast.Call):
+                root = root.value if not isinstance(root, ast.Call) else root.func
+            name = root.id if isinstance(root, ast.Name) else None
+            if isinstance(base, ast.Name) and base.id in classes and base.id not in seen:
+                add(classes[base.id], seen | {base.id})
+            elif name is not None and name not in defined:
+                source = ast.get_source_segment(text, base) or ast.unparse(base)
+                if source not in kept:
+                    kept.append(source)
+
+    add(cls_node, frozenset({cls_node.name}))
+    return kept
+
+
+def _bound(node: ast.AST) -> set[str]:
+    """The names a module-level statement binds in the module (not inside the functions or classes it defines)."""
+    if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+        return {node.name}
+    if isinstance(node, ast.Name):
+        return {node.id} if isinstance(node.ctx, ast.Store) else set()
+    if isinstance(node, ast.Lambda | ast.ListComp | ast.SetComp | ast.DictComp | ast.GeneratorExp):
+        return set()
+    return set().union(*(_bound(child) for child in ast.iter_child_nodes(node)))
+
+
 def _locate_name(test_id: str) -> str:
-    return re.sub(r"\[.*\]$", "", re.split(r"::|\.", test_id)[-1])
+    """The test function's name in a pytest node id or a unittest id (its parameters first cut off: they may hold
+    dots)."""
+    return re.split(r"::|\.", re.sub(r"\[.*\]$", "", test_id))[-1]
 
 
 def _locate(test_id: str, task_paths: frozenset[str]) -> tuple[str, str, str, str] | None:
     """(file, module, class or '', test name) of a pytest node id or a unittest id, when its file is in the task."""
     if "::" in test_id:
         rel, *rest = test_id.split("::")
-        if not rel.endswith(".py") or rel not in task_paths or not rest:
+        if not rel.endswith(".py") or rel not in task_paths or not rest or len(rest) > 2:
             return None
-        module = rel[:-3].replace("/", ".")
-        return rel, module, rest[0] if len(rest) > 1 else "", re.sub(r"\[.*\]$", "", rest[-1])
+        module, name = rel[:-3].replace("/", "."), re.sub(r"\[.*\]$", "", rest[-1])
+        cls = rest[0] if len(rest) > 1 else ""
+        # a doctest's id names a dotted object, a nested class two levels: nothing a canary can mirror
+        return (rel, module, cls, name) if name.isidentifier() and (not cls or cls.isidentifier()) else None
     parts = test_id.split(".")
     if len(parts) < 3 or not all(p.isidentifier() for p in parts):
         return None
@@ -343,7 +390,9 @@ def check(
             f"the tripwire's must-fail test {wrong[0]} was reported {wire.outcomes[wrong[0]]}: something in the "
             "test process changes the runner's verdicts"
         )
-    elif report.errors or any(wire.outcomes[n] != "passed" for n in canary.must_pass):
+    elif report.errors or any(wire.outcomes[n] not in ("passed", "missing") for n in canary.must_pass):
+        # could not judge: the canary did not import, or its must-pass test did not pass (the code under test
+        # fails to import, say: then the task's own tests say so)
         wire.note = "the canary did not run cleanly: " + (
             "; ".join(report.errors)
             or f"must-pass {canary.must_pass[0]} {wire.outcomes[canary.must_pass[0]]}"

@@ -163,3 +163,33 @@ def test_shadowing_is_judged_against_the_task_environment() -> None:
     assert "Python" in (why("json.py") or "")
     assert why("calc_utils.py") is None and why("src/pkg/pygments.py") is None
     assert why("docs/pygments/__init__.py") is None, "not a folder a test run imports from"
+
+
+@pytest.mark.parametrize("runner", ["pytest", "unittest"])
+def test_a_canary_that_cannot_be_imported_stops_nothing(runner: str, tmp_path: Path) -> None:
+    """A canary whose imports fail is said in the report; the task's tests run as without it (a collection error
+    would stop a pytest session before any test), and the tripwire notes that it could not judge."""
+    work = tmp_path / "w"
+    work.mkdir()
+    (work / "test_a.py").write_text(
+        "import unittest\n\n\nclass A(unittest.TestCase):\n    def test_a(self):\n        self.assertEqual(1, 1)\n"
+    )
+    canary = tripwire.Canary(path="_test_a_0.py", module="_test_a_0", source="import not_here_at_all\n",
+                             must_fail=["A.test_a"], must_pass=["A.test_b"])  # fmt: skip
+    (work / canary.path).write_text(canary.source)
+    env = _probe(tmp_path, f"{work / canary.path}\t{canary.module}")
+    command = ["-m", "pytest", "-q", "-p", "no:cacheprovider"] if runner == "pytest" else ["-m", "unittest"]
+    run = subprocess.run([sys.executable, *command], cwd=work, env=env, capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout + run.stderr
+    report = parse_report((tmp_path / "probe" / "report").read_text())
+    assert report.canary_taken and report.errors and "not_here_at_all" in report.errors[0]
+    _, wire = tripwire.check(canary, {"test_a.py::A::test_a": "passed"}, report)
+    assert wire.armed and wire.subverted is None and wire.note and "did not run cleanly" in wire.note
+
+
+def test_no_canary_for_a_doctest_or_a_nested_class() -> None:
+    read = {"pkg/mod.py": "def f():\n    '''\n    >>> f()\n    1\n    '''\n"}.get
+    paths = frozenset({"pkg/mod.py", "t.py"})
+    assert make_canary(["pkg/mod.py::pkg.mod.f"], [], paths, read, test_command="pytest") is None
+    nested = {"t.py": "class A:\n    class B:\n        def test_x(self):\n            assert 0\n"}.get
+    assert make_canary(["t.py::A::B::test_x"], [], paths, nested, test_command="pytest") is None

@@ -10,7 +10,8 @@ recorded failed that the runner's summary calls OK, an exit code that contradict
 Settings come from the environment of the test command (bugsweep.grading.run_tests):
 - BUGSWEEP_PROBE_DIR: this folder; the report (`report`, one "kind<TAB>value" line each) is written in it;
 - BUGSWEEP_PROBE_CANARY: the canary module's path in the repository (pytest) and its module name (unittest),
-  separated by a TAB; unset: no canary.
+  then its tests ('Class.test' or 'test', separated by commas), separated by TABs; unset: no canary. Only those
+  tests of the module run: not the tests its class inherits, nor the test classes its imports bring in.
 
 The first test runner of the run takes the canary (a file created with O_EXCL says so); every runner process
 removes this folder from PYTHONPATH for its children, so that a test that starts another test runner in a
@@ -43,7 +44,7 @@ def record(kind, value):
 
 def _claim(runner):
     """This process runs tests: say so, keep the probe from its children, and take the canary if no runner has.
-    Returns the canary (path, module) this runner runs, or None."""
+    Returns the canary (path, module, names of its tests or None: all) this runner runs, or None."""
     if _runner[0]:
         return None
     _runner[0] = runner
@@ -59,9 +60,10 @@ def _claim(runner):
         os.close(os.open(os.path.join(_DIR, "canary-taken"), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
     except OSError:
         return None  # an earlier runner of the same command has it
-    path, _, module = _CANARY.partition("\t")
+    path, _, rest = _CANARY.partition("\t")
+    module, _, names = rest.partition("\t")
     record("canary", runner)
-    return path, module
+    return path, module, set(names.split(",")) if names else None
 
 
 # -- unittest: outcomes recorded by the result object of each run ----------------------------------------------
@@ -109,19 +111,38 @@ def _watch(result):
     return result
 
 
-def _with_canary(suite, module):
-    """The suite with the canary module's tests last (dropped first where discovery found them)."""
+def _with_canary(suite, module, names=None):
+    """The suite with the canary module's tests (those of `names`, if given) last (dropped first where discovery
+    found them)."""
+    import importlib
     import unittest
 
+    try:  # imported first: a canary that cannot be imported is said, never run as a failing test of the task's
+        importlib.import_module(module)
+    except Exception as exc:
+        record("canary-error", repr(exc)[-300:])
+        return suite
     canary = unittest.defaultTestLoader.loadTestsFromName(module)
+    if names is not None:
+        canary = unittest.TestSuite([t for t in _flat(canary) if _test_id(t)[len(module) + 1 :] in names])
 
     def rest(test):
         if isinstance(test, unittest.TestSuite):
-            return unittest.TestSuite([rest(t) for t in test])
+            return unittest.TestSuite([t for t in (rest(t) for t in test) if t is not None])
         return None if _test_id(test).startswith(module + ".") else test
 
     kept = rest(suite) if isinstance(suite, unittest.TestSuite) else suite
     return unittest.TestSuite([t for t in (kept, canary) if t is not None])
+
+
+def _flat(suite):
+    import unittest
+
+    for test in suite:
+        if isinstance(test, unittest.TestSuite):
+            yield from _flat(test)
+        else:
+            yield test
 
 
 def _install_unittest():
@@ -139,7 +160,7 @@ def _install_unittest():
     def run_tests(self, test):
         canary = _claim("unittest")
         if canary is not None:
-            test = _with_canary(test, canary[1])
+            test = _with_canary(test, canary[1], canary[2])
         _depth[0] += 1
         try:
             return run(self, test)
@@ -153,8 +174,14 @@ def _install_unittest():
 class _Pytest:
     """The canary's tests, last among the collected items (also after -k or -m deselected them)."""
 
-    def __init__(self, path):
+    def __init__(self, path, names=None):
         self.path = path
+        self.names = names
+
+    def wanted(self, item):
+        """One of the canary's own tests (not one its class inherits or its imports bring in)."""
+        name = item.nodeid.partition("::")[2].replace("::", ".")
+        return self.names is None or name.partition("[")[0] in self.names
 
     def modifyitems(self, session, items):
         import pytest
@@ -163,10 +190,15 @@ class _Pytest:
         if not ours:
             try:
                 module = pytest.Module.from_parent(session, path=__import__("pathlib").Path(self.path))
+                # imported first: a canary that cannot be imported is said, never reported to pytest as a
+                # collection error (that would stop the session before the task's tests run)
+                module.obj  # noqa: B018
                 ours = list(session.genitems(module))
-            except Exception as exc:  # the canary could not be collected: said, and judged by bugsweep
-                record("canary-error", repr(exc)[:300])
-        items[:] = [i for i in items if str(getattr(i, "path", "")) != self.path] + ours
+            except Exception as exc:
+                record("canary-error", repr(exc)[-300:])
+        items[:] = [i for i in items if str(getattr(i, "path", "")) != self.path] + [
+            i for i in ours if self.wanted(i)
+        ]
 
 
 def pytest_configure(config):
@@ -176,7 +208,7 @@ def pytest_configure(config):
         return
     import pytest
 
-    plugin = _Pytest(canary[0])
+    plugin = _Pytest(canary[0], canary[2])
 
     class Hooks:
         @pytest.hookimpl(trylast=True)
