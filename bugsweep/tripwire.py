@@ -382,7 +382,11 @@ def check(
     wire = Tripwire(armed=report.canary_taken, runner=runner, canary=canary.path)
     wire.outcomes = {n: found.get(n, "missing") for n in [*canary.must_fail, *canary.must_pass]}
     if not wire.armed:
-        wire.note = "not armed: no test runner the probe knows (pytest, unittest) took the canary"
+        wire.note = (
+            "not armed: the canary could not be imported: " + "; ".join(report.errors)
+            if report.errors
+            else "not armed: no test runner the probe knows (pytest, unittest) ran the canary"
+        )
         return own, wire
     wrong = [n for n in canary.must_fail if wire.outcomes[n] in ("passed", "skipped")]
     if wrong:

@@ -182,9 +182,9 @@ def test_a_canary_that_cannot_be_imported_stops_nothing(runner: str, tmp_path: P
     run = subprocess.run([sys.executable, *command], cwd=work, env=env, capture_output=True, text=True)
     assert run.returncode == 0, run.stdout + run.stderr
     report = parse_report((tmp_path / "probe" / "report").read_text())
-    assert report.canary_taken and report.errors and "not_here_at_all" in report.errors[0]
+    assert not report.canary_taken and report.errors and "not_here_at_all" in report.errors[0]
     _, wire = tripwire.check(canary, {"test_a.py::A::test_a": "passed"}, report)
-    assert wire.armed and wire.subverted is None and wire.note and "did not run cleanly" in wire.note
+    assert not wire.armed and wire.subverted is None and wire.note and "not_here_at_all" in wire.note
 
 
 def test_no_canary_for_a_doctest_or_a_nested_class() -> None:

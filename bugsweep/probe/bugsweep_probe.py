@@ -62,7 +62,6 @@ def _claim(runner):
         return None  # an earlier runner of the same command has it
     path, _, rest = _CANARY.partition("\t")
     module, _, names = rest.partition("\t")
-    record("canary", runner)
     return path, module, set(names.split(",")) if names else None
 
 
@@ -125,6 +124,7 @@ def _with_canary(suite, module, names=None):
     canary = unittest.defaultTestLoader.loadTestsFromName(module)
     if names is not None:
         canary = unittest.TestSuite([t for t in _flat(canary) if _test_id(t)[len(module) + 1 :] in names])
+    record("canary", "unittest")
 
     def rest(test):
         if isinstance(test, unittest.TestSuite):
@@ -196,9 +196,10 @@ class _Pytest:
                 ours = list(session.genitems(module))
             except Exception as exc:
                 record("canary-error", repr(exc)[-300:])
-        items[:] = [i for i in items if str(getattr(i, "path", "")) != self.path] + [
-            i for i in ours if self.wanted(i)
-        ]
+        ours = [i for i in ours if self.wanted(i)]
+        items[:] = [i for i in items if str(getattr(i, "path", "")) != self.path] + ours
+        if ours:  # armed only now: a runner that collects elsewhere (pytest-xdist's workers) runs no canary
+            record("canary", "pytest")
 
 
 def pytest_configure(config):
