@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from bugsweep import tripwire
+from bugsweep import grading, tripwire
 from bugsweep.testfiles import import_roots, protected_reason
 from bugsweep.tripwire import make_canary, parse_report, single_runner, summary_failures
 
@@ -193,3 +193,70 @@ def test_no_canary_for_a_doctest_or_a_nested_class() -> None:
     assert make_canary(["pkg/mod.py::pkg.mod.f"], [], paths, read, test_command="pytest") is None
     nested = {"t.py": "class A:\n    class B:\n        def test_x(self):\n            assert 0\n"}.get
     assert make_canary(["t.py::A::B::test_x"], [], paths, nested, test_command="pytest") is None
+
+
+SHARED = "import unittest\n\n\nclass SharedTests(unittest.TestCase):\n    def test_shared(self):\n        self.assertEqual(1, 1)\n"
+MIXED = (
+    "import unittest\nfrom shared import SharedTests\n\n\n"
+    "class Mixin:\n    def test_from_mixin(self):\n        self.assertEqual(1, 1)\n\n\n"
+    "class Local(Mixin, SharedTests):\n    pass\n\n\n"
+    "class BTest(Local, unittest.TestCase):\n"
+    "    def test_b(self):\n        self.assertEqual(1, 2)\n\n"
+    "    def test_ok(self):\n        self.assertEqual(1, 1)\n\n\n"
+    "def test_param():\n    assert True\n"
+)
+
+
+def test_the_canary_names_only_what_its_imports_bind() -> None:
+    """The failing tests' class may extend classes of its own module (a mixin, a base with fixtures): the canary
+    holds only the module's imports, so those are replaced by their own bases (else its import fails: NameError).
+    A must-pass test is named by its function, never by a dotted parameter (`[typing.ClassVar]`)."""
+    paths = frozenset({"test_b.py", "shared.py"})
+    passing = ["test_b.py::test_param[typing.ClassVar]", "test_b.py::BTest::test_from_mixin[x.y]"]
+    canary = make_canary(["test_b.py::BTest::test_b"], passing, paths, {"test_b.py": MIXED}.get,
+                         test_command="python -m pytest -q")  # fmt: skip
+    assert canary is not None
+    assert "class BTest(SharedTests, unittest.TestCase):" in canary.source
+    assert "Mixin" not in canary.source and "Local" not in canary.source
+    assert canary.must_fail == ["BTest.test_b"] and canary.must_pass == ["BTest.test_from_mixin"]
+    plain = make_canary(
+        ["test_b.py::test_param[1]"], passing, paths, {"test_b.py": MIXED}.get, test_command="pytest"
+    )
+    assert plain is not None and plain.must_pass == ["test_param_" + plain.path[-9:-3]]
+
+
+@pytest.mark.parametrize("runner", ["pytest", "unittest"])
+def test_only_the_canarys_own_tests_run(runner: str, tmp_path: Path) -> None:
+    """The canary module imports what the test module imports (test classes too) and its class inherits tests: the
+    runner runs only the canary's own tests, so its summary counts exactly the task's tests and the canary's."""
+    work = tmp_path / "w"
+    work.mkdir()
+    (work / "shared.py").write_text(SHARED)
+    (work / "test_b.py").write_text(MIXED)
+    failing = "test_b.py::BTest::test_b" if runner == "pytest" else "test_b.BTest.test_b"
+    canary = make_canary([failing], [], frozenset({"test_b.py", "shared.py"}), {"test_b.py": MIXED}.get,
+                         test_command=f"python -m {runner}")  # fmt: skip
+    assert canary is not None
+    (work / canary.path).write_text(canary.source)
+    names = ",".join([*canary.must_fail, *canary.must_pass])
+    env = _probe(tmp_path, f"{work / canary.path}\t{canary.module}\t{names}")
+    (work / "test_b.py").write_text(
+        MIXED.replace("1, 2", "2, 2")
+    )  # the fix: the canary's failure is the only one
+    junit = tmp_path / "junit.xml"
+    command = (
+        ["-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}", "-o", "junit_family=xunit1"]
+        if runner == "pytest"
+        else ["-m", "unittest"]
+    )
+    run = subprocess.run([sys.executable, *command], cwd=work, env=env, capture_output=True, text=True)
+    report = parse_report((tmp_path / "probe" / "report").read_text())
+    tests = grading.parse_junit(junit.read_text()) if runner == "pytest" else report.outcomes
+    own, wire = tripwire.check(canary, tests, report)
+    assert run.returncode == 1 and wire.armed and wire.subverted is None and wire.note is None, (
+        run.stdout + run.stderr
+    )
+    ran = {t for t in tests if canary.name_of(t)}
+    assert len(ran) == 2 and wire.outcomes == {"BTest.test_b": "failed", canary.must_pass[0]: "passed"}
+    assert own is not None and not [t for t, o in own.items() if o != "passed"]
+    assert summary_failures(run.stdout + run.stderr, runner) == 1
