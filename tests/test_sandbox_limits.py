@@ -26,6 +26,7 @@ from bugsweep.sandbox import RepoSource
 from bugsweep.sandbox.local import LocalProvider, LocalSandbox
 from bugsweep.sandbox.local import seccomp as seccomp_mod
 from bugsweep.sandbox.local import setup_network as network_mod
+from bugsweep.sandbox.local.capture import Spool
 from bugsweep.settings import SandboxSettings
 from tests.support.leftovers import sandbox_leftovers
 from tests.support.repos import PYTEST_SETUP
@@ -90,12 +91,58 @@ def test_a_task_can_ask_for_its_own_quota(provider, buggy_repo):
     assert sandbox_leftovers(provider.state_dir, [sandbox.id]) == []
 
 
-def test_endless_output_fills_the_quota_not_the_host_and_the_sandbox_recovers(sbx, provider):
+@pytest.mark.parametrize("head", [0, 10])
+@pytest.mark.parametrize("size", [0, 5, 10, 16, 17, 18, 24, 31, 38, 100])
+def test_a_spool_keeps_its_head_and_its_last_bytes(tmp_path, head, size):
+    """A stream's spool holds at most head + 2 * tail bytes: the ring's two segments, read across their seams."""
+    data = (b"0123456789abcdefghijklmnopqrstuvwxyz" * 3)[:size]
+    spool = Spool(tmp_path, head=head, tail=7)
+    reader, writer = os.pipe()
+    os.write(writer, data)
+    os.close(writer)
+    while spool.take(reader):
+        pass
+    os.close(reader)
+    kept, cut = spool.read()
+    assert os.fstat(spool.file.fileno()).st_size <= head + 2 * 7
+    if size <= head + 7:
+        assert (kept, cut) == (data, False)
+    elif head:
+        line = f"\n[... bugsweep: {size - head - 7} bytes of output cut here ...]\n".encode()
+        assert (kept, cut) == (data[:head] + line + data[-7:], True)
+    else:
+        assert (kept, cut) == (data[-7:], True)
+    spool.close()
+
+
+def test_endless_output_ends_without_filling_the_quota_or_the_host(sbx, provider):
+    host_free = shutil.disk_usage(provider.state_dir).free
     result = sbx.exec("yes 'endless output' ", timeout=60)
-    assert result.exit_code != 0  # `yes` stops when its output can no longer be written
-    assert result.disk_full
-    assert result.truncated and "endless output" in result.stdout
-    assert sbx.exec("echo fine").stdout == "fine\n", "the spool is freed when the command ends"
+    # `yes` stops when its output is closed after a gigabyte (its output no longer goes on the sandbox's disk).
+    assert result.exit_code == 141 and not result.timed_out and result.too_much_output
+    assert not result.disk_full
+    assert result.truncated and result.stdout.endswith("endless output\n")
+    assert len(result.stdout) <= 64 * 1024
+    assert sbx.usage.peak_disk_bytes is not None and sbx.usage.peak_disk_bytes < QUOTA_MIB * MIB // 2
+    # A caller that wants the whole output gets its head and its tail, never a gigabyte.
+    full = sbx.exec("yes 'endless output' ", timeout=60, full_output=True)
+    assert full.exit_code == 141 and full.truncated and "bytes of output cut here" in full.stdout
+    assert 64 * MIB < len(full.stdout) < 65 * MIB
+    assert host_free - shutil.disk_usage(provider.state_dir).free < 512 * MIB, "the spool files are bounded"
+    text = prompts.run_result(result.exit_code, result.output, True, False, 60, False, False, True)
+    assert "output was closed" in text
+    assert sbx.exec("echo fine").stdout == "fine\n"
+
+
+def test_a_command_that_fills_the_disk_keeps_its_output_and_a_later_one_runs_whole(sbx):
+    """Command output used to be spooled on the sandbox's own disk: the command that filled it lost its last lines
+    and its exit code (SIGPIPE: 141), and so did every later command that printed more than a few lines."""
+    fill = "cat /dev/zero > /tmp/fill; seq 1 300000; echo filled; exit 3"
+    filled = sbx.exec(fill, timeout=120)
+    assert filled.exit_code == 3 and filled.stdout.endswith("300000\nfilled\n")
+    assert filled.disk_full and "No space left on device" in filled.stderr
+    later = sbx.exec("seq 1 300000; echo later", timeout=60)
+    assert later.exit_code == 0 and later.stdout.endswith("300000\nlater\n") and later.disk_full
 
 
 # -- the setup network -------------------------------------------------------------------------------------------

@@ -208,6 +208,7 @@ def run_result(
     timeout_s: float,
     oom: bool,
     disk_full: bool = False,
+    too_much_output: bool = False,
 ) -> str:
     if timed_out:
         head = (
@@ -220,6 +221,11 @@ def run_result(
         head = "The command was killed."
     else:
         head = f"Exit code: {exit_code}"
+    if too_much_output:
+        head += (
+            "\nThe command wrote more output than is kept (a gigabyte), so its output was closed and its next "
+            "write failed. Write less: pipe long output through tail or grep."
+        )
     if disk_full:
         head += (
             "\nThe sandbox's disk is full: writing fails with 'No space left on device'. Delete files you do not "

@@ -197,6 +197,7 @@ class Toolbox:
             timeout,
             result.out_of_memory,
             result.disk_full,
+            result.too_much_output,
         )
         return ToolOutcome(
             text,
