@@ -7,6 +7,7 @@ Needs Linux (x86-64), root, Debian bubblewrap, slirp4netns, iproute2, e2fsprogs,
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import platform
@@ -143,6 +144,17 @@ def test_a_command_that_fills_the_disk_keeps_its_output_and_a_later_one_runs_who
     assert filled.disk_full and "No space left on device" in filled.stderr
     later = sbx.exec("seq 1 300000; echo later", timeout=60)
     assert later.exit_code == 0 and later.stdout.endswith("300000\nlater\n") and later.disk_full
+    # A write that needs room fails and leaves the file as it was (it used to be emptied: truncated first).
+    before = sbx.files.read_text("calc.py")
+    with pytest.raises(OSError) as failed:
+        sbx.files.write("calc.py", before + "#" * (1024 * 1024))
+    assert failed.value.errno == errno.ENOSPC
+    assert sbx.files.read_text("calc.py") == before
+    with pytest.raises(OSError) as inside:  # written by a command inside: a path outside /workspace and /tmp
+        sbx.files.write("/opt/venv/big", "x" * MIB)
+    assert inside.value.errno == errno.ENOSPC
+    sbx.files.write("calc.py", before.replace("a - b", "a + b"))  # in place: no new blocks needed
+    assert "a + b" in sbx.files.read_text("calc.py")
 
 
 # -- the setup network -------------------------------------------------------------------------------------------
