@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from bugsweep.agent import prompts
+from bugsweep.agent.trajectory import load, messages
 from bugsweep.errors import ConfigError
 from bugsweep.sandbox import RepoSource
 from bugsweep.sandbox.local import LocalProvider, LocalSandbox
@@ -362,6 +363,53 @@ def test_a_run_that_fills_its_disk_is_still_graded_with_its_resource_use(
         "the process's /etc tmpfs went with the process"
     )
     assert sorted(p.name for p in state.iterdir()) == [], "its /etc copy and template images too"
+
+
+def test_a_run_on_a_full_disk_answers_every_tool_and_ends_graded(buggy_repo, tmp_path, scripted_model):
+    """The model fills the disk and leaves it full: each tool still answers it (with the disk-full text), nothing
+    raises out of the loop, and the run ends graded. The model is the scripted server (a stand-in, not a model)."""
+    grown = "return a + b\n" + "    # a long comment\n" * 60_000  # needs new blocks: about 1 MiB
+    server = scripted_model(
+        [
+            tool_call("run", command="cat /dev/zero > /tmp/fill; seq 1 200000; echo filled-the-disk; exit 3"),
+            tool_call("run", command="seq 1 200000; echo still-here"),
+            tool_call("read_file", path="calc.py"),
+            tool_call("edit_file", path="calc.py", old="return a - b", new=grown),
+            tool_call("edit_file", path="notes.txt", old="", new="x" * (1024 * 1024)),
+            # The same edit's `old` still matches: the failed edit left calc.py as it was. This one fits in place.
+            tool_call("edit_file", path="calc.py", old="return a - b", new="return a + b"),
+            tool_call("finish", summary="fixed add() with the disk still full"),
+        ]
+    )
+    out, state = tmp_path / "out", tmp_path / "state"
+    env = {
+        **os.environ,
+        "LLM_BASE_URL": server.base_url,
+        "LLM_MODEL": "scripted",
+        "LLM_API_KEY": "sk-test",
+        "BUGSWEEP_SANDBOX_DISK_MIB": str(QUOTA_MIB),
+        "BUGSWEEP_SANDBOX_STATE_DIR": str(state),
+    }
+    proc = subprocess.run(
+        [sys.executable, "-m", "bugsweep", "solve", "--repo", str(buggy_repo), "--task", "add() is wrong",
+         "--test-command", "python -m pytest -q", "--setup-command", PYTEST_SETUP, "--out", str(out)],
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    answers = [m["content"] for m in messages(load(out / "trajectory.json")) if m["role"] == "tool"]
+    filled, later, read, edited, created, fixed, _ = answers
+    assert filled.startswith("Exit code: 3\n") and "200000\nfilled-the-disk\n" in filled
+    assert "disk is full" in filled
+    assert later.startswith("Exit code: 0\n") and later.rstrip().endswith("still-here")
+    assert "return a - b" in read and "disk is full" in read
+    for refused in (edited, created):
+        assert refused.startswith("Error:") and "disk is full" in refused and "Delete files" in refused
+    assert "notes.txt" not in (out / "patch.diff").read_text(), "no empty file is left by a refused create"
+    assert "disk is full" in fixed and "Error" not in fixed
+    grade = json.loads((out / "grade.json").read_text())
+    assert grade["resolved"] and grade.get("error") is None and grade.get("failure_kind") is None
+    assert grade["peak_disk_mib"] > QUOTA_MIB * 0.8
+    assert sandbox_leftovers(state, []) == []
 
 
 def test_libseccomp_missing_is_a_config_error_naming_the_fix(monkeypatch):
