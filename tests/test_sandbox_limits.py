@@ -7,6 +7,7 @@ Needs Linux (x86-64), root, Debian bubblewrap, slirp4netns, iproute2, e2fsprogs,
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import platform
@@ -21,11 +22,13 @@ from pathlib import Path
 import pytest
 
 from bugsweep.agent import prompts
+from bugsweep.agent.trajectory import load, messages
 from bugsweep.errors import ConfigError
 from bugsweep.sandbox import RepoSource
 from bugsweep.sandbox.local import LocalProvider, LocalSandbox
 from bugsweep.sandbox.local import seccomp as seccomp_mod
 from bugsweep.sandbox.local import setup_network as network_mod
+from bugsweep.sandbox.local.capture import Spool
 from bugsweep.settings import SandboxSettings
 from tests.support.leftovers import sandbox_leftovers
 from tests.support.repos import PYTEST_SETUP
@@ -90,12 +93,69 @@ def test_a_task_can_ask_for_its_own_quota(provider, buggy_repo):
     assert sandbox_leftovers(provider.state_dir, [sandbox.id]) == []
 
 
-def test_endless_output_fills_the_quota_not_the_host_and_the_sandbox_recovers(sbx, provider):
+@pytest.mark.parametrize("head", [0, 10])
+@pytest.mark.parametrize("size", [0, 5, 10, 16, 17, 18, 24, 31, 38, 100])
+def test_a_spool_keeps_its_head_and_its_last_bytes(tmp_path, head, size):
+    """A stream's spool holds at most head + 2 * tail bytes: the ring's two segments, read across their seams."""
+    data = (b"0123456789abcdefghijklmnopqrstuvwxyz" * 3)[:size]
+    spool = Spool(tmp_path, head=head, tail=7)
+    reader, writer = os.pipe()
+    os.write(writer, data)
+    os.close(writer)
+    while spool.take(reader):
+        pass
+    os.close(reader)
+    kept, cut = spool.read()
+    assert os.fstat(spool.file.fileno()).st_size <= head + 2 * 7
+    if size <= head + 7:
+        assert (kept, cut) == (data, False)
+    elif head:
+        line = f"\n[... bugsweep: {size - head - 7} bytes of output cut here ...]\n".encode()
+        assert (kept, cut) == (data[:head] + line + data[-7:], True)
+    else:
+        assert (kept, cut) == (data[-7:], True)
+    spool.close()
+
+
+def test_endless_output_ends_without_filling_the_quota_or_the_host(sbx, provider):
+    host_free = shutil.disk_usage(provider.state_dir).free
     result = sbx.exec("yes 'endless output' ", timeout=60)
-    assert result.exit_code != 0  # `yes` stops when its output can no longer be written
-    assert result.disk_full
-    assert result.truncated and "endless output" in result.stdout
-    assert sbx.exec("echo fine").stdout == "fine\n", "the spool is freed when the command ends"
+    # `yes` stops when its output is closed after a gigabyte (its output no longer goes on the sandbox's disk).
+    assert result.exit_code == 141 and not result.timed_out and result.too_much_output
+    assert not result.disk_full
+    assert result.truncated and result.stdout.endswith("endless output\n")
+    assert len(result.stdout) <= 64 * 1024
+    assert sbx.usage.peak_disk_bytes is not None and sbx.usage.peak_disk_bytes < QUOTA_MIB * MIB // 2
+    # A caller that wants the whole output gets its head and its tail, never a gigabyte.
+    full = sbx.exec("yes 'endless output' ", timeout=60, full_output=True)
+    assert full.exit_code == 141 and full.truncated and "bytes of output cut here" in full.stdout
+    assert 64 * MIB < len(full.stdout) < 65 * MIB
+    assert host_free - shutil.disk_usage(provider.state_dir).free < 512 * MIB, "the spool files are bounded"
+    text = prompts.run_result(result.exit_code, result.output, True, False, 60, False, False, True)
+    assert "output was closed" in text
+    assert sbx.exec("echo fine").stdout == "fine\n"
+
+
+def test_a_command_that_fills_the_disk_keeps_its_output_and_a_later_one_runs_whole(sbx):
+    """Command output used to be spooled on the sandbox's own disk: the command that filled it lost its last lines
+    and its exit code (SIGPIPE: 141), and so did every later command that printed more than a few lines."""
+    fill = "cat /dev/zero > /tmp/fill; seq 1 300000; echo filled; exit 3"
+    filled = sbx.exec(fill, timeout=120)
+    assert filled.exit_code == 3 and filled.stdout.endswith("300000\nfilled\n")
+    assert filled.disk_full and "No space left on device" in filled.stderr
+    later = sbx.exec("seq 1 300000; echo later", timeout=60)
+    assert later.exit_code == 0 and later.stdout.endswith("300000\nlater\n") and later.disk_full
+    # A write that needs room fails and leaves the file as it was (it used to be emptied: truncated first).
+    before = sbx.files.read_text("calc.py")
+    with pytest.raises(OSError) as failed:
+        sbx.files.write("calc.py", before + "#" * (1024 * 1024))
+    assert failed.value.errno == errno.ENOSPC
+    assert sbx.files.read_text("calc.py") == before
+    with pytest.raises(OSError) as inside:  # written by a command inside: a path outside /workspace and /tmp
+        sbx.files.write("/opt/venv/big", "x" * MIB)
+    assert inside.value.errno == errno.ENOSPC
+    sbx.files.write("calc.py", before.replace("a - b", "a + b"))  # in place: no new blocks needed
+    assert "a + b" in sbx.files.read_text("calc.py")
 
 
 # -- the setup network -------------------------------------------------------------------------------------------
@@ -303,6 +363,53 @@ def test_a_run_that_fills_its_disk_is_still_graded_with_its_resource_use(
         "the process's /etc tmpfs went with the process"
     )
     assert sorted(p.name for p in state.iterdir()) == [], "its /etc copy and template images too"
+
+
+def test_a_run_on_a_full_disk_answers_every_tool_and_ends_graded(buggy_repo, tmp_path, scripted_model):
+    """The model fills the disk and leaves it full: each tool still answers it (with the disk-full text), nothing
+    raises out of the loop, and the run ends graded. The model is the scripted server (a stand-in, not a model)."""
+    grown = "return a + b\n" + "    # a long comment\n" * 60_000  # needs new blocks: about 1 MiB
+    server = scripted_model(
+        [
+            tool_call("run", command="cat /dev/zero > /tmp/fill; seq 1 200000; echo filled-the-disk; exit 3"),
+            tool_call("run", command="seq 1 200000; echo still-here"),
+            tool_call("read_file", path="calc.py"),
+            tool_call("edit_file", path="calc.py", old="return a - b", new=grown),
+            tool_call("edit_file", path="notes.txt", old="", new="x" * (1024 * 1024)),
+            # The same edit's `old` still matches: the failed edit left calc.py as it was. This one fits in place.
+            tool_call("edit_file", path="calc.py", old="return a - b", new="return a + b"),
+            tool_call("finish", summary="fixed add() with the disk still full"),
+        ]
+    )
+    out, state = tmp_path / "out", tmp_path / "state"
+    env = {
+        **os.environ,
+        "LLM_BASE_URL": server.base_url,
+        "LLM_MODEL": "scripted",
+        "LLM_API_KEY": "sk-test",
+        "BUGSWEEP_SANDBOX_DISK_MIB": str(QUOTA_MIB),
+        "BUGSWEEP_SANDBOX_STATE_DIR": str(state),
+    }
+    proc = subprocess.run(
+        [sys.executable, "-m", "bugsweep", "solve", "--repo", str(buggy_repo), "--task", "add() is wrong",
+         "--test-command", "python -m pytest -q", "--setup-command", PYTEST_SETUP, "--out", str(out)],
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    answers = [m["content"] for m in messages(load(out / "trajectory.json")) if m["role"] == "tool"]
+    filled, later, read, edited, created, fixed, _ = answers
+    assert filled.startswith("Exit code: 3\n") and "200000\nfilled-the-disk\n" in filled
+    assert "disk is full" in filled
+    assert later.startswith("Exit code: 0\n") and later.rstrip().endswith("still-here")
+    assert "return a - b" in read and "disk is full" in read
+    for refused in (edited, created):
+        assert refused.startswith("Error:") and "disk is full" in refused and "Delete files" in refused
+    assert "notes.txt" not in (out / "patch.diff").read_text(), "no empty file is left by a refused create"
+    assert "disk is full" in fixed and "Error" not in fixed
+    grade = json.loads((out / "grade.json").read_text())
+    assert grade["resolved"] and grade.get("error") is None and grade.get("failure_kind") is None
+    assert grade["peak_disk_mib"] > QUOTA_MIB * 0.8
+    assert sandbox_leftovers(state, []) == []
 
 
 def test_libseccomp_missing_is_a_config_error_naming_the_fix(monkeypatch):

@@ -26,7 +26,8 @@ from bugsweep.agent.loop import run_agent
 from bugsweep.agent.model import ChatModel
 from bugsweep.agent.trajectory import load
 from bugsweep.sandbox import RepoSource, Sandbox, get_provider
-from bugsweep.settings import AgentSettings, ModelSettings
+from bugsweep.sandbox.local import LocalProvider
+from bugsweep.settings import AgentSettings, ModelSettings, SandboxSettings
 from tests.support.repos import BUGGY_CALC, make_repo, with_pytest
 from tests.support.scripted_model import ScriptedModelServer, text_reply, tool_call
 
@@ -303,3 +304,33 @@ def test_a_repeated_run_whose_traceback_ends_in_a_test_asks_for_nothing(
         server.requests[2]["messages"][-1]["role"] == "tool"
     )  # an assertion in the test: no function to ask for
     assert not [e for e in load(tmp_path / "run" / "trajectory.json") if e["type"] == "rewrite_requested"]
+
+
+def test_a_whole_function_written_on_a_full_disk_is_answered_with_what_to_delete(
+    scripted_model, buggy_repo: Path, tmp_path: Path
+) -> None:
+    """The policy writes files outside a tool call (the function from a code block, a tried edit put back): on a
+    full disk that is a message to the model, not a crash of the run. A 64 MiB quota, filled by the model (the
+    scripted server, a stand-in, not a model)."""
+    settings = SandboxSettings(disk_mib=64)
+    provider = LocalProvider(settings, cache_dir=tmp_path / "cache", state_dir=tmp_path / "state")
+    padded = "```python\ndef add(a, b):\n" + "    # a long comment\n" * 60_000 + "    return a + b\n```"
+    server = scripted_model(
+        [
+            tool_call("run", command="cat /dev/zero > /tmp/fill; true"),
+            tool_call("edit_file", path="calc.py", old="return a - b", new="return a - b + 0"),
+            text_reply(padded),  # the whole function, asked for: about 1 MiB, more than the disk has left
+            tool_call("run", command="rm /tmp/fill"),
+            FINISH,
+            FINISH,
+        ]
+    )
+    with with_pytest(provider.create(RepoSource(str(buggy_repo)))) as sbx:
+        result = solve(server, sbx, tmp_path, AgentSettings(policy="small-model", rewrite_samples=0))
+        assert "return a - b\n" in sbx.files.read_text("/workspace/repo/calc.py"), (
+            "the tried edit was put back"
+        )
+    assert result.stop_reason == "finished"
+    answer = server.requests[3]["messages"][-1]
+    assert answer["role"] == "user" and answer["content"].startswith("Error: the edit was not made")
+    assert "Delete files" in answer["content"]

@@ -197,6 +197,24 @@ def unknown_tool(name: str) -> str:
     return f"Error: there is no tool named {name[:60]!r}. The tools are run, read_file, edit_file and finish.{hint}"
 
 
+# -- a full disk ---------------------------------------------------------------------------------------------
+
+#: Said with every tool's answer while the sandbox's disk is full (tools.py).
+DISK_FULL = (
+    "The sandbox's disk is full: writing fails with 'No space left on device'. Delete files you do not "
+    "need (large outputs, build folders, files in /tmp) before you go on, and write less output to files."
+)
+
+
+def disk_full_error(tool: str) -> str:
+    """A tool that had to write into the sandbox found its disk full."""
+    what = {
+        "edit_file": "the edit was not made, the file is left as it was",
+        "run": "the command did not run",
+    }.get(tool, f"{tool} failed")
+    return f"Error: {what}.\n{DISK_FULL}"
+
+
 # -- run -----------------------------------------------------------------------------------------------------
 
 
@@ -208,6 +226,7 @@ def run_result(
     timeout_s: float,
     oom: bool,
     disk_full: bool = False,
+    too_much_output: bool = False,
 ) -> str:
     if timed_out:
         head = (
@@ -220,11 +239,13 @@ def run_result(
         head = "The command was killed."
     else:
         head = f"Exit code: {exit_code}"
-    if disk_full:
+    if too_much_output:
         head += (
-            "\nThe sandbox's disk is full: writing fails with 'No space left on device'. Delete files you do not "
-            "need (large outputs, build folders, files in /tmp) before you go on, and write less output to files."
+            "\nThe command wrote more output than is kept (a gigabyte), so its output was closed and its next "
+            "write failed. Write less: pipe long output through tail or grep."
         )
+    if disk_full:
+        head += "\n" + DISK_FULL
     if cut:
         head += f"\n[output cut: these are the last {len(output)} characters]"
     return f"{head}\n{output}" if output.strip() else f"{head}\n(no output)"

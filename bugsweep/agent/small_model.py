@@ -444,7 +444,7 @@ class SmallModelPolicy(Policy):
             "edit_tried", turn=run.turn, function=span.name, tests_exit_code=tests.exit_code, kept=passed
         )
         if not passed:
-            toolbox.write_file(*before)
+            toolbox.write_if_room(*before)
             return False
         run.record_tool(call, outcome, time.monotonic() - started, exit_code=None, detail=None)
         # edit_done's last line asks for the test run that has just passed.
@@ -499,7 +499,7 @@ class SmallModelPolicy(Policy):
                 kept=kept,
             )
             if not kept:
-                toolbox.write_file(*texts[span.path])
+                toolbox.write_if_room(*texts[span.path])
                 run.trajectory.save()
                 return False
             call = ToolCall(
@@ -635,7 +635,7 @@ class SmallModelPolicy(Policy):
             if code in tried:
                 continue
             tried.add(code)
-            toolbox.write_file(*before)
+            toolbox.write_if_room(*before)
             outcome = rewrite_function(toolbox, span, reply.content or "")
             if not outcome.ok:
                 continue
@@ -657,7 +657,7 @@ class SmallModelPolicy(Policy):
             )
             return True
         if answered_text is not None:
-            toolbox.write_file(*answered_text)
+            toolbox.write_if_room(*answered_text)
         run.trajectory.add(
             "rewrite_sampled", turn=run.turn, function=span.name, path=span.path, kept_seed=None,
             tests_exit_codes=codes,
@@ -766,7 +766,8 @@ def rewrite_function(toolbox: Toolbox, span: FunctionSpan, reply: str) -> ToolOu
         return ToolOutcome(
             prompts.rewrite_unusable(broken[1], now), ok=False, format_error=True, short_arg=rel
         )
-    toolbox.write_file(real, updated)
+    if not toolbox.write_if_room(real, updated):
+        return ToolOutcome(prompts.disk_full_error("edit_file"), ok=False, short_arg=rel)
     last = now.first + function.rstrip("\n").count("\n")
     text = prompts.function_rewritten(now, last, snippet(updated, now.first, last), toolbox.test_command)
     return ToolOutcome(text, short_arg=rel, arguments={"path": rel, "function": span.name})

@@ -2,12 +2,15 @@
 
 Everything happens inside the sandbox through its interface (`exec`, `files`), so the same tools work on the local
 bubblewrap sandbox and on Runtime microVMs. The tools never raise for a mistake of the model: every mistake comes back
-as a ToolOutcome whose text (from prompts.py) tells the model what to do next. Failures of the sandbox itself
-(SandboxGone, SandboxError) do propagate: they are infrastructure failures, not the model's.
+as a ToolOutcome whose text (from prompts.py) tells the model what to do next. A full disk is the model's too (its
+commands filled it): a write that fails for it is answered with what to delete, and while the disk is full every
+answer says so. Failures of the sandbox itself (SandboxGone, SandboxError) do propagate: they are infrastructure
+failures, not the model's.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import posixpath
 import re
@@ -32,7 +35,7 @@ from bugsweep.sandbox.base import Sandbox, tail
 from bugsweep.settings import AgentSettings
 from bugsweep.testfiles import is_test_file
 
-__all__ = ["ToolOutcome", "Toolbox", "closest_lines", "parse_arguments", "short"]
+__all__ = ["ToolOutcome", "Toolbox", "closest_lines", "disk_is_full", "parse_arguments", "short"]
 
 
 @dataclass
@@ -66,6 +69,11 @@ class ToolOutcome:
             "exit_code": self.exit_code,
             "timed_out": self.timed_out,
         }
+
+
+def disk_is_full(exc: OSError) -> bool:
+    """Whether a write into the sandbox failed because its disk (its quota) is full."""
+    return exc.errno in (errno.ENOSPC, errno.EDQUOT)
 
 
 def short(text: str, limit: int = 80) -> str:
@@ -119,6 +127,8 @@ class Toolbox:
         """Named after each successful edit as the next step (a small model otherwise finishes untested)."""
         self.seen: dict[str, tuple[int, int]] = {}
         """Line ranges shown by read_file, by repo-relative path: whether the model has seen a function."""
+        self.disk_full = False
+        """Whether the sandbox's disk was full at the last command or write of a tool."""
 
     def schemas(self) -> list[dict[str, Any]]:
         s = self.settings
@@ -152,19 +162,33 @@ class Toolbox:
                     format_error=True,
                     arguments=args,
                 )
-        if name == "run":
-            outcome = self.run(args["command"])
-        elif name == "read_file":
-            outcome = self.read_file(args["path"], args.get("start_line"), args.get("end_line"))
-        elif name == "edit_file":
-            outcome = self.edit_file(args["path"], args["old"], args["new"])
-        else:
-            summary = str(args.get("summary") or "")
+        try:
+            outcome = self._dispatch(name, args)
+        except OSError as exc:
+            if not disk_is_full(exc):
+                raise
+            self.disk_full = True
             outcome = ToolOutcome(
-                prompts.finished(summary), finished=True, summary=summary, short_arg=short(summary)
+                prompts.disk_full_error(name),
+                ok=False,
+                short_arg=short(str(args.get("path") or args.get("command"))),
             )
+        if self.disk_full and not outcome.finished and prompts.DISK_FULL not in outcome.content:
+            outcome.content += "\n" + prompts.DISK_FULL
         outcome.arguments = args
         return outcome
+
+    def _dispatch(self, name: str, args: dict[str, Any]) -> ToolOutcome:
+        if name == "run":
+            return self.run(args["command"])
+        if name == "read_file":
+            return self.read_file(args["path"], args.get("start_line"), args.get("end_line"))
+        if name == "edit_file":
+            return self.edit_file(args["path"], args["old"], args["new"])
+        summary = str(args.get("summary") or "")
+        return ToolOutcome(
+            prompts.finished(summary), finished=True, summary=summary, short_arg=short(summary)
+        )
 
     # -- run ---------------------------------------------------------------------------------------------------
     def write_file(self, real: str, data: str) -> None:
@@ -180,6 +204,18 @@ class Toolbox:
             stale = f"{folder}/__pycache__/{name[:-3]}."
             self.sandbox.exec(f"rm -f -- {shlex.quote(stale)}*.pyc", timeout=30, stdin="")
 
+    def write_if_room(self, real: str, data: str) -> bool:
+        """write_file; False, with the file left as it was, when the sandbox's disk is full (for the writes a policy
+        makes outside a tool call, which must not end the run)."""
+        try:
+            self.write_file(real, data)
+        except OSError as exc:
+            if not disk_is_full(exc):
+                raise
+            self.disk_full = True
+            return False
+        return True
+
     def run(self, command: str) -> ToolOutcome:
         timeout = self.settings.command_timeout_s
         left = self.time_left()
@@ -188,6 +224,7 @@ class Toolbox:
             timeout = max(1.0, min(timeout, left))
         # stdin="" so that a command waiting for input sees end-of-file instead of hanging until the timeout.
         result = self.sandbox.exec(command, timeout=timeout, stdin="")
+        self.disk_full = result.disk_full
         output, cut = tail(result.output, self.settings.output_tail_chars)
         text = prompts.run_result(
             result.exit_code,
@@ -197,6 +234,7 @@ class Toolbox:
             timeout,
             result.out_of_memory,
             result.disk_full,
+            result.too_much_output,
         )
         return ToolOutcome(
             text,
@@ -232,6 +270,7 @@ class Toolbox:
             'if [ -d "$(dirname -- "$p")" ]; then echo parent; else echo noparent; fi'
         )
         result = self.sandbox.exec(script, timeout=30, stdin="")
+        self.disk_full = result.disk_full
         lines = result.stdout.rstrip("\n").split("\n")
         if result.exit_code != 0 or len(lines) != 4:
             # realpath failed (e.g. a symlink loop): refuse rather than guess.
@@ -499,7 +538,12 @@ class Toolbox:
             return ToolOutcome(prompts.not_text(rel), ok=False, short_arg=rel)
         if not parent_exists:
             self.sandbox.exec(f"mkdir -p -- {shlex.quote(posixpath.dirname(real))}", timeout=30, stdin="")
-        self.write_file(real, new)
+        try:
+            self.write_file(real, new)
+        except OSError as exc:
+            if kind == "missing" and disk_is_full(exc):  # no empty file is left where there was none
+                self.sandbox.exec(f"rm -f -- {shlex.quote(real)}", timeout=30, stdin="")
+            raise
         return ToolOutcome(prompts.file_created(rel, len(new.splitlines())), short_arg=rel)
 
 

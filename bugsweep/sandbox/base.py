@@ -48,12 +48,16 @@ class ExecResult:
     stderr: str
     timed_out: bool = False
     truncated: bool = False
-    """True when the head of stdout or stderr was dropped (only the tail is kept)."""
+    """True when part of stdout or stderr was dropped: its head (only the tail is kept), or with `full_output` the
+    middle of endless output."""
     duration_s: float = 0.0
     out_of_memory: bool = False
     disk_full: bool = False
     """True when the sandbox's disk quota was (nearly) used up while the command ran: writes fail with
     "No space left on device" until files are deleted."""
+    too_much_output: bool = False
+    """True when the command wrote so much output (a gigabyte on one stream, on the local backend) that its output
+    was closed: its next write failed (EPIPE, or SIGPIPE at its default, exit code 141)."""
 
     @property
     def ok(self) -> bool:
@@ -160,7 +164,8 @@ class Sandbox(Protocol):
         """Run `command` under bash in `cwd` (default: workdir).
 
         `full_output=False` keeps the last OUTPUT_LIMIT_BYTES of each stream (for the model);
-        `full_output=True` returns everything (for the grader's test logs).
+        `full_output=True` returns everything (for the grader's test logs; the local backend keeps the first 64 MiB
+        and the last OUTPUT_LIMIT_BYTES of each stream, so only endless output is cut).
         `network=True` is only honoured where the backend allows it (the local backend uses it for setup).
         Raises SandboxGone when the sandbox no longer exists, SandboxError when the command cannot be started.
         """

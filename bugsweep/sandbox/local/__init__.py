@@ -376,6 +376,7 @@ class LocalSandbox:
             duration_s=raw.duration_s,
             out_of_memory=raw.out_of_memory,
             disk_full=raw.disk_full,
+            too_much_output=raw.too_much_output,
         )
 
     def _run(

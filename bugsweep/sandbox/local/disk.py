@@ -1,12 +1,12 @@
 """A disk quota for a local sandbox: its writable layers on a size-limited ext4 file system of their own.
 
 Everything a sandbox can write (the overlay's upper layer under /workspace/repo, the rest of /workspace, which
-is $HOME, /tmp, and the spool files that hold its commands' output) lives on one ext4 file system in a sparse
-image file beside the sandbox's folder (`<folder>.disk`), attached to a loop device and mounted on the folder
-itself, so every part of the folder is inside the quota. The kernel enforces the size:
-a write past it fails inside with ENOSPC, "No space left on device", and the host's disk loses at most the
-image's size (plus a little ext4 metadata). Deleting inside frees room inside; the image's blocks on the host
-go back when the sandbox is released.
+is $HOME, and /tmp) lives on one ext4 file system in a sparse image file beside the sandbox's folder
+(`<folder>.disk`), attached to a loop device and mounted on the folder itself, so every part of the folder is
+inside the quota; its commands' output is not (capture.py: it reaches the caller when the disk is full). The kernel
+enforces the size: a write past it fails inside with ENOSPC, "No space left on device", and the host's disk loses
+at most the image's size (plus a little ext4 metadata). Deleting inside frees room inside; the image's blocks on
+the host go back when the sandbox is released.
 
 Why not tmpfs: a tmpfs's pages are memory, charged to the sandbox's memory cgroup and never evicted without
 swap, so a test suite's build output would count against its memory limit and 16 sandboxes' quotas against the

@@ -81,15 +81,18 @@ class LocalFiles:
         raise _os_error(raw, path)
 
     def write(self, path: str, data: str | bytes) -> None:
-        """Write the file, creating missing parent folders."""
+        """Write the file, creating missing parent folders. On a full disk (OSError ENOSPC or EDQUOT) an existing
+        file under /workspace or /tmp is left as it was (replace_contents); a new one may be left empty."""
         self._sbx._res.check_alive(self._sbx.id)
         payload = data.encode() if isinstance(data, str) else data
         located = self._locate(path)
         if located is not None:
             with contextlib.suppress(_Fallback), _named(path):
-                fd = open_regular(*located, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, make_parents=True)
-                with os.fdopen(fd, "wb") as fh:
-                    fh.write(payload)
+                fd = open_regular(*located, os.O_WRONLY | os.O_CREAT, make_parents=True)
+                try:
+                    replace_contents(fd, payload)
+                finally:
+                    os.close(fd)
                 return
         q = shlex.quote(self._absolute(path))
         raw = self._sbx._run(
@@ -202,6 +205,30 @@ def open_regular(root: Path, rel: str, flags: int, *, make_parents: bool = False
     return fd
 
 
+def replace_contents(fd: int, payload: bytes) -> None:
+    """Make the open file hold `payload`, or, when the disk is full, leave it as it was.
+
+    Truncating first (O_TRUNC) and then failing to write left an edited file empty on a full disk. Here the part that
+    makes the file longer is written first, past its end: it is the only part that needs new blocks, and when it
+    fails it is cut off again. The rest then overwrites the file's own blocks in place, which needs no new ones."""
+    size = os.fstat(fd).st_size
+    if len(payload) > size:
+        try:
+            _write_at(fd, payload[size:], size)
+        except OSError:
+            os.ftruncate(fd, size)
+            raise
+    _write_at(fd, payload[:size], 0)
+    os.ftruncate(fd, len(payload))
+
+
+def _write_at(fd: int, data: bytes, offset: int) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.pwrite(fd, view, offset)
+        view, offset = view[written:], offset + written
+
+
 def _not_regular(path: str) -> OSError:
     return OSError(errno.EINVAL, "not a regular file", path)
 
@@ -223,6 +250,8 @@ def _os_error(raw: RawResult, path: str) -> OSError:
         return FileExistsError(errno.EEXIST, message, path)
     if "Not a directory" in message:
         return NotADirectoryError(errno.ENOTDIR, "Not a directory", path)
+    if "No space left on device" in message:
+        return OSError(errno.ENOSPC, message, path)
     if "Permission denied" in message or "Read-only file system" in message:
         return PermissionError(errno.EACCES, message or "Permission denied", path)
     return OSError(errno.EIO, message or f"exit code {raw.exit_code}", path)

@@ -1,5 +1,5 @@
-"""Running one command: `bash -c COMMAND` as a process tree that ends as a whole, with output spooled to unlinked
-files on the sandbox's disk (never into memory) through pipes (capture.py).
+"""Running one command: `bash -c COMMAND` as a process tree that ends as a whole, with output spooled through pipes
+to unlinked files on the host, outside the sandbox's disk quota (never into memory; capture.py).
 
 A command is forked by the sandbox's resident when it has one (resident.py: no bubblewrap per command; the resident
 ends everything the command left before it reports the exit code), else it is one `bwrap ... bash -c COMMAND` of
@@ -7,7 +7,7 @@ its own: a setup command (its own network namespace), a command while another ru
 Such a command gets its own pid namespace, and killing the namespace's init kills the whole process tree at once.
 Either way, that is how a timeout ends a command, and why background processes (`server &`) end with the command
 that started them. A caller gets the last OUTPUT_LIMIT_BYTES of each stream (`truncated=True` when more was
-written), or everything with `full_output=True`.
+written), or with `full_output=True` also its first FULL_OUTPUT_HEAD_BYTES: everything but endless output.
 """
 
 from __future__ import annotations
@@ -44,6 +44,8 @@ MAX_ARG_BYTES = 64 * 1024
 #: How often a running command's disk use is sampled for the sandbox's peak.
 DISK_SAMPLE_S = 0.25
 _ENOSPC = b"No space left on device"
+#: What `full_output` keeps of the start of each stream: files.read_bytes reads files of up to 64 MiB so.
+FULL_OUTPUT_HEAD_BYTES = 64 * 1024 * 1024
 
 #: The exit code of a command whose sandbox was killed under it (bubblewrap's for SIGKILL).
 KILLED = 128 + signal.SIGKILL
@@ -61,6 +63,7 @@ class RawResult:
     duration_s: float
     out_of_memory: bool
     disk_full: bool = False
+    too_much_output: bool = False
 
 
 class Command:
@@ -186,20 +189,6 @@ def _stdin(data: bytes | None) -> Iterator[int | IO[bytes]]:
         yield fh
 
 
-def read_spool(fh: IO[bytes], full: bool) -> tuple[bytes, bool]:
-    """The whole spool, or its last OUTPUT_LIMIT_BYTES and whether anything was cut."""
-    size = os.fstat(fh.fileno()).st_size
-    if full or size <= OUTPUT_LIMIT_BYTES:
-        fh.seek(0)
-        return fh.read(), False
-    fh.seek(size - OUTPUT_LIMIT_BYTES)
-    data = fh.read(OUTPUT_LIMIT_BYTES)
-    skip = 0
-    while skip < 3 and skip < len(data) and 0x80 <= data[skip] < 0xC0:  # don't start inside a UTF-8 character
-        skip += 1
-    return data[skip:], True
-
-
 def run_command(
     res: Resources,
     sandbox_id: str,
@@ -223,7 +212,8 @@ def run_command(
     disk_full = False
     with contextlib.ExitStack() as stack:
         try:
-            capture = Capture(res.root / "spool")
+            head = FULL_OUTPUT_HEAD_BYTES if full_output else 0
+            capture = Capture(res.spool_dir, head=head, tail=OUTPUT_LIMIT_BYTES)
             stack.callback(capture.close)
             stdin_fh = stack.enter_context(_stdin(stdin))
         except OSError:
@@ -233,8 +223,8 @@ def run_command(
             bash = ["/bin/bash", "-c", command]
         else:  # the kernel refuses a single argument over 128 KiB (a big heredoc): run it from a file
             script = res.root / "tmp" / f".bugsweep-command-{uuid.uuid4().hex}.sh"
-            script.write_text(command)
             stack.callback(script.unlink, missing_ok=True)
+            script.write_text(command)  # on a full disk: OSError ENOSPC, and no half script is left
             bash = ["/bin/bash", f"/tmp/{script.name}"]
         start = time.monotonic()
         cmd: Command | ResidentCommand | None = None
@@ -263,8 +253,7 @@ def run_command(
                         except SandboxError as exc:
                             cmd.kill()
                             capture.finish()
-                            capture.err.seek(0)
-                            said = decode(capture.err.read()[-2000:]).strip()
+                            said = decode(capture.err.read()[0][-2000:]).strip()
                             raise SandboxError(
                                 f"{exc}" + (f"; bubblewrap said: {said}" if said else "")
                             ) from None
@@ -291,9 +280,12 @@ def run_command(
         if res.released:
             raise SandboxGone(f"sandbox {sandbox_id} was released while `{short(command)}` was running")
         capture.finish()
-        disk_full = disk_full or capture.disk_full
-        stdout, cut_out = read_spool(capture.out, full_output)
-        stderr, cut_err = read_spool(capture.err, full_output)
+        if capture.failure is not None:
+            raise SandboxError(
+                f"could not keep the output of `{short(command)}` on the host: {capture.failure}"
+            )
+        stdout, cut_out = capture.out.read()
+        stderr, cut_err = capture.err.read()
         # A file filled and deleted between two samples leaves only the error message behind.
         if res.disk is not None and (_ENOSPC in stdout or _ENOSPC in stderr):
             disk_full = True
@@ -313,6 +305,7 @@ def run_command(
         duration_s=duration,
         out_of_memory=bool(res.limits and res.limits.oom_kills() > oom_before),
         disk_full=disk_full,
+        too_much_output=capture.too_much,
     )
 
 

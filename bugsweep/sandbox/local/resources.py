@@ -73,6 +73,12 @@ class Resources:
         with self._lock:
             self._commands.discard(cmd)
 
+    @property
+    def spool_dir(self) -> Path:
+        """Where its commands' output is spooled (capture.py): the state folder its own folder is in, on the host's
+        disk, outside its quota (the files are unlinked: nothing is left there)."""
+        return self.root.parent
+
     def sample_disk(self) -> bool:
         """Note the disk quota's current use for its peak; True when it is (nearly) full."""
         return self.disk.sample() if self.disk is not None else False

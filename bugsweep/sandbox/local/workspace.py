@@ -11,10 +11,11 @@ without capabilities, so it could not write another user's files. A tree without
 `git init` plus one commit inside the overlay, so `git diff` works.
 
 The sandbox's folder: `upper/` and `work/` (the repository overlay's), `env/` with `env-upper/` and `env-work/`
-(TASK_ENV), `ws/` (/workspace; the repository is mounted at `ws/repo`), `tmp/` (/tmp), `spool/` (command output),
-`meta.json` (owner, for stale-sandbox sweeping). With a disk quota (`disk.py`) the folder itself is the mount point
-of the sandbox's size-limited file system, whose image lies beside it (`<folder>.disk`), so all of these are inside
-the quota (the read-only layers under the overlays are not: they are shared).
+(TASK_ENV), `ws/` (/workspace; the repository is mounted at `ws/repo`), `tmp/` (/tmp), `meta.json` (owner, for
+stale-sandbox sweeping); its commands' output is spooled outside it (capture.py). With a disk quota (`disk.py`) the
+folder itself is the mount point of the sandbox's size-limited file system, whose image lies beside it
+(`<folder>.disk`), so all of these are inside the quota (the read-only layers under the overlays are not: they are
+shared).
 
 The overlays are mounted with their layers named as `/proc/self/fd/N` of the mounting process, so their options in
 the sandbox's /proc/self/mountinfo name no host path.
@@ -43,7 +44,7 @@ log = logging.getLogger(__name__)
 _libc = ctypes.CDLL(None, use_errno=True)
 
 #: The sandbox folder's parts, made before anything is mounted.
-SUBDIRS = ("upper", "work", "env", "env-upper", "env-work", "ws", "tmp", "spool")
+SUBDIRS = ("upper", "work", "env", "env-upper", "env-work", "ws", "tmp")
 
 GITCONFIG = (
     "[user]\n\tname = bugsweep\n\temail = bugsweep@localhost\n"
