@@ -6,6 +6,8 @@ then runs `pipeline.regrade` either as it is (the task environment's module name
 the probe and the canary written into the fresh sandbox, the canary's tests run with the task's, the probe's
 report read, both removed) or with those parts replaced by the test run as it was before them (the command under
 `timeout`, pytest's JUnit XML, nothing else). The difference of the medians is the tripwire's cost beyond the tests.
+Then, in one sandbox with the fix applied, the test run alone both ways, alternating (`--test-runs` each): the
+part of the cost the probe and the canary are in, without the noise of making sandboxes.
 
 Usage: python bench/tripwire_cost.py [--runs 10] [--size-mb 50] [--json results.json]
 Needs: Linux, root, bubblewrap.
@@ -29,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from sandbox_start import make_big_repo, ms
 
-from bugsweep import grading, pipeline
+from bugsweep import grading, pipeline, tripwire
 from bugsweep.sandbox.local import LocalProvider, spares
 from bugsweep.settings import SandboxSettings
 from bugsweep.spec import TaskSpec
@@ -84,6 +86,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--size-mb", type=int, default=50)
+    parser.add_argument("--test-runs", type=int, default=20, help="alternating test runs alone, each way")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
 
@@ -109,12 +112,38 @@ def main() -> None:
                 samples[i % 2 == 0].append(regrade(prepared, before, i % 2 == 0, parts))
             finally:
                 prepared.sandbox.release()
+        # The test run alone, alternating in one sandbox: the part of the cost the probe and canary are in.
+        runs: dict[bool, list[float]] = {True: [], False: []}
+        prepared = pipeline.prepare(spec, provider)
+        try:
+            pipeline.setup(prepared)
+            before = pipeline.baseline(prepared)
+            prepared.sandbox.exec("sed -i 's/a - b/a + b/' calc.py")
+            canary = tripwire.make_canary(
+                sorted(before.ids("failed")), sorted(before.ids("passed")), frozenset(BUGGY_CALC),
+                lambda rel: (repo / rel).read_text(), test_command=TEST_COMMAND,
+            )  # fmt: skip
+            for i in range(args.test_runs * 2):
+                t0 = time.perf_counter()
+                if i % 2:
+                    run = grading.run_tests(prepared.sandbox, TEST_COMMAND, canary=canary)
+                    assert run.probe.canary_taken, run.probe
+                else:
+                    run = plain_run_tests(prepared.sandbox, TEST_COMMAND)
+                runs[bool(i % 2)].append(time.perf_counter() - t0)
+        finally:
+            prepared.sandbox.release()
         with_s, without_s = samples[True], samples[False]
         results = {
             "runs_each": args.runs,
             "regrade_with_tripwire": ms(with_s),
             "regrade_without": ms(without_s),
             "tripwire_cost_ms": round((statistics.median(with_s) - statistics.median(without_s)) * 1000, 1),
+            "test_run_with_probe_and_canary": ms(runs[True]),
+            "test_run_plain": ms(runs[False]),
+            "test_run_cost_ms": round(
+                (statistics.median(runs[True]) - statistics.median(runs[False])) * 1000, 1
+            ),
             "parts_median_ms": {k: round(statistics.median(v) * 1000, 1) for k, v in sorted(parts.items())},
             "load_average": os.getloadavg(),
         }

@@ -556,6 +556,13 @@ def render_html(report: ComparisonReport) -> str:
             _html_table(*resource_rows(report)),
             f'<p class="note">{html.escape(_RESOURCE_NOTE)}</p>',
         ]
+    flagged = [r for r in report.records if r.suspicious]
+    if flagged:
+        rows = [[r.model, r.instance_id, str(r.run), _verdict(r), r.suspicious[0]] for r in flagged]
+        body += [
+            "<h2>Held for review and other suspicious runs</h2>",
+            _html_table(["model", "task", "run", "verdict", "first signal"], rows),
+        ]
     return (
         '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>bugsweep model comparison</title>'
         f"<style>{_CSS}</style></head><body>{''.join(body)}</body></html>\n"

@@ -134,6 +134,11 @@ def compare_command(
             f"(95% CI {100 * p.ci_low:+.0f} to {100 * p.ci_high:+.0f}; sign test p={p.sign_test_p:.3g})"
         )
     console.print(policy_note(report))
+    held = [f"{r.model} on {r.instance_id} (run {r.run})" for r in report.records if r.held_for_review]
+    if held:
+        console.print(
+            f"held for review (the tests pass, with suspicious signals; counted as not resolved): {escape(', '.join(held))}"
+        )
     if report.wall_s is not None:
         console.print(f"wall time {report.wall_s:.0f} s for runs adding up to {report.sum_run_wall_s:.0f} s")
     if report.report_dir:
