@@ -9,8 +9,9 @@ Nothing inside that process can be trusted on its own; what can be checked is wh
   verdicts as pytest has them from its JUnit XML, and later patches of unittest's classes do not stop the recording.
 - **The canary** (`make_canary`): a test module bugsweep writes beside the failing tests in the regrade's fresh
   sandbox, never seen by the agent, named like a sibling module and holding tests named like the failing ones (same
-  class, same base class, the same kind of assertion, the same module-level imports), some that must fail and one
-  that must pass. The first test runner of the run adds it last (after -k, -m, -x and discovery).
+  class, same base classes (a class of the test module itself: its own bases), the same kind of assertion, the same
+  module-level imports), some that must fail and one that must pass. The first test runner of the run adds it last
+  (after -k, -m, -x and discovery), and only its own tests (not those its class inherits or its imports bring in).
 - **The check** (`check`): a must-fail canary reported passed, or not reported at all by a run that otherwise
   passes, means the runner was subverted; the after-run's exit code must be the one its own results call for (with
   the canary failing: 1), and the runner's summary line must count the failures its per-test results hold.
