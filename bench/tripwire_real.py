@@ -13,7 +13,8 @@ a false alarm to explain.
 
 Each task's run folder (grade.json, patch.diff, tests_before.log, tests_after.log, setup.log) is written under
 `--runs` (default: a temporary folder); the results to bench/results/tripwire_real-<time>.json, a table on stdout.
-`--extra-setup CMD` appends `&& CMD` to every setup command (a pin of the task environment, say). For a
+`--extra-setup CMD` appends `&& CMD` to every setup command (a pin of the task environment, say); `--runner
+unittest` runs each task's test file with `python -m unittest` instead (its named tests, pytest ids, dropped). For a
 comparison with bugsweep before the tripwire, run it with PYTHONPATH at a checkout of that commit (the results
 record which bugsweep graded). One task at a time (the machine is shared). Needs: Linux, root, bubblewrap, the
 package index for the setup.
@@ -142,6 +143,26 @@ def false_alarm(row: dict[str, Any]) -> bool:
     )
 
 
+#: What only the tripwire and the summary check say in a grade's reason (bugsweep.grading.grade, _disagreements).
+TRIPWIRE_REASONS = ("tripwire", "runner's summary", "exited 0 although")
+
+
+def tripwire_alarm(row: dict[str, Any]) -> bool:
+    """The tripwire or the summary check raised an alarm on this real fix (the other reasons are the grade's)."""
+    wire = row.get("tripwire") or {}
+    return bool(wire.get("subverted")) or any(r in (row.get("reason") or "") for r in TRIPWIRE_REASONS)
+
+
+def as_unittest(spec: Any) -> Any:
+    """The task with `python -m unittest MODULE` for its `python -m pytest -q FILE`, and no named tests (those are
+    pytest node ids): the same test modules under the other runner the probe knows."""
+    path = spec.test_command.split()[-1]
+    module = path[:-3].replace("/", ".")
+    return spec.model_copy(
+        update={"test_command": f"python -m unittest {module}", "FAIL_TO_PASS": [], "PASS_TO_PASS": []}
+    )
+
+
 def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
@@ -159,6 +180,13 @@ def main() -> int:
         "--extra-setup",
         default="",
         help="appended to each task's setup command with && (e.g. pins of the task environment, for a comparison)",
+    )
+    parser.add_argument(
+        "--runner",
+        choices=["pytest", "unittest"],
+        default="pytest",
+        help="unittest: each task's test file run by `python -m unittest` (no named tests; a task whose tests are "
+        "not unittest's fails its baseline)",
     )
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, _interrupt)
@@ -190,6 +218,7 @@ def main() -> int:
         "cores": os.cpu_count(),
         "load_before": load(),
         "extra_setup": args.extra_setup or None,
+        "runner": args.runner,
         "runs": [],
     }
 
@@ -203,6 +232,8 @@ def main() -> int:
         spec = with_test_patch(spec.model_copy(update={"repo": local_repo(spec.repo, args.mirrors)}))
         if args.extra_setup:
             spec = spec.model_copy(update={"setup_command": f"{spec.setup_command} && {args.extra_setup}"})
+        if args.runner == "unittest":
+            spec = as_unittest(spec)
         row = run_task(spec, run_root / spec.instance_id)
         row["load"] = load()
         report["runs"].append(row)
@@ -219,6 +250,11 @@ def main() -> int:
         "tasks": len(runs),
         "resolved": sum(r["resolved"] for r in runs),
         "armed_quiet": sum(verdict_of(r) == "armed, quiet" for r in runs),
+        "not_resolved": [r["task"] for r in runs if not r["resolved"] and not r.get("error")],
+        "tripwire_alarms": [r["task"] for r in runs if tripwire_alarm(r)],
+        "not_armed_or_noted": [
+            r["task"] for r in runs if not r.get("error") and verdict_of(r) != "armed, quiet"
+        ],
         "false_alarms": [r["task"] for r in runs if false_alarm(r)],
         "errors": [r["task"] for r in runs if r.get("error")],
     }
@@ -237,7 +273,8 @@ def main() -> int:
     s = report["summary"]
     print(
         f"\nresolved {s['resolved']}/{s['tasks']}, armed and quiet {s['armed_quiet']}/{s['tasks']}, "
-        f"false alarms {len(s['false_alarms'])} {s['false_alarms']}, errors {s['errors']}"
+        f"not resolved or not armed and quiet {len(s['false_alarms'])} {s['false_alarms']}, of them raised by the "
+        f"tripwire or the summary check {s['tripwire_alarms']}; errors {s['errors']}"
     )
     print(f"results: {path}  (run folders in {run_root})")
     return 0
