@@ -180,3 +180,27 @@ def test_an_honest_fix_resolves_with_the_tripwire_armed_and_quiet(
     trajectory = (out / "trajectory.json").read_text()
     assert wire["canary"].rsplit("/", 1)[-1][:-3] not in trajectory
     assert json.loads((out / "grade.json").read_text())["resolved"] is True
+
+
+def test_the_demo_fixed_honestly_resolves_with_the_tripwire_quiet(tmp_path: Path, scripted_model) -> None:
+    """The demo's project (parametrized pytest tests) with its real fix, as `bugsweep demo` runs it."""
+    import shutil
+
+    import bugsweep
+    from bugsweep.cli.solve import DEMO_TASK, DEMO_TEST_COMMAND
+    from tests.support.repos import commit_all, git
+
+    repo = tmp_path / "demo"
+    shutil.copytree(Path(bugsweep.__file__).parent / "demo_repo", repo)
+    git(repo, "init", "-q", "-b", "main")
+    commit_all(repo, "demo")
+    fix = "return year % 4 == 0 and (year % 100 != 0 or year % 400 == 0)"
+    steps = [
+        tool_call("edit_file", path="dates.py", old="return year % 4 == 0", new=fix),
+        tool_call("finish"),
+    ]
+    grade = _solve(repo, tmp_path / "out", steps, scripted_model, test_command=DEMO_TEST_COMMAND)
+    assert DEMO_TASK and grade["resolved"] and grade["reason"] is None, grade["reason"]
+    wire = grade["tripwire"]
+    assert wire["armed"] and wire["subverted"] is None and wire["note"] is None, wire
+    assert len(grade["FAIL_TO_PASS"]) == 5, "three common years, February, the day of the year"
