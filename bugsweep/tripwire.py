@@ -204,8 +204,8 @@ def _write_canary(
 
 def _bases(tree: ast.Module, text: str, cls_node: ast.ClassDef) -> list[str]:
     """The failing tests' class's bases as the canary can name them: a class of the test module itself (a mixin, a
-    base with fixtures; the canary imports only what the module imports) is replaced by its own bases, any other
-    name the module defines is left out."""
+    base with fixtures; the canary imports only what the module imports) is replaced by its own bases, a base that
+    needs any other name the module defines is left out."""
     classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
     prelude = set(_prelude(tree, text))
     defined = {
@@ -218,13 +218,10 @@ def _bases(tree: ast.Module, text: str, cls_node: ast.ClassDef) -> list[str]:
 
     def add(node: ast.ClassDef, seen: frozenset[str]) -> None:
         for base in node.bases:
-            root = base
-            while isinstance(root, ast.Attribute | ast.Subscript | ast.Call):
-                root = root.value if not isinstance(root, ast.Call) else root.func
-            name = root.id if isinstance(root, ast.Name) else None
+            names = {n.id for n in ast.walk(base) if isinstance(n, ast.Name)}  # `Generic[T]`: T too
             if isinstance(base, ast.Name) and base.id in classes and base.id not in seen:
                 add(classes[base.id], seen | {base.id})
-            elif name is not None and name not in defined:
+            elif names and not names & defined:
                 source = ast.get_source_segment(text, base) or ast.unparse(base)
                 if source not in kept:
                     kept.append(source)

@@ -197,10 +197,11 @@ def test_no_canary_for_a_doctest_or_a_nested_class() -> None:
 
 SHARED = "import unittest\n\n\nclass SharedTests(unittest.TestCase):\n    def test_shared(self):\n        self.assertEqual(1, 1)\n"
 MIXED = (
-    "import unittest\nfrom shared import SharedTests\n\n\n"
+    "import typing\nimport unittest\nfrom shared import SharedTests\n\n\n"
     "class Mixin:\n    def test_from_mixin(self):\n        self.assertEqual(1, 1)\n\n\n"
     "class Local(Mixin, SharedTests):\n    pass\n\n\n"
-    "class BTest(Local, unittest.TestCase):\n"
+    "T = typing.TypeVar('T')\n\n\n"
+    "class BTest(Local, unittest.TestCase, typing.Generic[T]):\n"
     "    def test_b(self):\n        self.assertEqual(1, 2)\n\n"
     "    def test_ok(self):\n        self.assertEqual(1, 1)\n\n\n"
     "def test_param():\n    assert True\n"
