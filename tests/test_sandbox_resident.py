@@ -119,15 +119,16 @@ def test_a_command_cannot_reach_or_hold_the_resident(provider, buggy_repo):
         # are closed to the command; ptrace is denied by the filter
         peek = sbx.exec("ls /proc/$PPID/fd; cat /proc/$PPID/environ; head -c1 /proc/$PPID/mem; echo done")
         assert "Permission denied" in peek.stderr and "socket:" not in peek.stdout
-        # a command that stops the resident only costs itself a timeout
-        stopped = sbx.exec("kill -STOP $PPID; echo stopped", timeout=3)
+        # a command that stops the resident only costs itself a timeout, and runs once (the resident says it
+        # started the command before it starts it: never a command run again in a bubblewrap of its own)
+        stopped = sbx.exec("echo ran >> /tmp/runs; kill -STOP $PPID; echo stopped", timeout=3)
         assert stopped.timed_out
-        assert sbx.exec("echo after").stdout == "after\n"
+        assert sbx.exec("echo after; cat /tmp/runs").stdout == "after\nran\n"
     with with_resident(provider, buggy_repo) as sbx:
-        # one that kills every process it can (the resident too) ends itself, and the next command still runs
-        killed = sbx.exec("kill -9 -1; sleep 5")
+        # one that kills every process it can (the resident too) ends itself, once, and the next command still runs
+        killed = sbx.exec("echo ran >> /tmp/runs; kill -9 -1; sleep 5")
         assert killed.exit_code == 137 and not killed.timed_out
-        assert sbx.exec("echo after").stdout == "after\n"
+        assert sbx.exec("echo after; cat /tmp/runs").stdout == "after\nran\n"
     assert sandbox_leftovers(provider.state_dir, []) == []
 
 

@@ -4,11 +4,12 @@ its standard input, and starts the sandbox's commands from there.
 
 On its control socket (AF_UNIX, SOCK_SEQPACKET) it says b"ready" once, then reads one request per message: a JSON
 object {"argv": [...], "env": {...}, "cwd": "..."} with four descriptors attached: a reply socket and the command's
-stdin, stdout and stderr. It answers on the reply socket b"started", later b"exit CODE" (128+N when the command was
-killed by signal N, as bubblewrap reports it), and only once every process the command left (background processes,
-daemons in their own sessions) is killed and reaped: the sandbox's processes end with their command, as they do when
-each command has its own pid namespace. One command at a time (bugsweep sends the next request only after b"exit").
-When the control socket ends it exits, and the sandbox's pid namespace ends with it.
+stdin, stdout and stderr. It answers on the reply socket b"started" before it starts the command (so nothing the
+command does can come first), later b"exit CODE" (128+N when the command was killed by signal N, as bubblewrap
+reports it), and only once every process the command left (background processes, daemons in their own sessions) is
+killed and reaped: the sandbox's processes end with their command, as they do when each command has its own pid
+namespace. One command at a time (bugsweep sends the next request only after b"exit"). When the control socket ends
+it exits, and the sandbox's pid namespace ends with it.
 """
 
 from __future__ import annotations
@@ -75,16 +76,22 @@ def _run(data: bytes, reply: socket.socket, stdio: list[int]) -> None:
         with contextlib.suppress(OSError):
             reply.send(f"error {exc}".encode())
         return
+    # b"started" before the command exists: said after, a command that kills or stops this process at once (it is
+    # the command's parent) came first, and bugsweep, without an answer, ran it again the old way. Unsaid (bugsweep
+    # stopped waiting), the command does not start.
+    try:
+        reply.send(b"started")
+    except OSError:
+        for fd in stdio:
+            os.close(fd)
+        return
     pid = _spawn(argv, env, cwd, stdio)
     for fd in stdio:
         os.close(fd)  # the command's pipes end when its processes are gone, not when this one goes
     if pid is None:
         with contextlib.suppress(OSError):
-            reply.send(b"started")
             reply.send(b"exit 1")
         return
-    with contextlib.suppress(OSError):
-        reply.send(b"started")
     status = _reap(pid)
     # What the command left behind: every other process of the sandbox (the kernel spares init and this one).
     # kill(-1) holds the task list while it signals, so a fork loop cannot outrun it.

@@ -234,6 +234,8 @@ def run_command(
             with _stdin_fd(stdin_fh) as stdin_fd:
                 cmd = res.resident.run(bash, environ, cwd, (stdin_fd, *capture.writers))
         if cmd is None:
+            # the wait for a resident that did not start it (up to 10 s) is not the command's time
+            start = time.monotonic()
             cmd, info_r, block_w = _start_bwrap(
                 stack, res, argv_head, bash, cwd=cwd, environ=environ, network=network, extra=extra,
                 bwrap_at=bwrap_at, stdin=stdin_fh, output=capture.writers,

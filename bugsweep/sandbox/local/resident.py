@@ -169,7 +169,9 @@ class Resident:
 
     def _send(self, request: bytes, stdio: tuple[int, int, int]) -> ResidentCommand | None:
         """Send one request; the started command, or None: the resident is gone or the request too big (it is
-        left as it is), or it could not be sent or was not answered (the resident is killed)."""
+        left as it is), or it could not be sent or was not answered (the resident is killed). The resident says
+        b"started" before it starts the command, so None means the command did not run: the caller may start it
+        the old way."""
         ctl = self._ctl
         if ctl is None or len(request) > MAX_REQUEST:
             return None
@@ -182,6 +184,12 @@ class Resident:
             finally:
                 theirs.close()
             said = _receive(mine, time.monotonic() + ANSWER_TIMEOUT_S)
+            if not said:
+                # No answer in time: the resident goes (its whole namespace, waited for) before the command may
+                # start the old way, and is asked once more: a b"started" sent meanwhile means the command may have
+                # run, so it ends as killed, never runs twice.
+                self.kill()
+                said = _receive(mine, time.monotonic())
             if said == b"started":
                 return ResidentCommand(self, mine)
             log.warning("a sandbox's resident did not start a command (%r): it is stopped", said)
