@@ -405,7 +405,8 @@ def grade(
         )
     elif not passes_after:
         reasons.append(f"the tests fail after the change (exit code {after.exit_code})")
-    reasons += _disagreements(after, own, canary_failed + len(own_failing), wire.runner)
+    failing_after = canary_failed + len(own_failing) + len(after.probe.load_errors)
+    reasons += _disagreements(after, own, failing_after, wire.runner)
     if before.tests is not None:
         verdict.evidence = "per-test"
         if own is None:

@@ -62,6 +62,8 @@ class ProbeReport:
     errors: list[str] = field(default_factory=list)
     outcomes: dict[str, str] = field(default_factory=dict)
     """unittest's per-test outcomes (test id -> the worst outcome recorded for it)."""
+    load_errors: set[str] = field(default_factory=set)
+    """Modules unittest could not load: not tests, but its summary counts each as an error."""
 
 
 def parse_report(text: str) -> ProbeReport:
@@ -74,12 +76,9 @@ def parse_report(text: str) -> ProbeReport:
             report.canary_taken = True
         elif kind in ("canary-error", "probe-error"):
             report.errors.append(value)
-        elif (
-            kind in _RANK
-            and value
-            and not value.startswith(_FAILED_LOAD)
-            and _RANK[kind] > _RANK.get(report.outcomes.get(value, ""), 0)
-        ):
+        elif value.startswith(_FAILED_LOAD):
+            report.load_errors.add(value[len(_FAILED_LOAD) :])
+        elif kind in _RANK and value and _RANK[kind] > _RANK.get(report.outcomes.get(value, ""), 0):
             report.outcomes[value] = kind
     return report
 

@@ -261,3 +261,18 @@ def test_only_the_canarys_own_tests_run(runner: str, tmp_path: Path) -> None:
     assert len(ran) == 2 and wire.outcomes == {"BTest.test_b": "failed", canary.must_pass[0]: "passed"}
     assert own is not None and not [t for t, o in own.items() if o != "passed"]
     assert summary_failures(run.stdout + run.stderr, runner) == 1
+
+
+def test_a_module_unittest_cannot_load_is_counted_as_its_summary_counts_it() -> None:
+    """Not a test (after a fix the module's own tests run), but `FAILED (errors=1)` counts it: no disagreement."""
+    from bugsweep.grading import TestRun, grade
+
+    report = parse_report(
+        "runner\tunittest\nerror\tunittest.loader._FailedTest.test_gone\npassed\tt.A.test_a\n"
+    )
+    assert report.outcomes == {"t.A.test_a": "passed"} and report.load_errors == {"test_gone"}
+    log = "Ran 2 tests in 0.001s\n\nFAILED (errors=1)\n"
+    after = TestRun("python -m unittest", 1, False, log, 0.1, dict(report.outcomes), probe=report)
+    before = TestRun("python -m unittest", 1, False, log, 0.1, {"t.A.test_a": "failed"})
+    verdict = grade(instance_id="x", before=before, after=after)
+    assert not verdict.resolved and "summary" not in (verdict.reason or ""), verdict.reason
