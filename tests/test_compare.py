@@ -132,7 +132,9 @@ def test_compare_two_models_on_two_tasks(
     assert (pair["a"], pair["b"], pair["mean_diff"], pair["a_better"]) == ("fixer", "quitter", 1.0, 2)
     assert [row["instance_id"] for row in data["tasks"]] == ["calc-add", "calc-mul"]
     assert data["policy"] == "plain" and all(m["policies"] == ["plain"] for m in data["models"])
-    assert {json.loads(g.read_text())["policy"] for g in report_dir.glob("*/*/*/run-*/grade.json")} == {"plain"}
+    assert {json.loads(g.read_text())["policy"] for g in report_dir.glob("*/*/*/run-*/grade.json")} == {
+        "plain"
+    }
 
     # the files a user opens
     md = (report_dir / "report.md").read_text()

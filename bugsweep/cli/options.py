@@ -31,7 +31,7 @@ def limit_parameters(defaults: str) -> list[inspect.Parameter]:
     """One keyword parameter per AgentLimits field, its typer option made from the field (type, bounds, help)."""
     params = []
     for name, field in AgentLimits.model_fields.items():
-        kind = next((a for a in get_args(field.annotation) if a is not type(None)), field.annotation)
+        kind: Any = next((a for a in get_args(field.annotation) if a is not type(None)), field.annotation)
         low: Any = None  # typer checks the lower bounds (inclusive); pydantic the rest, below
         for rule in field.metadata:
             if isinstance(rule, annotated_types.Ge):
