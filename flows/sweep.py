@@ -7,6 +7,7 @@ takes a share of one sweep; the sweep then collects each run's grade from the ar
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import time
@@ -250,7 +251,11 @@ def cancel_runs(client: Any, run_ids: list[Any]) -> None:
 def collect(
     spec: TaskSpec, run_id: str, state: Any, run: RunSetup, sweep_name: str, started: float
 ) -> TaskOutcome:
-    """The outcome of one solve-bug run, from the grade it uploaded (only if that run wrote it, not an older one)."""
+    """The outcome of one solve-bug run, from the grade it uploaded (only if that run wrote it, not an older one).
+
+    A worker makes the run's configuration from its own settings; one that made another configuration than the
+    sweep's (other BUGSWEEP_*/LLM_* settings, another bugsweep version) stored its grade under another digest,
+    and the task is a configuration failure that says so."""
     key = run_key(sweep_name, spec.instance_id, run.model.model, run.config.digest)
     stored_at = f"{run.store.location}/{key}"
     try:
@@ -259,10 +264,30 @@ def collect(
             raise FileNotFoundError(f"{stored_at} holds flow run {written_by}'s results, not this run's")
         verdict = Grade.model_validate_json(run.store.get_bytes(f"{key}/{GRADE_FILE}"))
     except (FileNotFoundError, ValueError) as exc:
-        why = InfraError(f"solve-bug run {run_id} ended {state.name} with no grade in the store ({exc})")
+        elsewhere = [k.split("/")[-2] for k in written_by_run(run, key.rsplit("/", 1)[0], run_id)]
+        why: BugsweepError = InfraError(
+            f"solve-bug run {run_id} ended {state.name} with no grade in the store ({exc})"
+        )
+        if elsewhere:
+            why = ConfigError(
+                f"solve-bug run {run_id} ran under configuration {elsewhere[0]} on its worker, not the sweep's "
+                f"{run.config.digest}: the worker's settings (LLM_*, BUGSWEEP_*, its blocks) or bugsweep version "
+                "differ from this machine's (compare the two grade.json `config`s)"
+            )
         verdict = configured(failed_grade(spec, run.model.model, why, started=started), run)
         return TaskOutcome(grade=verdict, key=key, local_dir=run.local_dir / key)
     return TaskOutcome(grade=verdict, key=key, local_dir=run.local_dir / key, stored_at=stored_at)
+
+
+def written_by_run(run: RunSetup, task_prefix: str, run_id: str) -> list[str]:
+    """The run.json files under SWEEP/TASK/MODEL that flow run `run_id` wrote (under any configuration)."""
+    found = []
+    for key in run.store.list(task_prefix + "/"):
+        if key.endswith(f"/{RUN_FILE}") and key.count("/") == task_prefix.count("/") + 2:
+            with contextlib.suppress(FileNotFoundError, ValueError):
+                if json.loads(run.store.get_bytes(key)).get("flow_run_id") == run_id:
+                    found.append(key)
+    return found
 
 
 def summary_rows(graded: list[Grade], outcomes: list[TaskOutcome]) -> list[dict[str, Any]]:

@@ -130,6 +130,43 @@ def test_every_front_end_offers_the_same_settings_with_the_same_rules() -> None:
     assert ModelEntry.model_fields["limits"].annotation == AgentLimits | None
 
 
+def test_a_worker_that_ran_under_another_configuration_is_named_not_lost(tmp_path: Path) -> None:
+    """A sweep on workers reads each solve-bug run's grade at SWEEP/TASK/MODEL/CONFIG. A worker whose own settings
+    make another configuration stores it under another digest: the task fails as a configuration problem naming
+    both digests (no Prefect server: `collect` is a plain function)."""
+    from bugsweep.grading import Grade
+    from bugsweep.runconfig import RunConfig
+    from bugsweep.settings import AgentSettings, ModelSettings, SandboxSettings
+    from bugsweep.storage import LocalStore
+    from flows.common import RunSetup
+    from flows.sweep import collect
+
+    model, agent = ModelSettings(base_url="http://models/v1", model="m"), AgentSettings(policy="plain")
+    provider = SimpleNamespace(name="local", settings=SandboxSettings())
+    store = LocalStore(tmp_path / "store")
+    run = RunSetup(model, agent, provider, store, tmp_path / "local", RunConfig.of(model, agent, provider))  # type: ignore[arg-type]
+    spec = calc_task(tmp_path, "calc-w")
+    ended = SimpleNamespace(name="Completed")
+
+    def written(digest: str, flow_run: str) -> None:
+        store.put_bytes(f"s/calc-w/m/{digest}/run.json", json.dumps({"flow_run_id": flow_run}).encode())
+        grade = Grade(instance_id="calc-w", model="m", resolved=True, config_digest=digest)
+        store.put_bytes(f"s/calc-w/m/{digest}/grade.json", grade.model_dump_json().encode())
+
+    written("0123456789ab", "run-1")
+    lost = collect(spec, "run-1", ended, run, "s", started=0.0)
+    assert lost.grade.failure_kind == "config" and "0123456789ab" in (lost.grade.error or "")
+    assert run.config.digest in (lost.grade.error or "") and lost.grade.config_digest == run.config.digest
+
+    written(run.config.digest, "run-2")
+    found = collect(spec, "run-2", ended, run, "s", started=0.0)
+    assert (
+        found.grade.resolved
+        and found.stored_at
+        and found.stored_at.endswith(f"s/calc-w/m/{run.config.digest}")
+    )
+
+
 # -- with Prefect: sweeps and a comparison under two configurations -------------------------------------------
 
 
