@@ -7,7 +7,7 @@ Exit codes: 0 done, 2 could not run (bad arguments, a missing key variable, ...)
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, NoReturn
+from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
@@ -15,9 +15,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from bugsweep.cli.options import with_limit_options
-
-if TYPE_CHECKING:
-    from bugsweep.runconfig import AgentLimits
+from bugsweep.runconfig import AgentLimits  # at run time: with_limit_options reads the annotations
 
 console = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False)

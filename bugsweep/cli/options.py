@@ -57,16 +57,8 @@ def with_limit_options(defaults: str = "") -> Callable[[Callable[..., Any]], Cal
     to each option's help (e.g. where an unset value comes from for this command)."""
 
     def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
-        signature = inspect.signature(command)  # `limits` may be imported for type checking only
-        own = [
-            p.replace(
-                annotation=eval(p.annotation, command.__globals__)
-                if isinstance(p.annotation, str)
-                else p.annotation
-            )
-            for p in signature.parameters.values()
-            if p.name != "limits"
-        ]
+        signature = inspect.signature(command, eval_str=True)
+        own = [p for p in signature.parameters.values() if p.name != "limits"]
         added = limit_parameters(defaults)
 
         @functools.wraps(command)

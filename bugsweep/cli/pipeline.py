@@ -16,16 +16,14 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, NoReturn
+from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from bugsweep.cli.options import with_limit_options
-
-if TYPE_CHECKING:
-    from bugsweep.runconfig import AgentLimits
+from bugsweep.runconfig import AgentLimits  # at run time: with_limit_options reads the annotations
 
 console = Console(highlight=False)
 err = Console(stderr=True, highlight=False)

@@ -22,10 +22,10 @@ from rich.markup import escape
 from rich.syntax import Syntax
 
 from bugsweep.cli.options import with_limit_options
+from bugsweep.runconfig import AgentLimits  # at run time: with_limit_options reads the annotations
 
 if TYPE_CHECKING:
     from bugsweep.agent.loop import AgentEvent
-    from bugsweep.runconfig import AgentLimits
 
 EXIT_RESOLVED, EXIT_NOT_RESOLVED, EXIT_COULD_NOT_RUN = 0, 1, 2
 
