@@ -137,12 +137,18 @@ class ModelConfig(BaseModel):
     """A reasoning model's reasoning text (DeepSeek's reasoning_content) goes back with its message."""
 
 
+#: What of a Runtime microVM can change a verdict.
+RUNTIME_FIELDS = {"vcpu", "memory_mib", "disk_mib", "image", "isolate_network"}
+
+
 class SandboxConfig(SandboxLimits):
     """The sandbox backend and its limits."""
 
     backend: str
     workdir: str
     """Where the repository lives inside the sandbox (the model reads it in every prompt)."""
+    runtime: dict[str, Any] | None = None
+    """'runtime': the microVM's size, image and network (bugsweep.sandbox.runtime.RuntimeSettings; not its key)."""
 
 
 class EnvironmentConfig(BaseModel):
@@ -172,6 +178,7 @@ class RunConfig(BaseModel):
         from bugsweep.settings import SandboxSettings
 
         sandbox = getattr(provider, "settings", None) or SandboxSettings()
+        runtime = getattr(provider, "runtime_settings", None)
 
         if agent.policy is None:
             raise ValueError("resolve the policy (runconfig.resolve_policy) before making a RunConfig")
@@ -180,7 +187,12 @@ class RunConfig(BaseModel):
             model=ModelConfig(**model.model_dump(include=set(ModelConfig.model_fields))),
             policy=agent.policy,
             agent=agent.model_dump(mode="json", exclude={"policy"}),
-            sandbox=SandboxConfig(backend=provider.name, workdir=sandbox.workdir, **limits),
+            sandbox=SandboxConfig(
+                backend=provider.name,
+                workdir=sandbox.workdir,
+                runtime=runtime.model_dump(include=RUNTIME_FIELDS) if runtime is not None else None,
+                **limits,
+            ),
             environment=EnvironmentConfig(
                 python=f"{platform.python_implementation()} {platform.python_version()}"
             ),

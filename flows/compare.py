@@ -32,7 +32,7 @@ from bugsweep.report import (
     render_markdown,
     write_report,
 )
-from bugsweep.runconfig import ModelFields
+from bugsweep.runconfig import ModelFields, resolve_policy
 from bugsweep.settings import AgentSettings, ModelSettings
 from bugsweep.spec import TaskSpec
 from flows.common import (
@@ -150,6 +150,9 @@ def compare_models(
     """
     quiet_thread_timeout_warnings()
     logger = get_run_logger()
+    # Every entry is an endpoint of its own, never the embedded model: unset, the policy is BUGSWEEP_POLICY or plain.
+    policy = resolve_policy(limits.policy or AgentSettings().policy, embedded=False)
+    limits = limits.model_copy(update={"policy": policy})
     base = load_run_config(None, sandbox, store, limits, flow_run_id=current_flow_run_id())
     name = name or default_name(source)
     list_tasks = steps.list_tasks.with_options(retry_delay_seconds=steps.retry_delays_s())
