@@ -130,6 +130,60 @@ def test_every_front_end_offers_the_same_settings_with_the_same_rules() -> None:
     assert ModelEntry.model_fields["limits"].annotation == AgentLimits | None
 
 
+#: Each command's options that are not agent limits, and the flow parameter each one fills (None: the command
+#: offers it where the flow has none, with the reason). A new option or parameter must be added here, in both
+#: front ends, or the test below fails.
+COMMAND_TO_FLOW: dict[str, dict[str, str | None]] = {
+    "sweep": {
+        "tasks": "source", "repo": "source", "branch": "source", "test_command": "source", "setup_command": "source",
+        "name": "name", "concurrency": "concurrency", "sandbox": "sandbox", "model_block": "model",
+        "store_block": "store", "on_workers": "run_on", "redo": "redo_graded",
+    },
+    "compare": {
+        "tasks": "source", "model": "models", "price": "models", "model_policy": "models", "model_set": "models",
+        "runs": "runs", "concurrency": "concurrency", "out": "report_dir", "name": "name", "sandbox": "sandbox",
+    },
+    "solve": {
+        "repo": "repo", "task": "problem", "test_command": "test_command", "setup_command": "setup_command",
+        "ref": "ref", "python": "task", "sandbox": "sandbox", "out": None,  # a run folder on this machine
+    },
+}  # fmt: skip
+#: Flow parameters a command does not offer, and why.
+FLOW_ONLY = {
+    "sweep": {"deployment"},  # the solve-bug deployment a sweep on workers uses: `bugsweep deploy` makes it
+    "compare": {"store"},  # the command uses BUGSWEEP_STORE_URL
+    "solve": {
+        "sweep",
+        "model",
+        "store",
+    },  # the command writes a local run folder and takes the model from LLM_*
+}
+
+
+def test_each_command_and_its_flow_offer_the_same_settings() -> None:
+    """Fails when a command gains an option its flow lacks, or a flow a parameter its command lacks (unless both
+    tables above say why)."""
+    import inspect
+
+    import typer
+
+    from bugsweep.cli import app
+    from bugsweep.runconfig import AgentLimits
+    from flows.compare import compare_models
+    from flows.solve_bug import solve_bug
+    from flows.sweep import sweep
+
+    commands = typer.main.get_command(app).commands  # type: ignore[attr-defined]
+    for name, flow in (("sweep", sweep), ("compare", compare_models), ("solve", solve_bug)):
+        options = {p.name for p in commands[name].params} - set(AgentLimits.model_fields)
+        assert options == set(COMMAND_TO_FLOW[name]), (
+            f"`bugsweep {name}`: {options ^ set(COMMAND_TO_FLOW[name])}"
+        )
+        parameters = set(inspect.signature(flow.fn).parameters) - {"limits"}
+        filled = {p for p in COMMAND_TO_FLOW[name].values() if p} | FLOW_ONLY[name]
+        assert parameters == filled, f"flow {flow.name}: {parameters ^ filled}"
+
+
 def test_a_worker_that_ran_under_another_configuration_is_named_not_lost(tmp_path: Path) -> None:
     """A sweep on workers reads each solve-bug run's grade at SWEEP/TASK/MODEL/CONFIG. A worker whose own settings
     make another configuration stores it under another digest: the task fails as a configuration problem naming
