@@ -177,11 +177,10 @@ class RunConfig(BaseModel):
         from bugsweep import __version__
         from bugsweep.settings import SandboxSettings
 
-        sandbox = getattr(provider, "settings", None) or SandboxSettings()
-        runtime = getattr(provider, "runtime_settings", None)
-
         if agent.policy is None:
             raise ValueError("resolve the policy (runconfig.resolve_policy) before making a RunConfig")
+        sandbox = getattr(provider, "settings", None) or SandboxSettings()
+        runtime = getattr(provider, "runtime_settings", None)
         limits = sandbox.model_dump(include=set(SandboxLimits.model_fields))
         return cls(
             model=ModelConfig(**model.model_dump(include=set(ModelConfig.model_fields))),
