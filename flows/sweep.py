@@ -105,10 +105,10 @@ def sweep(
     else:
         with model_endpoint(run) as run:
             outcomes = solve_many([Job(spec, run, sweep_name) for spec in todo], concurrency)
-    rows = summary_rows(graded, outcomes) + other_configurations(run, sweep_name, specs)
-    steps.summarize(sweep_name, rows, run.store.location)
+    rows = summary_rows(graded, outcomes)
+    steps.summarize(sweep_name, rows + other_configurations(run, sweep_name, specs), run.store.location)
     grades = graded + [o.grade for o in outcomes]
-    if not all(r["ran"] for r in rows if r["status"] != steps.OTHER_CONFIGURATION):
+    if not all(r["ran"] for r in rows):
         raise SweepFailed(f"sweep {sweep_name} {steps.sweep_outcome(rows)}", grades)
     return grades
 
