@@ -141,7 +141,7 @@ class Grade(BaseModel):
     the sandbox and its limits, the task environment, bugsweep's version."""
     config_digest: str | None = None
     """The configuration's digest (12 hex digits of the SHA-256 of its canonical JSON): the key its results are
-    stored and found again by (SWEEP/TASK/MODEL/DIGEST)."""
+    stored and found again by (SWEEP/TASK/MODEL/CONFIG)."""
 
 
 def run_tests(sandbox: Sandbox, test_command: str, timeout: float = 1800.0) -> TestRun:

@@ -12,7 +12,7 @@ The pieces a user sets are declared here once, and every front end is made from 
 
 `RunConfig` is what a run was made of: the model (never its key), the policy, the agent's limits, the sandbox
 backend and its limits, the task environment and bugsweep's version. Its `digest` (a short hash of its canonical
-JSON) names it: grade.json holds both, results are stored under SWEEP/TASK/MODEL/DIGEST, so a rerun under the same
+JSON) names it: grade.json holds both, results are stored under SWEEP/TASK/MODEL/CONFIG, so a rerun under the same
 configuration finds its grades and one under another runs and keeps both. Only pydantic is imported here, so the
 command line can build its options from these models and `bugsweep --help` stays fast.
 """

@@ -455,7 +455,7 @@ class UploadResult:
     """Where one run folder went."""
 
     key: str
-    """The run's key prefix in the store (SWEEP/TASK/MODEL)."""
+    """The run's key prefix in the store (SWEEP/TASK/MODEL/CONFIG)."""
     uris: dict[str, str]
     """File name (relative to the run folder) -> object URI."""
     location: str

@@ -159,7 +159,8 @@ def log_event(event: AgentEvent) -> None:
     **_STEP,
 )
 def upload(out_dir: Path, store: ArtifactStore, key: str, verdict: Grade) -> UploadResult:
-    """Copy the run folder to the artifact store under SWEEP/TASK/MODEL, and link the patch from the Prefect UI.
+    """Copy the run folder to the artifact store under SWEEP/TASK/MODEL/CONFIG, and link the patch from the
+    Prefect UI.
 
     The local run folder is only read, so when the store stays down after every retry the artifacts are still on
     this machine, and the StorageError says where.
