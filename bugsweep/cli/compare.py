@@ -98,10 +98,8 @@ def compare_command(
 
         entries = [ModelEntry.parse(m) for m in model]
         apply_prices(entries, price or [])
-        apply_settings(
-            entries, [text.replace("=", ":policy=", 1) for text in model_policy or []], "--model-policy"
-        )
-        apply_settings(entries, model_set or [], "--model-set")
+        apply_settings(entries, model_policy or [], "--model-policy", "NAME=POLICY")
+        apply_settings(entries, model_set or [], "--model-set", "NAME:SETTING=VALUE")
         policy = resolve_policy(limits.policy or AgentSettings().policy, embedded=False)
         limits = limits.model_copy(update={"policy": policy})
         for entry in entries:
@@ -171,18 +169,23 @@ def apply_prices(entries: list[Any], prices: list[str]) -> None:
         by_name[name].price_prompt_per_mtok, by_name[name].price_completion_per_mtok = prompt, completion
 
 
-def apply_settings(entries: list[Any], settings: list[str], option: str) -> None:
-    """Set each `NAME:SETTING=VALUE` on the model entry of that name (ModelEntry.set checks the setting)."""
+def apply_settings(entries: list[Any], settings: list[str], option: str, form: str) -> None:
+    """Set each `NAME:SETTING=VALUE` (or, for --model-policy, `NAME=POLICY`) on the model entry of that name
+    (ModelEntry.set checks the setting and its value)."""
     from pydantic import ValidationError
 
     from bugsweep.errors import ConfigError
 
     by_name = {e.name: e for e in entries}
     for text in settings:
-        name, _, assignment = text.partition(":")
-        field, sep, value = assignment.partition("=")
+        if form == "NAME=POLICY":
+            name, sep, value = text.partition("=")
+            field = "policy"
+        else:
+            name, _, assignment = text.partition(":")
+            field, sep, value = assignment.partition("=")
         if name not in by_name or not sep:
-            _fail(f"{option} {text!r}: expected NAME:SETTING=VALUE for one of the --model names")
+            _fail(f"{option} {text!r}: expected {form} for one of the --model names")
         try:
             by_name[name].set(field.strip(), value.strip())
         except (ConfigError, ValidationError) as exc:
