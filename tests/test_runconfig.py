@@ -184,6 +184,28 @@ def test_each_command_and_its_flow_offer_the_same_settings() -> None:
         assert parameters == filled, f"flow {flow.name}: {parameters ^ filled}"
 
 
+@pytest.mark.parametrize(
+    ("option", "says"),
+    [
+        (["--model-set", "a:bogus=1"], "'bogus' is not a setting of a model entry"),
+        (["--model-set", "a:max_turns=0"], "greater than or equal to 1"),
+        (["--model-set", "b:max_turns=3"], "expected NAME:SETTING=VALUE for one of the --model names"),
+        (["--model-policy", "a=bogus"], "--model-policy 'a=bogus': Input should be 'plain' or 'small-model'"),
+    ],
+)
+def test_a_bad_entry_setting_is_refused_before_anything_runs(
+    tmp_path: Path, option: list[str], says: str
+) -> None:
+    from typer.testing import CliRunner
+
+    from bugsweep.cli import app
+
+    tasks = tmp_path / "t.jsonl"
+    tasks.write_text("")
+    result = CliRunner().invoke(app, ["compare", "--tasks", str(tasks), "--model", "a=http://h/v1", *option])
+    assert result.exit_code == 2 and says in " ".join(result.output.split()), result.output
+
+
 def test_a_worker_that_ran_under_another_configuration_is_named_not_lost(tmp_path: Path) -> None:
     """A sweep on workers reads each solve-bug run's grade at SWEEP/TASK/MODEL/CONFIG. A worker whose own settings
     make another configuration stores it under another digest: the task fails as a configuration problem naming
