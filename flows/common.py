@@ -331,16 +331,3 @@ def previous_grade(store: ArtifactStore, key: str, spec: TaskSpec) -> Grade | No
     if stored.base_commit != spec.base_commit or stored.repo != spec.repo:
         return None
     return verdict
-
-
-def graded_configurations(store: ArtifactStore, task_prefix: str) -> list[Grade]:
-    """Every configuration's grade stored under SWEEP/TASK/MODEL (`task_prefix`), in the order of their digests:
-    what a sweep's summary shows beside its own configuration's. A failed attempt is no grade: not listed."""
-    found = []
-    for key in store.list(task_prefix.rstrip("/") + "/"):
-        if key.endswith(f"/{GRADE_FILE}") and key.count("/") == task_prefix.count("/") + 2:
-            with contextlib.suppress(FileNotFoundError, ValueError):
-                verdict = Grade.model_validate_json(store.get_bytes(key))
-                if not verdict.error:
-                    found.append(verdict)
-    return found

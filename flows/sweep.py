@@ -34,7 +34,6 @@ from flows.common import (
     SandboxName,
     block_ref,
     current_flow_run_id,
-    graded_configurations,
     load_run_config,
     model_endpoint,
     previous_grade,
@@ -301,11 +300,19 @@ def summary_rows(graded: list[Grade], outcomes: list[TaskOutcome]) -> list[dict[
 
 def other_configurations(run: RunSetup, sweep_name: str, specs: list[TaskSpec]) -> list[dict[str, Any]]:
     """Summary rows of the grades these tasks have in the store under this model's other configurations (another
-    policy, turn budget, temperature, ...), so that a sweep's summary shows them side by side with its own."""
-    rows = []
-    for spec in specs:
-        prefix = run_key(sweep_name, spec.instance_id, run.model.model, run.config.digest).rsplit("/", 1)[0]
-        for other in graded_configurations(run.store, prefix):
-            if other.config_digest != run.config.digest:
-                rows.append(steps.summary_row(other, other_configuration=True))
-    return rows
+    policy, turn budget, temperature, ...), so that a sweep's summary shows them side by side with its own. One
+    listing of the sweep's folder; a failed attempt is no grade and is not listed."""
+    tasks = {key_part(spec.instance_id): i for i, spec in enumerate(specs)}
+    model = key_part(run.model.model)
+    found: list[tuple[int, str, Grade]] = []
+    for key in run.store.list(key_part(sweep_name) + "/"):
+        parts = key.split("/")  # SWEEP/TASK/MODEL/CONFIG/grade.json
+        if len(parts) != 5 or parts[4] != GRADE_FILE or parts[1] not in tasks or parts[2] != model:
+            continue
+        if parts[3] == run.config.digest:
+            continue
+        with contextlib.suppress(FileNotFoundError, ValueError):
+            other = Grade.model_validate_json(run.store.get_bytes(key))
+            if not other.error:
+                found.append((tasks[parts[1]], parts[3], other))
+    return [steps.summary_row(g, other_configuration=True) for _, _, g in sorted(found, key=lambda f: f[:2])]
