@@ -126,7 +126,7 @@ def resolve_policy(chosen: str | None, *, embedded: bool) -> PolicyName:
 
 
 class ModelConfig(BaseModel):
-    """The model as far as it can change a verdict (not its key, prices, timeout or retries)."""
+    """The model as far as it can change a verdict (never its key; not its timeout or retries)."""
 
     base_url: str | None
     """None: the embedded model (its address changes with every start; its name and bugsweep's version pin it)."""
@@ -135,8 +135,13 @@ class ModelConfig(BaseModel):
     max_tokens_per_reply: int
     reasoning: Literal["sent back"] = "sent back"
     """A reasoning model's reasoning text (DeepSeek's reasoning_content) goes back with its message."""
+    prices: dict[str, float | None] | None = None
+    """USD per million prompt, completion and cached prompt tokens, only under a cost limit (`max_cost_usd`), where
+    they decide when the run stops; None without one."""
 
 
+#: A model's prices: part of a run's configuration only under a cost limit.
+PRICE_FIELDS = {"price_prompt_per_mtok", "price_completion_per_mtok", "price_cached_prompt_per_mtok"}
 #: What of a Runtime microVM can change a verdict.
 RUNTIME_FIELDS = {"vcpu", "memory_mib", "disk_mib", "image", "isolate_network"}
 
@@ -183,7 +188,10 @@ class RunConfig(BaseModel):
         runtime = getattr(provider, "runtime_settings", None)
         limits = sandbox.model_dump(include=set(SandboxLimits.model_fields))
         return cls(
-            model=ModelConfig(**model.model_dump(include=set(ModelConfig.model_fields))),
+            model=ModelConfig(
+                **model.model_dump(include=set(ModelConfig.model_fields)),
+                prices=None if agent.max_cost_usd is None else model.model_dump(include=PRICE_FIELDS),
+            ),
             policy=agent.policy,
             agent=agent.model_dump(mode="json", exclude={"policy"}),
             sandbox=SandboxConfig(

@@ -71,8 +71,16 @@ def test_the_digest_names_what_can_change_a_verdict_and_never_the_key() -> None:
         {"sandbox": {"installer": "pip"}},
     ):
         assert config(**changed).digest != base.digest, changed
-    for unchanged in ({"model": {"api_key": SecretStr("sk-another")}}, {"model": {"request_timeout_s": 5.0}}):
+    for unchanged in (
+        {"model": {"api_key": SecretStr("sk-another")}},
+        {"model": {"request_timeout_s": 5.0}},
+        {"model": {"price_prompt_per_mtok": 3.0}},  # without a cost limit, prices decide nothing
+    ):
         assert config(**unchanged).digest == base.digest, unchanged
+    capped = {"max_cost_usd": 1.0}
+    assert config(agent=capped, model={"price_prompt_per_mtok": 3.0}).digest != config(agent=capped).digest, (
+        "under a cost limit the prices decide when the run stops"
+    )
 
 
 def test_every_front_end_offers_the_same_settings_with_the_same_rules() -> None:
