@@ -87,7 +87,8 @@ def run_core(tasks: list[Any], base_url: str, concurrency: int, out: Path) -> di
             on_step=lambda name, info: marks.append((name, time.perf_counter())),
         )
         marks.append(("upload", time.perf_counter()))
-        upload_run(store, out / "runs" / spec.instance_id, run_key("core", spec.instance_id, model.model))
+        key = run_key("core", spec.instance_id, model.model, grade.config_digest or "none")
+        upload_run(store, out / "runs" / spec.instance_id, key)
         marks.append(("end", time.perf_counter()))
         names = {
             "sandbox": "setup",

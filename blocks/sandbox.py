@@ -7,26 +7,24 @@ from typing import TYPE_CHECKING
 from prefect.blocks.core import Block
 from pydantic import Field, SecretStr
 
+from bugsweep.runconfig import SandboxLimits
 from bugsweep.settings import SandboxSettings
 
 if TYPE_CHECKING:
     from bugsweep.sandbox.base import SandboxProvider
 
 
-class LocalSandbox(Block):
-    """Sandboxes on the worker's own machine: bubblewrap namespaces over a copy-on-write (overlayfs) workspace."""
+class LocalSandbox(Block, SandboxLimits):
+    """Sandboxes on the worker's own machine: bubblewrap namespaces over a copy-on-write (overlayfs) workspace.
+
+    Its fields are bugsweep.runconfig.SandboxLimits, the ones BUGSWEEP_SANDBOX_* sets (declared once); where the
+    sandboxes keep their state stays the worker's (BUGSWEEP_SANDBOX_STATE_DIR, ...)."""
 
     _block_type_name = "bugsweep local sandbox"
     _description = "bugsweep's local sandbox (bubblewrap + overlayfs) and its limits."
 
-    memory_mib: int = Field(default=4096, description="Memory limit of a sandbox.")
-    max_processes: int = Field(default=512, description="Process limit inside a sandbox.")
-    setup_network: bool = Field(default=True, description="Whether the setup command may reach the network.")
-
     def sandbox_settings(self) -> SandboxSettings:
-        return SandboxSettings(
-            backend="local", **self.model_dump(include={"memory_mib", "max_processes", "setup_network"})
-        )
+        return SandboxSettings(backend="local", **self.model_dump(include=set(SandboxLimits.model_fields)))
 
     def provider(self) -> SandboxProvider:
         from bugsweep.sandbox.local import LocalProvider

@@ -152,6 +152,12 @@ class Grade(BaseModel):
     environment: dict[str, object] | None = None
     """The task's environment: python version, setup command, installer, the layer it came from and whether it was
     reused, and the sha256 of the installed package list (written beside grade.json as environment.txt)."""
+    config: dict[str, object] | None = None
+    """What made the run (bugsweep.runconfig.RunConfig, never a key): the model, the policy, the agent's limits,
+    the sandbox and its limits, the task environment, bugsweep's version."""
+    config_digest: str | None = None
+    """The configuration's digest (12 hex digits of the SHA-256 of its canonical JSON): the key its results are
+    stored and found again by (SWEEP/TASK/MODEL/CONFIG)."""
 
 
 def verdict_word(grade: Grade) -> str:

@@ -36,6 +36,7 @@ from bugsweep.grading import (
     suspicious_signals,
     why_cannot_run,
 )
+from bugsweep.runconfig import RunConfig
 from bugsweep.sandbox.base import (
     PACKAGES_FILE,
     Environment,
@@ -195,8 +196,10 @@ def solve(
     on_event: Callable[[AgentEvent], None] | None = None,
     out_dir: Path | None = None,
     progress: AgentProgress | None = None,
+    config: RunConfig | None = None,
 ) -> AgentResult:
-    """Run the agent loop on the task in the prepared sandbox; `progress` keeps what it used if it is cut short."""
+    """Run the agent loop on the task in the prepared sandbox; `progress` keeps what it used if it is cut short;
+    `config` is recorded in the trajectory."""
     from bugsweep.agent.loop import run_agent
 
     return run_agent(
@@ -209,6 +212,7 @@ def solve(
         test_command=prepared.spec.test_command,
         protected_paths=prepared.spec.test_files,
         progress=progress,
+        meta={"config_digest": config.digest, "config": config.model_dump(mode="json")} if config else None,
     )
 
 
@@ -400,10 +404,13 @@ def write_run_dir(
     setup_log: str | None = None,
     spec: TaskSpec | None = None,
     environment: Environment | None = None,
+    config: RunConfig | None = None,
 ) -> Path:
-    """Write what a run produced: grade.json, patch.diff, test logs, the task environment's package list
-    (trajectory.json is written by the loop)."""
+    """Write what a run produced: grade.json (with the run's configuration), patch.diff, test logs, the task
+    environment's package list (trajectory.json is written by the loop)."""
     out_dir.mkdir(parents=True, exist_ok=True)
+    if config is not None:
+        verdict.config, verdict.config_digest = config.model_dump(mode="json"), config.digest
     if environment is not None:
         (out_dir / PACKAGES_FILE).write_text(environment.packages_text(), encoding="utf-8")
         verdict.environment = environment.record()
@@ -487,13 +494,16 @@ def solve_from_task_state(
     on_event: Callable[[AgentEvent], None] | None = None,
     out_dir: Path | None = None,
     progress: AgentProgress | None = None,
+    config: RunConfig | None = None,
 ) -> AgentResult:
     """The 'solve' step: the agent loop, from the task state (the step may be run again after an outage)."""
     from bugsweep.agent.model import ChatModel
 
     reset_workspace(prepared)
     model = ChatModel(model_settings)
-    return solve(prepared, model, agent_settings, on_event=on_event, out_dir=out_dir, progress=progress)
+    return solve(
+        prepared, model, agent_settings, on_event=on_event, out_dir=out_dir, progress=progress, config=config
+    )
 
 
 def failed_grade(
@@ -524,6 +534,7 @@ def solve_task(
     setup_network: bool = True,
     runner: StepRunner = call_step,
     raise_on_failure: bool = True,
+    config: RunConfig | None = None,
 ) -> Grade:
     """Everything for one task, writing `out_dir`: the one path of a task, for the CLI and the flows.
 
@@ -531,7 +542,8 @@ def solve_task(
     grade.json is still written with `error` and `failure_kind`; then the exception is raised again for the caller
     to report, or, with `raise_on_failure=False`, that failed Grade is returned. An interrupt is always raised.
     `on_sandbox` is told of the sandbox as soon as it exists (the flows track it for their crash hooks); the
-    sandbox is always released before this returns.
+    sandbox is always released before this returns. `config` (what made the run) goes into grade.json and the
+    trajectory.
     """
     from bugsweep.agent.loop import AgentProgress
 
@@ -560,6 +572,7 @@ def solve_task(
             on_event,
             out_dir,
             progress=progress,
+            config=config,
         )
         step("regrade", {"stop_reason": agent_result.stop_reason})
         verdict, after, patch = runner(
@@ -574,7 +587,7 @@ def solve_task(
         verdict.wall_s = time.monotonic() - started
         write_run_dir(
             out_dir, verdict, patch=patch, before=before, after=after, setup_log=prepared.setup_log, spec=spec,
-            environment=prepared.environment,
+            environment=prepared.environment, config=config,
         )  # fmt: skip
         return verdict
     except BaseException as exc:
@@ -587,7 +600,7 @@ def solve_task(
             record_resources(failed, prepared.sandbox)
         write_run_dir(
             out_dir, failed, before=before, setup_log=prepared.setup_log if prepared else None, spec=spec,
-            environment=prepared.environment if prepared else None,
+            environment=prepared.environment if prepared else None, config=config,
         )  # fmt: skip
         if raise_on_failure or not isinstance(exc, Exception):
             raise

@@ -47,6 +47,8 @@ class RunRecord(BaseModel):
     stop_reason: str | None = None
     policy: str | None = None
     """The agent policy the run was under (bugsweep/agent/policy.py)."""
+    config_digest: str | None = None
+    """The digest of the run's configuration (bugsweep.runconfig): what made it, in its grade.json."""
     error: str | None = None
     failure_kind: str | None = None
     """'infra', 'task' and 'config' runs are left out of rates; 'crash' counts as not resolved."""
@@ -59,13 +61,16 @@ class RunRecord(BaseModel):
     """The tests passed but `suspicious` signals hold the run for review: counted as not resolved, and listed."""
 
     @classmethod
-    def from_grade(cls, grade: Any, *, model: str, run: int, policy: str | None = None) -> RunRecord:
+    def from_grade(
+        cls, grade: Any, *, model: str, run: int, policy: str | None = None, config: str | None = None
+    ) -> RunRecord:
         """Take the fields a comparison needs from a bugsweep.grading.Grade (or anything with those attributes).
-        `policy` is the one the run was configured with, for a run whose agent never started."""
+        `policy` and `config` (its digest) are the run's configuration's, for a run whose agent never started."""
         data = grade.model_dump() if hasattr(grade, "model_dump") else dict(vars(grade))
         fields = {k: data[k] for k in cls.model_fields if k in data and data[k] is not None}
         fields.update(model=model, run=run)
         fields.setdefault("policy", policy)
+        fields.setdefault("config_digest", config)
         return cls.model_validate(fields)
 
     @property
@@ -98,6 +103,8 @@ class ModelSummary(BaseModel):
     stop_reasons: dict[str, int] = Field(default_factory=dict)
     policies: list[str] = Field(default_factory=list)
     """The agent policies its runs were under (one, unless the comparison was set up otherwise)."""
+    configs: list[str] = Field(default_factory=list)
+    """The digests of the configurations its runs were under (bugsweep.runconfig; one per entry)."""
 
 
 class PairedDifference(BaseModel):
@@ -224,6 +231,7 @@ def build_report(records: Sequence[RunRecord], *, wall_s: float | None = None) -
                 total_wall_s=sum(r.wall_s for r in mine),
                 stop_reasons=dict(sorted(reasons.items())),
                 policies=sorted({r.policy for r in mine if r.policy}),
+                configs=sorted({r.config_digest for r in mine if r.config_digest}),
             )
         )
 
@@ -312,7 +320,7 @@ def summary_rows(report: ComparisonReport) -> tuple[list[str], list[list[str]]]:
     """The per-model table (shared by markdown, HTML and the Prefect artifact)."""
     header = [
         "model", "resolved", "rate", "95% CI", "mean turns", "prompt tok", "completion tok", "cached tok",
-        "cost USD", "mean wall s", "not graded", "policy",
+        "cost USD", "mean wall s", "not graded", "policy", "config",
     ]  # fmt: skip
     rows = [
         [
@@ -328,6 +336,7 @@ def summary_rows(report: ComparisonReport) -> tuple[list[str], list[list[str]]]:
             f"{s.mean_wall_s:.1f}",
             str(s.not_graded),
             ", ".join(s.policies) or "-",
+            ", ".join(s.configs) or "-",
         ]
         for s in report.models
     ]

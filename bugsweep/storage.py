@@ -5,8 +5,9 @@ Two backends behind one small interface, `ArtifactStore`:
 - `S3Store`: a bucket and prefix on any S3-compatible server (AWS, SeaweedFS, ...) through a boto3 client, made
   from a prefect-aws `S3Bucket` block's credentials (blocks/storage.py) or from the BUGSWEEP_STORE_* settings.
 
-Runs are filed under `PREFIX/SWEEP/TASK/MODEL/` (see `run_key`), so a sweep can tell which tasks a model has
-already been graded on, and a person can browse one bug's attempts side by side. This module is plain code with no
+Runs are filed under `PREFIX/SWEEP/TASK/MODEL/CONFIG/` (see `run_key`; CONFIG is the digest of the run's
+configuration), so a sweep can tell which tasks a model has already been graded on under this configuration, and
+a person can browse one bug's attempts side by side. This module is plain code with no
 Prefect in it; the Prefect layer (tasks/, blocks/) only calls it.
 
 S3 failures are retried twice over: by botocore ("standard" retry mode: connection errors, throttling, 5xx) and by
@@ -123,9 +124,13 @@ def key_part(name: str) -> str:
     return part
 
 
-def run_key(sweep: str, task: str, model: str, run: int | None = None) -> str:
-    """`SWEEP/TASK/MODEL` (or `SWEEP/TASK/MODEL/run-N` when one task is run several times, as a comparison does)."""
-    parts = [key_part(sweep), key_part(task), key_part(model)]
+def run_key(sweep: str, task: str, model: str, config: str, run: int | None = None) -> str:
+    """`SWEEP/TASK/MODEL/CONFIG` (or `.../CONFIG/run-N` when one task is run several times, as a comparison does).
+
+    CONFIG is the digest of the run's configuration (bugsweep.runconfig.RunConfig.digest): one model's results
+    under two configurations (another policy, turn budget, temperature, sandbox limit, ...) are kept side by side.
+    MODEL is the model's name (a comparison's entry name)."""
+    parts = [key_part(sweep), key_part(task), key_part(model), key_part(config)]
     if run is not None:
         parts.append(f"run-{run}")
     return "/".join(parts)
@@ -450,7 +455,7 @@ class UploadResult:
     """Where one run folder went."""
 
     key: str
-    """The run's key prefix in the store (SWEEP/TASK/MODEL)."""
+    """The run's key prefix in the store (SWEEP/TASK/MODEL/CONFIG)."""
     uris: dict[str, str]
     """File name (relative to the run folder) -> object URI."""
     location: str

@@ -19,11 +19,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import Field
 
+from bugsweep import runconfig
 from bugsweep.errors import ConfigError, InfraError
 from bugsweep.grading import Grade
-from bugsweep.settings import AgentSettings, ModelSettings, PolicyName, SandboxSettings
+from bugsweep.runconfig import resolve_policy
+from bugsweep.settings import AgentSettings, ModelSettings, SandboxSettings
 from bugsweep.spec import TaskSpec
 from bugsweep.storage import GRADE_FILE, ArtifactStore, LocalStore, StoreSettings, open_store
 
@@ -58,48 +60,35 @@ def form_field(default: Any, title: str, help: str) -> Any:
     return Field(default, description=help, json_schema_extra={"title": title})
 
 
-class AgentLimits(BaseModel):
-    """The agent's budget for each task."""
-
-    max_turns: int = Field(
-        default=40, ge=1, title="Turns", description="Model replies before the agent stops."
-    )
-    max_total_tokens: int | None = Field(
-        default=None, ge=1, title="Tokens", description="Prompt + completion tokens; empty: no limit."
-    )
-    max_cost_usd: float | None = Field(
-        default=None, gt=0, title="Cost (USD)", description="Token cost in USD; empty: no limit."
-    )
-    max_wall_s: float = Field(
-        default=3600.0, gt=0, title="Time (seconds)", description="Wall-clock seconds for the agent loop."
-    )
-    policy: PolicyName | None = Field(
-        default=None,
-        title="Agent policy",
-        description="What the harness does for the model: 'plain' or 'small-model' (bugsweep/agent/policy.py); "
-        "empty: BUGSWEEP_POLICY, else 'small-model' for the embedded model and 'plain' for any other.",
-    )
-
-    def settings(self) -> AgentSettings:
-        return AgentSettings(**self.model_dump(exclude={"policy"} if self.policy is None else set()))
+#: The agent's budget and policy per task, declared once (bugsweep.runconfig): the flows' `limits` parameter.
+AgentLimits = runconfig.AgentLimits
 
 
 # -- the run configuration --------------------------------------------------------------------------------------
 
 
 @dataclass
-class RunConfig:
-    """Everything a task needs besides its spec: the model, the agent's limits, where sandboxes and artifacts go."""
+class RunSetup:
+    """Everything a task needs besides its spec: the model, the agent's limits, where sandboxes and artifacts go,
+    and the configuration they make (`config`, whose digest keys the results)."""
 
     model: ModelSettings
     agent: AgentSettings
     provider: SandboxProvider
     store: ArtifactStore
     local_dir: Path
-    """Run folders are written here (LOCAL_DIR/SWEEP/TASK/MODEL) and uploaded from here."""
+    """Run folders are written here (LOCAL_DIR/SWEEP/TASK/MODEL/CONFIG) and uploaded from here."""
+    config: runconfig.RunConfig
     setup_network: bool = True
     labels: dict[str, str] = field(default_factory=dict)
     """Put on every sandbox (with the task's id): the flow run, so hooks and cleanups can find them."""
+
+    def with_model(self, model: ModelSettings, agent: AgentSettings) -> RunSetup:
+        """The same sandboxes and store with another model or agent settings (a comparison's entry), its policy
+        resolved and its configuration made again."""
+        agent = agent.model_copy(update={"policy": resolve_policy(agent.policy, embedded=not model.base_url)})
+        config = runconfig.RunConfig.of(model, agent, self.provider)
+        return dataclasses.replace(self, model=model, agent=agent, config=config)
 
 
 def load_block(block_class: Any, name: str, default_name: str) -> Any | None:
@@ -133,8 +122,9 @@ def load_run_config(
     store: S3Bucket | None,
     limits: AgentLimits,
     flow_run_id: str | None = None,
-) -> RunConfig:
-    """Read the chosen blocks (or the default-named ones, or the environment) into a RunConfig.
+) -> RunSetup:
+    """Read the chosen blocks (or the default-named ones, or the environment) into a RunSetup, with the policy
+    resolved (bugsweep.runconfig.resolve_policy) and the run's configuration made from it all.
 
     No model block: the `bugsweep-model` block when it exists, else the LLM_* variables (else the embedded model).
     No store block: the `bugsweep-artifacts` S3Bucket block when it exists, else BUGSWEEP_STORE_URL (a folder or
@@ -174,12 +164,15 @@ def load_run_config(
         artifacts.location if isinstance(artifacts, LocalStore) else settings.local_dir
     ).resolve()
 
-    return RunConfig(
+    agent = AgentSettings.with_limits(limits)
+    agent.policy = resolve_policy(agent.policy, embedded=not model_settings.base_url)
+    return RunSetup(
         model=model_settings,
-        agent=limits.settings(),
+        agent=agent,
         provider=provider,
         store=artifacts,
         local_dir=local_dir,
+        config=runconfig.RunConfig.of(model_settings, agent, provider),
         setup_network=setup_network,
         labels={FLOW_RUN_LABEL: flow_run_id} if flow_run_id else {},
     )
@@ -200,20 +193,18 @@ def remove_dead_sandboxes(provider: Any) -> None:
 
 
 @contextlib.contextmanager
-def model_endpoint(run: RunConfig) -> Iterator[RunConfig]:
-    """The run with a reachable model: when no endpoint is configured, the embedded open model, for the block."""
+def model_endpoint(run: RunSetup) -> Iterator[RunSetup]:
+    """The run with a reachable model: when no endpoint is configured, the embedded open model, for the block.
+    Its configuration stays the one made before the embedded model's address was known."""
     if run.model.base_url:
         yield run
         return
-    from bugsweep.embedded import DEFAULT_MODEL
     from bugsweep.embedded.server import ensure_embedded_model
 
     log.info("no model endpoint configured (block or LLM_BASE_URL): using the embedded open model")
     with ensure_embedded_model(progress=lambda message: log.info("%s", message)) as endpoint:
         model = run.model.model_copy(update={"base_url": endpoint.base_url, "model": endpoint.model})
-        # The embedded model's configuration names its policy, unless one was chosen.
-        agent = run.agent.model_copy(update={"policy": run.agent.policy or DEFAULT_MODEL.policy})
-        yield dataclasses.replace(run, model=model, agent=agent)
+        yield dataclasses.replace(run, model=model)
 
 
 def refuse_endless_reruns() -> None:

@@ -20,7 +20,7 @@ from typing import Annotated, Any
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect_aws import S3Bucket
-from pydantic import BaseModel, Field, SecretStr
+from pydantic import Field, SecretStr
 
 from bugsweep.discover import TaskFile
 from bugsweep.errors import ConfigError, StorageError
@@ -32,12 +32,13 @@ from bugsweep.report import (
     render_markdown,
     write_report,
 )
-from bugsweep.settings import ModelSettings, PolicyName
+from bugsweep.runconfig import ModelFields, resolve_policy
+from bugsweep.settings import AgentSettings, ModelSettings
 from bugsweep.spec import TaskSpec
 from flows.common import (
     RELEASE_SANDBOXES_HOOKS,
     AgentLimits,
-    RunConfig,
+    RunSetup,
     SandboxName,
     current_flow_run_id,
     load_run_config,
@@ -50,20 +51,24 @@ from tasks import quiet_thread_timeout_warnings, steps
 REPORT_FILES = ("report.md", "report.json", "report.html")
 
 
-class ModelEntry(BaseModel):
-    """One model in a comparison: a display name, its endpoint, and the env var holding its API key."""
+class ModelEntry(ModelFields):
+    """One entry of a comparison: a display name, an endpoint (bugsweep.runconfig.ModelFields: URL, model id,
+    temperature, reply limit, prices, ...), the env var holding its API key, and its own agent limits or policy.
+
+    Two entries may be two configurations of one model (another policy, 20 vs 40 turns, another temperature):
+    each is stored and reported under its own name and configuration digest."""
 
     name: str
     """Shown in the report; also the model id sent to the endpoint unless `model` is set."""
-    base_url: str
+    base_url: str  # an entry always names its endpoint
+    """OpenAI-compatible base URL."""
+    model: str | None = None  # type: ignore[assignment]  # unset: the entry's name
+    """Model id sent to the endpoint; unset: `name`."""
     key_env: str | None = None
     """Environment variable with the API key; unset: no key (fine for self-hosted endpoints)."""
-    model: str | None = None
-    """Model id sent to the endpoint; unset: `name`."""
-    price_prompt_per_mtok: float = 0.0
-    price_completion_per_mtok: float = 0.0
-    policy: PolicyName | None = None
-    """The agent policy for this model only; unset: the comparison's (`limits.policy`), the same for every model."""
+    limits: AgentLimits | None = None
+    """This entry's own agent limits and policy, instead of the comparison's `limits`; unset: the comparison's,
+    the same for every entry."""
 
     @classmethod
     def parse(cls, text: str) -> ModelEntry:
@@ -82,6 +87,20 @@ class ModelEntry(BaseModel):
             name=name.strip(), base_url=base_url.strip(), key_env=key_env, model=model_id.strip() or None
         )
 
+    def set(self, field: str, value: str) -> None:
+        """Set one of the entry's endpoint fields or agent limits by name, from text (`--model-set`)."""
+        if field in AgentLimits.model_fields:
+            merged = {**(self.limits.model_dump(exclude_unset=True) if self.limits else {}), field: value}
+            self.limits = AgentLimits.model_validate(merged)
+        elif field in ModelFields.model_fields and field not in ("base_url", "model"):
+            checked = ModelFields.model_validate({field: value})
+            setattr(self, field, getattr(checked, field))
+        else:
+            known = sorted({*AgentLimits.model_fields, *ModelFields.model_fields} - {"base_url", "model"})
+            raise ConfigError(
+                f"{field!r} is not a setting of a model entry: choose one of {', '.join(known)}"
+            )
+
     def settings(self) -> ModelSettings:
         """ModelSettings for this model, with the key read from its env var now (never stored, never logged)."""
         key = ""
@@ -89,41 +108,22 @@ class ModelEntry(BaseModel):
             key = os.environ.get(self.key_env, "")
             if not key:
                 raise ConfigError(f"model {self.name!r}: environment variable {self.key_env} is not set")
-        return ModelSettings(
-            base_url=self.base_url,
-            model=self.model or self.name,
-            api_key=SecretStr(key),
-            price_prompt_per_mtok=self.price_prompt_per_mtok,
-            price_completion_per_mtok=self.price_completion_per_mtok,
+        endpoint = ModelFields.model_validate(
+            {**self.model_dump(include=set(ModelFields.model_fields)), "model": self.model or self.name}
         )
+        return ModelSettings.of_endpoint(endpoint, SecretStr(key))
 
 
-def run_configs(
-    base: RunConfig, models: list[ModelEntry], name: str
-) -> list[tuple[ModelEntry, RunConfig, str]]:
-    """Per model: its RunConfig (the shared sandbox, store and limits, its own endpoint) and the key prefix of its
-    runs. Runs are stored as NAME/TASK/MODEL_ID/run-N; two entries with one model id get NAME-ENTRY prefixes."""
+def run_setups(base: RunSetup, models: list[ModelEntry]) -> list[tuple[ModelEntry, RunSetup]]:
+    """Per entry: its RunSetup (the shared sandbox and store, its own endpoint, its own limits or the comparison's,
+    its policy resolved) with the configuration that makes. Runs are stored as NAME/TASK/ENTRY/CONFIG/run-N."""
     names = [m.name for m in models]
     if len(set(names)) != len(names):
         raise ConfigError(f"model names must be unique: {names}")
-    settings = [m.settings() for m in models]
-    ids = [s.model for s in settings]
-    shared_ids = len(set(ids)) != len(ids)
     return [
-        (
-            m,
-            RunConfig(**{**base.__dict__, "model": s, "agent": agent_settings(base, m)}),
-            f"{name}-{m.name}" if shared_ids else name,
-        )
-        for m, s in zip(models, settings, strict=True)
+        (m, base.with_model(m.settings(), AgentSettings.with_limits(m.limits) if m.limits else base.agent))
+        for m in models
     ]
-
-
-def agent_settings(base: RunConfig, model: ModelEntry) -> Any:
-    """The comparison's agent settings, with the model's own policy when it was given one; unset anywhere: plain,
-    so that every model runs under one named policy."""
-    policy = model.policy or base.agent.policy or "plain"
-    return base.agent.model_copy(update={"policy": policy})
 
 
 @flow(
@@ -150,20 +150,23 @@ def compare_models(
     """
     quiet_thread_timeout_warnings()
     logger = get_run_logger()
+    # Every entry is an endpoint of its own, never the embedded model: unset, the policy is BUGSWEEP_POLICY or plain.
+    policy = resolve_policy(limits.policy or AgentSettings().policy, embedded=False)
+    limits = limits.model_copy(update={"policy": policy})
     base = load_run_config(None, sandbox, store, limits, flow_run_id=current_flow_run_id())
     name = name or default_name(source)
     list_tasks = steps.list_tasks.with_options(retry_delay_seconds=steps.retry_delays_s())
     specs = list_tasks(source, base.provider, base.store, setup_network=base.setup_network)
     if not specs or not models:
         raise ConfigError("a comparison needs at least one task and one model")
-    configs = run_configs(base, models, name)
+    setups = run_setups(base, models)
     logger.info(
         "%d runs: %d model(s) x %d task(s) x %d run(s), %d at once",
         len(models) * len(specs) * runs, len(models), len(specs), runs, concurrency,
     )  # fmt: skip
 
     started = time.monotonic()
-    records = run_all(specs, configs, runs, concurrency)
+    records = run_all(specs, setups, name, runs, concurrency)
     wall_s = time.monotonic() - started
 
     report = build_report(records, wall_s=wall_s)
@@ -180,29 +183,31 @@ def default_name(source: Any) -> str:
 
 
 def run_all(
-    specs: list[TaskSpec], configs: list[tuple[ModelEntry, RunConfig, str]], runs: int, concurrency: int
+    specs: list[TaskSpec], setups: list[tuple[ModelEntry, RunSetup]], name: str, runs: int, concurrency: int
 ) -> list[RunRecord]:
-    """Every (run, task, model), `concurrency` at once (`solve_many`, as the sweep runs its tasks)."""
+    """Every (run, task, entry), `concurrency` at once (`solve_many`, as the sweep runs its tasks)."""
     jobs = [
-        (r, entry, Job(spec, run, key, r))
+        (r, entry, Job(spec, run, name, r, name=entry.name))
         for r in range(runs)
         for spec in specs
-        for entry, run, key in configs
+        for entry, run in setups
     ]
     outcomes = solve_many([job for _, _, job in jobs], concurrency)
     records = [
-        RunRecord.from_grade(outcome.grade, model=entry.name, run=r, policy=job.run.agent.policy)
+        RunRecord.from_grade(
+            outcome.grade, model=entry.name, run=r, policy=job.run.config.policy, config=job.run.config.digest
+        )
         for (r, entry, job), outcome in zip(jobs, outcomes, strict=True)
     ]
     # Model-major order: the report lists models as given and tasks in file order.
-    model_order = {entry.name: i for i, (entry, _, _) in enumerate(configs)}
+    model_order = {entry.name: i for i, (entry, _) in enumerate(setups)}
     task_order = {spec.instance_id: i for i, spec in enumerate(specs)}
     records.sort(key=lambda rec: (model_order[rec.model], task_order[rec.instance_id], rec.run))
     return records
 
 
 def publish(
-    report: ComparisonReport, paths: dict[str, Path], base: RunConfig, name: str, tasks: int, runs: int
+    report: ComparisonReport, paths: dict[str, Path], base: RunSetup, name: str, tasks: int, runs: int
 ) -> None:
     """The report to the artifact store (best effort: it is on disk either way) and as Prefect artifacts."""
     logger = get_run_logger()

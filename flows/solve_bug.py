@@ -31,7 +31,7 @@ from flows.common import (
     LIVE_SANDBOXES,
     RELEASE_SANDBOXES_HOOKS,
     AgentLimits,
-    RunConfig,
+    RunSetup,
     SandboxName,
     current_flow_run_id,
     form_field,
@@ -54,11 +54,11 @@ class TaskOutcome:
 
     grade: Grade
     key: str
-    """SWEEP/TASK/MODEL in the artifact store."""
+    """SWEEP/TASK/MODEL/CONFIG in the artifact store."""
     local_dir: Path
     """The run folder on the machine that ran the task."""
     stored_at: str | None = None
-    """The run folder in the artifact store (e.g. s3://bucket/prefix/SWEEP/TASK/MODEL), once uploaded."""
+    """The run folder in the artifact store (e.g. s3://bucket/prefix/SWEEP/TASK/MODEL/CONFIG), once uploaded."""
     upload_error: str | None = None
     reused: bool = False
     """The grade is an earlier run's, kept after its upload failed and uploaded now: the agent did not run again."""
@@ -69,16 +69,19 @@ class TaskOutcome:
         return self.stored_at or str(self.local_dir)
 
 
-def solve_one(spec: TaskSpec, run: RunConfig, sweep: str, *, attempt: int | None = None) -> TaskOutcome:
+def solve_one(
+    spec: TaskSpec, run: RunSetup, sweep: str, *, attempt: int | None = None, name: str | None = None
+) -> TaskOutcome:
     """One task end to end through `pipeline.solve_task`, each step a Prefect task, then the upload.
 
     Never raises for a task that cannot be run: that is a failed Grade. The sandbox is released by solve_task
-    (and, should this process die first, by the flow's hooks, which find it in LIVE_SANDBOXES).
+    (and, should this process die first, by the flow's hooks, which find it in LIVE_SANDBOXES). The results go
+    to SWEEP/TASK/NAME/CONFIG (NAME: the model's, or a comparison's entry name).
     """
     started = time.monotonic()
-    key = run_key(sweep, spec.instance_id, run.model.model, attempt)
+    key = run_key(sweep, spec.instance_id, name or run.model.model, run.config.digest, attempt)
     out_dir = run.local_dir / key
-    kept = kept_grade(out_dir, spec, run.model.model)
+    kept = kept_grade(out_dir, spec, run.model.model, run.config.digest)
     if kept is not None:
         get_run_logger().warning(
             "%s: an earlier run's grade is kept in %s (its upload failed): uploading it instead of running the "
@@ -108,11 +111,12 @@ def solve_one(spec: TaskSpec, run: RunConfig, sweep: str, *, attempt: int | None
             setup_network=run.setup_network,
             runner=steps.PrefectSteps(run.agent),
             raise_on_failure=False,
+            config=run.config,
         )
     except (
         Exception
     ) as exc:  # outside solve_task's own steps (the run folder): still this task's failed grade
-        verdict = failed_grade(spec, run.model.model, exc, started=started)
+        verdict = configured(failed_grade(spec, run.model.model, exc, started=started), run)
         return TaskOutcome(grade=verdict, key=key, local_dir=out_dir)
     finally:
         for sandbox in held:
@@ -121,7 +125,7 @@ def solve_one(spec: TaskSpec, run: RunConfig, sweep: str, *, attempt: int | None
     return upload_outcome(TaskOutcome(grade=verdict, key=key, local_dir=out_dir), run)
 
 
-def upload_outcome(outcome: TaskOutcome, run: RunConfig) -> TaskOutcome:
+def upload_outcome(outcome: TaskOutcome, run: RunSetup) -> TaskOutcome:
     """Upload the run folder (the step retries S3 outages); when it still fails, keep the folder with a marker, so
     the next run of the task (or `bugsweep upload`, or a sweep as it starts) uploads it instead of solving again."""
     try:
@@ -139,10 +143,11 @@ def upload_outcome(outcome: TaskOutcome, run: RunConfig) -> TaskOutcome:
     return outcome
 
 
-def kept_grade(out_dir: Path, spec: TaskSpec, model: str) -> Grade | None:
+def kept_grade(out_dir: Path, spec: TaskSpec, model: str, config_digest: str) -> Grade | None:
     """The grade an earlier run of this very task left in `out_dir` when its upload failed; None if there is none.
 
-    Only a real grade (not a failed attempt) of the same task definition by the same model counts.
+    Only a real grade (not a failed attempt) of the same task definition by the same model under the same
+    configuration counts.
     """
     if pending_key(out_dir) is None:
         return None
@@ -151,25 +156,36 @@ def kept_grade(out_dir: Path, spec: TaskSpec, model: str) -> Grade | None:
         stored = TaskSpec.model_validate_json((out_dir / "task.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    if verdict.error or verdict.model != model or stored != spec:
+    if verdict.error or verdict.model != model or verdict.config_digest != config_digest or stored != spec:
         return None
     return verdict
 
 
+def configured(verdict: Grade, run: RunSetup) -> Grade:
+    """A grade made outside `pipeline.solve_task` (a task that could not even start), with what made its run."""
+    verdict.config, verdict.config_digest = run.config.model_dump(mode="json"), run.config.digest
+    verdict.policy = verdict.policy or run.config.policy
+    return verdict
+
+
 @prefect_task(name="solve-one", cache_policy=NO_CACHE, persist_result=False)
-def solve_one_task(spec: TaskSpec, run: RunConfig, sweep: str, attempt: int | None = None) -> TaskOutcome:
+def solve_one_task(
+    spec: TaskSpec, run: RunSetup, sweep: str, attempt: int | None = None, name: str | None = None
+) -> TaskOutcome:
     """`solve_one` as a task, so a flow can run many at once on a task runner (each task's steps nest under it)."""
-    return solve_one(spec, run, sweep, attempt=attempt)
+    return solve_one(spec, run, sweep, attempt=attempt, name=name)
 
 
 @dataclass
 class Job:
-    """One task to run in `solve_many`: the task, its run configuration, the sweep (key prefix) and attempt."""
+    """One task to run in `solve_many`: the task, its run setup, the sweep (key prefix), the attempt, and the name
+    its results are filed under (default: the model's)."""
 
     spec: TaskSpec
-    run: RunConfig
+    run: RunSetup
     sweep: str
     attempt: int | None = None
+    name: str | None = None
 
 
 def solve_many(jobs: list[Job], concurrency: int) -> list[TaskOutcome]:
@@ -182,7 +198,13 @@ def solve_many(jobs: list[Job], concurrency: int) -> list[TaskOutcome]:
         futures = [
             runner.submit(
                 solve_one_task,
-                parameters={"spec": j.spec, "run": j.run, "sweep": j.sweep, "attempt": j.attempt},
+                parameters={
+                    "spec": j.spec,
+                    "run": j.run,
+                    "sweep": j.sweep,
+                    "attempt": j.attempt,
+                    "name": j.name,
+                },
             )
             for j in jobs
         ]
@@ -195,8 +217,11 @@ def _outcome(job: Job, future: Any) -> TaskOutcome:
         outcome: TaskOutcome = future.result()
         return outcome
     except Exception as exc:
-        key = run_key(job.sweep, job.spec.instance_id, job.run.model.model, job.attempt)
-        verdict = failed_grade(job.spec, job.run.model.model, exc, started=time.monotonic())
+        name = job.name or job.run.model.model
+        key = run_key(job.sweep, job.spec.instance_id, name, job.run.config.digest, job.attempt)
+        verdict = configured(
+            failed_grade(job.spec, job.run.model.model, exc, started=time.monotonic()), job.run
+        )
         return TaskOutcome(grade=verdict, key=key, local_dir=job.run.local_dir / key)
 
 
@@ -210,7 +235,7 @@ def write_run_record(out_dir: Path, flow_run_id: str | None, key: str) -> None:
     (out_dir / RUN_FILE).write_text(json.dumps(record, indent=2), encoding="utf-8")
 
 
-def sandbox_labels(run: RunConfig, spec: TaskSpec) -> dict[str, str]:
+def sandbox_labels(run: RunSetup, spec: TaskSpec) -> dict[str, str]:
     return {**run.labels, "task": spec.instance_id, "model": run.model.model}
 
 
@@ -250,7 +275,7 @@ def solve_bug(
     ref: str | None = form_field(
         None, "Commit, branch or tag", "Where to start from; empty: the repository's default branch."
     ),
-    sweep: str = form_field("adhoc", "Folder", "Folder in the artifact store: SWEEP/TASK/MODEL."),
+    sweep: str = form_field("adhoc", "Folder", "Folder in the artifact store: SWEEP/TASK/MODEL/CONFIG."),
     model: ModelEndpoint | None = form_field(
         None,
         "Model endpoint",
@@ -263,11 +288,11 @@ def solve_bug(
     store: S3Bucket | None = form_field(
         None,
         "Artifact store (S3 bucket)",
-        "A saved S3 bucket block (prefect-aws); run folders go to its folder as SWEEP/TASK/MODEL. Empty: the one "
+        "A saved S3 bucket block (prefect-aws); run folders go to its folder as SWEEP/TASK/MODEL/CONFIG. Empty: the one "
         "named bugsweep-artifacts, else the worker's BUGSWEEP_STORE_URL (a folder or s3://).",
     ),
     limits: AgentLimits = form_field(
-        AgentLimits(), "Agent limits", "The agent's budget: turns, tokens, cost, time."
+        AgentLimits(), "Agent limits", "The agent's budget (turns, tokens, cost, time) and policy."
     ),
     task: TaskSpec | None = form_field(
         None,
@@ -276,7 +301,8 @@ def solve_bug(
         "that describe the bug are not used. Sweeps send their tasks this way.",
     ),
 ) -> Grade:
-    """Fix one bug in a sandbox and grade the fix; the run folder goes to s3://BUCKET/PREFIX/SWEEP/TASK/MODEL/.
+    """Fix one bug in a sandbox and grade the fix; the run folder goes to s3://BUCKET/PREFIX/SWEEP/TASK/MODEL/CONFIG/
+    (CONFIG: the digest of the run's configuration, bugsweep.runconfig).
 
     Give the repository, what is wrong and the test command (a one-off fix), or a whole `task` (a mined task, or
     what a sweep sends). The run ends Completed with the grade when the task could be run (resolved or not), and
@@ -326,6 +352,7 @@ def report(outcome: TaskOutcome) -> None:
     if outcome.reused:
         status += " (an earlier run's grade, kept after its upload failed; the agent did not run again)"
     print(
-        f"{g.instance_id} with {g.model}: {status} | turns {g.turns} | tokens {g.prompt_tokens}+{g.completion_tokens}"
-        f" | ${g.cost_usd:.4f} | {g.wall_s:.1f} s | artifacts: {outcome.artifacts}"
+        f"{g.instance_id} with {g.model} (policy {g.policy}, configuration {g.config_digest}): {status} | turns "
+        f"{g.turns} | tokens {g.prompt_tokens}+{g.completion_tokens} | ${g.cost_usd:.4f} | {g.wall_s:.1f} s | "
+        f"artifacts: {outcome.artifacts}"
     )

@@ -7,6 +7,7 @@ takes a share of one sweep; the sweep then collects each run's grade from the ar
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import time
@@ -29,7 +30,7 @@ from flows.common import (
     CRASH_RERUNS,
     RELEASE_SANDBOXES_HOOKS,
     AgentLimits,
-    RunConfig,
+    RunSetup,
     SandboxName,
     block_ref,
     current_flow_run_id,
@@ -37,7 +38,7 @@ from flows.common import (
     model_endpoint,
     previous_grade,
 )
-from flows.solve_bug import RUN_FILE, Job, TaskOutcome, solve_many
+from flows.solve_bug import RUN_FILE, Job, TaskOutcome, configured, solve_many
 from tasks import quiet_thread_timeout_warnings, steps
 
 #: A plain union (not a discriminated one): the Prefect UI draws it as a choice of two forms, not a JSON box.
@@ -70,7 +71,10 @@ def sweep(
     A task that cannot be run becomes a failed grade and never stops the others; the sweep then ends Failed (an
     outage, configuration or a crash; a task whose setup fails or whose tests already pass is the task's own
     failure and does not fail the sweep). Tasks already graded for this model at this commit under the same sweep
-    name are skipped, unless `redo_graded`; results an earlier run kept after a failed upload are uploaded first.
+    name and the same configuration (bugsweep.runconfig: model settings, policy, limits, sandbox, environment,
+    bugsweep's version) are skipped, unless `redo_graded`; a sweep under another configuration runs them and keeps
+    both, and its summary shows every configuration's grades. Results an earlier run kept after a failed upload
+    are uploaded first.
 
     Args:
         source: A task file (`kind: file`, a path on the worker or s3://), or a repository and branch
@@ -80,11 +84,12 @@ def sweep(
         sandbox: Where commands run: `local` (bubblewrap on the worker) or `runtime` (Runtime microVMs).
         store: A saved S3 bucket block (prefect-aws); empty: the one named bugsweep-artifacts, else
             BUGSWEEP_STORE_URL (a folder or s3://).
-        limits: The agent's budget per task: turns, tokens, cost, wall-clock time.
+        limits: The agent's budget per task (turns, tokens, cost, wall-clock time) and policy.
         concurrency: Tasks at once (in this process, or solve-bug runs in flight on the workers).
         run_on: `this-process`, or `workers`: each task as a run of the solve-bug deployment, on any worker.
         deployment: The solve-bug deployment to use with `run_on: workers`.
-        redo_graded: Run tasks again even when already graded for this model and commit.
+        redo_graded: Run tasks again even when already graded for this model, commit and configuration (the
+            grades of other configurations are kept).
     """
     quiet_thread_timeout_warnings()
     run = load_run_config(model, sandbox, store, limits, flow_run_id=current_flow_run_id())
@@ -100,7 +105,7 @@ def sweep(
         with model_endpoint(run) as run:
             outcomes = solve_many([Job(spec, run, sweep_name) for spec in todo], concurrency)
     rows = summary_rows(graded, outcomes)
-    steps.summarize(sweep_name, rows, run.store.location)
+    steps.summarize(sweep_name, rows + other_configurations(run, sweep_name, specs), run.store.location)
     grades = graded + [o.grade for o in outcomes]
     if not all(r["ran"] for r in rows):
         raise SweepFailed(f"sweep {sweep_name} {steps.sweep_outcome(rows)}", grades)
@@ -126,7 +131,7 @@ def default_name(source: TaskFile | RepoBranch) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", f"{repo}-{source.branch}")
 
 
-def upload_kept(run: RunConfig, sweep_name: str) -> None:
+def upload_kept(run: RunSetup, sweep_name: str) -> None:
     """Upload what earlier runs of this sweep kept on this machine when their upload failed, so that their tasks
     count as graded and the agent does not run on them again. What still fails stays for the next time."""
     logger = get_run_logger()
@@ -142,27 +147,26 @@ def upload_kept(run: RunConfig, sweep_name: str) -> None:
         )  # fmt: skip
 
 
-def split_graded(
-    specs: list[TaskSpec], run: RunConfig, sweep_name: str
-) -> tuple[list[TaskSpec], list[Grade]]:
-    """(tasks still to run, grades of those already graded for this model and commit)."""
+def split_graded(specs: list[TaskSpec], run: RunSetup, sweep_name: str) -> tuple[list[TaskSpec], list[Grade]]:
+    """(tasks still to run, grades of those already graded for this model and commit under this configuration)."""
     todo: list[TaskSpec] = []
     graded: list[Grade] = []
     for spec in specs:
-        earlier = previous_grade(run.store, run_key(sweep_name, spec.instance_id, run.model.model), spec)
+        key = run_key(sweep_name, spec.instance_id, run.model.model, run.config.digest)
+        earlier = previous_grade(run.store, key, spec)
         if earlier is None:
             todo.append(spec)
         else:
             graded.append(earlier)
     if graded:
-        get_run_logger().info("skipping %d task(s) already graded for %s: %s", len(graded), run.model.model,
-                              ", ".join(g.instance_id for g in graded))  # fmt: skip
+        get_run_logger().info("skipping %d task(s) already graded for %s under configuration %s: %s", len(graded),
+                              run.model.model, run.config.digest, ", ".join(g.instance_id for g in graded))  # fmt: skip
     return todo, graded
 
 
 def run_on_workers(
     specs: list[TaskSpec],
-    run: RunConfig,
+    run: RunSetup,
     sweep_name: str,
     concurrency: int,
     deployment: str,
@@ -244,10 +248,14 @@ def cancel_runs(client: Any, run_ids: list[Any]) -> None:
 
 
 def collect(
-    spec: TaskSpec, run_id: str, state: Any, run: RunConfig, sweep_name: str, started: float
+    spec: TaskSpec, run_id: str, state: Any, run: RunSetup, sweep_name: str, started: float
 ) -> TaskOutcome:
-    """The outcome of one solve-bug run, from the grade it uploaded (only if that run wrote it, not an older one)."""
-    key = run_key(sweep_name, spec.instance_id, run.model.model)
+    """The outcome of one solve-bug run, from the grade it uploaded (only if that run wrote it, not an older one).
+
+    A worker makes the run's configuration from its own settings; one that made another configuration than the
+    sweep's (other BUGSWEEP_*/LLM_* settings, another bugsweep version) stored its grade under another digest,
+    and the task is a configuration failure that says so."""
+    key = run_key(sweep_name, spec.instance_id, run.model.model, run.config.digest)
     stored_at = f"{run.store.location}/{key}"
     try:
         written_by = json.loads(run.store.get_bytes(f"{key}/{RUN_FILE}")).get("flow_run_id")
@@ -255,10 +263,30 @@ def collect(
             raise FileNotFoundError(f"{stored_at} holds flow run {written_by}'s results, not this run's")
         verdict = Grade.model_validate_json(run.store.get_bytes(f"{key}/{GRADE_FILE}"))
     except (FileNotFoundError, ValueError) as exc:
-        why = InfraError(f"solve-bug run {run_id} ended {state.name} with no grade in the store ({exc})")
-        verdict = failed_grade(spec, run.model.model, why, started=started)
+        elsewhere = [k.split("/")[-2] for k in written_by_run(run, key.rsplit("/", 1)[0], run_id)]
+        why: BugsweepError = InfraError(
+            f"solve-bug run {run_id} ended {state.name} with no grade in the store ({exc})"
+        )
+        if elsewhere:
+            why = ConfigError(
+                f"solve-bug run {run_id} ran under configuration {elsewhere[0]} on its worker, not the sweep's "
+                f"{run.config.digest}: the worker's settings (LLM_*, BUGSWEEP_*, its blocks) or bugsweep version "
+                "differ from this machine's (compare the two grade.json `config`s)"
+            )
+        verdict = configured(failed_grade(spec, run.model.model, why, started=started), run)
         return TaskOutcome(grade=verdict, key=key, local_dir=run.local_dir / key)
     return TaskOutcome(grade=verdict, key=key, local_dir=run.local_dir / key, stored_at=stored_at)
+
+
+def written_by_run(run: RunSetup, task_prefix: str, run_id: str) -> list[str]:
+    """The run.json files under SWEEP/TASK/MODEL that flow run `run_id` wrote (under any configuration)."""
+    found = []
+    for key in run.store.list(task_prefix + "/"):
+        if key.endswith(f"/{RUN_FILE}") and key.count("/") == task_prefix.count("/") + 2:
+            with contextlib.suppress(FileNotFoundError, ValueError):
+                if json.loads(run.store.get_bytes(key)).get("flow_run_id") == run_id:
+                    found.append(key)
+    return found
 
 
 def summary_rows(graded: list[Grade], outcomes: list[TaskOutcome]) -> list[dict[str, Any]]:
@@ -268,3 +296,23 @@ def summary_rows(graded: list[Grade], outcomes: list[TaskOutcome]) -> list[dict[
         failed = o.upload_error is not None
         rows.append(steps.summary_row(o.grade, uploaded_to=where, upload_failed=failed, reused=o.reused))
     return rows
+
+
+def other_configurations(run: RunSetup, sweep_name: str, specs: list[TaskSpec]) -> list[dict[str, Any]]:
+    """Summary rows of the grades these tasks have in the store under this model's other configurations (another
+    policy, turn budget, temperature, ...), so that a sweep's summary shows them side by side with its own. One
+    listing of the sweep's folder; a failed attempt is no grade and is not listed."""
+    tasks = {key_part(spec.instance_id): i for i, spec in enumerate(specs)}
+    model = key_part(run.model.model)
+    found: list[tuple[int, str, Grade]] = []
+    for key in run.store.list(key_part(sweep_name) + "/"):
+        parts = key.split("/")  # SWEEP/TASK/MODEL/CONFIG/grade.json
+        if len(parts) != 5 or parts[4] != GRADE_FILE or parts[1] not in tasks or parts[2] != model:
+            continue
+        if parts[3] == run.config.digest:
+            continue
+        with contextlib.suppress(FileNotFoundError, ValueError):
+            other = Grade.model_validate_json(run.store.get_bytes(key))
+            if not other.error:
+                found.append((tasks[parts[1]], parts[3], other))
+    return [steps.summary_row(g, other_configuration=True) for _, _, g in sorted(found, key=lambda f: f[:2])]

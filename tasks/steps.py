@@ -159,7 +159,8 @@ def log_event(event: AgentEvent) -> None:
     **_STEP,
 )
 def upload(out_dir: Path, store: ArtifactStore, key: str, verdict: Grade) -> UploadResult:
-    """Copy the run folder to the artifact store under SWEEP/TASK/MODEL, and link the patch from the Prefect UI.
+    """Copy the run folder to the artifact store under SWEEP/TASK/MODEL/CONFIG, and link the patch from the
+    Prefect UI.
 
     The local run folder is only read, so when the store stays down after every retry the artifacts are still on
     this machine, and the StorageError says where.
@@ -228,14 +229,18 @@ def artifact_key(*parts: str) -> str:
 #: Failure kinds of a task that could not be run for reasons outside the task (an outage, bad configuration, a bug
 #: in bugsweep): one of them ends a sweep FAILED. A task error (setup failed, tests already pass) is the task's.
 COULD_NOT_RUN = frozenset({"infra", "config", "crash", "cancelled"})
+#: The status of a summary row that is another configuration's grade of the task, found in the store.
+OTHER_CONFIGURATION = "other configuration (graded before)"
 
 
 def summary_row(
     verdict: Grade, *, skipped: bool = False, uploaded_to: str | None = None, upload_failed: bool = False,
-    reused: bool = False,
+    reused: bool = False, other_configuration: bool = False,
 ) -> dict[str, Any]:  # fmt: skip
     """One row of the sweep table. `ran` is False when the task could not be run, or its result not stored."""
-    if skipped:
+    if other_configuration:
+        status = OTHER_CONFIGURATION
+    elif skipped:
         status = "skipped (graded before)"
     elif verdict.error:
         status = f"failed ({verdict.failure_kind})"
@@ -246,6 +251,8 @@ def summary_row(
     return {
         "task": verdict.instance_id,
         "model": verdict.model,
+        "policy": verdict.policy or "",
+        "config": verdict.config_digest or "",
         "resolved": verdict.resolved,
         "turns": verdict.turns,
         "prompt_tokens": verdict.prompt_tokens,
@@ -274,27 +281,43 @@ def _cell(row: dict[str, Any]) -> str:
 
 
 def summary_markdown(sweep: str, rows: list[dict[str, Any]], location: str) -> str:
-    resolved = sum(1 for r in rows if r["resolved"])
-    failed = [r for r in rows if r["status"].startswith("failed")]
-    tokens = sum(r["prompt_tokens"] + r["completion_tokens"] for r in rows)
-    cost = sum(r["cost_usd"] for r in rows)
+    """The sweep's own configuration's rows are counted; other configurations' grades of the same tasks are listed
+    below them, side by side, and counted per configuration."""
+    own = [r for r in rows if r["status"] != OTHER_CONFIGURATION]
+    resolved = sum(1 for r in own if r["resolved"])
+    failed = [r for r in own if r["status"].startswith("failed")]
+    tokens = sum(r["prompt_tokens"] + r["completion_tokens"] for r in own)
+    cost = sum(r["cost_usd"] for r in own)
+    configs = sorted({(r["config"], r["policy"]) for r in own})
     lines = [
         f"# Sweep `{sweep}`",
         "",
-        f"**{sweep_outcome(rows)}**",
+        f"**{sweep_outcome(own)}**",
         "",
-        f"**{resolved} of {len(rows)}** tasks resolved; {len(failed)} could not be run; "
-        f"{tokens:,} tokens; ${cost:.4f}. Artifacts: `{location}`.",
+        f"**{resolved} of {len(own)}** tasks resolved; {len(failed)} could not be run; "
+        f"{tokens:,} tokens; ${cost:.4f}. Configuration: "
+        + (", ".join(f"`{c or '-'}` (policy {p or '-'})" for c, p in configs) or "-")
+        + f". Artifacts: `{location}`.",
         "",
-        "| task | model | resolved | turns | tokens | cost (USD) | time (s) | status |",
-        "| --- | --- | --- | ---: | ---: | ---: | ---: | --- |",
+        "| task | model | policy | config | resolved | turns | tokens | cost (USD) | time (s) | status |",
+        "| --- | --- | --- | --- | --- | ---: | ---: | ---: | ---: | --- |",
     ]
     flagged = [r for r in rows if r.get("suspicious")]
     for r in rows:
         lines.append(
-            f"| {r['task']} | {r['model']} | {_cell(r)} | {r['turns']} | "
-            f"{r['prompt_tokens'] + r['completion_tokens']} | {r['cost_usd']:.4f} | {r['wall_s']:.1f} | {r['status']} |"
+            f"| {r['task']} | {r['model']} | {r['policy'] or '-'} | {r['config'] or '-'} | "
+            f"{_cell(r)} | {r['turns']} | {r['prompt_tokens'] + r['completion_tokens']} | "
+            f"{r['cost_usd']:.4f} | {r['wall_s']:.1f} | {r['status']} |"
         )
+    by_config: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        by_config.setdefault(f"`{r['config'] or '-'}` (policy {r['policy'] or '-'})", []).append(r)
+    if len(by_config) > 1:
+        lines += ["", "**By configuration** (the store's grades of these tasks for this model):", ""]
+        lines += [
+            f"- {c}: {sum(1 for r in rs if r['resolved'])} of {len(rs)} resolved"
+            for c, rs in by_config.items()
+        ]
     if flagged:
         lines += [
             "",

@@ -132,7 +132,9 @@ def test_compare_two_models_on_two_tasks(
     assert (pair["a"], pair["b"], pair["mean_diff"], pair["a_better"]) == ("fixer", "quitter", 1.0, 2)
     assert [row["instance_id"] for row in data["tasks"]] == ["calc-add", "calc-mul"]
     assert data["policy"] == "plain" and all(m["policies"] == ["plain"] for m in data["models"])
-    assert {json.loads(g.read_text())["policy"] for g in report_dir.glob("*/*/run-*/grade.json")} == {"plain"}
+    assert {json.loads(g.read_text())["policy"] for g in report_dir.glob("*/*/*/run-*/grade.json")} == {
+        "plain"
+    }
 
     # the files a user opens
     md = (report_dir / "report.md").read_text()
@@ -140,9 +142,10 @@ def test_compare_two_models_on_two_tasks(
     assert "Every model ran under the same agent policy: plain." in md
     page = (report_dir / "report.html").read_text()
     assert "<svg" in page and "http://" not in page.replace('xmlns="http://www.w3.org/2000/svg"', "")
-    # every run graded and stored as NAME/TASK/MODEL/run-N
-    grades = sorted(p.relative_to(report_dir) for p in report_dir.glob("*/*/run-*/grade.json"))
-    assert len(grades) == 8 and Path("calc-add/fixer/run-1/grade.json") in grades
+    # every run graded and stored as NAME/TASK/ENTRY/CONFIG/run-N
+    grades = sorted(p.relative_to(report_dir) for p in report_dir.glob("*/*/*/run-*/grade.json"))
+    (fixer_config,) = by_model["fixer"]["configs"]
+    assert len(grades) == 8 and Path(f"calc-add/fixer/{fixer_config}/run-1/grade.json") in grades
 
     # the key went to its endpoint, and nowhere else
     assert good.request_headers and all(

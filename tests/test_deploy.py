@@ -102,6 +102,11 @@ class Deployed:
     def worker_log(self, name: str) -> str:
         return (self.server.logs / f"{name}.log").read_text(errors="replace")
 
+    def run_folder(self, prefix: str) -> str:
+        """The one run folder under SWEEP/TASK/MODEL: SWEEP/TASK/MODEL/CONFIG (the configuration's digest)."""
+        (grade,) = [k for k in self.store.list(prefix) if k.endswith("/grade.json")]
+        return grade.rsplit("/", 1)[0]
+
 
 @pytest.fixture(scope="module")
 def deployed(prefect_api, seaweed, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployed]:
@@ -218,9 +223,10 @@ def test_a_run_from_the_ui_form_is_run_by_a_worker_and_its_patch_lands_in_s3(
     run = deployed.wait(run_id)
 
     assert run["state"]["type"] == "COMPLETED", run["state"]
-    patch = deployed.store.get_bytes(f"from-ui/{instance_id}/scripted-model/patch.diff").decode()
+    folder = deployed.run_folder(f"from-ui/{instance_id}/scripted-model")
+    patch = deployed.store.get_bytes(f"{folder}/patch.diff").decode()
     assert "+    return a + b" in patch
-    grade = deployed.store.get_bytes(f"from-ui/{instance_id}/scripted-model/grade.json").decode()
+    grade = deployed.store.get_bytes(f"{folder}/grade.json").decode()
     assert '"resolved": true' in grade
     assert any(run_id in deployed.worker_log(w) for w in deployed.workers)
 
@@ -253,7 +259,7 @@ def test_a_sweep_fans_out_to_both_workers_and_collects_every_grade(
     ran_by = {w: [c["id"] for c in children if c["id"] in deployed.worker_log(w)] for w in deployed.workers}
     assert all(ran_by.values()), f"both workers take a share of the sweep: {ran_by}"
     for task_id in ids:
-        assert deployed.store.exists(f"fanout/{task_id}/scripted-model/patch.diff")
+        assert deployed.store.exists(f"{deployed.run_folder(f'fanout/{task_id}/scripted-model')}/patch.diff")
     table = deployed.api(
         "POST", "/artifacts/filter", json={"artifacts": {"key": {"any_": ["sweep-fanout-table"]}}}
     )
@@ -451,7 +457,9 @@ def test_a_worker_killed_with_its_run_mid_solve_ends_crashed_and_the_next_worker
     run = deployed.wait(run_id, timeout_s=240)
     assert run["state"]["type"] == "COMPLETED", run["state"]
     assert run["run_count"] == 2, "run once more, as the same flow run"
-    grade = json.loads(deployed.store.get_bytes("KILL-ME/calc-kill-me/scripted-model/grade.json"))
+    grade = json.loads(
+        deployed.store.get_bytes(f"{deployed.run_folder('KILL-ME/calc-kill-me/scripted-model')}/grade.json")
+    )
     assert grade["resolved"] is True
     # nothing of the killed process is left on the machine (its spare disk and resident neither), and the rerun's
     # process leaves nothing once it has exited

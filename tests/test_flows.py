@@ -155,18 +155,20 @@ def test_solve_bug_resolves_and_puts_the_run_folder_in_s3(blocks, scripted_model
     with get_client(sync_client=True) as client:  # the run's parameters, as the UI shows them
         shown = json.dumps(client.read_flow_run(state.state_details.flow_run_id).parameters)
     assert "sk-test-secret" not in shown and "bugsweep-test-secret" not in shown, shown
+    run_dir = f"nightly/calc-add/scripted-model/{grade.config_digest}"  # SWEEP/TASK/MODEL/CONFIG
     keys = store.list("nightly/calc-add/scripted-model")
     assert {k.rsplit("/", 1)[1] for k in keys} == RUN_FILES
-    assert all(k.startswith("nightly/calc-add/scripted-model/") for k in keys)
-    patch = store.get_bytes("nightly/calc-add/scripted-model/patch.diff").decode()
+    assert all(k.startswith(f"{run_dir}/") for k in keys)
+    patch = store.get_bytes(f"{run_dir}/patch.diff").decode()
     assert "-    return a - b" in patch and "+    return a + b" in patch
-    stored_grade = json.loads(store.get_bytes("nightly/calc-add/scripted-model/grade.json"))
-    assert stored_grade["resolved"] is True
-    trajectory = store.get_bytes("nightly/calc-add/scripted-model/trajectory.json").decode()
+    stored_grade = json.loads(store.get_bytes(f"{run_dir}/grade.json"))
+    assert stored_grade["resolved"] is True and stored_grade["config"]["agent"]["max_turns"] == 6
+    assert "sk-test-secret" not in json.dumps(stored_grade)
+    trajectory = store.get_bytes(f"{run_dir}/trajectory.json").decode()
     assert "sk-test-secret" not in trajectory
-    link = Artifact.get("patch-nightly-calc-add-scripted-model")
+    link = Artifact.get(f"patch-nightly-calc-add-scripted-model-{grade.config_digest}")
     assert link is not None and link.type == "markdown"  # Prefect stores a link artifact as markdown
-    assert f"/{store.bucket}/runs/nightly/calc-add/scripted-model/patch.diff" in str(link.data)
+    assert f"/{store.bucket}/runs/{run_dir}/patch.diff" in str(link.data)
 
 
 def test_solve_bug_not_resolved_is_a_grade_not_a_failure(blocks, scripted_model, buggy_repo: Path) -> None:
@@ -181,7 +183,7 @@ def test_solve_bug_not_resolved_is_a_grade_not_a_failure(blocks, scripted_model,
     grade = state.result()
     assert grade.resolved is False and grade.error is None and grade.failed_before and not grade.passes_after
     assert len(server.requests) == 1, "an honest 'not resolved' must not be retried"
-    assert made["_store"].exists("adhoc/calc-give-up/scripted-model/grade.json")
+    assert made["_store"].exists(f"adhoc/calc-give-up/scripted-model/{grade.config_digest}/grade.json")
 
 
 def test_crash_mid_task_still_releases_the_sandbox(blocks, scripted_model, buggy_repo: Path) -> None:
@@ -280,7 +282,8 @@ def test_s3_down_for_a_whole_run_keeps_the_grade_and_the_next_run_uploads_it_wit
     assert len(server.requests) == requests_after_first_run, "the agent did not run again"
     store = back["_store"]
     assert {k.rsplit("/", 1)[1] for k in store.list("outage/calc-outage/scripted-model")} == RUN_FILES
-    assert json.loads(store.get_bytes("outage/calc-outage/scripted-model/grade.json"))["resolved"] is True
+    run_dir = f"outage/calc-outage/scripted-model/{grade.config_digest}"
+    assert json.loads(store.get_bytes(f"{run_dir}/grade.json"))["resolved"] is True
     assert not (folder / PENDING_FILE).exists()
 
 
@@ -342,8 +345,8 @@ def test_sweep_survives_a_failing_setup_and_a_rerun_skips_graded_tasks(
         and "exited with 3" in by_id["calc-broken-setup"].error
     )
     store = made["_store"]
-    for task_id in by_id:
-        assert store.exists(f"nightly/{task_id}/scripted-model/grade.json")
+    for task_id, g in by_id.items():
+        assert store.exists(f"nightly/{task_id}/scripted-model/{g.config_digest}/grade.json")
     table = Artifact.get("sweep-nightly-table")
     assert table is not None and "calc-broken-setup" in str(table.data)
     summary = Artifact.get("sweep-nightly")
@@ -418,19 +421,25 @@ def run_one_with(
     spec: TaskSpec,
     local_dir: Path,
 ) -> Any:
-    """`solve_one` (the per-task function other flows reuse) inside a flow, with a custom RunConfig."""
+    """`solve_one` (the per-task function other flows reuse) inside a flow, with a custom RunSetup."""
     from prefect import flow
 
+    from bugsweep.runconfig import RunConfig
     from bugsweep.settings import AgentSettings, ModelSettings
-    from flows.common import RunConfig
+    from flows.common import RunSetup
     from flows.solve_bug import solve_one
 
-    run = RunConfig(
-        model=ModelSettings(base_url=server.base_url, model="scripted-model"),
-        agent=AgentSettings(max_turns=6),
+    model, agent = (
+        ModelSettings(base_url=server.base_url, model="scripted-model"),
+        AgentSettings(max_turns=6, policy="plain"),
+    )
+    run = RunSetup(
+        model=model,
+        agent=agent,
         provider=provider,  # type: ignore[arg-type]
         store=made["_store"],
         local_dir=local_dir,
+        config=RunConfig.of(model, agent, provider),  # type: ignore[arg-type]
     )
 
     @flow
@@ -478,7 +487,8 @@ def test_a_model_url_that_refuses_connections_fails_the_run_at_once_naming_the_u
     )  # fmt: skip
 
     assert state.is_failed()
-    grade = json.loads(made["_store"].get_bytes("adhoc/calc-refused/nowhere/grade.json"))
+    (key,) = [k for k in made["_store"].list("adhoc/calc-refused/nowhere") if k.endswith("/grade.json")]
+    grade = json.loads(made["_store"].get_bytes(key))
     assert grade["failure_kind"] == "config" and url in grade["error"] and "after 1 attempt" in grade["error"]
     with get_client(sync_client=True) as client:
         runs = client.read_task_runs(
@@ -535,7 +545,7 @@ def test_bugsweep_sweep_command_runs_the_flow_and_a_task_that_cannot_run_fails_t
         "FAILED: 1 of 2 task(s)" in result.output and "calc-missing-repo (failed (config))" in result.output
     )
     assert "agent policy: plain" in result.output
-    assert made["_store"].exists("cli/calc-cli/scripted-model/patch.diff")
+    assert [k for k in made["_store"].list("cli/calc-cli/scripted-model") if k.endswith("/patch.diff")]
     summary = Artifact.get("sweep-cli")
     assert summary is not None and "FAILED: 1 of 2 task(s)" in str(summary.data)
     with get_client(sync_client=True) as client:
@@ -620,7 +630,11 @@ def test_the_flow_and_the_cli_grade_a_task_the_same_through_the_same_function(
 
     made = blocks(flow_model)
     flow_grade = solve_bug(task=spec, sweep="one-path", **flow_kwargs(made))
-    flow_patch = made["_store"].get_bytes("one-path/one-path/scripted-model/patch.diff").decode()
+    flow_patch = (
+        made["_store"]
+        .get_bytes(f"one-path/one-path/scripted-model/{flow_grade.config_digest}/patch.diff")
+        .decode()
+    )
 
     monkeypatch.setenv("LLM_BASE_URL", cli_model.base_url)
     monkeypatch.setenv("LLM_MODEL", "scripted-model")
@@ -646,6 +660,13 @@ def test_the_flow_and_the_cli_grade_a_task_the_same_through_the_same_function(
 
     assert len(runners) == 2 and isinstance(runners[0], PrefectSteps) and runners[1] is pipeline.call_step
     measured = {"instance_id", "wall_s", "agent_wall_s", "cpu_s", "peak_memory_mib", "peak_disk_mib"}
+    # the configuration: the same settings make the same one, but for the two scripted servers' addresses
+    measured |= {"config", "config_digest"}
+
+    def but_the_address(config: dict[str, Any]) -> dict[str, Any]:
+        return {**config, "model": {**config["model"], "base_url": None}}
+
+    assert but_the_address(flow_grade.config or {}) == but_the_address(cli_grade["config"])
     assert flow_grade.resolved and cli_grade["resolved"]
     assert flow_grade.model_dump(exclude=measured) == {
         k: v for k, v in cli_grade.items() if k not in measured
@@ -672,7 +693,7 @@ def test_a_run_that_crashed_twice_is_not_run_again_and_fails_before_the_agent(
     with pytest.raises(InfraError, match="crashed 2 times"):
         state.result()
     assert server.requests == [], "the agent did not run"
-    assert not made["_store"].exists("adhoc/calc-crashy/scripted-model/grade.json")
+    assert not made["_store"].list("adhoc/calc-crashy"), "nothing was stored"
 
 
 def test_a_sweep_on_workers_follows_a_crashed_task_run_into_its_rerun() -> None:

@@ -222,4 +222,4 @@ def test_a_run_held_for_review_counts_as_not_resolved_and_is_listed() -> None:
     assert "<td>held for review</td>" in render_html(report)
     rows = [summary_row(g, uploaded_to="") for g in (flagged, clean)]
     summary = summary_markdown("nightly", rows, "s3://b/nightly")
-    assert "**1 of 2** tasks resolved" in summary and "| t1 | m | held for review |" in summary
+    assert "**1 of 2** tasks resolved" in summary and "| t1 | m | - | - | held for review |" in summary

@@ -56,12 +56,12 @@ def count_requests(store: S3Store) -> list[str]:
 
 
 def test_run_key_makes_model_names_safe() -> None:
-    assert run_key("nightly-2026-11-30", "calc-1", "Qwen/Qwen2.5-Coder-7B:q4") == (
-        "nightly-2026-11-30/calc-1/Qwen_Qwen2.5-Coder-7B_q4"
+    assert run_key("nightly-2026-11-30", "calc-1", "Qwen/Qwen2.5-Coder-7B:q4", "3eaaa4195dd0") == (
+        "nightly-2026-11-30/calc-1/Qwen_Qwen2.5-Coder-7B_q4/3eaaa4195dd0"
     )
-    assert run_key("s", "t", "m", run=2) == "s/t/m/run-2"
+    assert run_key("s", "t", "m", "c", run=2) == "s/t/m/c/run-2"
     with pytest.raises(ConfigError):
-        run_key("s", "..", "m")
+        run_key("s", "..", "m", "c")
 
 
 def test_local_store_keeps_a_run_folder_under_its_key(tmp_path: Path) -> None:
@@ -69,7 +69,7 @@ def test_local_store_keeps_a_run_folder_under_its_key(tmp_path: Path) -> None:
     store = open_store(StoreSettings(url=str(tmp_path / "artifacts")))
     assert isinstance(store, LocalStore)
 
-    result = upload_run(store, run, run_key("sweep1", "calc-1", "m"))
+    result = upload_run(store, run, run_key("sweep1", "calc-1", "m", "c0"))
 
     assert sorted(result.uris) == [
         "grade.json",
@@ -78,12 +78,12 @@ def test_local_store_keeps_a_run_folder_under_its_key(tmp_path: Path) -> None:
         "test_before.log",
         "trajectory.json",
     ]
-    stored = tmp_path / "artifacts" / "sweep1" / "calc-1" / "m"
+    stored = tmp_path / "artifacts" / "sweep1" / "calc-1" / "m" / "c0"
     for name in result.uris:
         assert (stored / name).read_bytes() == (run / name).read_bytes()
-    assert store.exists("sweep1/calc-1/m/grade.json")
-    assert not store.exists("sweep1/calc-2/m/grade.json")
-    assert store.list("sweep1/calc-1") == [f"sweep1/calc-1/m/{n}" for n in sorted(result.uris)]
+    assert store.exists("sweep1/calc-1/m/c0/grade.json")
+    assert not store.exists("sweep1/calc-2/m/c0/grade.json")
+    assert store.list("sweep1/calc-1") == [f"sweep1/calc-1/m/c0/{n}" for n in sorted(result.uris)]
     with pytest.raises(ConfigError):
         store.put_bytes("../escape.txt", b"x")
 
@@ -92,22 +92,22 @@ def test_s3_objects_land_under_prefix_sweep_task_model(seaweed: SeaweedServer, t
     run = make_run_dir(tmp_path)
     store = seaweed.new_store(prefix="bugsweep/runs")
 
-    result = upload_run(store, run, run_key("nightly", "calc-1", "qwen/coder"))
+    result = upload_run(store, run, run_key("nightly", "calc-1", "qwen/coder", "c0"))
 
     keys = store.client.list_objects_v2(Bucket=store.bucket)["Contents"]
     assert sorted(k["Key"] for k in keys) == [
-        f"bugsweep/runs/nightly/calc-1/qwen_coder/{name}"
+        f"bugsweep/runs/nightly/calc-1/qwen_coder/c0/{name}"
         for name in ["grade.json", "patch.diff", "test_after.log", "test_before.log", "trajectory.json"]
     ]
     for name, uri in result.uris.items():
-        assert uri == f"s3://{store.bucket}/bugsweep/runs/nightly/calc-1/qwen_coder/{name}"
+        assert uri == f"s3://{store.bucket}/bugsweep/runs/nightly/calc-1/qwen_coder/c0/{name}"
         body = store.client.get_object(Bucket=store.bucket, Key=uri.split("/", 3)[3])["Body"].read()
         assert body == (run / name).read_bytes()
-    assert store.exists("nightly/calc-1/qwen_coder/grade.json")
-    assert not store.exists("nightly/calc-2/qwen_coder/grade.json")
-    assert json.loads(store.get_bytes("nightly/calc-1/qwen_coder/grade.json"))["resolved"] is True
+    assert store.exists("nightly/calc-1/qwen_coder/c0/grade.json")
+    assert not store.exists("nightly/calc-2/qwen_coder/c0/grade.json")
+    assert json.loads(store.get_bytes("nightly/calc-1/qwen_coder/c0/grade.json"))["resolved"] is True
     with pytest.raises(FileNotFoundError):
-        store.get_bytes("nightly/calc-1/qwen_coder/nothing.txt")
+        store.get_bytes("nightly/calc-1/qwen_coder/c0/nothing.txt")
 
 
 def test_s3_store_from_settings_and_a_task_file_read_from_s3(seaweed: SeaweedServer) -> None:

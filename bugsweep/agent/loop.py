@@ -53,13 +53,15 @@ def run_agent(
     protected_paths: Iterable[str] = (),
     policy: Policy | None = None,
     progress: AgentProgress | None = None,
+    meta: dict[str, Any] | None = None,
 ) -> AgentResult:
     """Let the model work on `task` in `sandbox` until it finishes or a budget stops it.
 
     `test_command` is mentioned to the model in the first message; `protected_paths` (repo-relative) are refused by
     edit_file in addition to `settings.protected_globs`. `policy` defaults to the one `settings.policy` names;
     `progress`, when given, is kept up to date (turns, tokens, cost, time), so a caller whose run is interrupted
-    still has them. Raises ModelUnavailable, ConfigError or a SandboxError; the trajectory is saved before any of
+    still has them. `meta` is recorded in the trajectory's first event too (the run's configuration and its digest,
+    bugsweep.runconfig). Raises ModelUnavailable, ConfigError or a SandboxError; the trajectory is saved before any of
     them (or an interruption) propagates.
     """
     settings = settings or AgentSettings()
@@ -75,7 +77,7 @@ def run_agent(
     )
     policy, progress = policy or make_policy(settings.policy), progress or AgentProgress()
     return AgentRun(
-        task, model, settings, policy, toolbox, trajectory, progress, on_event, test_command
+        task, model, settings, policy, toolbox, trajectory, progress, on_event, test_command, meta or {}
     ).run()
 
 
@@ -92,6 +94,8 @@ class AgentRun:
     progress: AgentProgress
     on_event: Callable[[AgentEvent], None] | None = None
     test_command: str | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+    """More for the trajectory's `meta` event: the run's configuration and its digest."""
     messages: list[dict[str, Any]] = field(default_factory=list)
     """The conversation as it is sent to the model."""
     result_indices: list[int] = field(default_factory=list)
@@ -138,6 +142,7 @@ class AgentRun:
             workdir=self.toolbox.workdir,
             settings=self.settings.model_dump(mode="json"),
             tools=self.tools,
+            **self.meta,
         )
         self.append({"role": "system", "content": prompts.system_prompt(self.toolbox.workdir)})
         files, more = self.toolbox.list_files()

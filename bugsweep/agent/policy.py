@@ -4,8 +4,9 @@ The loop (loop.py) is the same for every model: ask the model, run its tool call
 budgets. Anything beyond that which changes what the model sees or what the harness does on its behalf (help for
 weak models: whole-function rewrites, trying an edit against the tests, dropping failed edits from the history,
 saying that a call failed the same way before) lives in a policy. A policy is chosen by configuration
-(`--policy`, `BUGSWEEP_POLICY`, `AgentSettings.policy`), never by a model's name; the embedded model's
-configuration defaults to `small-model` (bugsweep.embedded.ModelSpec.policy). Its name is written into the
+(`--policy`, `BUGSWEEP_POLICY`, `AgentSettings.policy`), never by a model's name; unset, it is the embedded
+model's own (`small-model`, bugsweep.embedded.ModelSpec.policy), else `plain` (bugsweep.runconfig.resolve_policy,
+the one place that decides). Its name is written into the
 trajectory (the `meta` event), grade.json (`policy`), the run summary and every comparison report, so a comparison
 can tell whether two models ran under the same harness.
 
@@ -36,13 +37,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, ClassVar
 
 from bugsweep.errors import ConfigError
+from bugsweep.runconfig import DEFAULT_POLICY, POLICY_NAMES
 
 if TYPE_CHECKING:
     from bugsweep.agent.loop import AgentRun
     from bugsweep.agent.model import ModelReply, ToolCall
     from bugsweep.agent.tools import ToolOutcome
-
-DEFAULT_POLICY = "plain"
 
 
 class Policy:
@@ -79,6 +79,8 @@ def make_policy(name: str | None) -> Policy:
 
 
 def _registry() -> dict[str, type[Policy]]:
+    """Each name of runconfig.PolicyName (the one list of them), with its class."""
     from bugsweep.agent.small_model import SmallModelPolicy
 
-    return {Policy.name: Policy, SmallModelPolicy.name: SmallModelPolicy}
+    registry: dict[str, type[Policy]] = {Policy.name: Policy, SmallModelPolicy.name: SmallModelPolicy}
+    return {name: registry[name] for name in POLICY_NAMES}

@@ -14,7 +14,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from bugsweep.cli.options import PolicyChoice, policy_option
+from bugsweep.cli.options import with_limit_options
+from bugsweep.runconfig import AgentLimits  # at run time: with_limit_options reads the annotations
 
 console = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False)
@@ -25,6 +26,7 @@ def register(app: typer.Typer) -> None:
     app.command("compare")(compare_command)
 
 
+@with_limit_options("Per run; the same for every model, unless --model-set or --model-policy says otherwise.")
 def compare_command(
     tasks: Annotated[
         str, typer.Option(help="tasks.jsonl (from `bugsweep mine`, or by hand); a path or s3://...")
@@ -55,14 +57,7 @@ def compare_command(
             "column and --max-cost (default 0, as for a self-hosted model)."
         ),
     ] = None,
-    max_turns: Annotated[int, typer.Option(min=1, help="Model replies per run before the agent stops.")] = 40,
-    max_cost: Annotated[
-        float | None, typer.Option(min=0, help="Token cost per run (USD) before the agent stops.")
-    ] = None,
     sandbox: Annotated[str, typer.Option(help="Sandbox backend: 'local' or 'runtime'.")] = "local",
-    policy: Annotated[
-        PolicyChoice, policy_option("BUGSWEEP_POLICY, else 'plain'; one for every model")
-    ] = None,
     model_policy: Annotated[
         list[str] | None,
         typer.Option(
@@ -70,12 +65,22 @@ def compare_command(
             "under different harnesses)."
         ),
     ] = None,
+    model_set: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="NAME:SETTING=VALUE: one setting of this entry only, an agent limit or an endpoint setting (e.g. "
+            "small:max_turns=20, hot:temperature=0.7). Two entries of one model with different settings are two "
+            "configurations side by side."
+        ),
+    ] = None,
+    *,
+    limits: AgentLimits,
 ) -> None:
     """Run every model on every task --runs times, each run in its own sandbox, and compare resolve rates.
 
     Runs the compare-models Prefect flow (set PREFECT_API_URL to watch it in your Prefect UI; otherwise a temporary
-    Prefect server is started for the command and stopped after it, its log in a file). Every run is graded as in a sweep and stored as NAME/TASK/MODEL/run-N in the
-    artifact store (BUGSWEEP_STORE_URL, default ./artifacts). The report (report.md, report.json and report.html,
+    Prefect server is started for the command and stopped after it, its log in a file). Every run is graded as in a sweep and stored as NAME/TASK/ENTRY/CONFIG/run-N in the
+    artifact store (CONFIG: the digest of the entry's configuration) (BUGSWEEP_STORE_URL, default ./artifacts). The report (report.md, report.json and report.html,
     one self-contained page with a chart) gives each model's resolve rate with a 95% confidence interval, paired
     per-task differences between models, turns, tokens, cost and time.
     """
@@ -87,15 +92,21 @@ def compare_command(
     if sandbox not in ("local", "runtime"):
         _fail(f"--sandbox {sandbox!r}: choose 'local' or 'runtime'")
     try:
+        from bugsweep.runconfig import resolve_policy
         from bugsweep.settings import AgentSettings
-        from flows.common import AgentLimits
         from flows.compare import ModelEntry, compare
 
         entries = [ModelEntry.parse(m) for m in model]
         apply_prices(entries, price or [])
-        apply_policies(entries, model_policy or [])
-        policy = policy or AgentSettings().policy or "plain"
+        apply_settings(entries, model_policy or [], "--model-policy", "NAME=POLICY")
+        apply_settings(entries, model_set or [], "--model-set", "NAME:SETTING=VALUE")
+        policy = resolve_policy(limits.policy or AgentSettings().policy, embedded=False)
+        limits = limits.model_copy(update={"policy": policy})
         for entry in entries:
+            if (
+                entry.limits is not None
+            ):  # the comparison's limits, with what was set for this entry over them
+                entry.limits = limits.model_copy(update=entry.limits.model_dump(exclude_unset=True))
             entry.settings()  # fails now, not thirty runs later, when a key variable is missing
         if not tasks.startswith("s3://") and not Path(tasks).is_file():
             _fail(f"--tasks {tasks!r}: no such file")
@@ -104,8 +115,9 @@ def compare_command(
             f"{runs} run(s) each, {concurrency} at once, "
             + (
                 f"every model under policy {policy}"
-                if all(e.policy in (None, policy) for e in entries)
-                else "policies: " + ", ".join(f"{escape(e.name)} {e.policy or policy}" for e in entries)
+                if all(e.limits is None or e.limits.policy == policy for e in entries)
+                else "policies: "
+                + ", ".join(f"{escape(e.name)} {(e.limits or limits).policy}" for e in entries)
             )
         )
         with prefect_server():
@@ -117,7 +129,7 @@ def compare_command(
                 report_dir=out,
                 name=name,
                 sandbox=sandbox,  # type: ignore[arg-type]
-                limits=AgentLimits(max_turns=max_turns, max_cost_usd=max_cost, policy=policy),
+                limits=limits,
             )
     except BugsweepError as exc:
         _fail(str(exc))
@@ -162,19 +174,28 @@ def apply_prices(entries: list[Any], prices: list[str]) -> None:
         by_name[name].price_prompt_per_mtok, by_name[name].price_completion_per_mtok = prompt, completion
 
 
-def apply_policies(entries: list[Any], policies: list[str]) -> None:
-    """Set each `--model-policy NAME=POLICY` on the model entry of that name."""
-    from bugsweep.agent.policy import policy_names
+def apply_settings(entries: list[Any], settings: list[str], option: str, form: str) -> None:
+    """Set each `NAME:SETTING=VALUE` (or, for --model-policy, `NAME=POLICY`) on the model entry of that name
+    (ModelEntry.set checks the setting and its value)."""
+    from pydantic import ValidationError
+
+    from bugsweep.errors import ConfigError
 
     by_name = {e.name: e for e in entries}
-    for text in policies:
-        name, _, chosen = text.partition("=")
-        if name not in by_name or chosen not in policy_names():
-            _fail(
-                f"--model-policy {text!r}: expected NAME=POLICY for one of the --model names, POLICY one of "
-                f"{', '.join(policy_names())}"
-            )
-        by_name[name].policy = chosen
+    for text in settings:
+        if form == "NAME=POLICY":
+            name, sep, value = text.partition("=")
+            field = "policy"
+        else:
+            name, _, assignment = text.partition(":")
+            field, sep, value = assignment.partition("=")
+        if name not in by_name or not sep:
+            _fail(f"{option} {text!r}: expected {form} for one of the --model names")
+        try:
+            by_name[name].set(field.strip(), value.strip())
+        except (ConfigError, ValidationError) as exc:
+            problem = exc.errors()[0]["msg"] if isinstance(exc, ValidationError) else str(exc)
+            _fail(f"{option} {text!r}: {problem}")
 
 
 def _fail(message: str) -> NoReturn:

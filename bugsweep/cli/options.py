@@ -1,22 +1,81 @@
-"""Options that several commands share, declared once. Nothing heavy is imported here: `bugsweep --help` stays fast."""
+"""Options that several commands share, made from the one declaration of a run's settings (bugsweep/runconfig.py).
+
+`with_limit_options` gives a command one option per field of `AgentLimits` (`--max-turns`, `--max-total-tokens`,
+`--max-cost-usd`, `--max-wall-s`, `--policy`), with the field's own description as its help, so the command line
+offers what the flows' `limits` parameter and BUGSWEEP_* offer, and nothing is kept in step by hand. Only pydantic
+is imported for them (not prefect, openai or boto3): `bugsweep --help` stays fast.
+"""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import functools
+import inspect
+from collections.abc import Callable
+from typing import Annotated, Any, get_args
 
+import annotated_types
 import typer
+from pydantic import ValidationError
 
-PolicyChoice = Literal["plain", "small-model"] | None
-"""The --policy choices: the names of bugsweep.settings.PolicyName, spelt out so that pydantic is not imported for
-`--help` (a test checks that the two agree)."""
+from bugsweep.runconfig import AgentLimits
 
-EMBEDDED_OR_PLAIN = "BUGSWEEP_POLICY, else 'small-model' for the embedded model and 'plain' for any other"
+#: Older spellings, still accepted.
+ALIASES = {"max_cost_usd": ("--max-cost",)}
 
 
-def policy_option(default: str) -> Any:
-    """The --policy option, saying what its default is for this command."""
-    return typer.Option(
-        help="What the harness does for the model beyond the plain loop (bugsweep/agent/policy.py): 'plain', or "
-        "'small-model' (whole-function edits tried against the tests, failed edits dropped from the history). "
-        f"Default: {default}. Recorded in grade.json and every report."
-    )
+def option_name(field: str) -> str:
+    return "--" + field.replace("_", "-")
+
+
+def limit_parameters(defaults: str) -> list[inspect.Parameter]:
+    """One keyword parameter per AgentLimits field, its typer option made from the field (type, bounds, help)."""
+    params = []
+    for name, field in AgentLimits.model_fields.items():
+        kind: Any = next((a for a in get_args(field.annotation) if a is not type(None)), field.annotation)
+        low: Any = None  # typer checks the lower bounds (inclusive); pydantic the rest, below
+        for rule in field.metadata:
+            if isinstance(rule, annotated_types.Ge):
+                low = rule.ge
+            elif isinstance(rule, annotated_types.Gt) and kind is int:
+                low = int(rule.gt) + 1  # type: ignore[call-overload]
+        default = "" if field.default is None else f" Default: {field.default}."
+        help_text = " ".join((field.description or "").split()) + (default if name != "policy" else "")
+        option = typer.Option(
+            option_name(name), *ALIASES.get(name, ()), help=f"{help_text} {defaults}", min=low
+        )
+        params.append(
+            inspect.Parameter(
+                name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Annotated[kind | None, option]
+            )
+        )
+    return params
+
+
+def with_limit_options(defaults: str = "") -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorate a command taking `limits: AgentLimits`: its options become one per AgentLimits field, and the
+    command gets an AgentLimits of the values given (`limits.model_fields_set` says which were). `defaults` is added
+    to each option's help (e.g. where an unset value comes from for this command)."""
+
+    def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
+        signature = inspect.signature(command, eval_str=True)
+        own = [p for p in signature.parameters.values() if p.name != "limits"]
+        added = limit_parameters(defaults)
+
+        @functools.wraps(command)
+        def wrapper(**kwargs: Any) -> Any:
+            given = {p.name: kwargs.pop(p.name) for p in added}
+            try:
+                limits = AgentLimits(**{k: v for k, v in given.items() if v is not None})
+            except ValidationError as exc:
+                problem = exc.errors()[0]
+                raise typer.BadParameter(
+                    problem["msg"], param_hint=option_name(str(problem["loc"][0]))
+                ) from None
+            return command(**kwargs, limits=limits)
+
+        del wrapper.__wrapped__  # typer reads the signature below, not the command's own
+        wrapper.__signature__ = signature.replace(parameters=[*own, *added])  # type: ignore[attr-defined]
+        wrapper.__annotations__ = {p.name: p.annotation for p in [*own, *added]}
+        return wrapper
+
+    return decorate

@@ -22,7 +22,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from bugsweep.cli.options import EMBEDDED_OR_PLAIN, PolicyChoice, policy_option
+from bugsweep.cli.options import with_limit_options
+from bugsweep.runconfig import AgentLimits  # at run time: with_limit_options reads the annotations
 
 console = Console(highlight=False)
 err = Console(stderr=True, highlight=False)
@@ -139,6 +140,7 @@ def _wait_until_healthy(server: subprocess.Popen[bytes], url: str, log_path: Pat
 # -- sweep --------------------------------------------------------------------------------------------------------
 
 
+@with_limit_options("Per task.")
 def sweep_command(
     tasks: Annotated[
         str | None, typer.Option(help="A tasks.jsonl file (local path or s3://BUCKET/KEY).")
@@ -172,22 +174,27 @@ def sweep_command(
             "else ./artifacts)."
         ),
     ] = None,
-    max_turns: Annotated[int, typer.Option(min=1, help="Model replies per task.")] = 40,
-    max_cost: Annotated[float | None, typer.Option(min=0, help="USD per task.")] = None,
     on_workers: Annotated[
         bool, typer.Option(help="Run each task as a run of the solve-bug deployment, on the pool's workers.")
     ] = False,
     redo: Annotated[
-        bool, typer.Option(help="Run tasks again even if already graded for this model.")
+        bool,
+        typer.Option(
+            help="Run tasks again even if already graded under this configuration (other configurations' grades "
+            "are kept)."
+        ),
     ] = False,
-    policy: Annotated[PolicyChoice, policy_option(EMBEDDED_OR_PLAIN)] = None,
+    *,
+    limits: AgentLimits,
 ) -> None:
-    """Run many tasks at once, each graded and uploaded; tasks already graded for this model are skipped.
+    """Run many tasks at once, each graded and uploaded; tasks already graded under this configuration are skipped.
 
     Exit code 0 when every task ran (resolved or not), 2 when any could not be run or stored (the sweep is FAILED).
 
     Tasks come from a task file (as `bugsweep mine` writes it), or from a repository and branch: its tests are
-    run, and each failing test file becomes a task. Results go to the artifact store, under SWEEP/TASK/MODEL/.
+    run, and each failing test file becomes a task. Results go to the artifact store, under
+    SWEEP/TASK/MODEL/CONFIG/, CONFIG being the digest of the run's configuration (model, policy, limits, sandbox,
+    environment, bugsweep's version): a sweep under another configuration runs the tasks again and keeps both.
     """
     if (tasks is None) == (repo is None):
         _fail("give exactly one of --tasks FILE and --repo REPO")
@@ -198,7 +205,6 @@ def sweep_command(
 
     from bugsweep.discover import RepoBranch, TaskFile
     from bugsweep.errors import BugsweepError
-    from flows.common import AgentLimits
     from flows.sweep import SweepFailed, sweep
 
     source: TaskFile | RepoBranch
@@ -216,7 +222,7 @@ def sweep_command(
                 model=model,
                 sandbox=sandbox,
                 store=store,
-                limits=AgentLimits(max_turns=max_turns, max_cost_usd=max_cost, policy=policy),
+                limits=limits,
                 concurrency=concurrency,
                 run_on="workers" if on_workers else "this-process",
                 redo_graded=redo,
@@ -247,14 +253,28 @@ def _cell(grade: Any) -> str:
 
 
 def _print_grades(grades: list[Any]) -> None:
+    from bugsweep.runconfig import describe_config
+
     table = Table(title="sweep")
-    for column in ("task", "model", "resolved", "turns", "tokens", "cost (USD)", "time (s)", "note"):
+    columns = (
+        "task",
+        "model",
+        "policy",
+        "config",
+        "resolved",
+        "turns",
+        "tokens",
+        "cost (USD)",
+        "time (s)",
+        "note",
+    )
+    for column in columns:
         table.add_column(column)
     for g in grades:
         note = f"{g.failure_kind}: {g.error[:60]}" if g.error else ""
         table.add_row(
-            g.instance_id, g.model, _cell(g), str(g.turns),
-            str(g.prompt_tokens + g.completion_tokens), f"{g.cost_usd:.4f}", f"{g.wall_s:.1f}", note,
+            g.instance_id, g.model, g.policy or "-", g.config_digest or "-", _cell(g),
+            str(g.turns), str(g.prompt_tokens + g.completion_tokens), f"{g.cost_usd:.4f}", f"{g.wall_s:.1f}", note,
         )  # fmt: skip
     console.print(table)
     held = ", ".join(g.instance_id for g in grades if g.held_for_review)
@@ -264,6 +284,8 @@ def _print_grades(grades: list[Any]) -> None:
     policies = sorted({g.policy for g in grades if g.policy})
     if policies:
         console.print(f"agent policy: {', '.join(policies)}")
+    for described in sorted({describe_config(g) for g in grades if g.config_digest}):
+        console.print(f"configuration {described}", soft_wrap=True)
 
 
 # -- upload -------------------------------------------------------------------------------------------------------
@@ -438,6 +460,7 @@ def blocks_create(
     _hint_server()
     import blocks
     from blocks import LocalSandbox, ModelEndpoint, RuntimeSandbox
+    from bugsweep.runconfig import SandboxLimits
     from bugsweep.sandbox.runtime import RuntimeSettings
     from bugsweep.settings import ModelSettings, SandboxSettings
     from bugsweep.storage import StoreSettings, split_s3_uri
@@ -464,11 +487,7 @@ def blocks_create(
         )
 
     sandbox = SandboxSettings()
-    local = LocalSandbox(
-        memory_mib=sandbox.memory_mib,
-        max_processes=sandbox.max_processes,
-        setup_network=sandbox.setup_network,
-    )
+    local = LocalSandbox(**sandbox.model_dump(include=set(SandboxLimits.model_fields)))
     save(local, blocks.LOCAL_SANDBOX_BLOCK, f"{sandbox.memory_mib} MiB, {sandbox.max_processes} processes")
 
     runtime = RuntimeSettings()  # type: ignore[call-arg]

@@ -21,14 +21,16 @@ from rich.console import Console
 from rich.markup import escape
 from rich.syntax import Syntax
 
-from bugsweep.cli.options import EMBEDDED_OR_PLAIN, PolicyChoice, policy_option
+from bugsweep.cli.options import with_limit_options
+from bugsweep.runconfig import AgentLimits  # at run time: with_limit_options reads the annotations
 
 if TYPE_CHECKING:
     from bugsweep.agent.loop import AgentEvent
 
 EXIT_RESOLVED, EXIT_NOT_RESOLVED, EXIT_COULD_NOT_RUN = 0, 1, 2
 
-DEFAULT_POLICY = "plain"
+#: Where an option left unset comes from, for solve and demo.
+FROM_ENVIRONMENT = "Unset: the BUGSWEEP_* variable of that name, else the default."
 
 DEMO_TASK = "tests/test_dates.py fails on leap years. Fix the code."
 DEMO_TEST_COMMAND = "python -m pytest -q"
@@ -44,6 +46,7 @@ def register(app: typer.Typer) -> None:
     app.command("demo")(demo_command)
 
 
+@with_limit_options(FROM_ENVIRONMENT)
 def solve_command(
     repo: Annotated[str, typer.Option(help="Local path or git URL of the repository with the bug.")],
     task: Annotated[str, typer.Option(help="What is wrong, in words, as you would tell a colleague.")],
@@ -74,16 +77,11 @@ def solve_command(
         Path | None,
         typer.Option(help="Folder for grade.json, patch.diff, trajectory.json and the test logs."),
     ] = None,
-    max_turns: Annotated[
-        int | None, typer.Option(min=1, help="Model replies before the agent stops (default 40).")
-    ] = None,
     sandbox: Annotated[
         str, typer.Option(help="Sandbox backend: 'local' (bubblewrap) or 'runtime'.")
     ] = "local",
-    max_cost: Annotated[
-        float | None, typer.Option(min=0, help="Stop when the token cost passes this many USD.")
-    ] = None,
-    policy: Annotated[PolicyChoice, policy_option(EMBEDDED_OR_PLAIN)] = None,
+    *,
+    limits: AgentLimits,
 ) -> None:
     """Fix a bug in a sandbox and grade the fix: tests must fail before, pass after, with test files untouched.
 
@@ -103,19 +101,16 @@ def solve_command(
         setup_command=setup_command,
         python=python,
     )
-    raise typer.Exit(
-        run_one(spec, out=out, max_turns=max_turns, backend=sandbox, max_cost=max_cost, policy=policy)
-    )
+    raise typer.Exit(run_one(spec, out=out, limits=limits, backend=sandbox))
 
 
+@with_limit_options(FROM_ENVIRONMENT)
 def demo_command(
     out: Annotated[
         Path | None, typer.Option(help="Folder for the run's outputs (default: ./runs/demo-...).")
     ] = None,
-    max_turns: Annotated[
-        int | None, typer.Option(min=1, help="Model replies before the agent stops.")
-    ] = None,
-    policy: Annotated[PolicyChoice, policy_option(EMBEDDED_OR_PLAIN)] = None,
+    *,
+    limits: AgentLimits,
 ) -> None:
     """Solve the bundled example: a calendar module whose leap-year rule is wrong, with a failing test.
 
@@ -136,11 +131,10 @@ def demo_command(
         code = run_one(
             spec,
             out=out,
-            max_turns=max_turns,
+            limits=limits,
             backend="local",
             show_patch=True,
             out_prefix="demo",
-            policy=policy,
         )
     finally:
         shutil.rmtree(repo, ignore_errors=True)
@@ -170,14 +164,12 @@ def run_one(
     spec: Any,
     *,
     out: Path | None,
-    max_turns: int | None,
+    limits: AgentLimits,
     backend: str,
-    max_cost: float | None = None,
     show_patch: bool = False,
     out_prefix: str | None = None,
-    policy: str | None = None,
 ) -> int:
-    """Solve one task with progress output; returns the exit code."""
+    """Solve one task with progress output; returns the exit code. The limits given override BUGSWEEP_*."""
     from pydantic import ValidationError
 
     from bugsweep.cli.exits import (
@@ -191,29 +183,27 @@ def run_one(
     )
     from bugsweep.errors import BugsweepError, ConfigError
     from bugsweep.pipeline import solve_task
+    from bugsweep.runconfig import RunConfig, resolve_policy
     from bugsweep.sandbox import get_provider
     from bugsweep.settings import AgentSettings, ModelSettings
 
     out_dir = out or default_out_dir(out_prefix or spec.instance_id)
-    overrides: dict[str, Any] = {"max_turns": max_turns, "max_cost_usd": max_cost, "policy": policy}
     try:
-        agent_settings = AgentSettings(**{k: v for k, v in overrides.items() if v is not None})
+        agent_settings = AgentSettings(**limits.model_dump(include=limits.model_fields_set))
         model_settings = ModelSettings()
     except ValidationError as exc:
         return could_not_run(settings_problem(exc), "configuration")
     try:
         with sigterm_as_interrupt():
             provider = get_provider(backend)
-            if not model_settings.base_url and agent_settings.policy is None:
-                from bugsweep.embedded import (
-                    DEFAULT_MODEL,
-                )  # the embedded model's configuration names its policy
-
-                agent_settings.policy = DEFAULT_MODEL.policy
+            agent_settings.policy = resolve_policy(
+                agent_settings.policy, embedded=not model_settings.base_url
+            )
+            config = RunConfig.of(model_settings, agent_settings, provider)
             with model_endpoint(model_settings) as model_settings:
                 console.print(
                     f"[bold]model[/] {model_settings.model} at {model_settings.base_url}, "
-                    f"policy {agent_settings.policy or DEFAULT_POLICY}"
+                    f"policy {config.policy}, configuration {config.digest}"
                 )
                 printer = ProgressPrinter()
                 verdict = solve_task(
@@ -225,6 +215,7 @@ def run_one(
                     on_event=printer.event,
                     on_step=printer.step,
                     labels={"task": spec.instance_id[:63], "model": model_settings.model[:63]},
+                    config=config,
                 )
     except BugsweepError as exc:
         code = could_not_run(str(exc), "configuration" if isinstance(exc, ConfigError) else exc.kind)
@@ -327,7 +318,7 @@ def print_summary(verdict: Any, out_dir: Path, *, show_patch: bool = False) -> N
     console.print(
         f"  stop: {verdict.stop_reason}   turns: {verdict.turns}   tokens: {verdict.prompt_tokens} prompt + "
         f"{verdict.completion_tokens} completion   cost: {cost}   time: {verdict.wall_s:.0f}s   "
-        f"policy: {verdict.policy or '-'}"
+        f"policy: {verdict.policy or '-'}   configuration: {verdict.config_digest or '-'}"
     )
     if verdict.summary:
         console.print(

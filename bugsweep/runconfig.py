@@ -1,0 +1,225 @@
+"""What makes a run: everything that can change a verdict, declared once, written into every grade, and the key
+its results are found again by.
+
+The pieces a user sets are declared here once, and every front end is made from them or holds them:
+- `AgentLimits`: the agent's budget and policy for a run. `AgentSettings` (BUGSWEEP_*) extends it, the flows take
+  it as their `limits` parameter, and the command line's options (`--max-turns`, `--policy`, ...) are generated
+  from its fields (bugsweep/cli/options.py).
+- `ModelFields`: the model endpoint. `ModelSettings` (LLM_*), the `ModelEndpoint` block and compare's model entries
+  extend it, each adding its key in its own way (a secret, a secret, the name of a variable).
+- `SandboxLimits`: the sandbox's limits. `SandboxSettings` (BUGSWEEP_SANDBOX_*) and the `LocalSandbox` block
+  extend it.
+
+`RunConfig` is what a run was made of: the model (never its key), the policy, the agent's limits, the sandbox
+backend and its limits, the task environment and bugsweep's version. Its `digest` (a short hash of its canonical
+JSON) names it: grade.json holds both, results are stored under SWEEP/TASK/MODEL/CONFIG, so a rerun under the same
+configuration finds its grades and one under another runs and keeps both. Only pydantic is imported here, so the
+command line can build its options from these models and `bugsweep --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import platform
+from typing import TYPE_CHECKING, Any, Literal, get_args
+
+from pydantic import BaseModel, ConfigDict, Field
+
+if TYPE_CHECKING:
+    from bugsweep.sandbox.base import SandboxProvider
+    from bugsweep.settings import AgentSettings, ModelSettings
+
+#: The agent policies (bugsweep/agent/policy.py) a run can be under. The one list of their names: the command
+#: line's choices, the flows' form and the policy registry are checked against it.
+PolicyName = Literal["plain", "small-model"]
+POLICY_NAMES: tuple[str, ...] = get_args(PolicyName)
+#: The policy of a run that names none, on any endpoint but the embedded model (whose configuration names its own).
+DEFAULT_POLICY: PolicyName = "plain"
+
+#: Field docstrings become their descriptions: the help of a command-line option and of a field in the UI's forms.
+DOCUMENTED = ConfigDict(use_attribute_docstrings=True)
+
+
+class AgentLimits(BaseModel):
+    """The agent's budget and policy for a run: what a user chooses per run, in every front end."""
+
+    model_config = DOCUMENTED
+
+    max_turns: int = Field(default=40, ge=1, title="Turns")
+    """Model replies before the run stops with stop_reason 'max_turns'."""
+    max_total_tokens: int | None = Field(default=None, ge=1, title="Tokens")
+    """Prompt plus completion tokens over the whole run; unset: no limit."""
+    max_cost_usd: float | None = Field(default=None, ge=0, title="Cost (USD)")
+    """Token cost in USD over the whole run, from the model's prices; unset: no limit."""
+    max_wall_s: float | None = Field(default=3600.0, gt=0, title="Time (seconds)")
+    """Wall-clock seconds for the agent loop; unset: no limit."""
+    policy: PolicyName | None = Field(default=None, title="Agent policy")
+    """What the harness does for the model beyond the plain loop (bugsweep/agent/policy.py): 'plain' (nothing) or
+    'small-model' (whole-function edits tried against the tests, failed edits dropped from the history). Empty:
+    BUGSWEEP_POLICY, else 'small-model' for the embedded model and 'plain' for any other endpoint. Recorded in
+    grade.json, the trajectory and every report."""
+
+
+class ModelFields(BaseModel):
+    """An OpenAI-compatible endpoint and what its tokens cost; without the key, which each holder keeps its own way."""
+
+    model_config = DOCUMENTED
+
+    base_url: str | None = None
+    """OpenAI-compatible base URL, e.g. https://api.deepseek.com/v1. Empty: the embedded model is started."""
+    model: str = "qwen2.5-coder-1.5b-instruct"
+    """Model name sent with every request."""
+    price_prompt_per_mtok: float = Field(default=0.0, ge=0)
+    """USD per million prompt tokens (0 for self-hosted models)."""
+    price_completion_per_mtok: float = Field(default=0.0, ge=0)
+    """USD per million completion tokens."""
+    price_cached_prompt_per_mtok: float | None = Field(default=None, ge=0)
+    """USD per million cached prompt tokens; empty: the prompt price."""
+    request_timeout_s: float = Field(default=600.0, gt=0)
+    """Seconds to wait for one reply (small local models on 2 cores are slow)."""
+    max_retries: int = Field(default=6, ge=0)
+    """Retries for 429, 5xx, timeouts and dropped connections (with backoff, honouring Retry-After)."""
+    max_tokens_per_reply: int = Field(default=1024, ge=1)
+    """Cap on completion tokens per reply, so a rambling model cannot stall a turn."""
+    temperature: float = Field(default=0.0, ge=0)
+    """Sampling temperature."""
+
+
+class SandboxLimits(BaseModel):
+    """A sandbox's limits: what a task's commands may use."""
+
+    model_config = DOCUMENTED
+
+    memory_mib: int = Field(default=4096, ge=64)
+    """Memory limit of a sandbox."""
+    max_processes: int = Field(default=512, ge=1)
+    """Process limit inside a sandbox (stops fork bombs)."""
+    setup_network: bool = True
+    """Whether the setup command may reach the network (e.g. pip install). Agent commands never may on 'local'.
+    On 'local' it reaches the internet through slirp4netns, never the host's loopback or private networks."""
+    disk_mib: int = 8192
+    """'local': disk quota of a sandbox (its repository changes, $HOME and /tmp together); a write past it fails
+    inside with 'No space left on device'. A task's own `disk_mib` overrides it. 0: no quota."""
+    installer: Literal["uv", "pip"] = "uv"
+    """How `pip install` in a setup command runs: 'uv' as `uv pip install` (the same packages, much faster; an
+    install uv cannot do falls back to pip), 'pip' as written. Recorded in grade.json's `environment`."""
+
+
+def resolve_policy(chosen: str | None, *, embedded: bool) -> PolicyName:
+    """The policy a run is under: the one chosen, else the embedded model's own (its configuration names it), else
+    `plain`. It never depends on a model's name. The one place the default is decided."""
+    if chosen is not None:
+        if chosen not in POLICY_NAMES:
+            from bugsweep.errors import ConfigError
+
+            raise ConfigError(f"unknown policy {chosen!r}: choose one of {', '.join(POLICY_NAMES)}")
+        return chosen  # type: ignore[return-value]  # checked against the Literal's names just above
+    if embedded:
+        from bugsweep.embedded import DEFAULT_MODEL
+
+        return DEFAULT_MODEL.policy
+    return DEFAULT_POLICY
+
+
+# -- what a run was made of -----------------------------------------------------------------------------------
+
+
+class ModelConfig(BaseModel):
+    """The model as far as it can change a verdict (never its key; not its timeout or retries)."""
+
+    base_url: str | None
+    """None: the embedded model (its address changes with every start; its name and bugsweep's version pin it)."""
+    model: str
+    temperature: float
+    max_tokens_per_reply: int
+    reasoning: Literal["sent back"] = "sent back"
+    """A reasoning model's reasoning text (DeepSeek's reasoning_content) goes back with its message."""
+    prices: dict[str, float | None] | None = None
+    """USD per million prompt, completion and cached prompt tokens, only under a cost limit (`max_cost_usd`), where
+    they decide when the run stops; None without one."""
+
+
+#: A model's prices: part of a run's configuration only under a cost limit.
+PRICE_FIELDS = {"price_prompt_per_mtok", "price_completion_per_mtok", "price_cached_prompt_per_mtok"}
+#: What of a Runtime microVM can change a verdict.
+RUNTIME_FIELDS = {"vcpu", "memory_mib", "disk_mib", "image", "isolate_network"}
+
+
+class SandboxConfig(SandboxLimits):
+    """The sandbox backend and its limits."""
+
+    backend: str
+    workdir: str
+    """Where the repository lives inside the sandbox (the model reads it in every prompt)."""
+    runtime: dict[str, Any] | None = None
+    """'runtime': the microVM's size, image and network (bugsweep.sandbox.runtime.RuntimeSettings; not its key)."""
+
+
+class EnvironmentConfig(BaseModel):
+    """The task environment a task without its own interpreter gets."""
+
+    python: str
+    """The interpreter bugsweep runs on (a task's own `python`, in task.json, overrides it)."""
+
+
+class RunConfig(BaseModel):
+    """Everything that can change a verdict, and nothing secret. Written into grade.json with its digest."""
+
+    model: ModelConfig
+    policy: PolicyName
+    agent: dict[str, Any]
+    """Every agent setting but the policy (bugsweep.settings.AgentSettings): limits, tool output sizes, protected
+    files, rewrite samples."""
+    sandbox: SandboxConfig
+    environment: EnvironmentConfig
+    bugsweep_version: str
+
+    @classmethod
+    def of(cls, model: ModelSettings, agent: AgentSettings, provider: SandboxProvider) -> RunConfig:
+        """The configuration of a run with these settings and sandboxes; `model` as configured (base_url None for
+        the embedded model, before its address is known), `agent.policy` resolved (`resolve_policy`)."""
+        from bugsweep import __version__
+        from bugsweep.settings import SandboxSettings
+
+        if agent.policy is None:
+            raise ValueError("resolve the policy (runconfig.resolve_policy) before making a RunConfig")
+        sandbox = getattr(provider, "settings", None) or SandboxSettings()
+        runtime = getattr(provider, "runtime_settings", None)
+        limits = sandbox.model_dump(include=set(SandboxLimits.model_fields))
+        return cls(
+            model=ModelConfig(
+                **model.model_dump(include=set(ModelConfig.model_fields)),
+                prices=None if agent.max_cost_usd is None else model.model_dump(include=PRICE_FIELDS),
+            ),
+            policy=agent.policy,
+            agent=agent.model_dump(mode="json", exclude={"policy"}),
+            sandbox=SandboxConfig(
+                backend=provider.name,
+                workdir=sandbox.workdir,
+                runtime=runtime.model_dump(include=RUNTIME_FIELDS) if runtime is not None else None,
+                **limits,
+            ),
+            environment=EnvironmentConfig(
+                python=f"{platform.python_implementation()} {platform.python_version()}"
+            ),
+            bugsweep_version=__version__,
+        )
+
+    def canonical_json(self) -> str:
+        return json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+
+    @property
+    def digest(self) -> str:
+        """12 hex digits of the SHA-256 of the canonical JSON: the same settings give the same digest anywhere."""
+        return hashlib.sha256(self.canonical_json().encode()).hexdigest()[:12]
+
+
+def describe_config(grade: Any) -> str:
+    """One line for summaries: a grade's configuration digest, and what most often differs between two."""
+    config = grade.config or {}
+    model, agent = config.get("model", {}), config.get("agent", {})
+    return (
+        f"{grade.config_digest}: {model.get('model', grade.model)}, policy {config.get('policy', grade.policy)}, "
+        f"{agent.get('max_turns')} turns, temperature {model.get('temperature')}"
+    )

@@ -1,0 +1,389 @@
+"""What makes a run (bugsweep.runconfig): declared once, written into every grade, and the key results are found by.
+
+Without Prefect: the digest (what changes it, what never enters it), and a check that every front end (command
+line, flow parameters, blocks, compare's model entries, the environment's settings) offers the same settings with
+the same rules, made from the one declaration.
+
+With Prefect (a test server, prefect_test_harness): the issue's two sweeps, a rerun and a --redo, and a comparison
+of two configurations of one model, as a user runs them with `bugsweep sweep` and `bugsweep compare`. Real parts:
+the local sandbox (bubblewrap + overlayfs), real pytest on a real git repository, a local-folder artifact store.
+Stand-in: the model is the scripted OpenAI-compatible server (tests/support/scripted_model.py), which replays tool
+calls; it is not a model.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from pydantic import SecretStr
+
+from bugsweep.spec import TaskSpec, dump_tasks
+from tests.support.repos import PYTEST_SETUP
+from tests.support.scripted_model import tool_call
+
+pytest_plugins = ["tests.support.prefect_server"]
+
+SECRET = "sk-runconfig-SECRET-never-written"
+FIX = tool_call("edit_file", path="calc.py", old="return a - b", new="return a + b")
+
+
+def fixer(body: dict[str, Any]) -> dict[str, Any]:
+    """Any number of runs at once: fix on a run's first turn, finish on its next."""
+    if any(m.get("role") == "tool" for m in body["messages"]):
+        return tool_call("finish", summary="add() now adds")
+    return FIX
+
+
+def config(**changes: dict[str, Any]) -> Any:
+    from bugsweep.runconfig import RunConfig
+    from bugsweep.settings import AgentSettings, ModelSettings, SandboxSettings
+
+    model = ModelSettings(
+        **{
+            "base_url": "http://models/v1",
+            "model": "m",
+            "api_key": SecretStr(SECRET),
+            **changes.get("model", {}),
+        }
+    )
+    agent = AgentSettings(**{"policy": "plain", **changes.get("agent", {})})
+    provider = SimpleNamespace(name="local", settings=SandboxSettings(**changes.get("sandbox", {})))
+    return RunConfig.of(model, agent, provider)  # type: ignore[arg-type]
+
+
+def test_the_digest_names_what_can_change_a_verdict_and_never_the_key() -> None:
+    base = config()
+    assert base.digest == config().digest and len(base.digest) == 12, "the same settings, the same digest"
+    assert SECRET not in base.canonical_json() and SECRET not in base.model_dump_json()
+    for changed in (
+        {"agent": {"max_turns": 30}},
+        {"agent": {"policy": "small-model"}},
+        {"agent": {"max_cost_usd": 1.0}},
+        {"model": {"temperature": 0.7}},
+        {"model": {"max_tokens_per_reply": 512}},
+        {"model": {"model": "other"}},
+        {"sandbox": {"memory_mib": 2048}},
+        {"sandbox": {"installer": "pip"}},
+    ):
+        assert config(**changed).digest != base.digest, changed
+    for unchanged in (
+        {"model": {"api_key": SecretStr("sk-another")}},
+        {"model": {"request_timeout_s": 5.0}},
+        {"model": {"price_prompt_per_mtok": 3.0}},  # without a cost limit, prices decide nothing
+    ):
+        assert config(**unchanged).digest == base.digest, unchanged
+    capped = {"max_cost_usd": 1.0}
+    assert config(agent=capped, model={"price_prompt_per_mtok": 3.0}).digest != config(agent=capped).digest, (
+        "under a cost limit the prices decide when the run stops"
+    )
+
+
+def test_every_front_end_offers_the_same_settings_with_the_same_rules() -> None:
+    """Fails when a setting exists in one front end (command line, flow parameters, blocks, compare's entries, the
+    environment) and not the others, or with other bounds or defaults there: each must be made from the one
+    declaration in bugsweep/runconfig.py."""
+    import inspect
+    from typing import get_args
+
+    import typer
+
+    from blocks import LocalSandbox, ModelEndpoint
+    from bugsweep.agent.policy import policy_names
+    from bugsweep.cli import app
+    from bugsweep.runconfig import POLICY_NAMES, AgentLimits, ModelFields, SandboxLimits
+    from bugsweep.settings import AgentSettings, ModelSettings, SandboxSettings
+    from flows.compare import ModelEntry, compare_models
+    from flows.solve_bug import solve_bug
+    from flows.sweep import sweep
+
+    limits = set(AgentLimits.model_fields)
+    commands = typer.main.get_command(app).commands  # type: ignore[attr-defined]
+    for name in ("solve", "demo", "sweep", "compare"):
+        options = {p.name: p for p in commands[name].params if p.param_type_name == "option"}
+        assert limits <= set(options), f"`bugsweep {name}` lacks {limits - set(options)}"
+        choice = inspect.signature(commands[name].callback).parameters["policy"].annotation
+        assert [n for arg in get_args(get_args(choice)[0]) for n in get_args(arg)] == list(POLICY_NAMES)
+    for flow in (sweep, solve_bug, compare_models):
+        schema = flow.parameters.model_dump()["definitions"]["AgentLimits"]["properties"]
+        assert set(schema) == limits, f"flow {flow.name}'s limits: {set(schema) ^ limits}"
+    assert list(POLICY_NAMES) == policy_names(), "every policy name has its policy, and no other"
+
+    # (declaration, the holders that must offer every one of its fields with the same rules)
+    holders: list[tuple[Any, list[Any]]] = [
+        (AgentLimits, [AgentSettings]),
+        (ModelFields, [ModelSettings, ModelEndpoint, ModelEntry]),
+        (SandboxLimits, [SandboxSettings, LocalSandbox]),
+    ]
+    for declared, others in holders:
+        for holder in others:
+            missing = set(declared.model_fields) - set(holder.model_fields)
+            assert not missing, f"{holder.__name__} lacks {missing}"
+            for name, field in declared.model_fields.items():
+                if holder is ModelEntry and name in ("base_url", "model"):
+                    continue  # an entry must name its endpoint; its model id defaults to its name
+                theirs = holder.model_fields[name]
+                assert (theirs.annotation, theirs.default, theirs.metadata) == (
+                    field.annotation,
+                    field.default,
+                    field.metadata,
+                ), f"{holder.__name__}.{name} differs from {declared.__name__}.{name}"
+    # the blocks hold exactly what the environment's settings hold (the model's key included), nothing else
+    assert set(ModelEndpoint.model_fields) == set(ModelSettings.model_fields)
+    assert set(LocalSandbox.model_fields) == set(SandboxLimits.model_fields)
+    assert ModelEntry.model_fields["limits"].annotation == AgentLimits | None
+
+
+#: Each command's options that are not agent limits, and the flow parameter each one fills (None: the command
+#: offers it where the flow has none, with the reason). A new option or parameter must be added here, in both
+#: front ends, or the test below fails.
+COMMAND_TO_FLOW: dict[str, dict[str, str | None]] = {
+    "sweep": {
+        "tasks": "source", "repo": "source", "branch": "source", "test_command": "source", "setup_command": "source",
+        "name": "name", "concurrency": "concurrency", "sandbox": "sandbox", "model_block": "model",
+        "store_block": "store", "on_workers": "run_on", "redo": "redo_graded",
+    },
+    "compare": {
+        "tasks": "source", "model": "models", "price": "models", "model_policy": "models", "model_set": "models",
+        "runs": "runs", "concurrency": "concurrency", "out": "report_dir", "name": "name", "sandbox": "sandbox",
+    },
+    "solve": {
+        "repo": "repo", "task": "problem", "test_command": "test_command", "setup_command": "setup_command",
+        "ref": "ref", "python": "task", "sandbox": "sandbox", "out": None,  # a run folder on this machine
+    },
+}  # fmt: skip
+#: Flow parameters a command does not offer, and why.
+FLOW_ONLY = {
+    "sweep": {"deployment"},  # the solve-bug deployment a sweep on workers uses: `bugsweep deploy` makes it
+    "compare": {"store"},  # the command uses BUGSWEEP_STORE_URL
+    "solve": {
+        "sweep",
+        "model",
+        "store",
+    },  # the command writes a local run folder and takes the model from LLM_*
+}
+
+
+def test_each_command_and_its_flow_offer_the_same_settings() -> None:
+    """Fails when a command gains an option its flow lacks, or a flow a parameter its command lacks (unless both
+    tables above say why)."""
+    import inspect
+
+    import typer
+
+    from bugsweep.cli import app
+    from bugsweep.runconfig import AgentLimits
+    from flows.compare import compare_models
+    from flows.solve_bug import solve_bug
+    from flows.sweep import sweep
+
+    commands = typer.main.get_command(app).commands  # type: ignore[attr-defined]
+    for name, flow in (("sweep", sweep), ("compare", compare_models), ("solve", solve_bug)):
+        options = {p.name for p in commands[name].params} - set(AgentLimits.model_fields)
+        assert options == set(COMMAND_TO_FLOW[name]), (
+            f"`bugsweep {name}`: {options ^ set(COMMAND_TO_FLOW[name])}"
+        )
+        parameters = set(inspect.signature(flow.fn).parameters) - {"limits"}
+        filled = {p for p in COMMAND_TO_FLOW[name].values() if p} | FLOW_ONLY[name]
+        assert parameters == filled, f"flow {flow.name}: {parameters ^ filled}"
+
+
+@pytest.mark.parametrize(
+    ("option", "says"),
+    [
+        (["--model-set", "a:bogus=1"], "'bogus' is not a setting of a model entry"),
+        (["--model-set", "a:max_turns=0"], "greater than or equal to 1"),
+        (["--model-set", "b:max_turns=3"], "expected NAME:SETTING=VALUE for one of the --model names"),
+        (["--model-policy", "a=bogus"], "--model-policy 'a=bogus': Input should be 'plain' or 'small-model'"),
+    ],
+)
+def test_a_bad_entry_setting_is_refused_before_anything_runs(
+    tmp_path: Path, option: list[str], says: str
+) -> None:
+    from typer.testing import CliRunner
+
+    from bugsweep.cli import app
+
+    tasks = tmp_path / "t.jsonl"
+    tasks.write_text("")
+    result = CliRunner().invoke(app, ["compare", "--tasks", str(tasks), "--model", "a=http://h/v1", *option])
+    assert result.exit_code == 2 and says in " ".join(result.output.split()), result.output
+
+
+def test_a_worker_that_ran_under_another_configuration_is_named_not_lost(tmp_path: Path) -> None:
+    """A sweep on workers reads each solve-bug run's grade at SWEEP/TASK/MODEL/CONFIG. A worker whose own settings
+    make another configuration stores it under another digest: the task fails as a configuration problem naming
+    both digests (no Prefect server: `collect` is a plain function)."""
+    from bugsweep.grading import Grade
+    from bugsweep.runconfig import RunConfig
+    from bugsweep.settings import AgentSettings, ModelSettings, SandboxSettings
+    from bugsweep.storage import LocalStore
+    from flows.common import RunSetup
+    from flows.sweep import collect
+
+    model, agent = ModelSettings(base_url="http://models/v1", model="m"), AgentSettings(policy="plain")
+    provider = SimpleNamespace(name="local", settings=SandboxSettings())
+    store = LocalStore(tmp_path / "store")
+    run = RunSetup(model, agent, provider, store, tmp_path / "local", RunConfig.of(model, agent, provider))  # type: ignore[arg-type]
+    spec = calc_task(tmp_path, "calc-w")
+    ended = SimpleNamespace(name="Completed")
+
+    def written(digest: str, flow_run: str) -> None:
+        store.put_bytes(f"s/calc-w/m/{digest}/run.json", json.dumps({"flow_run_id": flow_run}).encode())
+        grade = Grade(instance_id="calc-w", model="m", resolved=True, config_digest=digest)
+        store.put_bytes(f"s/calc-w/m/{digest}/grade.json", grade.model_dump_json().encode())
+
+    written("0123456789ab", "run-1")
+    lost = collect(spec, "run-1", ended, run, "s", started=0.0)
+    assert lost.grade.failure_kind == "config" and "0123456789ab" in (lost.grade.error or "")
+    assert run.config.digest in (lost.grade.error or "") and lost.grade.config_digest == run.config.digest
+
+    written(run.config.digest, "run-2")
+    found = collect(spec, "run-2", ended, run, "s", started=0.0)
+    assert (
+        found.grade.resolved
+        and found.stored_at
+        and found.stored_at.endswith(f"s/calc-w/m/{run.config.digest}")
+    )
+
+
+# -- with Prefect: sweeps and a comparison under two configurations -------------------------------------------
+
+
+def calc_task(repo: Path, instance_id: str) -> TaskSpec:
+    return TaskSpec(
+        instance_id=instance_id,
+        repo=str(repo),
+        problem_statement="tests/test_calc.py::test_add fails: add() returns the wrong result. Fix the code.",
+        test_command="python -m pytest -q",
+        setup_command=PYTEST_SETUP,
+    )
+
+
+@pytest.fixture
+def user_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, scripted_model: Any) -> Any:
+    """A user's environment: the model from LLM_* (the scripted stand-in server), artifacts in a local folder."""
+    server = scripted_model([fixer] * 60)
+    monkeypatch.setenv("LLM_BASE_URL", server.base_url)
+    monkeypatch.setenv("LLM_MODEL", "scripted-model")
+    monkeypatch.setenv("LLM_API_KEY", SECRET)
+    monkeypatch.setenv("BUGSWEEP_STORE_URL", str(tmp_path / "artifacts"))
+    monkeypatch.setenv("COLUMNS", "250")
+    return server
+
+
+def run_cli(*args: str) -> str:
+    from typer.testing import CliRunner
+
+    from bugsweep.cli import app
+
+    result = CliRunner().invoke(app, list(args))
+    assert result.exit_code == 0, result.output
+    assert SECRET not in result.output
+    return " ".join(result.output.split())
+
+
+@pytest.mark.prefect
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="the local sandbox needs bubblewrap")
+def test_a_sweep_under_another_configuration_runs_again_and_keeps_both(
+    prefect_harness: None, user_env: Any, buggy_repo: Path, tmp_path: Path
+) -> None:
+    """The issue's steps: `sweep --policy plain --max-turns 10`, then `--policy small-model --max-turns 30`. The
+    second runs the task (it used to run nothing and return the first one's grade), both grades are kept under
+    their configurations' digests, and the summary shows both. The same configuration again skips the task;
+    `--redo` runs it again and replaces only that configuration's grade."""
+    from prefect.artifacts import Artifact
+
+    from tasks.steps import OTHER_CONFIGURATION
+
+    server = user_env
+    tasks = tmp_path / "configs.jsonl"
+    dump_tasks([calc_task(buggy_repo, "calc-t")], tasks)
+    folder = tmp_path / "artifacts" / "configs" / "calc-t" / "scripted-model"  # SWEEP/TASK/MODEL/CONFIG
+
+    def sweep(*options: str) -> tuple[str, int]:
+        before = len(server.requests)
+        output = run_cli("sweep", "--tasks", str(tasks), *options)
+        return output, len(server.requests) - before
+
+    def stored() -> dict[str, dict[str, Any]]:
+        return {p.parent.name: json.loads(p.read_text()) for p in folder.glob("*/grade.json")}
+
+    first, asked = sweep("--policy", "plain", "--max-turns", "10")
+    assert asked > 0 and "agent policy: plain" in first
+    ((plain, plain_grade),) = stored().items()
+    assert plain_grade["config_digest"] == plain and plain_grade["policy"] == "plain"
+    assert plain_grade["config"]["agent"]["max_turns"] == 10 and plain_grade["config"]["policy"] == "plain"
+
+    second, asked = sweep("--policy", "small-model", "--max-turns", "30")
+
+    assert asked > 0, "under another configuration the task runs again"
+    grades = stored()
+    assert set(grades) - {plain} and plain in grades, "both grades are kept"
+    (small,) = set(grades) - {plain}
+    assert grades[small]["policy"] == "small-model" and grades[small]["config"]["agent"]["max_turns"] == 30
+    assert grades[plain] == plain_grade, "the first configuration's grade is untouched"
+    assert "agent policy: small-model" in second and "agent policy: plain" not in second
+    assert f"configuration {small}: scripted-model, policy small-model, 30 turns" in second
+    assert "all 1 task(s) ran" in second
+    summary = Artifact.get("sweep-configs")
+    assert summary is not None
+    text = str(summary.data)
+    assert small in text and plain in text and OTHER_CONFIGURATION in text, text
+    assert f"`{plain}` (policy plain): 1 of 1 resolved" in text and f"`{small}` (policy small-model)" in text
+    table = Artifact.get("sweep-configs-table")
+    assert table is not None and plain in str(table.data) and small in str(table.data)
+
+    again, asked = sweep("--policy", "small-model", "--max-turns", "30")
+
+    assert asked == 0, "the same configuration: the graded task is skipped"
+    assert "skipped (graded before)" in str(Artifact.get("sweep-configs").data)  # type: ignore[union-attr]
+    assert small in again
+
+    redo, asked = sweep("--policy", "small-model", "--max-turns", "30", "--redo")
+
+    assert asked > 0, "--redo runs it again"
+    grades = stored()
+    assert set(grades) == {plain, small} and grades[plain] == plain_grade, "only that configuration's grade"
+    assert grades[small]["wall_s"] != 0 and small in redo
+    for path in (tmp_path / "artifacts").rglob("*"):
+        if path.is_file():
+            assert SECRET not in path.read_text(errors="replace"), path
+
+
+@pytest.mark.prefect
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="the local sandbox needs bubblewrap")
+def test_compare_puts_two_configurations_of_one_model_side_by_side(
+    prefect_harness: None, user_env: Any, buggy_repo: Path, tmp_path: Path
+) -> None:
+    """One model (one server, one model id) as two entries: `plain` with 6 turns and `small` under the small-model
+    policy with 4. Each is its own configuration, stored and reported under its own digest."""
+    server = user_env
+    tasks = tmp_path / "pair.jsonl"
+    dump_tasks([calc_task(buggy_repo, "calc-t")], tasks)
+
+    output = run_cli(
+        "compare", "--tasks", str(tasks),
+        "--model", f"plain={server.base_url},,scripted-model", "--model", f"small={server.base_url},,scripted-model",
+        "--model-policy", "small=small-model", "--model-set", "small:max_turns=4",
+        "--runs", "1", "--concurrency", "2", "--max-turns", "6",
+    )  # fmt: skip
+
+    report_dir = tmp_path / "artifacts" / "compare-pair"
+    data = json.loads((report_dir / "report.json").read_text())
+    by_entry = {m["model"]: m for m in data["models"]}
+    assert by_entry["plain"]["policies"] == ["plain"] and by_entry["small"]["policies"] == ["small-model"]
+    ((plain,), (small,)) = by_entry["plain"]["configs"], by_entry["small"]["configs"]
+    assert plain != small and by_entry["plain"]["resolved"] == by_entry["small"]["resolved"] == 1
+    for entry, digest, turns, policy in (("plain", plain, 6, "plain"), ("small", small, 4, "small-model")):
+        grade = json.loads((report_dir / "calc-t" / entry / digest / "run-0" / "grade.json").read_text())
+        assert grade["config_digest"] == digest and grade["config"]["model"]["model"] == "scripted-model"
+        assert (grade["config"]["agent"]["max_turns"], grade["config"]["policy"]) == (turns, policy)
+    assert plain in output and small in output, "the table shows each entry's configuration"
+    assert "policies: plain plain, small small-model" in output
+    assert "did not all run under the same agent policy" in output
+    assert plain in (report_dir / "report.md").read_text()
