@@ -15,7 +15,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from bugsweep.errors import SandboxError, SetupFailed, TaskError
+from bugsweep.errors import SandboxError, TaskError, setup_failed
 from bugsweep.grading import run_tests
 from bugsweep.sandbox.base import RepoSource, SandboxProvider
 from bugsweep.spec import TaskSpec, parse_tasks
@@ -94,7 +94,7 @@ def failing_test_files(
     with sandbox:
         setup, _ = sandbox.setup_environment(setup_command, timeout=timeout, network=setup_network)
         if setup is not None and not setup.ok:  # None: nothing ran (no command, or an environment reused)
-            raise SetupFailed(f"the setup command {setup_command!r} failed: {setup.output.strip()[-1500:]}")
+            raise setup_failed(setup_command, f"exited with {setup.exit_code}", setup.output)
         head = sandbox.exec("git rev-parse HEAD", timeout=60)
         if not head.ok:
             raise SandboxError(f"could not read the commit of {branch}: {head.output.strip()[-300:]}")

@@ -12,6 +12,8 @@ An honest "not resolved" is not an error at all: it is a Grade with resolved=Fal
 
 from __future__ import annotations
 
+import re
+
 
 class BugsweepError(Exception):
     """Base class. `kind` names the family for reports and grade.json."""
@@ -49,6 +51,33 @@ class TaskError(BugsweepError):
 
 class SetupFailed(TaskError):
     """The setup command exited non-zero."""
+
+
+class SetupUnreachable(InfraError):
+    """The setup command failed because the package index or the network could not be reached: an outage, not the
+    task's fault (retried like any infrastructure failure)."""
+
+
+#: What installers print when the network, not the task, failed them: pip (urllib3's connection errors and its
+#: retry warnings), uv (reqwest's), and the resolver's own messages for an unknown or unreachable host.
+_UNREACHABLE = re.compile(
+    r"Failed to establish a new connection|Temporary failure in name resolution|Name or service not known"
+    r"|Network is unreachable|No route to host|Connection refused|Connection reset by peer|Read timed out"
+    r"|ConnectTimeoutError|NewConnectionError|ProxyError|Could not fetch URL|SSLError|error sending request for url"
+    r"|dns error|tcp connect error|Failed to fetch: `|operation timed out",
+    re.IGNORECASE,
+)
+
+
+def setup_failed(command: str, why: str, output: str) -> BugsweepError:
+    """The error for a setup command that failed: an outage (SetupUnreachable, infra) when its output shows the
+    package index or network could not be reached, else the task's own failure (SetupFailed)."""
+    tail = output.strip()[-2000:]
+    if _UNREACHABLE.search(output):
+        return SetupUnreachable(
+            f"the setup command {command!r} {why}: the package index or network could not be reached:\n{tail}"
+        )
+    return SetupFailed(f"the setup command {command!r} {why}:\n{tail}")
 
 
 class NotARealTask(TaskError):

@@ -20,11 +20,11 @@ from bugsweep.errors import (
     NotARealTask,
     SandboxError,
     SandboxGone,
-    SetupFailed,
     TaskError,
     TestCommandCannotRun,
     describe,
     failure_kind,
+    setup_failed,
 )
 from bugsweep.grading import (
     Grade,
@@ -151,7 +151,7 @@ def setup(prepared: PreparedTask, timeout: float = 1800.0, network: bool = True)
         prepared.setup_log = result.output
         if not result.ok:
             why = "timed out" if result.timed_out else f"exited with {result.exit_code}"
-            raise SetupFailed(f"the setup command {command!r} {why}:\n{result.output.strip()[-2000:]}")
+            raise setup_failed(command, why, result.output)
     elif prepared.environment.reused:
         prepared.setup_log = (
             f"$ {command}\n# not run: reused the finished task environment {prepared.environment.key} "

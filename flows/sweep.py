@@ -68,9 +68,9 @@ def sweep(
 ) -> list[Grade]:
     """Run every task of a task file (or every failing test file of a branch) and grade each.
 
-    A task that cannot be run becomes a failed grade and never stops the others; the sweep then ends Failed (an
-    outage, configuration or a crash; a task whose setup fails or whose tests already pass is the task's own
-    failure and does not fail the sweep). Tasks already graded for this model at this commit under the same sweep
+    A task that cannot be run becomes a failed grade and never stops the others; the sweep then ends Failed,
+    whatever the reason (an outage, configuration, a crash, or the task's own setup or tests), with each such task
+    and its reason in the summary: Completed means every task was graded. Tasks already graded for this model at this commit under the same sweep
     name and the same configuration (bugsweep.runconfig: model settings, policy, limits, sandbox, environment,
     bugsweep's version) are skipped, unless `redo_graded`; a sweep under another configuration runs them and keeps
     both, and its summary shows every configuration's grades. Results an earlier run kept after a failed upload
@@ -113,8 +113,8 @@ def sweep(
 
 
 class SweepFailed(BugsweepError):
-    """Ends a sweep FAILED when a task could not be run (an outage, configuration, a crash) or its result could not
-    be stored; carries every grade, so the command line still shows them."""
+    """Ends a sweep FAILED when a task could not be run (for any reason) or its result could not be stored; carries
+    every grade, so the command line still shows them."""
 
     kind = "infra"
 

@@ -226,9 +226,6 @@ def artifact_key(*parts: str) -> str:
     return re.sub(r"-+", "-", re.sub(r"[^a-z0-9]+", "-", "-".join(parts).lower())).strip("-")[:200]
 
 
-#: Failure kinds of a task that could not be run for reasons outside the task (an outage, bad configuration, a bug
-#: in bugsweep): one of them ends a sweep FAILED. A task error (setup failed, tests already pass) is the task's.
-COULD_NOT_RUN = frozenset({"infra", "config", "crash", "cancelled"})
 #: The status of a summary row that is another configuration's grade of the task, found in the store.
 OTHER_CONFIGURATION = "other configuration (graded before)"
 
@@ -237,7 +234,8 @@ def summary_row(
     verdict: Grade, *, skipped: bool = False, uploaded_to: str | None = None, upload_failed: bool = False,
     reused: bool = False, other_configuration: bool = False,
 ) -> dict[str, Any]:  # fmt: skip
-    """One row of the sweep table. `ran` is False when the task could not be run, or its result not stored."""
+    """One row of the sweep table. `ran` is False when the task has no grade (it could not be run, for any reason:
+    an outage, configuration, a crash, or the task's own setup or tests) or its result was not stored."""
     if other_configuration:
         status = OTHER_CONFIGURATION
     elif skipped:
@@ -260,20 +258,32 @@ def summary_row(
         "cost_usd": round(verdict.cost_usd, 6),
         "wall_s": round(verdict.wall_s, 1),
         "status": status,
-        "ran": verdict.failure_kind not in COULD_NOT_RUN and not upload_failed,
+        "ran": not verdict.error and not upload_failed,
+        "reason": _first_line(verdict.error) if verdict.error else ("upload failed" if upload_failed else ""),
         "artifacts": uploaded_to or "",
         "suspicious": "; ".join(verdict.suspicious[:3]),
         "held_for_review": verdict.held_for_review,
     }
 
 
+def _first_line(text: str, limit: int = 300) -> str:
+    line = next((part.strip() for part in text.splitlines() if part.strip()), "")
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+def _md_code(text: str) -> str:
+    return "`" + text.replace("`", "'") + "`"
+
+
 def sweep_outcome(rows: list[dict[str, Any]]) -> str:
-    """The sentence that says how a sweep ended, for its summary, its final state and the command line."""
+    """The sentence that says how a sweep ended, for its summary, its final state and the command line: COMPLETED
+    only when every task was graded and stored."""
     not_run = [r for r in rows if not r["ran"]]
     if not not_run:
-        return f"COMPLETED: all {len(rows)} task(s) ran"
+        return f"COMPLETED: all {len(rows)} task(s) graded"
     names = ", ".join(f"{r['task']} ({r['status']})" for r in not_run[:10])
-    return f"FAILED: {len(not_run)} of {len(rows)} task(s) could not be run or stored: {names}"
+    more = f" and {len(not_run) - 10} more" if len(not_run) > 10 else ""
+    return f"FAILED: {len(not_run)} of {len(rows)} task(s) could not be run or stored: {names}{more}"
 
 
 def _cell(row: dict[str, Any]) -> str:
@@ -318,6 +328,10 @@ def summary_markdown(sweep: str, rows: list[dict[str, Any]], location: str) -> s
             f"- {c}: {sum(1 for r in rs if r['resolved'])} of {len(rs)} resolved"
             for c, rs in by_config.items()
         ]
+    not_run = [r for r in own if not r["ran"]]
+    if not_run:
+        lines += ["", "**Could not be run or stored** (no grade: the sweep is FAILED until they are):", ""]
+        lines += [f"- {r['task']} ({r['status']}): {_md_code(r.get('reason') or '-')}" for r in not_run]
     if flagged:
         lines += [
             "",

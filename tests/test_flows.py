@@ -56,8 +56,7 @@ def calc_task(repo: Path, instance_id: str, **fields: Any) -> TaskSpec:
         instance_id=instance_id,
         repo=str(repo),
         problem_statement="tests/test_calc.py::test_add fails: add() returns the wrong result. Fix the code.",
-        test_command="python -m pytest -q",
-        **{"setup_command": PYTEST_SETUP, **fields},
+        **{"test_command": "python -m pytest -q", "setup_command": PYTEST_SETUP, **fields},
     )
 
 
@@ -316,13 +315,16 @@ def test_bugsweep_upload_puts_a_kept_run_folder_where_it_belongs(tmp_path: Path,
 # -- sweep ------------------------------------------------------------------------------------------------------
 
 
-def test_sweep_survives_a_failing_setup_and_a_rerun_skips_graded_tasks(
+def test_a_sweep_with_tasks_that_could_not_run_is_failed_and_says_why_and_a_rerun_skips_graded_tasks(
     blocks, scripted_model, buggy_repo: Path, tmp_path: Path
 ) -> None:
+    """Three tasks: one honest, one whose setup fails, one whose test program is missing. The honest one is graded
+    and stored; the sweep ends FAILED (not "all ran"), naming each task that could not run with its reason. A rerun
+    skips the graded task and tries the other two again."""
     from prefect.artifacts import Artifact
 
     from bugsweep.discover import TaskFile
-    from flows.sweep import sweep
+    from flows.sweep import SweepFailed, sweep
 
     server = scripted_model([fixer] * 20)
     made = blocks(server)
@@ -331,44 +333,52 @@ def test_sweep_survives_a_failing_setup_and_a_rerun_skips_graded_tasks(
         [
             calc_task(buggy_repo, "calc-a"),
             calc_task(buggy_repo, "calc-broken-setup", setup_command="echo 'no such package' >&2; exit 3"),
-            calc_task(buggy_repo, "calc-b"),
+            calc_task(buggy_repo, "calc-no-runner", test_command="no-such-test-program -q"),
         ],
         tasks_file,
     )
 
-    grades = sweep(source=TaskFile(path=str(tasks_file)), concurrency=2, **flow_kwargs(made))
+    with pytest.raises(SweepFailed) as failed:
+        sweep(source=TaskFile(path=str(tasks_file)), concurrency=2, **flow_kwargs(made))
 
-    by_id = {g.instance_id: g for g in grades}
-    assert by_id["calc-a"].resolved and by_id["calc-b"].resolved
+    by_id = {g.instance_id: g for g in failed.value.grades}
+    assert by_id["calc-a"].resolved
     assert (
         by_id["calc-broken-setup"].failure_kind == "task"
         and "exited with 3" in by_id["calc-broken-setup"].error
     )
+    assert by_id["calc-no-runner"].failure_kind == "task" and "cannot run" in by_id["calc-no-runner"].error
+    assert "FAILED: 2 of 3 task(s) could not be run" in str(failed.value)
     store = made["_store"]
-    for task_id, g in by_id.items():
-        assert store.exists(f"nightly/{task_id}/scripted-model/{g.config_digest}/grade.json")
+    assert store.exists(f"nightly/calc-a/scripted-model/{by_id['calc-a'].config_digest}/grade.json")
     table = Artifact.get("sweep-nightly-table")
     assert table is not None and "calc-broken-setup" in str(table.data)
-    summary = Artifact.get("sweep-nightly")
-    assert summary is not None and "**2 of 3** tasks resolved" in str(summary.data)
-    assert "COMPLETED" in str(summary.data), "a setup that fails is the task's failure, not the sweep's"
+    summary = str(Artifact.get("sweep-nightly").data)  # type: ignore[union-attr]
+    assert "**FAILED: 2 of 3 task(s) could not be run or stored" in summary and "all 3" not in summary
+    assert "**1 of 3** tasks resolved" in summary
+    reasons = summary.split("**Could not be run or stored**")[1]
+    assert "calc-broken-setup (failed (task)): `the setup command" in reasons and "exited with 3" in reasons
+    assert "calc-no-runner (failed (task)): `the test command 'no-such-test-program -q' cannot run" in reasons
     requests_after_first = len(server.requests)
 
-    again = sweep(source=TaskFile(path=str(tasks_file)), concurrency=2, **flow_kwargs(made))
+    with pytest.raises(SweepFailed) as again:
+        sweep(source=TaskFile(path=str(tasks_file)), concurrency=2, **flow_kwargs(made))
 
     assert len(server.requests) == requests_after_first, "graded tasks are not sent to the model again"
-    assert {g.instance_id: g.resolved for g in again} == {
+    assert {g.instance_id: g.resolved for g in again.value.grades} == {
         "calc-a": True,
-        "calc-b": True,
         "calc-broken-setup": False,
+        "calc-no-runner": False,
     }
-    summary = Artifact.get("sweep-nightly")
-    assert "skipped (graded before)" in str(summary.data)  # type: ignore[union-attr]
+    summary = str(Artifact.get("sweep-nightly").data)  # type: ignore[union-attr]
+    assert "calc-a | scripted-model" in summary and "skipped (graded before)" in summary
 
 
 def test_sweep_from_a_branch_makes_a_task_of_each_failing_test_file(
     blocks, scripted_model, tmp_path: Path
 ) -> None:
+    from prefect.artifacts import Artifact
+
     from bugsweep.discover import RepoBranch
     from flows.sweep import sweep
 
@@ -386,6 +396,8 @@ def test_sweep_from_a_branch_makes_a_task_of_each_failing_test_file(
     (grade,) = grades
     assert grade.instance_id == f"calc2-tests-test-calc-py-{head[:10]}"
     assert grade.resolved and grade.FAIL_TO_PASS == ["tests/test_calc.py::test_add"]
+    summary = str(Artifact.get("sweep-branch").data)  # type: ignore[union-attr]
+    assert "**COMPLETED: all 1 task(s) graded**" in summary and "Could not be run" not in summary
 
 
 # -- retries: infrastructure only ---------------------------------------------------------------------------------

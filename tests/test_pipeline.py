@@ -131,3 +131,24 @@ def test_setup_output_is_not_part_of_the_patch_and_failures_are_reported(tmp_pat
     with prepared.sandbox, pytest.raises(SetupFailed, match="exited with 3") as info:
         setup(prepared)
     assert "broken" in str(info.value)
+
+
+def test_a_setup_that_cannot_reach_the_package_index_is_an_outage_not_the_tasks_failure(tmp_path: Path) -> None:
+    """A real pip in the real sandbox, pointed at an index where nothing listens (the sandbox's own loopback): the
+    setup fails as an outage (infra, retried), while a package that does not exist on a reachable index would be
+    the task's failure (the case above)."""
+    from bugsweep.errors import SetupUnreachable, failure_kind
+
+    repo = make_repo(tmp_path / "r")
+    spec = TaskSpec(
+        repo=str(repo),
+        problem_statement="x",
+        test_command="python -m pytest -q",
+        setup_command="python -m pip install --retries 1 --timeout 5 --index-url http://127.0.0.1:9/simple "
+        "no-such-package-bugsweep",
+    )
+    prepared = prepare(spec, get_provider("local"))
+    with prepared.sandbox, pytest.raises(SetupUnreachable, match="could not be reached") as info:
+        setup(prepared)
+    assert failure_kind(info.value) == "infra"
+    assert "no-such-package-bugsweep" in str(info.value)

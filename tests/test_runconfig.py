@@ -329,7 +329,7 @@ def test_a_sweep_under_another_configuration_runs_again_and_keeps_both(
     assert grades[plain] == plain_grade, "the first configuration's grade is untouched"
     assert "agent policy: small-model" in second and "agent policy: plain" not in second
     assert f"configuration {small}: scripted-model, policy small-model, 30 turns" in second
-    assert "all 1 task(s) ran" in second
+    assert "all 1 task(s) graded" in second
     summary = Artifact.get("sweep-configs")
     assert summary is not None
     text = str(summary.data)

@@ -233,7 +233,7 @@ def sweep_command(
     except BugsweepError as exc:
         _fail(str(exc))
     _print_grades(grades)
-    console.print(f"sweep COMPLETED: all {len(grades)} task(s) ran")
+    console.print(f"sweep COMPLETED: all {len(grades)} task(s) graded")
 
 
 def _named_blocks(model_block: str | None, store_block: str | None) -> tuple[Any, Any]:
@@ -269,14 +269,18 @@ def _print_grades(grades: list[Any]) -> None:
         "note",
     )
     for column in columns:
-        table.add_column(column)
+        table.add_column(column, overflow="fold")  # whole names even in a narrow log file, never "setup-…"
     for g in grades:
-        note = f"{g.failure_kind}: {g.error[:60]}" if g.error else ""
+        note = f"could not run ({g.failure_kind})" if g.error else ""
         table.add_row(
             g.instance_id, g.model, g.policy or "-", g.config_digest or "-", _cell(g),
             str(g.turns), str(g.prompt_tokens + g.completion_tokens), f"{g.cost_usd:.4f}", f"{g.wall_s:.1f}", note,
         )  # fmt: skip
     console.print(table)
+    for g in grades:
+        if g.error:
+            reason = next((line.strip() for line in g.error.splitlines() if line.strip()), "")
+            console.print(f"could not be run: {g.instance_id} ({g.failure_kind}): {reason}", soft_wrap=True)
     held = ", ".join(g.instance_id for g in grades if g.held_for_review)
     console.print(f"{sum(g.resolved for g in grades)} of {len(grades)} resolved")
     if held:
