@@ -133,7 +133,9 @@ def test_setup_output_is_not_part_of_the_patch_and_failures_are_reported(tmp_pat
     assert "broken" in str(info.value)
 
 
-def test_a_setup_that_cannot_reach_the_package_index_is_an_outage_not_the_tasks_failure(tmp_path: Path) -> None:
+def test_a_setup_that_cannot_reach_the_package_index_is_an_outage_not_the_tasks_failure(
+    tmp_path: Path,
+) -> None:
     """A real pip in the real sandbox, pointed at an index where nothing listens (the sandbox's own loopback): the
     setup fails as an outage (infra, retried), while a package that does not exist on a reachable index would be
     the task's failure (the case above)."""
