@@ -69,7 +69,7 @@ _UNREACHABLE = re.compile(
 )
 
 
-def setup_failed(command: str, why: str, output: str) -> BugsweepError:
+def setup_failed(command: str | None, why: str, output: str) -> BugsweepError:
     """The error for a setup command that failed: an outage (SetupUnreachable, infra) when its output shows the
     package index or network could not be reached, else the task's own failure (SetupFailed)."""
     tail = output.strip()[-2000:]

@@ -546,6 +546,7 @@ def solve_task(
     trajectory.
     """
     from bugsweep.agent.loop import AgentProgress
+    from bugsweep.agent.model import ChatModel
 
     agent_settings = agent_settings or AgentSettings()
     progress = AgentProgress()
@@ -554,6 +555,9 @@ def solve_task(
     prepared: PreparedTask | None = None
     before: TestRun | None = None
     try:
+        # The endpoint first: a wrong URL, key or model name fails in seconds, not after an install.
+        step("model", {"model": model_settings.model, "base_url": model_settings.base_url})
+        ChatModel(model_settings).check()
         step("sandbox", {"backend": getattr(provider, "name", "?")})
         if spec.setup_command:
             step("setup", {"command": spec.setup_command})

@@ -20,6 +20,7 @@ from prefect_aws import S3Bucket
 from pydantic import Field
 
 from blocks import ModelEndpoint
+from bugsweep.agent.model import ChatModel
 from bugsweep.discover import RepoBranch, TaskFile
 from bugsweep.errors import BugsweepError, ConfigError, InfraError, StorageError
 from bugsweep.grading import Grade
@@ -94,6 +95,8 @@ def sweep(
     quiet_thread_timeout_warnings()
     run = load_run_config(model, sandbox, store, limits, flow_run_id=current_flow_run_id())
     sweep_name = name or default_name(source)
+    if run.model.base_url:  # a wrong URL, key or model name fails now, not after a branch's setup
+        ChatModel(run.model).check()
     upload_kept(run, sweep_name)
     list_tasks = steps.list_tasks.with_options(retry_delay_seconds=steps.retry_delays_s())
     specs = list_tasks(source, run.provider, run.store, setup_network=run.setup_network)

@@ -28,8 +28,8 @@ def scripted_model():
     """Factory: scripted_model([steps...]) -> a started ScriptedModelServer (a scripted stand-in, not a model)."""
     servers: list[ScriptedModelServer] = []
 
-    def start(steps=()):
-        server = ScriptedModelServer(steps).start()
+    def start(steps=(), **options):
+        server = ScriptedModelServer(steps, **options).start()
         servers.append(server)
         return server
 

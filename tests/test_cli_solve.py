@@ -174,6 +174,26 @@ def test_a_model_url_where_nothing_listens_could_not_run_and_is_not_retried(
     assert grade["failure_kind"] == "config" and "after 1 attempt" in grade["error"]
 
 
+def test_a_wrong_model_name_fails_in_seconds_before_the_setup(
+    buggy_repo: Path, tmp_path: Path, scripted_model
+) -> None:
+    """The endpoint serves other models (a scripted stand-in listing them on GET /models, as real servers do); the
+    setup would take five minutes. The run fails at once, naming the model and what is served, and no setup ran."""
+    server = scripted_model([], served=["deepseek-chat", "deepseek-reasoner"])
+    out = tmp_path / "out"
+    proc = solve(
+        buggy_repo, out, server.base_url, "--setup-command", "sleep 300",
+        env={"LLM_MODEL": "deepseek-chta"},
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    message = " ".join(proc.stderr.split())
+    assert "does not serve model 'deepseek-chta'" in message and "deepseek-chat" in message
+    grade = read_grade(out)
+    assert grade["failure_kind"] == "config" and grade["wall_s"] < 30
+    assert "▸ model" in proc.stdout and "▸ sandbox" not in proc.stdout, "no sandbox was made, no setup ran"
+    assert server.requests == [], "no chat request either: the models list said enough"
+
+
 def test_a_missing_repo_is_a_clear_error(tmp_path: Path) -> None:
     proc = subprocess.run(
         [*SOLVE, "solve", "--repo", str(tmp_path / "nope"), "--task", "x", "--test-command", "true"],

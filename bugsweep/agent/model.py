@@ -146,6 +146,62 @@ class ChatModel:
     def cost_usd(self, usage: Usage) -> float:
         return self.settings.cost_usd(usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens)
 
+    # -- the endpoint, checked before any work ------------------------------------------------------------------
+    def check(self, timeout_s: float = 20.0, attempts: int = 3) -> list[str]:
+        """Ask the endpoint which models it serves (GET /models: no tokens, no cost), so that a wrong base URL, key
+        or model name fails in seconds, before any sandbox or install. Returns the served names. Raises ConfigError
+        at once (nothing answers, the key is refused, no such path, the model is not among the served ones) or
+        ModelUnavailable after `attempts` tries (the endpoint is down: timeouts, 429, 5xx). An endpoint without a
+        models list (404 there) is asked for one token instead."""
+        client = self.client.with_options(timeout=timeout_s)
+        tries = 0
+
+        def ask() -> list[str]:
+            nonlocal tries
+            tries += 1
+            try:
+                return [m.id for m in client.models.list().data]
+            except openai.NotFoundError:
+                body = {
+                    "model": self.settings.model,
+                    "messages": [{"role": "user", "content": "ok"}],
+                    "max_tokens": 1,
+                }
+                client.post("/chat/completions", body=body, cast_to=ChatCompletion)
+                return []
+
+        retrying = Retrying(
+            retry=retry_if_exception(_is_transient),
+            stop=stop_after_attempt(max(1, min(attempts, self.settings.max_retries + 1))),
+            wait=self._wait,
+            before_sleep=self._before_sleep,
+            reraise=True,
+        )
+        try:
+            served = retrying(ask)
+        except openai.APIStatusError as exc:
+            raise self._translate(exc, tries) from None
+        except openai.APIConnectionError as exc:
+            raise self._unreachable(exc, tries) from None
+        if served and self.settings.model not in served:
+            raise ConfigError(
+                f"the model endpoint {self.settings.base_url} does not serve model {self.settings.model!r} "
+                f"(it serves: {', '.join(served[:20])}): check LLM_MODEL or the model endpoint block"
+            )
+        return served
+
+    def _unreachable(self, exc: openai.APIConnectionError, attempts: int) -> Exception:
+        if _is_refused(exc):
+            return ConfigError(
+                f"nothing answers at the model endpoint {self.settings.base_url} (after {attempts} attempt: "
+                f"{self._redact(str(exc.__cause__ or exc))}); check its base URL (LLM_BASE_URL or the model "
+                "endpoint block) and that the server is running"
+            )
+        return ModelUnavailable(
+            f"the model endpoint {self.settings.base_url} did not answer after {attempts} attempts: "
+            f"{self._redact(str(exc))}"
+        )
+
     # -- one completion ----------------------------------------------------------------------------------------
     def complete(
         self,
@@ -188,16 +244,7 @@ class ChatModel:
         except openai.APIStatusError as exc:
             raise self._translate(exc, attempts) from None
         except openai.APIConnectionError as exc:
-            if _is_refused(exc):
-                raise ConfigError(
-                    f"nothing answers at the model endpoint {self.settings.base_url} (after {attempts} attempt: "
-                    f"{self._redact(str(exc.__cause__ or exc))}); check its base URL (LLM_BASE_URL or the model "
-                    "endpoint block) and that the server is running"
-                ) from None
-            raise ModelUnavailable(
-                f"the model endpoint {self.settings.base_url} did not answer after {attempts} attempts: "
-                f"{self._redact(str(exc))}"
-            ) from None
+            raise self._unreachable(exc, attempts) from None
         return self._reply(response, time.monotonic() - started, attempts)
 
     def _reply(self, response: Any, latency: float, attempts: int) -> ModelReply:

@@ -35,9 +35,14 @@ def text_reply(content: str) -> dict[str, Any]:
 
 
 class ScriptedModelServer:
-    def __init__(self, steps: Iterable[Step] = (), model: str = "scripted-model") -> None:
+    def __init__(
+        self, steps: Iterable[Step] = (), model: str = "scripted-model", served: list[str] | None = None
+    ) -> None:
         self.steps: list[Step] = list(steps)
         self.model = model
+        #: What GET /models lists: by default nothing (a stand-in that answers for any model name); a list makes
+        #: it a server of those models only (for a wrong-model-name check).
+        self.served = served
         self.requests: list[dict[str, Any]] = []
         self.request_headers: list[dict[str, str]] = []
         self._lock = threading.Lock()
@@ -57,7 +62,8 @@ class ScriptedModelServer:
 
             def do_GET(self) -> None:
                 if self.path.rstrip("/").endswith("/models"):
-                    self._send(200, {"object": "list", "data": [{"id": server.model, "object": "model"}]})
+                    listed = [{"id": name, "object": "model"} for name in server.served or []]
+                    self._send(200, {"object": "list", "data": listed})
                 else:
                     self._send(404, {"error": {"message": "not found"}})
 
