@@ -2,8 +2,8 @@
 
 Three families, because each is handled differently:
 - ConfigError: the user must change something (bad arguments, missing settings, a rejected API key). Never retried.
-- InfraError: the machinery failed (sandbox, network, model endpoint outage, S3). Retried by the Prefect layer,
-  and never graded as the model's failure.
+- InfraError: the machinery failed (sandbox, network, model endpoint outage, S3). Retried by one layer only, the
+  one that can tell a passing fault (docs/pipeline.md, "Who retries what"), and never graded as the model's failure.
 - TaskError: the task itself cannot be run (setup failed, tests already pass, the test command cannot run). Not
   retried; reported.
 
@@ -27,6 +27,16 @@ class ConfigError(BugsweepError):
 
 class InfraError(BugsweepError):
     kind = "infra"
+
+    def __init__(self, message: str, *, retried: int = 0) -> None:
+        super().__init__(message)
+        self.retried = retried
+        """How many times the layer that retried this fault tried again before it gave up (0: none did). Each
+        fault has one retry layer: an error that says it was retried is not retried again by a layer above."""
+
+    @property
+    def tries(self) -> int:
+        return self.retried + 1
 
 
 class SandboxError(InfraError):

@@ -446,9 +446,9 @@ def _test_log(run: TestRun) -> str:
 class StepRunner(Protocol):
     """Runs one named step of a task: `runner(name, fn, *args, **kwargs)` returns `fn(*args, **kwargs)`.
 
-    The names are 'setup', 'baseline', 'solve' and 'regrade'. A runner may retry a step (each step can run again
-    from its arguments: 'setup' makes a new sandbox, 'solve' starts again from the task state), time it out, or
-    record it, but never changes its result.
+    The names are 'setup', 'baseline', 'solve' and 'regrade'. A runner may retry a step after an infrastructure
+    failure no layer below retried ('setup' makes a new sandbox; never 'solve', which would pay again for the turns
+    made), time it out, or record it, but never changes its result.
     """
 
     def __call__(self, name: str, fn: Callable[..., R], /, *args: Any, **kwargs: Any) -> R: ...
@@ -496,7 +496,8 @@ def solve_from_task_state(
     progress: AgentProgress | None = None,
     config: RunConfig | None = None,
 ) -> AgentResult:
-    """The 'solve' step: the agent loop, from the task state (the step may be run again after an outage)."""
+    """The 'solve' step: the agent loop, from the task state. Never run again by a step runner (it would pay again
+    for every turn made): a model endpoint outage is retried inside the turn by the model client."""
     from bugsweep.agent.model import ChatModel
 
     reset_workspace(prepared)

@@ -10,10 +10,11 @@ configuration), so a sweep can tell which tasks a model has already been graded 
 a person can browse one bug's attempts side by side. This module is plain code with no
 Prefect in it; the Prefect layer (tasks/, blocks/) only calls it.
 
-S3 failures are retried twice over: by botocore ("standard" retry mode: connection errors, throttling, 5xx) and by
-tenacity around each call, so a short outage of a few seconds does not fail an upload. What still fails becomes a
-`StorageError` (an InfraError, so the Prefect task retries it), and the local run folder is never touched by an
-upload, so nothing is lost when the store is down.
+An S3 fault has one retry layer, the store's: tenacity around each call (`S3Store.attempts` tries, waits doubling
+from 0.5 s up to 16 s: an outage of about 45 s is ridden out). botocore's own retries are off and the Prefect upload
+step does not retry, so one failing call is `attempts` requests, never attempts x botocore's x the step's. What
+still fails becomes a `StorageError` that says how many tries it took, and the local run folder is never touched
+by an upload, so nothing is lost when the store is down (the flows keep it with an `upload-pending.json` marker).
 """
 
 from __future__ import annotations
@@ -73,8 +74,8 @@ class StoreSettings(BaseSettings):
         validation_alias=AliasChoices("BUGSWEEP_STORE_SECRET_ACCESS_KEY", "AWS_SECRET_ACCESS_KEY"),
     )
     """S3 secret key. Never logged."""
-    attempts: int = 4
-    """Tries per S3 call (tenacity), each of which botocore itself retries up to 3 times."""
+    attempts: int = 8
+    """Tries per S3 call: the one retry layer of an S3 fault (botocore's own retries are off)."""
 
 
 @runtime_checkable
@@ -234,14 +235,13 @@ def _is_missing(exc: BaseException) -> bool:
     return code in {"404", "NoSuchKey", "NotFound"}
 
 
-#: How bugsweep's S3 clients retry and wait unless the client parameters say otherwise: botocore's "standard" retry
-#: mode (connection errors, throttling, 5xx) with 3 tries, and a short connect timeout, so an S3 server that is down
-#: is noticed in seconds and left to the store's own retries (tenacity) and the upload step's.
-CLIENT_CONFIG: dict[str, Any] = {
-    "retries": {"max_attempts": 3, "mode": "standard"},
-    "connect_timeout": 5.0,
-    "read_timeout": 60.0,
-}
+#: How bugsweep's S3 clients wait unless the client parameters say otherwise: a short connect timeout, so an S3
+#: server that is down is noticed in seconds and left to the store's own tries.
+CLIENT_CONFIG: dict[str, Any] = {"connect_timeout": 5.0, "read_timeout": 60.0}
+#: botocore sends each request once, whatever the client parameters or AWS_MAX_ATTEMPTS say: the store's tries
+#: (`S3Store.attempts`) are the one retry layer of an S3 fault. (`total_max_attempts` counts the first request;
+#: botocore's `max_attempts` counts only retries, so `max_attempts: 1` would still send two.)
+NO_BOTOCORE_RETRIES: dict[str, Any] = {"total_max_attempts": 1, "mode": "standard"}
 
 
 def s3_client(session: Any = None, **params: Any) -> Any:
@@ -249,8 +249,8 @@ def s3_client(session: Any = None, **params: Any) -> Any:
 
     `params` are boto3's client arguments (`endpoint_url`, `region_name`, `config`, `verify`, ...), as a prefect-aws
     block's `aws_client_parameters.get_params_override()` gives them. `CLIENT_CONFIG` fills in what their `config`
-    leaves unset; an `endpoint_url` (a non-AWS server such as SeaweedFS) gets path-style addressing and, with no
-    region anywhere, us-east-1.
+    leaves unset, except retries: botocore's are always off (`NO_BOTOCORE_RETRIES`). An `endpoint_url` (a non-AWS
+    server such as SeaweedFS) gets path-style addressing and, with no region anywhere, us-east-1.
     """
     import boto3
     from botocore.config import Config
@@ -267,7 +267,7 @@ def s3_client(session: Any = None, **params: Any) -> Any:
     config = Config(**defaults)
     if params.get("config") is not None:
         config = config.merge(params["config"])
-    params["config"] = config
+    params["config"] = config.merge(Config(retries=dict(NO_BOTOCORE_RETRIES)))
     return session.client("s3", **params)
 
 
@@ -285,22 +285,26 @@ def settings_s3_client(settings: StoreSettings) -> Any:
     return s3_client(session, endpoint_url=settings.endpoint_url)
 
 
+#: Longest wait between two tries of an S3 call.
+MAX_RETRY_WAIT_S = 16.0
+
+
 @dataclass
 class S3Store:
     """A bucket and key prefix on an S3-compatible server, through a boto3 S3 client (see `s3_client`).
 
-    The client decides where and as whom (credentials, endpoint, region, botocore's own retries); the store adds
-    the keys, retries of whole calls, and errors that name the object.
+    The client decides where and as whom (credentials, endpoint, region); the store adds the keys, the retries
+    (the only ones: `s3_client` turns botocore's off), and errors that name the object and the tries.
     """
 
     bucket: str
     prefix: str = ""
     client: Any = field(default=None, repr=False)
     """A boto3 S3 client (thread-safe, shared by the store's threads); None: `s3_client()`, boto3's defaults."""
-    attempts: int = 4
-    """Tries per call (tenacity) on top of botocore's own retries."""
+    attempts: int = 8
+    """Tries per call (tenacity): the one retry layer of an S3 fault."""
     retry_wait_s: float = 0.5
-    """First wait between tries; doubles each time, at most 8 s."""
+    """First wait between tries; doubles each time, at most `MAX_RETRY_WAIT_S`."""
 
     def __post_init__(self) -> None:
         self.prefix = self.prefix.strip("/")
@@ -317,7 +321,7 @@ class S3Store:
 
         retrying = Retrying(
             stop=stop_after_attempt(max(1, self.attempts)),
-            wait=wait_exponential(multiplier=self.retry_wait_s, max=8),
+            wait=wait_exponential(multiplier=self.retry_wait_s, max=MAX_RETRY_WAIT_S),
             retry=retry_if_exception(_is_transient),
             reraise=True,
         )
@@ -328,7 +332,7 @@ class S3Store:
                 raise FileNotFoundError(f"{what}: no such object") from exc
             tries = retrying.statistics.get("attempt_number", 1)
             raise StorageError(
-                f"S3 {what} failed after {tries} {'try' if tries == 1 else 'tries'}: {exc}"
+                f"S3 {what} failed after {tries} {'try' if tries == 1 else 'tries'}: {exc}", retried=tries - 1
             ) from exc
 
     def put_bytes(self, key: str, data: bytes) -> str:
@@ -487,7 +491,8 @@ def upload_run(store: ArtifactStore, local_dir: str | Path, key: str) -> UploadR
             uris[rel] = store.put_file(f"{key}/{rel}", path)
     except StorageError as exc:
         raise StorageError(
-            f"{exc} (uploading to {store.location}/{key}; the artifacts are kept in {local_dir})"
+            f"{exc} (uploading to {store.location}/{key}; the artifacts are kept in {local_dir})",
+            retried=exc.retried,
         ) from exc
     return UploadResult(key=key, uris=uris, location=store.location)
 

@@ -126,11 +126,11 @@ def solve_one(
 
 
 def upload_outcome(outcome: TaskOutcome, run: RunSetup) -> TaskOutcome:
-    """Upload the run folder (the step retries S3 outages); when it still fails, keep the folder with a marker, so
-    the next run of the task (or `bugsweep upload`, or a sweep as it starts) uploads it instead of solving again."""
+    """Upload the run folder (the store retries each S3 call); when it still fails, keep the folder with a marker,
+    so the next run of the task (or `bugsweep upload`, or a sweep as it starts) uploads it instead of solving
+    again."""
     try:
-        upload = steps.upload.with_options(retry_delay_seconds=steps.retry_delays_s())
-        uploaded = upload(outcome.local_dir, run.store, outcome.key, outcome.grade)
+        uploaded = steps.upload(outcome.local_dir, run.store, outcome.key, outcome.grade)
         outcome.stored_at = f"{uploaded.location}/{uploaded.key}"
         (outcome.local_dir / PENDING_FILE).unlink(missing_ok=True)
     except StorageError as exc:

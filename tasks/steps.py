@@ -3,9 +3,11 @@ step runner `pipeline.solve_task` is given), upload, listing a sweep's tasks and
 
 Each task is a thin wrapper over a plain function of the core (bugsweep.pipeline, bugsweep.storage). What Prefect
 adds here, and nothing else:
-- retries, only for infrastructure failures (`InfraError`: sandbox creation or connection errors, model endpoint
-  outages, S3 errors). An honest "not resolved" is a Grade, not an exception, so it is never retried; neither is a
-  TaskError (setup failed, tests already pass) nor a ConfigError (a rejected key), which would fail the same way;
+- retries, only for infrastructure failures no layer below retried (a sandbox that could not be made, a command
+  that could not be started in it): a model endpoint outage is retried by the model client inside the turn, an S3
+  fault by the store, so `solve` and `upload` never retry (docs/pipeline.md, "Who retries what"). An honest "not
+  resolved" is a Grade, not an exception, so it is never retried; neither is a TaskError (setup failed, tests
+  already pass) nor a ConfigError (a rejected key), which would fail the same way;
 - a timeout on each step, as a backstop over the core's own command and wall-clock limits;
 - the kind of failure that ended a step, in its log (`failure_kind`: config, infra, task or crash);
 - artifacts: a link to each patch, and a summary and a table per sweep.
@@ -16,6 +18,7 @@ Sandboxes are passed between the steps in memory, inside a PreparedTask: nothing
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from collections.abc import Callable
@@ -82,15 +85,21 @@ def _exception(state: State[Any]) -> BaseException | None:
     return result if isinstance(result, BaseException) else None
 
 
+def not_retried_below(exc: BaseException | None) -> bool:
+    """An infrastructure failure that no layer below has retried yet; never a task or config error."""
+    return isinstance(exc, InfraError) and exc.retried == 0
+
+
 def retry_on_infra(task: Task[..., Any], task_run: TaskRun, state: State[Any]) -> bool:
-    """Retry infrastructure failures only (sandbox, model endpoint, S3); never a task or config error."""
-    return isinstance(_exception(state), InfraError)
+    """Retry infrastructure failures only (a sandbox that could not be made, ...), and only those no layer below
+    retried (an S3 error after the store's tries, a model outage after the client's, is not retried again)."""
+    return not_retried_below(_exception(state))
 
 
 def retry_on_infra_in_sandbox(task: Task[..., Any], task_run: TaskRun, state: State[Any]) -> bool:
     """As `retry_on_infra`, but not when the sandbox itself is gone: running again in it cannot help."""
     exc = _exception(state)
-    return isinstance(exc, InfraError) and not isinstance(exc, SandboxGone)
+    return not_retried_below(exc) and not isinstance(exc, SandboxGone)
 
 
 def log_failure_kind(task: Task[..., Any], task_run: TaskRun, state: State[Any]) -> None:
@@ -118,8 +127,9 @@ STEP_OPTIONS: dict[str, dict[str, Any]] = {
         "retry_condition_fn": retry_on_infra_in_sandbox,
         "timeout_seconds": STEP_TIMEOUT_S,
     },
-    # A retry (after a model endpoint outage) starts again from the task state. Timeout: the agent's own.
-    "solve": {"retries": 1, "retry_condition_fn": retry_on_infra_in_sandbox, "timeout_seconds": None},
+    # Never retried: that would start the agent over and pay again for every turn made. A model endpoint outage is
+    # retried inside the turn by the model client (LLM_MAX_RETRIES), the one layer for it. Timeout: the agent's own.
+    "solve": {"retries": 0, "timeout_seconds": None},
     "regrade": {
         "retries": 1,
         "retry_condition_fn": retry_on_infra_in_sandbox,
@@ -142,8 +152,25 @@ class PrefectSteps:
     def __call__(self, name: str, fn: Callable[..., R], /, *args: Any, **kwargs: Any) -> R:
         options = dict(STEP_OPTIONS[name])
         options["timeout_seconds"] = (options["timeout_seconds"] or self.agent_wall_s) + TIMEOUT_MARGIN_S
-        step: Task[..., R] = Task(fn, name=name, retry_delay_seconds=self.retry_delays_s, **options, **_STEP)
-        return step(*args, **kwargs)
+        tries = 0
+
+        @functools.wraps(fn)  # Prefect binds the step's parameters by fn's signature
+        def counted(*args: Any, **kwargs: Any) -> R:
+            nonlocal tries
+            tries += 1
+            return fn(*args, **kwargs)
+
+        step: Task[..., R] = Task(
+            counted, name=name, retry_delay_seconds=self.retry_delays_s, **options, **_STEP
+        )
+        try:
+            return step(*args, **kwargs)
+        except InfraError as exc:
+            # the step was this fault's retry layer: the grade says how often it tried
+            if tries > 1 and exc.retried == 0:
+                exc.retried = tries - 1
+                exc.args = (f"{exc} (the {name} step tried {tries} times)",)
+            raise
 
 
 def log_event(event: AgentEvent) -> None:
@@ -151,19 +178,14 @@ def log_event(event: AgentEvent) -> None:
     get_run_logger().info("%s", describe_event(event))
 
 
-@task(
-    name="upload",
-    retries=2,
-    retry_condition_fn=retry_on_infra,
-    timeout_seconds=600.0,
-    **_STEP,
-)
+@task(name="upload", retries=0, timeout_seconds=600.0, **_STEP)
 def upload(out_dir: Path, store: ArtifactStore, key: str, verdict: Grade) -> UploadResult:
     """Copy the run folder to the artifact store under SWEEP/TASK/MODEL/CONFIG, and link the patch from the
     Prefect UI.
 
-    The local run folder is only read, so when the store stays down after every retry the artifacts are still on
-    this machine, and the StorageError says where.
+    Not retried: the store's own tries are the one retry layer of an S3 fault. The local run folder is only read,
+    so when the store stays down after them the artifacts are still on this machine, and the StorageError says
+    where (the flow keeps the folder with an upload-pending.json marker).
     """
     result = upload_run(store, out_dir, key)
     if "patch.diff" in result.uris:

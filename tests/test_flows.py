@@ -131,6 +131,18 @@ def sandbox_leftovers(sandbox_id: str, marker: str | None = None) -> list[str]:
     return found
 
 
+def step_runs(state: Any, name: str) -> list[Any]:
+    """The task runs of one step (`solve`, `upload`, ...) in the flow run that ended in `state`."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    with get_client(sync_client=True) as client:
+        runs = client.read_task_runs(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[state.state_details.flow_run_id]))
+        )
+    return [r for r in runs if r.name == name or r.name.startswith(f"{name}-")]
+
+
 # -- solve-bug ------------------------------------------------------------------------------------------------
 
 
@@ -268,6 +280,8 @@ def test_s3_down_for_a_whole_run_keeps_the_grade_and_the_next_run_uploads_it_wit
     with pytest.raises(StorageError) as info:
         state.result()
     assert "bugsweep upload" in str(info.value)
+    (upload,) = step_runs(state, "upload")
+    assert upload.run_count == 1, "the store's tries are the one retry layer: the upload step is not retried"
     folder = Path(str(info.value).split("the artifacts are kept in ")[1].split(")")[0])
     assert {p.name for p in folder.iterdir()} == RUN_FILES | {PENDING_FILE}
     assert json.loads((folder / "grade.json").read_text())["resolved"] is True
@@ -510,6 +524,84 @@ def test_a_model_url_that_refuses_connections_fails_the_run_at_once_naming_the_u
     assert [n for n in steps if n != "solve-one"] == [], (
         "no step ran: the endpoint was checked before the setup"
     )
+
+
+def test_a_sandbox_that_cannot_be_made_is_retried_by_the_setup_step_alone_and_the_grade_says_how_often(
+    blocks, scripted_model, buggy_repo: Path, tmp_path: Path
+) -> None:
+    """Who retries what, "a sandbox cannot be made": the setup step tries 3 times (a new sandbox each), then the
+    task fails as infra, saying so; the model is never asked."""
+    from bugsweep.errors import SandboxError
+
+    server = scripted_model([fixer] * 4)
+    made = blocks(server)
+    provider = FlakyProvider(SandboxError("sandbox service busy (stand-in)"), failures=10)
+
+    outcome = run_one_with(provider, server, made, calc_task(buggy_repo, "calc-no-sandbox"), tmp_path)
+
+    assert provider.calls == 3, "the first try and the setup step's 2 retries"
+    assert outcome.grade.failure_kind == "infra"
+    assert "the setup step tried 3 times" in outcome.grade.error
+    assert server.requests == []
+
+
+def set_model_block(server: ScriptedModelServer, name: str, max_retries: int) -> Any:
+    from blocks import ModelEndpoint
+
+    ModelEndpoint(base_url=server.base_url, model="scripted-model", max_retries=max_retries).save(
+        name, overwrite=True
+    )
+    return ModelEndpoint.load(name)
+
+
+def turns_sent(server: ScriptedModelServer) -> list[int]:
+    """For each request the model server received, the number of assistant turns already in its history: a turn
+    paid twice would show as the same number again after a later one."""
+    return [sum(m["role"] == "assistant" for m in r["messages"]) for r in server.requests]
+
+
+def test_a_model_outage_is_retried_inside_the_turn_and_no_turn_is_paid_twice(
+    blocks, scripted_model, buggy_repo: Path
+) -> None:
+    """Who retries what, "the model endpoint fails (5xx, 429, timeouts)": the model client retries the request of
+    the turn it failed in; the run goes on from there. Requests: 2 turns + 2 failed tries, the first turn once."""
+    from flows.solve_bug import solve_bug
+
+    server = scripted_model([FIX, {"status": 503}, {"status": 502}, tool_call("finish", summary="fixed")])
+    made = blocks(server)
+    model = set_model_block(server, "model-flaky", max_retries=2)
+
+    grade = solve_bug(task=calc_task(buggy_repo, "calc-model-blip"), **{**flow_kwargs(made), "model": model})
+
+    assert grade.resolved and grade.turns == 2
+    assert turns_sent(server) == [0, 1, 1, 1], (
+        "turn 1 once; turn 2's request three times (two 5xx, then a reply)"
+    )
+
+
+def test_a_model_outage_past_the_clients_retries_ends_the_run_without_starting_the_agent_over(
+    blocks, scripted_model, buggy_repo: Path
+) -> None:
+    """An outage longer than the client's retries: the run fails as infra "after 3 attempts", with the turns made
+    kept in grade.json; the solve step is not run again, so the turn made before the outage is never paid twice
+    (the script would answer a new start with the fix again)."""
+    from flows.solve_bug import solve_bug
+
+    server = scripted_model([FIX] + [{"status": 503}] * 3 + [fixer] * 4)
+    made = blocks(server)
+    model = set_model_block(server, "model-down", max_retries=2)
+    task = calc_task(buggy_repo, "calc-model-down")
+
+    state = solve_bug(task=task, return_state=True, **{**flow_kwargs(made), "model": model})
+
+    assert state.is_failed()
+    assert turns_sent(server) == [0, 1, 1, 1], "turn 1 once, turn 2 tried 3 times, no new start"
+    (solve,) = step_runs(state, "solve")
+    assert solve.run_count == 1, "the solve step was not retried"
+    (key,) = [k for k in made["_store"].list("adhoc/calc-model-down") if k.endswith("/grade.json")]
+    grade = json.loads(made["_store"].get_bytes(key))
+    assert grade["failure_kind"] == "infra" and "after 3 attempts" in grade["error"]
+    assert grade["turns"] == 1, "what the agent used before the outage is kept"
 
 
 def test_a_config_error_is_not_retried_and_says_what_kind_it_was(

@@ -516,7 +516,8 @@ def test_a_sandbox_that_vanishes_mid_task_is_an_infra_failure(
     pytest_setup,
 ) -> None:
     """pipeline.solve_task on RuntimeProvider, the fake Runtime deleting the sandbox under the agent's command:
-    SandboxGone is raised for the task layer to retry, and grade.json says infra, not a model failure."""
+    SandboxGone is raised (nothing retries it: running again in that sandbox cannot help), and grade.json says
+    infra, not a model failure."""
     from tests.support.scripted_model import tool_call
 
     fake.delete_when_running("sleep 20")

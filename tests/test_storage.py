@@ -209,12 +209,18 @@ def own_seaweed(outage_server: SeaweedServer) -> SeaweedServer:
     return outage_server
 
 
-def test_s3_outage_during_upload_is_retried_then_reported_and_local_files_stay(
+def test_an_s3_fault_is_retried_by_the_store_alone_then_reported_and_local_files_stay(
     own_seaweed: SeaweedServer, tmp_path: Path
 ) -> None:
+    """Who retries what, "an S3 call fails": the real SeaweedFS stopped mid-upload. One failing call is exactly
+    `attempts` HTTP requests: botocore sends each once, even when the client's own config asks it to retry (a block's
+    client parameters may), so no layer retries under the store's tries."""
+    from botocore.config import Config
+
     run = make_run_dir(tmp_path)
     before = {p.name: p.read_bytes() for p in run.iterdir()}
-    store = own_seaweed.new_store(attempts=3, retry_wait_s=0.1, botocore_attempts=2)
+    asks_botocore_to_retry = Config(retries={"max_attempts": 5, "mode": "standard"})
+    store = own_seaweed.new_store(attempts=3, retry_wait_s=0.1, config=asks_botocore_to_retry)
     sent = count_requests(store)
     store.put_bytes("warm-up", b"ok")  # the client is connected and working before the outage
     sent.clear()
@@ -224,10 +230,27 @@ def test_s3_outage_during_upload_is_retried_then_reported_and_local_files_stay(
         upload_run(store, run, "sweep/calc-1/m")
 
     message = str(info.value)
-    assert "after 3 tries" in message
+    assert "after 3 tries" in message and info.value.retried == 2
     assert str(run) in message, "the error must say where the artifacts are kept"
-    assert len(sent) >= 3 * 2, "both tenacity and botocore retry a connection failure"
+    assert len(sent) == 3, "one request per try of the store: botocore retried nothing underneath"
     assert {p.name: p.read_bytes() for p in run.iterdir()} == before
+
+
+def test_s3_clients_send_each_request_once_whatever_their_settings_say(monkeypatch) -> None:
+    """botocore's retries are off for every client bugsweep makes: from the settings, with AWS_MAX_ATTEMPTS set,
+    and from a block's client config that asks for retries."""
+    from botocore.config import Config
+
+    from bugsweep.storage import s3_client, settings_s3_client
+
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "5")
+    clients = [
+        settings_s3_client(StoreSettings(url="s3://b/p", endpoint_url="http://127.0.0.1:1")),
+        s3_client(endpoint_url="http://127.0.0.1:1", config=Config(retries={"total_max_attempts": 9})),
+    ]
+    for client in clients:
+        assert client.meta.config.retries["total_max_attempts"] == 1
+    assert StoreSettings().attempts == S3Store.attempts == 8
 
 
 def test_s3_short_outage_is_ridden_out_by_retries(own_seaweed: SeaweedServer, tmp_path: Path) -> None:

@@ -93,3 +93,21 @@ def test_bad_retry_delays_are_a_config_error_when_a_step_runs(monkeypatch, value
         retry_delays_s()
     monkeypatch.setenv("BUGSWEEP_RETRY_DELAYS_S", "0.5,2")
     assert retry_delays_s() == [0.5, 2.0]
+
+
+def test_a_fault_a_lower_layer_retried_is_not_retried_by_a_step_and_solve_and_upload_never_retry() -> None:
+    """Who retries what (docs/pipeline.md): the model client retries an endpoint outage inside the turn and the
+    store retries an S3 fault, so the solve and upload steps never retry; a step retries only an infrastructure
+    failure no layer below retried."""
+    from bugsweep.errors import ModelUnavailable, SandboxError, SetupFailed, StorageError
+    from tasks.steps import STEP_OPTIONS, list_tasks, not_retried_below, upload
+
+    assert STEP_OPTIONS["solve"]["retries"] == 0, "a retried solve starts the agent over and pays again"
+    assert upload.retries == 0, "the store's tries are the one layer of an S3 fault"
+    assert STEP_OPTIONS["setup"]["retries"] == 2 and list_tasks.retries == 2
+    assert STEP_OPTIONS["baseline"]["retries"] == STEP_OPTIONS["regrade"]["retries"] == 1
+    assert not_retried_below(SandboxError("could not start the sandbox"))
+    assert not not_retried_below(StorageError("S3 put failed after 8 tries", retried=7))
+    assert not not_retried_below(ModelUnavailable("kept failing after 7 attempts", retried=6))
+    assert not not_retried_below(SetupFailed("the setup command exited with 1"))
+    assert not not_retried_below(None)

@@ -106,7 +106,7 @@ class AgentRun:
     summary: str = ""
 
     def __post_init__(self) -> None:
-        # A progress object counts this run only (a solve step run again after an outage starts from zero).
+        # A progress object counts this run of the loop only, from zero.
         used = self.progress
         used.policy, used.turns, used.usage, used.cost_usd = self.policy.name, 0, Usage(), 0.0
         used.started, used.ended = self.trajectory.started, None

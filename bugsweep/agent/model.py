@@ -1,7 +1,9 @@
 """The model client: one chat completion per agent turn against any OpenAI-compatible endpoint.
 
-Retries live here, with tenacity, because only the client can tell a passing failure from a permanent one:
-429, 5xx, timeouts and dropped connections are retried with exponential backoff (honouring Retry-After);
+Retries live here, with tenacity, because only the client can tell a passing failure from a permanent one, and
+only here: a request retried here is the same turn, so an outage never costs the turns already made (the openai
+client's own retries are off, and the solve step is never run again). 429, 5xx, timeouts and dropped connections
+are retried with exponential backoff (honouring Retry-After), LLM_MAX_RETRIES times;
 400/401/403/404, and an address where nothing listens (connection refused, unknown host), mean the settings are
 wrong and raise ConfigError at once; a context-length error raises
 ContextLengthExceeded so that the loop can shorten the history and go on. Tool calls that a small model writes as text
@@ -199,7 +201,8 @@ class ChatModel:
             )
         return ModelUnavailable(
             f"the model endpoint {self.settings.base_url} did not answer after {attempts} attempts: "
-            f"{self._redact(str(exc))}"
+            f"{self._redact(str(exc))}",
+            retried=attempts - 1,
         )
 
     # -- one completion ----------------------------------------------------------------------------------------
@@ -324,7 +327,8 @@ class ChatModel:
                 f"Check LLM_MODEL and that the model supports tool calls."
             )
         return ModelUnavailable(
-            f"the model endpoint {where} kept failing ({status}) after {attempts} attempts: {detail}"
+            f"the model endpoint {where} kept failing ({status}) after {attempts} attempts: {detail}",
+            retried=attempts - 1,
         )
 
     def _redact(self, text: str) -> str:

@@ -7,9 +7,10 @@ model's API key stay on this machine (docs/runtime.md describes the optional mod
 
 Failures are sorted into bugsweep's families, after the SDK's own retries (it retries 429, 502-504 and dropped
 connections with the same Idempotency-Key, and waits out capacity refusals on create):
-- rate limits, capacity, 5xx, dropped connections -> SandboxError (infra: the task layer retries);
+- rate limits, capacity, 5xx, dropped connections -> SandboxError (infra: a step may retry it, never solve);
 - a rejected or missing key (401), a refused permission (403), a blocked account, a refused create -> ConfigError;
-- our sandbox answering 404, or no longer running, mid-task -> SandboxGone (infra: retried, never graded).
+- our sandbox answering 404, or no longer running, mid-task -> SandboxGone (infra: never graded; not retried
+  in the same sandbox).
 
 Cost: Runtime bills CPU actually used ($0.025 per vCPU-hour) and memory held ($0.0075 per GiB-hour). The sandbox
 counts its commands' measured durations; `cost_usd()` prices them as if every vCPU were busy while a command ran

@@ -125,18 +125,17 @@ class SeaweedServer:
                 self.proc.wait(timeout=10)
         self.proc = None
 
-    def client(self, botocore_attempts: int = 3, endpoint_url: str | None = None) -> Any:
-        """A boto3 S3 client for this server (or `endpoint_url`), made as bugsweep makes its clients."""
+    def client(self, endpoint_url: str | None = None, config: Any = None) -> Any:
+        """A boto3 S3 client for this server (or `endpoint_url`), made as bugsweep makes its clients (`config`: a
+        botocore Config, as a block's client parameters may hold one)."""
         import boto3
-        from botocore.config import Config
 
         session = boto3.Session(aws_access_key_id=ACCESS_KEY, aws_secret_access_key=SECRET_KEY)
-        config = Config(retries={"max_attempts": botocore_attempts, "mode": "standard"})
         return s3_client(session, endpoint_url=endpoint_url or self.endpoint_url, config=config)
 
-    def store(self, bucket: str, prefix: str = "", botocore_attempts: int = 3, **kwargs: Any) -> S3Store:
+    def store(self, bucket: str, prefix: str = "", config: Any = None, **kwargs: Any) -> S3Store:
         """An S3Store on this server (the bucket is not created: see `new_store`)."""
-        return S3Store(bucket=bucket, prefix=prefix, client=self.client(botocore_attempts), **kwargs)
+        return S3Store(bucket=bucket, prefix=prefix, client=self.client(config=config), **kwargs)
 
     def new_store(self, prefix: str = "runs", **kwargs: Any) -> S3Store:
         """An S3Store on a fresh bucket of its own, so tests sharing the server never see each other's objects."""
