@@ -392,6 +392,37 @@ class S3Store:
             )
         )
 
+    def check_bucket(self) -> bool:
+        """Whether the bucket exists, asked once (a check, not a run: no retries). Raises StorageError, naming the
+        endpoint and bucket, when nothing answers there or the keys are refused."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        where = self.client.meta.endpoint_url
+        try:
+            self.client.head_bucket(Bucket=self.bucket)
+        except ClientError as exc:
+            status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0
+            if status == 404 or exc.response.get("Error", {}).get("Code") in {
+                "404",
+                "NoSuchBucket",
+                "NotFound",
+            }:
+                return False
+            if status in (401, 403):
+                raise StorageError(
+                    f"the S3 endpoint {where} refused these keys for bucket {self.bucket!r} ({status}): check "
+                    "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"
+                ) from None
+            raise StorageError(
+                f"the S3 endpoint {where} answered {status} for bucket {self.bucket!r}: {exc}"
+            ) from None
+        except (BotoCoreError, ConnectionError, TimeoutError) as exc:
+            raise StorageError(
+                f"nothing answers at the S3 endpoint {where} ({exc}): check AWS_ENDPOINT_URL and that the server "
+                "is running"
+            ) from None
+        return True
+
     def ensure_bucket(self) -> None:
         """Create the bucket when it does not exist yet (for local S3 servers; on AWS make it yourself)."""
         from botocore.exceptions import ClientError

@@ -5,6 +5,7 @@ Heavy imports (prefect, openai, boto3) happen inside the commands, so `bugsweep 
 
 from __future__ import annotations
 
+import logging
 import sys
 
 import typer
@@ -34,6 +35,9 @@ def main(argv: list[str] | None = None) -> None:
     from bugsweep.cli.exits import could_not_run, crashed, is_settings, settings_problem
     from bugsweep.errors import BugsweepError, ConfigError
 
+    # Prefect flushes its client events as a command exits and, when that takes a moment, warns "Still processing
+    # items" on a run that went well: noise, not news.
+    logging.getLogger("EventsWorker").setLevel(logging.ERROR)
     try:
         app(args=argv)
     except BugsweepError as exc:

@@ -1,4 +1,5 @@
-"""`bugsweep sweep`, `bugsweep deploy` and `bugsweep blocks create`: the Prefect pipeline from the command line.
+"""`bugsweep sweep`, `bugsweep deploy`, `bugsweep upload` and `bugsweep worker`: the Prefect pipeline from the
+command line (`bugsweep blocks` is in blocks.py).
 
 These talk to the Prefect server at PREFECT_API_URL; with none set, `sweep` (and `compare`) start a temporary one
 for the command (about 30 s; its log goes to a file, not the terminal): `prefect server start` keeps one running.
@@ -28,13 +29,11 @@ from bugsweep.runconfig import AgentLimits  # at run time: with_limit_options re
 console = Console(highlight=False)
 err = Console(stderr=True, highlight=False)
 
-blocks_app = typer.Typer(
-    help="Prefect blocks: the model endpoint, sandboxes and artifact store.", no_args_is_help=True
-)
-
 
 def register(app: typer.Typer) -> None:
     """Add `sweep`, `deploy`, `upload` and the `blocks` group to the main app."""
+    from bugsweep.cli.blocks import blocks_app
+
     app.command("sweep")(sweep_command)
     app.command("deploy")(deploy_command)
     app.command("upload")(upload_command)
@@ -446,86 +445,3 @@ def worker_command(
     console.print(f"starting: {' '.join(command[2:])}", soft_wrap=True)
     sys.stdout.flush()
     os.execv(sys.executable, command)
-
-
-# -- blocks -------------------------------------------------------------------------------------------------------
-
-
-@blocks_app.command("create")
-def blocks_create(
-    overwrite: Annotated[bool, typer.Option(help="Replace blocks that already exist.")] = True,
-) -> None:
-    """Save the model endpoint, sandbox and S3 bucket (prefect-aws S3Bucket + AwsCredentials) blocks from the environment.
-
-    Reads LLM_BASE_URL / LLM_MODEL / LLM_API_KEY (and LLM_PRICE_*), BUGSWEEP_SANDBOX_*, RUNTIME_API_KEY, and
-    BUGSWEEP_STORE_URL (s3://BUCKET/PREFIX or a folder; BUGSWEEP_STORE_LOCAL_DIR for local copies) with AWS_ENDPOINT_URL / AWS_ACCESS_KEY_ID /
-    AWS_SECRET_ACCESS_KEY. Secrets are stored encrypted in the blocks and never printed.
-    """
-    _hint_server()
-    import blocks
-    from blocks import LocalSandbox, ModelEndpoint, RuntimeSandbox
-    from bugsweep.runconfig import SandboxLimits
-    from bugsweep.sandbox.runtime import RuntimeSettings
-    from bugsweep.settings import ModelSettings, SandboxSettings
-    from bugsweep.storage import StoreSettings, split_s3_uri
-
-    saved = Table(title="blocks")
-    for column in ("block", "name", "what"):
-        saved.add_column(column)
-
-    def save(block: Any, name: str, what: str) -> None:
-        block.save(name, overwrite=overwrite)
-        saved.add_row(block.get_block_type_name(), name, what)
-
-    model = ModelSettings()
-    if model.base_url:
-        key = "API key set" if model.api_key.get_secret_value() else "no API key"
-        save(
-            ModelEndpoint.from_settings(model),
-            blocks.MODEL_BLOCK,
-            f"{model.model} at {model.base_url} ({key})",
-        )
-    else:
-        console.print(
-            "[dim]LLM_BASE_URL is not set: no model endpoint block (flows use the embedded model)[/]"
-        )
-
-    sandbox = SandboxSettings()
-    local = LocalSandbox(**sandbox.model_dump(include=set(SandboxLimits.model_fields)))
-    save(local, blocks.LOCAL_SANDBOX_BLOCK, f"{sandbox.memory_mib} MiB, {sandbox.max_processes} processes")
-
-    runtime = RuntimeSettings()  # type: ignore[call-arg]
-    if runtime.api_key.get_secret_value():
-        runtime_block = RuntimeSandbox(
-            api_key=runtime.api_key, api_url=runtime.api_url, vcpu=runtime.vcpu,
-            memory_mib=runtime.memory_mib or sandbox.memory_mib, timeout_seconds=runtime.timeout_seconds,
-            image=runtime.image, max_cost_usd=runtime.max_cost_usd, setup_network=sandbox.setup_network,
-        )  # fmt: skip
-        save(runtime_block, blocks.RUNTIME_SANDBOX_BLOCK, f"{runtime.vcpu} vCPU (API key set)")
-
-    store = StoreSettings()
-    if store.url.startswith("s3://"):
-        from prefect_aws import AwsCredentials, S3Bucket
-        from prefect_aws.client_parameters import AwsClientParameters
-
-        bucket, prefix = split_s3_uri(store.url)
-        credentials = AwsCredentials(
-            aws_access_key_id=store.access_key_id.get_secret_value() if store.access_key_id else None,
-            aws_secret_access_key=store.secret_access_key, region_name=store.region,
-            aws_client_parameters=AwsClientParameters(endpoint_url=store.endpoint_url),
-        )  # fmt: skip
-        keys = "keys set" if store.secret_access_key else "boto3's default credentials"
-        save(credentials, blocks.STORE_BLOCK, f"{store.endpoint_url or 'AWS'} ({keys})")
-        save(
-            S3Bucket(bucket_name=bucket, bucket_folder=prefix, credentials=credentials),
-            blocks.STORE_BLOCK,
-            f"{store.url} with the {blocks.STORE_BLOCK} credentials",
-        )
-    else:
-        folder = str(Path(store.url).expanduser().resolve())
-        console.print(
-            f"[dim]BUGSWEEP_STORE_URL is a folder ({folder}): no S3 bucket block; flows keep run folders in "
-            "BUGSWEEP_STORE_URL on each worker[/]",
-            soft_wrap=True,
-        )
-    console.print(saved)
