@@ -26,7 +26,9 @@ registered in POLICIES. The loop calls it at four hooks, always in the loop's ow
 - `after_tool(run, call, outcome) -> ToolOutcome`: after one tool call ran, before its result is recorded and
   appended. Return the outcome to use (the same one, or a replacement with other `content`).
 What a policy may use of `run` (loop.AgentRun): `messages`, `toolbox`, `trajectory`, `settings`, `test_command`,
-`turn`, and the methods `append`, `drop_messages_from`, `record_tool`, `emit`, `format_error` and `usable_reply`.
+`turn`, and the methods `append`, `drop_messages_from`, `record_tool`, `emit`, `format_error` and `usable_reply`
+(those of its conversation, conversation.py) and `sample` (one more reply to an earlier state of the
+conversation).
 Every change it makes to the conversation is recorded in the trajectory (an event of its own, or the messages it
 appends), so what the model saw can always be rebuilt. A policy never decides the grade: grading happens after the
 loop, outside the sandbox, the same for every policy.
