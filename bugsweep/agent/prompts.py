@@ -288,7 +288,7 @@ def read_header(path: str, first: int, last: int, total: int) -> str:
 
 
 def read_outline(path: str, total: int, chars: int, entries: Sequence[str], left_out: int) -> str:
-    """A whole-file read too long for a small model's window (small_model.py): where things are instead."""
+    """A whole-file read too long for a small model's window (small_model/tool_help.py): where things are instead."""
     more = f"\n(and {left_out} more)" if left_out else ""
     return (
         f"{path} has {total} lines ({chars} characters), too long to read whole here. Its classes and "
@@ -467,7 +467,7 @@ def recovered_result(tool: str, content: str) -> str:
     return f"Result of {tool}:\n{content}"
 
 
-# -- whole-function edits (the small-model policy: small_model.py, rewrite.py) -------------------------------
+# -- whole-function edits (the small-model policy: small_model/, rewrite.py) ---------------------------------
 
 
 def rewrite_request(
@@ -537,7 +537,7 @@ def function_gone(name: str, path: str) -> str:
 
 
 def reply_code_applied(span: FunctionSpan, last: int, snippet: str, test_command: str) -> str:
-    """The answer to a reply without a tool call whose code block fixed the function (small_model.py)."""
+    """The answer to a reply without a tool call whose code block fixed the function (small_model/tried.py)."""
     return (
         f"Your reply had no tool call, but its code block defines {span.name}, so it was tried in place of "
         f"{span.name} in {span.path} (lines {span.first}-{span.last}). Lines {span.first}-{last} of "
