@@ -125,7 +125,8 @@ def run_mini(spec: Any, base_url: str, model: str, out_dir: Path, max_turns: int
     from _mini import mini_agent, mini_config, run_mini_agent, token_usage
     from minisweagent.environments.local import LocalEnvironment
 
-    from bugsweep.pipeline import baseline, prepare, regrade, setup, write_run_dir
+    from bugsweep.pipeline import baseline, prepare, regrade, setup
+    from bugsweep.rundir import write_run_dir
     from bugsweep.sandbox import get_provider
 
     class SandboxEnvironment(LocalEnvironment):  # type: ignore[misc]

@@ -48,7 +48,8 @@ def fix_diff(spec: Any) -> str:
 
 
 def run_task(spec: Any, out_dir: Path) -> dict[str, Any]:
-    from bugsweep.pipeline import baseline, prepare, regrade, setup, write_run_dir
+    from bugsweep.pipeline import baseline, prepare, regrade, setup
+    from bugsweep.rundir import write_run_dir
     from bugsweep.sandbox import get_provider
 
     started = time.monotonic()

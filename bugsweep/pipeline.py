@@ -37,8 +37,8 @@ from bugsweep.grading import (
     why_cannot_run,
 )
 from bugsweep.runconfig import RunConfig
+from bugsweep.rundir import write_run_dir
 from bugsweep.sandbox.base import (
-    PACKAGES_FILE,
     Environment,
     RepoSource,
     Sandbox,
@@ -392,55 +392,6 @@ def record_resources(verdict: Grade, *sandboxes: Sandbox) -> None:
     verdict.cpu_s = round(sum(cpu), 2) if cpu else None
     verdict.peak_disk_mib = peak([u.peak_disk_bytes for u in usages])
     verdict.disk_quota_mib = peak([u.disk_quota_bytes for u in usages])
-
-
-def write_run_dir(
-    out_dir: Path,
-    verdict: Grade,
-    *,
-    patch: str | None = None,
-    before: TestRun | None = None,
-    after: TestRun | None = None,
-    setup_log: str | None = None,
-    spec: TaskSpec | None = None,
-    environment: Environment | None = None,
-    config: RunConfig | None = None,
-) -> Path:
-    """Write what a run produced: grade.json (with the run's configuration), patch.diff, test logs, the task
-    environment's package list (trajectory.json is written by the loop)."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    if config is not None:
-        verdict.config, verdict.config_digest = config.model_dump(mode="json"), config.digest
-    if environment is not None:
-        (out_dir / PACKAGES_FILE).write_text(environment.packages_text(), encoding="utf-8")
-        verdict.environment = environment.record()
-    if patch is not None:
-        (out_dir / "patch.diff").write_text(patch, encoding="utf-8")
-    for name, run in (("tests_before.log", before), ("tests_after.log", after)):
-        if run is not None:
-            (out_dir / name).write_text(_test_log(run), encoding="utf-8")
-    if setup_log:
-        (out_dir / "setup.log").write_text(setup_log, encoding="utf-8")
-    if spec is not None:
-        (out_dir / "task.json").write_text(
-            spec.model_dump_json(indent=2, exclude_none=True), encoding="utf-8"
-        )
-    tmp = out_dir / "grade.json.tmp"
-    tmp.write_text(verdict.model_dump_json(indent=2), encoding="utf-8")
-    tmp.replace(out_dir / "grade.json")
-    return out_dir
-
-
-def _test_log(run: TestRun) -> str:
-    status = "timed out" if run.timed_out else f"exit code {run.exit_code}"
-    header = f"$ {run.command}\n# {status}, {run.duration_s:.1f} s\n"
-    if run.canary is not None:
-        header += (
-            f"# with the tripwire's canary tests ({run.canary.path}, written by bugsweep for this run): "
-            f"{', '.join(run.canary.must_fail)} must fail, {', '.join(run.canary.must_pass)} must pass; "
-            "grade.json `tripwire` says what the runner reported\n"
-        )
-    return header + run.log
 
 
 class StepRunner(Protocol):

@@ -571,6 +571,33 @@ def test_the_plain_policy_leaves_the_conversation_as_it_happened(
     assert result.policy == "plain" and trajectory[-1]["policy"] == "plain"
 
 
+@pytest.mark.parametrize("policy", ["plain", "small-model"])
+def test_an_old_that_matches_only_loosely_is_refused_by_plain_and_applied_by_small_model(
+    scripted_model, sandbox: Sandbox, tmp_path: Path, policy: str
+) -> None:
+    """Plain means plain: the plain edit_file says precisely why it changed nothing (old differs from the file
+    only in whitespace) and the file stays as it was; the small-model policy applies the edit where it matches
+    once whitespace is ignored, and records that in the trajectory."""
+    loose = tool_call(
+        "edit_file", path="pyproject.toml", old='pythonpath  =  ["."]', new='pythonpath = [".", "src"]'
+    )
+    server = scripted_model([loose, tool_call("finish", summary="x")])
+    solve(server, sandbox, tmp_path, settings=AgentSettings(policy=policy, rewrite_samples=0))
+    answer = server.requests[1]["messages"][-1]["content"]
+    text = sandbox.files.read_text(f"{sandbox.workdir}/pyproject.toml")
+    applied = [e for e in load(tmp_path / "run" / "trajectory.json") if e["type"] == "edit_loose"]
+    if policy == "plain":
+        assert "not found in pyproject.toml, so nothing was changed" in answer
+        assert "differs from the file only in spaces, indentation or line breaks" in answer
+        assert 'pythonpath = ["."]' in text and not applied
+    else:
+        assert answer.startswith(
+            "Edited pyproject.toml (old matched the file only when differences in spaces"
+        )
+        assert 'pythonpath = [".", "src"]' in text
+        assert [(e["path"], e["applied"]) for e in applied] == [("pyproject.toml", True)]
+
+
 def test_no_policy_setting_means_plain_whatever_the_model(
     scripted_model, sandbox: Sandbox, tmp_path: Path
 ) -> None:

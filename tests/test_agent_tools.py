@@ -17,8 +17,13 @@ from pathlib import Path
 import pytest
 
 from bugsweep.agent import prompts
-from bugsweep.agent.model import recover_text_tool_calls
-from bugsweep.agent.tools import Toolbox, closest_lines
+from bugsweep.agent.loop import AgentRun
+from bugsweep.agent.model import ToolCall, recover_text_tool_calls
+from bugsweep.agent.small_model import SmallModelPolicy
+from bugsweep.agent.small_model.lookups import code_under_test
+from bugsweep.agent.tools import Toolbox, ToolOutcome, closest_lines
+from bugsweep.agent.trajectory import Trajectory
+from bugsweep.agent.types import AgentProgress
 from bugsweep.sandbox.base import ExecResult, tail
 from bugsweep.settings import AgentSettings
 from tests.support.repos import make_repo
@@ -95,6 +100,32 @@ def args(**kw: object) -> str:
     return json.dumps(kw)
 
 
+class SmallModelTools:
+    """The tools as the small-model policy answers them: the plain tool runs, then the policy's after_tool hook
+    (no model, no loop). `trajectory` holds what the policy recorded."""
+
+    def __init__(self, box: Toolbox) -> None:
+        self.box, self.policy, self.trajectory = box, SmallModelPolicy(), Trajectory()
+        self.run = AgentRun(
+            task="",
+            model=None,  # type: ignore[arg-type]  # the hook never asks the model
+            settings=box.settings,
+            policy=self.policy,
+            toolbox=box,
+            trajectory=self.trajectory,
+            progress=AgentProgress(),
+        )
+
+    def call(self, name: str, arguments: str) -> ToolOutcome:
+        return self.policy.after_tool(
+            self.run, ToolCall("c1", name, arguments), self.box.call(name, arguments)
+        )
+
+
+def small(box: Toolbox) -> SmallModelTools:
+    return SmallModelTools(box)
+
+
 # -- edit_file -----------------------------------------------------------------------------------------------
 
 
@@ -143,7 +174,8 @@ def test_edit_old_not_found_shows_closest_lines_as_they_are(box: Toolbox, repo: 
 
 def test_edit_old_copied_from_the_test_says_where_it_is(box: Toolbox, repo: Path) -> None:
     """Seen on the 1.5B model: it sends the test's failing assertion as old for the code file."""
-    out = box.call(
+    box.call("read_file", args(path="calc.py"))  # read: an unread file gets its closest region instead
+    out = small(box).call(
         "edit_file", args(path="calc.py", old="assert add(2, 3) == 5", new="assert add(2, 3) == 6")
     )
     assert not out.ok
@@ -156,17 +188,30 @@ def test_edit_old_copied_from_the_test_says_where_it_is(box: Toolbox, repo: Path
     assert "copy that line into old" in out.content
 
 
+def test_plain_edit_file_says_only_that_old_is_not_there_and_the_closest_lines(box: Toolbox) -> None:
+    """Plain means plain: no lookups in other files for the model, and a refused test file is only refused."""
+    out = box.call(
+        "edit_file", args(path="calc.py", old="assert add(2, 3) == 5", new="assert add(2, 3) == 6")
+    )
+    assert out.content.startswith("Error: The text in old was not found in calc.py, so nothing was changed.")
+    assert "test file" not in out.content and "The test calls" not in out.content
+    refused = box.call("edit_file", args(path="tests/test_calc.py", old="== 5", new="== -1"))
+    assert "is a test file" in refused.content and "calc.py" not in refused.content.split("edited.", 1)[1]
+
+
 def test_edit_old_from_a_test_without_a_known_definition_shows_closest_lines(
     box: Toolbox, repo: Path
 ) -> None:
-    out = box.call("edit_file", args(path="calc.py", old="def test_mul():", new="def test_mul2():"))
+    box.call("read_file", args(path="calc.py"))  # read: an unread file gets its closest region instead
+    out = small(box).call("edit_file", args(path="calc.py", old="def test_mul():", new="def test_mul2():"))
     assert "That text is in tests/test_calc.py, a test file" in out.content
     assert "Change the code in calc.py" in out.content
 
 
 def test_edit_old_from_another_code_file_names_it(box: Toolbox, repo: Path) -> None:
     (repo / "util.py").write_text("def sub(a, b):\n    return a - a\n")
-    out = box.call("edit_file", args(path="calc.py", old="return a - a", new="return a - b"))
+    box.call("read_file", args(path="calc.py"))  # read: an unread file gets its closest region instead
+    out = small(box).call("edit_file", args(path="calc.py", old="return a - a", new="return a - b"))
     assert not out.ok and "That text is in util.py" in out.content
 
 
@@ -175,7 +220,8 @@ def test_a_compiled_file_is_never_named_as_where_the_text_is(box: Toolbox, repo:
     edit the .pyc. Only text files count."""
     (repo / "__pycache__").mkdir()
     (repo / "__pycache__" / "util.cpython-311.pyc").write_bytes(b"\x00\x01 return a - a \x00")
-    out = box.call("edit_file", args(path="calc.py", old="return a - a", new="return a - b"))
+    box.call("read_file", args(path="calc.py"))  # read: an unread file gets its closest region instead
+    out = small(box).call("edit_file", args(path="calc.py", old="return a - a", new="return a - b"))
     assert not out.ok and ".pyc" not in out.content and "That text is in" not in out.content
 
 
@@ -191,7 +237,7 @@ def test_the_class_under_test_is_found_after_many_other_imported_names(tmp_path:
     }
     box = Toolbox(DirSandbox(make_repo(tmp_path / "table", files)), AgentSettings())
     test = str(tmp_path / "table" / "tests" / "test_table.py")
-    assert box._code_under_test(test, "tests/test_table.py")[1] == ["src/table/table.py"]
+    assert code_under_test(box, test, "tests/test_table.py")[1] == ["src/table/table.py"]
 
 
 def test_the_code_under_test_that_the_failing_statement_calls_comes_first(tmp_path: Path) -> None:
@@ -209,26 +255,42 @@ def test_the_code_under_test_that_the_failing_statement_calls_comes_first(tmp_pa
     repo = make_repo(tmp_path / "pkgrepo", files)
     box = Toolbox(DirSandbox(repo), AgentSettings())
     test = str(repo / "tests" / "test_make.py")
-    _, plain = box._code_under_test(test, "tests/test_make.py")
+    _, plain = code_under_test(box, test, "tests/test_make.py")
     assert sorted(plain) == ["pkg/errors.py", "pkg/make.py"]
-    _, ranked = box._code_under_test(test, "tests/test_make.py", prefer="assert is_class_var('x')")
+    _, ranked = code_under_test(box, test, "tests/test_make.py", prefer="assert is_class_var('x')")
     assert ranked[0] == "pkg/make.py" and sorted(ranked) == sorted(plain)
 
 
-def test_edit_old_with_joined_lines_matches_when_unambiguous(box: Toolbox, repo: Path) -> None:
+JOINED = args(path="calc.py", old="def add(a, b): return a - b", new="def add(a, b): return a + b")
+
+
+def test_plain_edit_file_refuses_an_old_that_matches_only_loosely_and_says_why(
+    box: Toolbox, repo: Path
+) -> None:
+    """Plain means plain: an `old` that differs from the file in whitespace is not applied for the model; the
+    error says that it differs only in whitespace and shows the lines as they are."""
+    before = (repo / "calc.py").read_text()
+    out = box.call("edit_file", JOINED)
+    assert not out.ok and not out.format_error
+    assert "was not found in calc.py, so nothing was changed" in out.content
+    assert "differs from the file only in spaces, indentation or line breaks" in out.content
+    assert "def add(a, b):\n    return a - b" in out.content
+    assert (repo / "calc.py").read_text() == before
+
+
+def test_small_model_applies_an_old_with_joined_lines_when_unambiguous(box: Toolbox, repo: Path) -> None:
     """A 1.5B model wrote old as one line for a two-line function; the only such place is the edit it meant."""
-    out = box.call(
-        "edit_file",
-        args(path="calc.py", old="def add(a, b): return a - b", new="def add(a, b): return a + b"),
-    )
+    tools = small(box)
+    out = tools.call("edit_file", JOINED)
     assert out.ok, out.content
     assert "ignored" in out.content
     assert (repo / "calc.py").read_text().startswith("def add(a, b): return a + b\n\n\ndef mul")
+    assert [e["path"] for e in tools.trajectory.events if e["type"] == "edit_loose"] == ["calc.py"]
 
 
 def test_edit_loose_match_in_several_places_is_refused(box: Toolbox, repo: Path) -> None:
     (repo / "two.py").write_text("x = 1\ny  =  2\nx = 1\n")
-    out = box.call("edit_file", args(path="two.py", old="x  = 1", new="x = 3"))
+    out = small(box).call("edit_file", args(path="two.py", old="x  = 1", new="x = 3"))
     assert not out.ok and "occurs 2 times" in out.content and "lines 1, 3" in out.content
 
 
@@ -291,7 +353,7 @@ def test_edit_refuses_test_files(box: Toolbox, repo: Path) -> None:
 
 
 def test_refusing_a_test_file_names_the_code_it_imports(box: Toolbox) -> None:
-    out = box.call("edit_file", args(path="tests/test_calc.py", old="== 5", new="== -1"))
+    out = small(box).call("edit_file", args(path="tests/test_calc.py", old="== 5", new="== -1"))
     assert not out.ok
     assert (
         "tests/test_calc.py uses add, mul from calc.py: read that file and fix the bug there." in out.content
@@ -308,7 +370,7 @@ def test_refusal_points_past_a_re_exporting_package_to_the_defining_module(tmp_p
         },
     )
     box = Toolbox(DirSandbox(repo), AgentSettings())
-    out = box.call("edit_file", args(path="tests/test_core.py", old="", new=""))
+    out = small(box).call("edit_file", args(path="tests/test_core.py", old="", new=""))
     assert "tests/test_core.py uses word_count from textstats/core.py: read that file" in out.content
 
 
@@ -318,7 +380,7 @@ def test_refusal_for_plain_imports_names_the_module_file(tmp_path: Path) -> None
         "test_calc.py": "import calc\n\n\ndef test_add():\n    assert calc.add(1, 1) == 2\n",
     }
     box = Toolbox(DirSandbox(make_repo(tmp_path / "plain", files)), AgentSettings())
-    out = box.call("edit_file", args(path="test_calc.py", old="a", new="b"))
+    out = small(box).call("edit_file", args(path="test_calc.py", old="a", new="b"))
     assert "test_calc.py imports code from calc.py: read that file and fix the bug there." in out.content
 
 
@@ -382,9 +444,12 @@ def test_read_file_line_range_of_a_long_file(repo: Path) -> None:
     assert out.content.splitlines() == ["long.py, lines 3000-3001 of 4000:", "v3000 = 3000", "v3001 = 3001"]
 
 
-def test_a_short_file_is_read_whole_whatever_the_range(box: Toolbox) -> None:
-    out = box.call("read_file", args(path="calc.py", start_line=1, end_line=1))
+def test_a_short_file_is_read_whole_whatever_the_range_under_small_model_only(box: Toolbox) -> None:
+    one_line = args(path="calc.py", start_line=1, end_line=1)
+    out = small(box).call("read_file", one_line)
     assert out.content.splitlines()[0] == "calc.py (6 lines):" and "return a - b" in out.content
+    plain = box.call("read_file", one_line)
+    assert plain.content == "calc.py, lines 1-1 of 6:\ndef add(a, b):"
 
 
 def test_read_file_is_capped_and_says_where_to_go_on(repo: Path) -> None:

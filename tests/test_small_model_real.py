@@ -1,4 +1,4 @@
-"""The `small-model` policy's help for real repositories (bugsweep/agent/small_model.py, focus.py).
+"""The `small-model` policy's help for real repositories (bugsweep/agent/small_model/, focus.py).
 
 Real parts: HTTP to tests.support.scripted_model on 127.0.0.1, the local sandbox (bubblewrap) with a real git repo
 and pytest inside it, the trajectory on disk. Stand-in: the model (a scripted stand-in: a script of replies, not a

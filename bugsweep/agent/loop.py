@@ -18,15 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from bugsweep.agent import prompts
+from bugsweep.agent.conversation import Conversation, StopRun
 from bugsweep.agent.history import for_history, shorten_oldest_tool_outputs
-from bugsweep.agent.model import (
-    ContextLengthExceeded,
-    ModelReply,
-    ToolCall,
-    Usage,
-    retries_reported,
-    unreadable_text_tool_call,
-)
+from bugsweep.agent.model import ContextLengthExceeded, ModelReply, ToolCall, Usage, retries_reported
 from bugsweep.agent.policy import Policy, make_policy
 from bugsweep.agent.tools import Toolbox, ToolOutcome, short
 from bugsweep.agent.trajectory import Trajectory
@@ -35,10 +29,6 @@ from bugsweep.sandbox.base import Sandbox
 from bugsweep.settings import AgentSettings
 
 __all__ = ["AgentEvent", "AgentProgress", "AgentResult", "AgentRun", "Model", "StopReason", "run_agent"]
-
-
-class _Stop(Exception):
-    """The run ends: args are (stop reason, why in words)."""
 
 
 def run_agent(
@@ -77,32 +67,32 @@ def run_agent(
     )
     policy, progress = policy or make_policy(settings.policy), progress or AgentProgress()
     return AgentRun(
-        task, model, settings, policy, toolbox, trajectory, progress, on_event, test_command, meta or {}
+        task=task,
+        model=model,
+        settings=settings,
+        policy=policy,
+        toolbox=toolbox,
+        trajectory=trajectory,
+        progress=progress,
+        on_event=on_event,
+        test_command=test_command,
+        meta=meta or {},
     ).run()
 
 
-@dataclass(eq=False)
-class AgentRun:
-    """One run of the loop: its conversation, counters and budgets. Policies get it at their hooks."""
+@dataclass(eq=False, kw_only=True)
+class AgentRun(Conversation):
+    """One run of the loop: its conversation (conversation.py), counters and budgets. Policies get it at their
+    hooks."""
 
     task: str
     model: Model
-    settings: AgentSettings
     policy: Policy
     toolbox: Toolbox
-    trajectory: Trajectory
-    progress: AgentProgress
-    on_event: Callable[[AgentEvent], None] | None = None
     test_command: str | None = None
     meta: dict[str, Any] = field(default_factory=dict)
     """More for the trajectory's `meta` event: the run's configuration and its digest."""
-    messages: list[dict[str, Any]] = field(default_factory=list)
-    """The conversation as it is sent to the model."""
-    result_indices: list[int] = field(default_factory=list)
-    """Indices of messages holding tool output: what the context-length shortening may elide."""
     tools: list[dict[str, Any]] = field(default_factory=list)
-    turn: int = 0
-    format_errors: int = 0
     summary: str = ""
 
     def __post_init__(self) -> None:
@@ -117,11 +107,11 @@ class AgentRun:
                 self._start()
                 while True:
                     if over := self.progress.over_budget(self.settings, self.turn, self.trajectory.elapsed()):
-                        raise _Stop(*over)
+                        raise StopRun(*over)
                     self.policy.before_request(self)
                     if self._turn():
-                        raise _Stop("finished", "the model called finish")
-        except _Stop as stop:
+                        raise StopRun("finished", "the model called finish")
+        except StopRun as stop:
             return self._finish(*stop.args)
         except BaseException as exc:
             self.progress.ended = time.monotonic()
@@ -168,16 +158,7 @@ class AgentRun:
         if self.policy.after_reply(self, reply):
             return False
         if not reply.tool_calls:
-            self.format_error("the reply had no tool call")
-            broken = unreadable_text_tool_call(reply.content)
-            self.append(
-                {"role": "user", "content": prompts.unreadable_text_call(broken) if broken else prompts.NUDGE}
-            )
-            if broken is not None:
-                self.emit("error", detail="a tool call written as text could not be read")
-            else:
-                self.emit("nudge", detail=prompts.NUDGE)
-            self.trajectory.save()
+            self.no_tool_call(reply.content)
             return False
 
         usable = finished = False
@@ -233,22 +214,12 @@ class AgentRun:
                 elided = shorten_oldest_tool_outputs(self.messages, self.result_indices)
                 if not elided:
                     why = f"the conversation no longer fits the model's context window ({exc})"
-                    raise _Stop("max_tokens", why) from None
+                    raise StopRun("max_tokens", why) from None
                 self.trajectory.add(
                     "context_shortened", turn=self.turn, elided_messages=elided, error=str(exc)[:500]
                 )
                 self.trajectory.save()
                 self.emit("error", detail=f"context window full: elided {len(elided)} old tool output(s)")
-
-    def format_error(self, why: str) -> None:
-        """Count a reply without a usable tool call; stops the run after too many in a row."""
-        self.format_errors = n = self.format_errors + 1
-        if n >= self.settings.max_consecutive_format_errors:
-            raise _Stop("format_errors", f"{n} replies in a row without a usable tool call ({why})")
-
-    def usable_reply(self) -> None:
-        """The reply was usable: the count of format errors in a row starts again."""
-        self.format_errors = 0
 
     # -- what policies use to change the conversation ----------------------------------------------------------
     def sample(self, messages: list[dict[str, Any]], *, temperature: float, seed: int) -> ModelReply | None:
@@ -275,45 +246,6 @@ class AgentRun:
         self.trajectory.save()
         self.emit("model", detail=f"sample at temperature {temperature}")
         return reply
-
-    def append(self, message: dict[str, Any], result: bool = False) -> None:
-        """Add a message at the end (and to the trajectory); `result`: tool output the shortening may elide."""
-        if result:
-            self.result_indices.append(len(self.messages))
-        self.messages.append(message)
-        self.trajectory.add("message", turn=self.turn, message=message)
-
-    def drop_messages_from(self, index: int) -> None:
-        """Take messages[index:] out of the conversation (they are the newest, so the cached prefix holds)."""
-        del self.messages[index:]
-        while self.result_indices and self.result_indices[-1] >= index:
-            self.result_indices.pop()
-
-    def record_tool(self, call: ToolCall, outcome: ToolOutcome, duration: float, **event: Any) -> None:
-        """Record a tool call and its outcome in the trajectory, and show it as a progress event."""
-        arguments = outcome.arguments if outcome.arguments is not None else call.arguments
-        self.trajectory.add(
-            "tool",
-            turn=self.turn,
-            id=call.id or None,
-            name=call.name,
-            arguments=arguments,
-            recovered=call.recovered,
-            duration_s=round(duration, 4),
-            **outcome.record(),
-        )
-        detail = None if outcome.ok else short(outcome.content, 160)
-        fields = {"short_arg": outcome.short_arg, "exit_code": outcome.exit_code, "detail": detail, **event}
-        self.emit("tool", tool=call.name, ok=outcome.ok, recovered=call.recovered, **fields)
-
-    def emit(self, kind: str, **fields: Any) -> None:
-        """A progress event for the command line or the Prefect logs."""
-        if self.on_event is not None:
-            used, elapsed = self.progress, self.trajectory.elapsed()
-            tokens, cost = used.usage.total_tokens, used.cost_usd
-            self.on_event(
-                AgentEvent(kind, self.turn, tokens=tokens, cost_usd=cost, elapsed_s=elapsed, **fields)
-            )
 
     def _on_retry(self, attempt: int, exc: BaseException, sleep: float) -> None:
         what, sleep = f"{type(exc).__name__}: {short(str(exc), 120)}", round(sleep, 3)

@@ -11,8 +11,10 @@ trajectory (the `meta` event), grade.json (`policy`), the run summary and every 
 can tell whether two models ran under the same harness.
 
 Policies:
-- `plain` (this base class): every hook does nothing; the plain seed loop.
-- `small-model` (small_model.py): the help the embedded 1.5B model needs to resolve the demo (bench/README.md).
+- `plain` (this base class): every hook does nothing; the plain seed loop with its plain tools (tools.py:
+  edit_file replaces exactly one exact occurrence and otherwise says precisely why not, read_file shows what it is
+  asked for, every mistake is a message). Any help beyond that (loose matching, lookups, whole reads) is a policy's.
+- `small-model` (small_model/): the help the embedded 1.5B model needs to resolve the demo (bench/README.md).
 
 The contract. A policy is one object per run (it may keep state), a subclass of `Policy` with a unique `name`,
 registered in POLICIES. The loop calls it at four hooks, always in the loop's own thread:
@@ -26,7 +28,9 @@ registered in POLICIES. The loop calls it at four hooks, always in the loop's ow
 - `after_tool(run, call, outcome) -> ToolOutcome`: after one tool call ran, before its result is recorded and
   appended. Return the outcome to use (the same one, or a replacement with other `content`).
 What a policy may use of `run` (loop.AgentRun): `messages`, `toolbox`, `trajectory`, `settings`, `test_command`,
-`turn`, and the methods `append`, `drop_messages_from`, `record_tool`, `emit`, `format_error` and `usable_reply`.
+`turn`, and the methods `append`, `drop_messages_from`, `record_tool`, `emit`, `format_error` and `usable_reply`
+(those of its conversation, conversation.py) and `sample` (one more reply to an earlier state of the
+conversation).
 Every change it makes to the conversation is recorded in the trajectory (an event of its own, or the messages it
 appends), so what the model saw can always be rebuilt. A policy never decides the grade: grading happens after the
 loop, outside the sandbox, the same for every policy.

@@ -9,10 +9,13 @@ Tuned against the embedded Qwen2.5-Coder-1.5B (temperature 0, local sandbox) on 
 (add subtracts) and a package whose __init__ re-exports a module with a word-count bug. What it did, and the change:
 - read the test, tried to edit it, then called finish with the refusal text as its summary ("finish when you cannot
   make progress" invited that): finish is now "after the tests pass", and the refusal names the file that defines
-  what the test imports (found with grep), not the re-exporting __init__ it edited instead;
-- read one line (start_line=end_line=1) and edited blind: a file that fits in the cap is now returned whole;
+  what the test imports (found with grep; under the small-model policy), not the re-exporting __init__ it edited
+  instead;
+- read one line (start_line=end_line=1) and edited blind: a file that fits in the cap is now returned whole (under
+  the small-model policy);
 - wrote `old` with the function's two lines joined on one line, four times in a row: a single whitespace-insensitive
-  match is now applied (and an edit that would break Python syntax is refused instead);
+  match is now applied under the small-model policy (the plain tools say that `old` differs only in whitespace),
+  and an edit that would break Python syntax is refused;
 - edited, then finished without running the tests: a successful edit now names the test command as the next step;
 - replaced only a `def` line, was refused for the syntax error, took the would-be file shown in the refusal for the
   real one, and repeated the edit with old == new until max_turns: the refusal now shows the file as it still is,
@@ -285,7 +288,7 @@ def read_header(path: str, first: int, last: int, total: int) -> str:
 
 
 def read_outline(path: str, total: int, chars: int, entries: Sequence[str], left_out: int) -> str:
-    """A whole-file read too long for a small model's window (small_model.py): where things are instead."""
+    """A whole-file read too long for a small model's window (small_model/tool_help.py): where things are instead."""
     more = f"\n(and {left_out} more)" if left_out else ""
     return (
         f"{path} has {total} lines ({chars} characters), too long to read whole here. Its classes and "
@@ -340,9 +343,17 @@ def old_equals_new(path: str) -> str:
 
 
 def old_not_found(
-    path: str, closest: str, other_files: Sequence[str] = (), test_files: Sequence[str] = ()
+    path: str,
+    closest: str,
+    other_files: Sequence[str] = (),
+    test_files: Sequence[str] = (),
+    whitespace_only: bool = False,
 ) -> str:
+    """`old` is in the file nowhere as written. The plain tools say where it is most alike, and whether it differs
+    from the file only in whitespace; the other files that hold it are the small-model policy's (small_model/)."""
     text = f"Error: The text in old was not found in {path}, so nothing was changed."
+    if whitespace_only:
+        text += " It differs from the file only in spaces, indentation or line breaks."
     if test_files:
         # Seen on the 1.5B model: it copies the failing assertion from the test and tries to "fix" it in the code.
         text += (
@@ -456,7 +467,7 @@ def recovered_result(tool: str, content: str) -> str:
     return f"Result of {tool}:\n{content}"
 
 
-# -- whole-function edits (the small-model policy: small_model.py, rewrite.py) -------------------------------
+# -- whole-function edits (the small-model policy: small_model/, rewrite.py) ---------------------------------
 
 
 def rewrite_request(
@@ -526,7 +537,7 @@ def function_gone(name: str, path: str) -> str:
 
 
 def reply_code_applied(span: FunctionSpan, last: int, snippet: str, test_command: str) -> str:
-    """The answer to a reply without a tool call whose code block fixed the function (small_model.py)."""
+    """The answer to a reply without a tool call whose code block fixed the function (small_model/tried.py)."""
     return (
         f"Your reply had no tool call, but its code block defines {span.name}, so it was tried in place of "
         f"{span.name} in {span.path} (lines {span.first}-{span.last}). Lines {span.first}-{last} of "
@@ -539,3 +550,29 @@ def function_rewritten(span: FunctionSpan, last: int, snippet: str, test_command
         f"Replaced {span.name} in {span.path} (lines {span.first}-{span.last}) with your version. "
         f"Lines {span.first}-{last} of {span.path} now read:\n{snippet}\n{_check_step(test_command)}"
     )
+
+
+# -- notes of the small-model policy (small_model/) ----------------------------------------------------------
+
+REPEAT_SAME = (
+    "Note: this is the same command as in turn {turn}, and its output is the same: nothing it checks has changed "
+    "since. Running it again will not help. Change the code first: read the function the failing test calls, "
+    "then edit it."
+)
+REPEAT_CHANGED = (
+    "Note: this is the same command as in turn {turn}. What is new in its output since then:\n{lines}"
+)
+EDIT_NORMALISED = (
+    "Note: old was not in {path} exactly as written, but it matched one place (line {line}) once quotes and "
+    "whitespace were normalised. The edit was applied there."
+)
+FINISH_REFUSED = (
+    "Not finished: the tests still fail ({command} exited with {code}). They say:\n```\n{says}\n```\n"
+    "Find the code that gives the wrong result, fix it, run the tests, and call finish when they pass. "
+    "A second finish call ends the work as it is."
+)
+UNREAD_FILE = (
+    "Error: The text in old was not found in {path}, so nothing was changed. You have not read {path}: edit only "
+    "text you have read. The part of {path} most like your old is at {closest}\n"
+    "To change those lines, copy them exactly into old and call edit_file again."
+)

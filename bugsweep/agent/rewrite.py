@@ -5,13 +5,14 @@ text. Measured on the embedded Qwen2.5-Coder-1.5B (bench/README.md, "whole-funct
 had read the buggy function, its edit_file calls carried a correct fix in about 1 of 5 samples, while asked in one
 sentence for the whole corrected function in a ```python block it wrote a correct one in 5 of 5.
 
-So under the `small-model` policy (small_model.py) an edit_file call whose `old` lies inside one Python function
+So under the `small-model` policy (small_model/) an edit_file call whose `old` lies inside one Python function
 is first tried as sent, and kept when the tests pass with it (asked for the whole function after a right one-line
 fix, the model copied the function unchanged). Otherwise it is undone and used to find *where* to edit, not *what*
 to write: the policy takes the call out of the conversation (the model would copy its own `new` again), asks for
 the whole function as a code block, and the code block of the next reply replaces the function. A function written
 back unchanged moves the request to the one function of the file that it calls. Everything in this module is pure
-text-in, text-out, so it is tested without a model or a sandbox; the policy (small_model.py) does the asking.
+text-in, text-out, so it is tested without a model or a sandbox; the policy (small_model/whole_function.py) does
+the asking.
 """
 
 from __future__ import annotations

@@ -1,4 +1,10 @@
-"""The four tools the model calls: run, read_file, edit_file and finish.
+"""The four tools the model calls: run, read_file, edit_file and finish, plain.
+
+edit_file replaces exactly one exact occurrence of `old`; otherwise nothing changes and the answer says precisely
+why (found nowhere: the closest lines, and whether `old` differs from them only in whitespace; found several times:
+how many and at which lines; an edit that would break Python syntax: where). read_file shows the lines asked for.
+Help beyond that for weak models (loose matching, lookups in other files, whole reads) is the small-model policy's
+(small_model/tool_help.py), which acts on the `problem` these answers carry.
 
 Everything happens inside the sandbox through its interface (`exec`, `files`), so the same tools work on the local
 bubblewrap sandbox and on Runtime microVMs. The tools never raise for a mistake of the model: every mistake comes back
@@ -13,7 +19,6 @@ from __future__ import annotations
 import errno
 import json
 import posixpath
-import re
 import shlex
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -23,7 +28,6 @@ from bugsweep.agent import prompts
 from bugsweep.agent.rewrite import FunctionSpan
 from bugsweep.agent.text import (
     closest_lines,
-    definitions_named_in,
     loose_matches,
     new_syntax_error,
     numbered,
@@ -60,6 +64,8 @@ class ToolOutcome:
     callees: list[FunctionSpan] | None = None
     """Whole-function edits only: set when the model wrote the function back unchanged, to the functions of the same
     file that it calls (where the wrong result must come from)."""
+    problem: str | None = None
+    """What a policy may act on: "old_not_found", "test_file" (edit_file) or "bad_line_range" (read_file)."""
 
     def record(self) -> dict[str, Any]:
         """What a trajectory's tool event says of the outcome."""
@@ -293,78 +299,6 @@ class Toolbox:
         paths = sorted((p for p in result.stdout.split("\n") if p), key=lambda p: (p.count("/"), p))
         return paths[:limit], max(len(paths) - limit, 0)
 
-    def _code_under_test(self, real: str, rel: str, prefer: str = "") -> tuple[list[str], list[str]]:
-        """(names, files): what a Python test file imports and the repository files that define it (at most
-        three, test files excluded). Named in the refusal, so that a small model knows where to go next.
-
-        First the definitions (`def NAME` / `class NAME`) of the names it imports with `from ... import`, found with
-        grep inside the sandbox: a package's __init__ that only re-exports is not where the bug is. Files that
-        define a name found in `prefer` (say, the failing statements) come first. Failing that, the files its
-        imports resolve to.
-        """
-        if not rel.endswith(".py"):
-            return [], []
-        try:
-            source = self.sandbox.files.read_text(real)
-        except Exception:
-            return [], []
-        imported = [
-            name.strip()
-            for m in _IMPORT.finditer(source)
-            if m.group(1) != "__future__"
-            for name in (m.group(2) or "").strip("()").split(",")
-            if name.strip().isidentifier() and not name.strip().startswith("test")
-        ]
-        # Up to 40 names: seen on prettytable, the names from the standard library and pytest plugins came first
-        # and a cap of 12 left out PrettyTable, the class under test.
-        imported = list(dict.fromkeys(imported))[:40]
-        if imported:
-            alternatives = "|".join(imported)
-            grep = (
-                "grep -rnE --include='*.py' "
-                + shlex.quote(rf"^[[:space:]]*(async[[:space:]]+)?(def|class)[[:space:]]+({alternatives})\b")
-                + " . | head -50"
-            )
-            result = self.sandbox.exec(grep, timeout=60, stdin="")
-            defined: dict[str, set[str]] = {}
-            for line in result.stdout.split("\n"):
-                path = line.split(":", 1)[0].removeprefix("./")
-                if path and line.count(":") >= 2 and not self.is_protected(path):
-                    names = set(re.findall(r"\w+", line.split(":", 2)[2])) & set(imported)
-                    defined.setdefault(path, set()).update(names)
-            if defined:
-                wanted = set(re.findall(r"\w+", prefer))
-                return imported, sorted(defined, key=lambda path: not defined[path] & wanted)[:3]
-        return imported, self._imported_module_files(source, rel)
-
-    def _imported_module_files(self, source: str, rel: str) -> list[str]:
-        """Repository files that the imports of `source` resolve to (at most three, test files excluded)."""
-        candidates: list[str] = []
-        here = posixpath.dirname(rel)
-        for match in _IMPORT.finditer(source):
-            module, names = match.group(1) or match.group(3), (match.group(2) or "").strip("()")
-            dots = len(module) - len(module.lstrip("."))
-            base = module.lstrip(".").replace(".", "/")
-            if dots:
-                up = here
-                for _ in range(dots - 1):
-                    up = posixpath.dirname(up)
-                roots = [posixpath.join(up, base) if base else up]
-            else:
-                roots = [base, f"src/{base}"]
-            for root in roots:
-                candidates += [f"{root}.py", f"{root}/__init__.py"]
-                candidates += [f"{root}/{n.strip()}.py" for n in names.split(",") if n.strip().isidentifier()]
-        found: list[str] = []
-        for path in dict.fromkeys(posixpath.normpath(c) for c in candidates if c):
-            if path.startswith("..") or self.is_protected(path) or (path.endswith("/__init__.py") and found):
-                continue
-            if self.sandbox.files.exists(posixpath.join(self.workdir, path)):
-                found.append(path)
-            if len(found) == 3:
-                break
-        return found
-
     def is_protected(self, *rel_paths: str) -> bool:
         return any(is_test_file(p, self.settings.protected_globs, self.protected_paths) for p in rel_paths)
 
@@ -402,13 +336,11 @@ class Toolbox:
         if total == 0:
             return ToolOutcome(prompts.read_header(rel, 0, 0, 0), short_arg=rel)
         limit = self.settings.read_file_max_chars
-        if len(text) <= limit:
-            # A file that fits is shown whole whatever the range: small models ask for one line and then lack
-            # the lines around it.
-            first, last = 1, total
         last = min(last, total)
         if first < 1 or first > total or last < first:
-            return ToolOutcome(prompts.bad_line_range(rel, total), ok=False, short_arg=rel)
+            return ToolOutcome(
+                prompts.bad_line_range(rel, total), ok=False, short_arg=rel, problem="bad_line_range"
+            )
         shown: list[str] = []
         size = 0
         cut_at: int | None = None
@@ -453,8 +385,9 @@ class Toolbox:
             self.workdir,
         )
         if self.is_protected(rel, lexical_rel):
-            names, code = self._code_under_test(real, rel) if kind == "file" else ([], [])
-            return ToolOutcome(prompts.protected_file(rel, names, code), ok=False, short_arg=rel)
+            return ToolOutcome(
+                prompts.protected_file(rel, [], []), ok=False, short_arg=rel, problem="test_file"
+            )
         if old == "":
             return self._create(real, rel, kind, parent_exists, new)
         refusal = self._refuse_kind(kind, rel)
@@ -468,61 +401,45 @@ class Toolbox:
             # Binary, or not UTF-8 (a sandbox may decode with errors="replace"): writing it back would lose bytes.
             return ToolOutcome(prompts.not_text(rel), ok=False, short_arg=rel)
         spans = [(i, i + len(old)) for i in occurrences(content, old)]
-        loose = not spans
-        if loose:
-            spans = loose_matches(content, old)
         if not spans:
-            elsewhere = self._files_containing(old, exclude=rel)
-            tests = [f for f in elsewhere if self.is_protected(f)]
-            others = [f for f in elsewhere if f not in tests]
-            # old copied from a test names the code under test: show its definition here rather than the lines
-            # that merely look alike (which sent a 1.5B model to a call site instead of the function).
-            definitions = definitions_named_in(content, old) if tests else []
-            if definitions:
-                return ToolOutcome(prompts.old_from_test(rel, tests, definitions), ok=False, short_arg=rel)
             closest = closest_lines(content, old)
-            return ToolOutcome(prompts.old_not_found(rel, closest, others, tests), ok=False, short_arg=rel)
+            loose = bool(loose_matches(content, old))
+            return ToolOutcome(
+                prompts.old_not_found(rel, closest, whitespace_only=loose),
+                ok=False,
+                short_arg=rel,
+                problem="old_not_found",
+            )
         if len(spans) > 1:
             lines = [content.count("\n", 0, i) + 1 for i, _ in spans]
             return ToolOutcome(prompts.old_not_unique(rel, len(spans), lines), ok=False, short_arg=rel)
         if old == new:
             # Checked only after the match: when old is not in the file, "not found" with the real lines tells the
-            # model more (a small model that believes its edit was made repeats it with old == new).
+            # model more (a model that believes its edit was made repeats it with old == new).
             return ToolOutcome(prompts.old_equals_new(rel), ok=False, short_arg=rel)
-        [(start, end)] = spans
+        return self.apply_edit(real, rel, content, *spans[0], new)
+
+    def apply_edit(
+        self, real: str, rel: str, content: str, start: int, end: int, new: str, loose: bool = False
+    ) -> ToolOutcome:
+        """Replace content[start:end] with `new` and write the file, unless that breaks Python syntax; `loose`:
+        the place was found with whitespace ignored (the small-model policy), which the answer says."""
         updated = content[:start] + new + content[end:]
         first = updated.count("\n", 0, start) + 1
         last = first + max(new.count("\n") - (1 if new.endswith("\n") else 0), 0)
         if rel.endswith(".py"):
             broken = new_syntax_error(content, updated, rel)
             if broken is not None:
-                message = broken[1]
                 # Show the file as it still is, around the place of the edit: showing the would-be file made a
                 # small model believe the edit had been made.
                 old_first = content.count("\n", 0, start) + 1
                 old_last = old_first + content.count("\n", start, end)
                 shown = numbered(content, old_first - 2, old_last + 2)
-                return ToolOutcome(prompts.edit_breaks_syntax(rel, message, shown), ok=False, short_arg=rel)
-        self.write_file(real, updated)
+                return ToolOutcome(prompts.edit_breaks_syntax(rel, broken[1], shown), ok=False, short_arg=rel)
+        if not self.write_if_room(real, updated):
+            return ToolOutcome(prompts.disk_full_error("edit_file"), ok=False, short_arg=rel)
         text = prompts.edit_done(rel, first, last, snippet(updated, first, last), loose, self.test_command)
         return ToolOutcome(text, short_arg=rel)
-
-    def _files_containing(self, text: str, exclude: str) -> list[str]:
-        """Repository files (at most five) that contain the first line of `text`: a small model often copies
-        `old` from another file it read, typically the test."""
-        needle = next((line.strip() for line in text.split("\n") if line.strip()), "")
-        if len(needle) < 4:
-            return []
-        # -I: text files only (seen: a .pyc in __pycache__ named as the place of a docstring line).
-        command = (
-            f"grep -rlIF --exclude-dir=.git --exclude-dir=__pycache__ -e {shlex.quote(needle)} . | head -5"
-        )
-        try:
-            result = self.sandbox.exec(command, timeout=30, stdin="")
-        except Exception:  # only a hint: never let it turn an error message into a crash
-            return []
-        found = [line.removeprefix("./") for line in result.stdout.split("\n") if line.strip()]
-        return [f for f in found if f != exclude]
 
     def _create(self, real: str, rel: str, kind: str, parent_exists: bool, new: str) -> ToolOutcome:
         if kind == "dir":
@@ -545,10 +462,3 @@ class Toolbox:
                 self.sandbox.exec(f"rm -f -- {shlex.quote(real)}", timeout=30, stdin="")
             raise
         return ToolOutcome(prompts.file_created(rel, len(new.splitlines())), short_arg=rel)
-
-
-#: `from m import a, b`, `from m import (a,\n    b,\n)` (names over several lines: seen on prettytable, whose tests
-#: import a dozen names so) and `import m`: group 1 the module of a from-import, 2 its names, 3 a plain import's.
-_IMPORT = re.compile(
-    r"^\s*(?:from\s+([\w.]+)\s+import\s+(\([\w\s,#]*\)|[\w ,]+)|import\s+([\w.]+))", re.MULTILINE
-)
