@@ -590,3 +590,15 @@ def test_binary_files_are_neither_shown_nor_rewritten(box: Toolbox, repo: Path) 
     assert "not a text file" in box.call("read_file", args(path="logo.png")).content
     assert "not a text file" in box.call("edit_file", args(path="logo.png", old="PNG", new="GIF")).content
     assert (repo / "logo.png").read_bytes() == blob
+
+
+def test_read_files_description_says_what_each_policy_does_with_a_range() -> None:
+    from bugsweep.agent import prompts
+
+    def described(whole: bool) -> str:
+        (read,) = [t for t in prompts.tool_schemas(30, 6000, 20000, short_files_whole=whole)
+                   if t["function"]["name"] == "read_file"]  # fmt: skip
+        return str(read["function"]["description"])
+
+    assert "the lines from start_line to end_line" in described(False)
+    assert "A file of up to 20000 characters is returned whole." in described(True)

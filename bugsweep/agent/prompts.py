@@ -84,10 +84,23 @@ def first_user_message(
 
 
 def tool_schemas(
-    command_timeout_s: float, output_tail_chars: int, read_file_max_chars: int, repo_dir: str = REPO_DIR
+    command_timeout_s: float,
+    output_tail_chars: int,
+    read_file_max_chars: int,
+    repo_dir: str = REPO_DIR,
+    short_files_whole: bool = False,
 ) -> list[dict[str, Any]]:
-    """The four tools as OpenAI function tools. Descriptions state the limits the model will run into."""
+    """The four tools as OpenAI function tools. Descriptions state the limits the model will run into, and what
+    read_file does: a policy that returns short files whole whatever the range (small-model) says so; plain returns
+    the range asked for."""
     timeout = f"{command_timeout_s:g}"
+    read_file = (
+        f"Read a text file of the repository. A file of up to {read_file_max_chars} characters is returned "
+        "whole. A longer file is cut there; then start_line and end_line choose the part to read."
+        if short_files_whole
+        else f"Read a text file of the repository: the lines from start_line to end_line, or without them the "
+        f"whole file, cut at {read_file_max_chars} characters."
+    )
     return [
         _function(
             "run",
@@ -99,8 +112,7 @@ def tool_schemas(
         ),
         _function(
             "read_file",
-            f"Read a text file of the repository. A file of up to {read_file_max_chars} characters is returned "
-            "whole. A longer file is cut there; then start_line and end_line choose the part to read.",
+            read_file,
             {
                 "path": ("string", f"File path, relative to {repo_dir}."),
                 "start_line": (

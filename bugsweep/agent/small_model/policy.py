@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
 class SmallModelPolicy(Policy):
     name = "small-model"
+    reads_short_files_whole = True  # tool_help.py: a short file is read whole, so it is never edited blind
 
     def __init__(self) -> None:
         self.notes = Notes()
