@@ -24,6 +24,7 @@ import mimetypes
 import os
 import re
 import shutil
+import socket
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -475,10 +476,20 @@ def read_text(location: str, store: ArtifactStore | None = None) -> str:
         try:
             return s3.read_uri(location).decode("utf-8")
         except FileNotFoundError as exc:
-            raise ConfigError(f"task file {location} does not exist") from exc
+            endpoint = getattr(s3.client.meta, "endpoint_url", "AWS")
+            raise ConfigError(
+                f"task file {location} does not exist (looked for key {location.split('/', 3)[-1]!r} in bucket "
+                f"{s3.bucket!r} at {endpoint})"
+            ) from exc
     path = Path(location).expanduser()
     if not path.is_file():
-        raise ConfigError(f"task file {path} does not exist")
+        where = (
+            f"looked for {path.resolve()} on {socket.gethostname()}"
+            if path.is_absolute()
+            else f"a path relative to the folder this runs in: looked for {path.resolve()} on "
+            f"{socket.gethostname()}; give an absolute path, an s3:// file or a repository"
+        )
+        raise ConfigError(f"task file {location} does not exist ({where})")
     return path.read_text(encoding="utf-8")
 
 

@@ -74,12 +74,14 @@ def deploy(
     project_dir: Path | None = None,
     prefect_file: str = "prefect.yaml",
     heartbeat_s: int = HEARTBEAT_S,
+    nightly_tasks: str | None = None,
 ) -> DeployResult:
     """Create `pool` if needed, deploy every deployment of `prefect_file` onto it, and ship the crash automation.
 
     `project_dir` (default: the folder this runs in) is recorded as the folder process workers run the flows from.
-    A deployment whose schedule has no task source to read (prefect.yaml's `source` names a tasks file that is not
-    there) is deployed with its schedule paused, and the result says why.
+    The nightly's task source is one a worker can always find: `nightly_tasks` (a tasks file, made absolute here,
+    or s3://), else prefect.yaml's `source` with a relative path made absolute against `project_dir`. A deployment
+    whose schedule has no task source to read is deployed with its schedule paused, and the result says why.
     """
     project_dir = (project_dir or Path.cwd()).resolve()
     if not (project_dir / prefect_file).is_file():
@@ -96,16 +98,24 @@ def deploy(
     # One deployment at a time: with --all, Prefect ignores --pool.
     for full_name in DEPLOYMENTS:
         name = full_name.split("/", 1)[1]
+        deployment = _deployment(config, name)
+        source = task_source(deployment, project_dir, nightly_tasks)
+        params = ["--params", json.dumps({"source": source})] if source is not None else []
         done = _prefect(
             ["--no-prompt", "deploy", "--name", name, "--pool", pool, "--prefect-file", prefect_file,
-             "--job-variable", json.dumps({"env": env})],
+             "--job-variable", json.dumps({"env": env}), *params],
             project_dir,
         )  # fmt: skip
         if done.returncode != 0:
             raise _failure(f"`prefect deploy --name {name}` failed", done)
         result.deployments.append(full_name)
         result.output += done.stdout
-        missing = missing_task_source(_deployment(config, name), project_dir)
+        if source is not None:
+            deployment = {
+                **deployment,
+                "parameters": {**(deployment.get("parameters") or {}), "source": source},
+            }
+        missing = missing_task_source(deployment, project_dir)
         _set_paused(full_name, paused=missing is not None)  # deployed again once the source exists: resumed
         if missing:
             result.paused[full_name] = missing
@@ -125,6 +135,29 @@ def register_block_types() -> None:
         block_class.register_type_and_schema()
 
 
+def task_source(deployment: dict[str, Any], project_dir: Path, tasks: str | None) -> dict[str, Any] | None:
+    """The `source` parameter a scheduled sweep deployment is deployed with, or None to leave prefect.yaml's: a
+    tasks file given on the command line (made absolute against the folder deploy runs in), or prefect.yaml's
+    relative path made absolute against the project folder, so that a worker running anywhere finds it."""
+    params = deployment.get("parameters") or {}
+    if "source" not in params:
+        return None
+    if tasks is not None:
+        path = tasks if tasks.startswith("s3://") else str(Path(tasks).expanduser().resolve())
+        return {"kind": "file", "path": path}
+    source = dict(params["source"] or {})
+    path = str(source.get("path") or "")
+    if (
+        source.get("kind", "file") == "file"
+        and path
+        and not path.startswith("s3://")
+        and not Path(path).is_absolute()
+    ):
+        source["path"] = str((project_dir / path).resolve())
+        return source
+    return None
+
+
 def missing_task_source(deployment: dict[str, Any], project_dir: Path) -> str | None:
     """Why a scheduled deployment has nothing to run, or None. A tasks file on this machine must exist (a path
     relative to the project folder, where process workers run); s3:// files and repositories are checked by the
@@ -141,9 +174,10 @@ def missing_task_source(deployment: dict[str, Any], project_dir: Path) -> str | 
         return "its parameters name no task source (`source`)"
     if not (project_dir / path).is_file():
         return (
-            f"its task source {path!r} does not exist in {project_dir}: write one (`bugsweep mine REPO --out {path}`) "
-            "or point `source` in prefect.yaml at a tasks file (s3://... works) or a repository, then deploy again "
-            "(or resume the deployment in the UI once the file is there)"
+            f"its task source {path!r} does not exist on this machine: write one (`bugsweep mine REPO --out "
+            f"{path}`), or deploy with `--tasks FILE` (a tasks file here, or s3://BUCKET/KEY), or point `source` in "
+            "prefect.yaml at a repository, then deploy again (or resume the deployment in the UI once the file is "
+            "there)"
         )
     return None
 

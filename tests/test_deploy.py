@@ -135,8 +135,8 @@ def deployed(prefect_api, seaweed, tmp_path_factory: pytest.TempPathFactory) -> 
         # The project has no tasks.jsonl: the nightly schedule would fail every night, so it is deployed paused.
         assert not (PROJECT / "tasks.jsonl").exists()
         assert (
-            "sweep/nightly-sweep with its schedule PAUSED: its task source 'tasks.jsonl' does not exist"
-            in (deployed_out)
+            f"sweep/nightly-sweep with its schedule PAUSED: its task source '{PROJECT / 'tasks.jsonl'}' does not "
+            "exist on this machine" in deployed_out
         )
         nightly = httpx.get(f"{prefect_api.api_url}/deployments/name/sweep/nightly-sweep", timeout=30).json()
         assert nightly["paused"] is True
@@ -229,6 +229,34 @@ def test_a_run_from_the_ui_form_is_run_by_a_worker_and_its_patch_lands_in_s3(
     grade = deployed.store.get_bytes(f"{folder}/grade.json").decode()
     assert '"resolved": true' in grade
     assert any(run_id in deployed.worker_log(w) for w in deployed.workers)
+
+
+def test_the_nightly_deployed_with_a_tasks_file_is_resumed_and_a_worker_runs_it(
+    deployed: Deployed, tmp_path: Path
+) -> None:
+    """`bugsweep deploy --tasks FILE` (the first night's step): the nightly is deployed active, with the file's
+    absolute path as its source, and a run of it as the schedule makes it (no parameters given) completes on a
+    worker that runs in another folder, with the task's grade in S3."""
+    repo = make_repo(tmp_path / "calc")
+    tasks_file = tmp_path / "team" / "nightly.jsonl"
+    tasks_file.parent.mkdir()
+    dump_tasks([calc_task(repo, "calc-nightly")], tasks_file)
+    bugsweep = [sys.executable, "-m", "bugsweep", "deploy", "--pool", POOL, "--heartbeat-s", str(HEARTBEAT_S)]
+
+    out = " ".join(deployed.server.run([*bugsweep, "--tasks", str(tasks_file)], cwd=PROJECT).split())
+
+    assert "deployed sweep/nightly-sweep" in out and "PAUSED" not in out
+    nightly = deployed.api("GET", "/deployments/name/sweep/nightly-sweep")
+    assert nightly["paused"] is False
+    assert nightly["parameters"]["source"] == {"kind": "file", "path": str(tasks_file)}
+    run = deployed.wait(deployed.run_deployment("sweep/nightly-sweep", {}))
+    assert run["state"]["type"] == "COMPLETED", run["state"]
+    assert (
+        '"resolved": true'
+        in deployed.store.get_bytes(
+            f"{deployed.run_folder('nightly/calc-nightly/scripted-model')}/grade.json"
+        ).decode()
+    )
 
 
 def test_a_sweep_fans_out_to_both_workers_and_collects_every_grade(

@@ -389,6 +389,13 @@ def deploy_command(
             help="Seconds between a flow run's heartbeats; a run silent for three of them is marked Crashed.",
         ),
     ] = 60,
+    tasks: Annotated[
+        str | None,
+        typer.Option(
+            help="The nightly sweep's tasks file: a path on this machine (recorded absolute, so a worker running "
+            "anywhere on it finds it) or s3://BUCKET/KEY; default: prefect.yaml's `source`."
+        ),
+    ] = None,
 ) -> None:
     """Create the work pool, deploy `solve-bug` and `nightly-sweep` from prefect.yaml, and the crash automations.
 
@@ -406,7 +413,7 @@ def deploy_command(
     from deployments import deploy, worker_command
 
     try:
-        result = deploy(pool=pool, pool_type=pool_type, heartbeat_s=heartbeat_s)
+        result = deploy(pool=pool, pool_type=pool_type, heartbeat_s=heartbeat_s, nightly_tasks=tasks)
     except BugsweepError as exc:
         _fail(str(exc))
     console.print(f"work pool [bold]{result.pool}[/] {'created' if result.pool_created else 'already there'}")
