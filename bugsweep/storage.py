@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol, TypeVar, runtime_checkable
-from urllib.parse import urlparse
+from urllib.parse import quote, urlparse
 
 from pydantic import AliasChoices, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -383,15 +383,14 @@ class S3Store:
         return f"s3://{self.bucket}/{self._full(key)}"
 
     def link(self, key: str) -> str:
+        """A lasting address of the object, with no key or signature in it: the S3 server's own URL of it for a
+        custom endpoint (SeaweedFS, MinIO: opened by whoever may read the bucket), the S3 console's page of it on
+        AWS. Never a presigned URL: that expires, and carries the access key id."""
         full = self._full(key)
-        return str(
-            self._call(
-                f"presign s3://{self.bucket}/{full}",
-                lambda: self.client.generate_presigned_url(
-                    "get_object", Params={"Bucket": self.bucket, "Key": full}, ExpiresIn=7 * 24 * 3600
-                ),
-            )
-        )
+        endpoint = self.client.meta.endpoint_url or ""
+        if endpoint and "amazonaws.com" not in endpoint:
+            return f"{endpoint.rstrip('/')}/{self.bucket}/{quote(full)}"
+        return f"https://s3.console.aws.amazon.com/s3/object/{self.bucket}?prefix={quote(full)}"
 
     def check_bucket(self) -> bool:
         """Whether the bucket exists, asked once (a check, not a run: no retries). Raises StorageError, naming the

@@ -46,6 +46,7 @@ from flows.common import (
 from flows.solve_bug import Job, solve_many
 from flows.sweep import TaskSource
 from tasks import quiet_thread_timeout_warnings, steps
+from tasks.publish import artifact_key
 
 #: Report files, written next to the runs and uploaded with them.
 REPORT_FILES = ("report.md", "report.json", "report.html")
@@ -217,11 +218,11 @@ def publish(
         except StorageError as exc:
             logger.error("could not upload %s (it stays at %s): %s", path.name, path, exc)
     create_table_artifact(
-        key=steps.artifact_key(name),
+        key=artifact_key(name),
         table=artifact_table(report),
         description=f"Resolve rate per model over {tasks} task(s) x {runs} run(s), with 95% Wilson intervals.",
     )
-    create_markdown_artifact(key=steps.artifact_key(name, "report"), markdown=render_markdown(report))
+    create_markdown_artifact(key=artifact_key(name, "report"), markdown=render_markdown(report))
     logger.info("report: %s", ", ".join(str(p) for p in paths.values()))
 
 

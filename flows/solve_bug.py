@@ -40,12 +40,12 @@ from flows.common import (
     refuse_endless_reruns,
 )
 from tasks import quiet_thread_timeout_warnings, steps
+from tasks.publish import RUN_FILE, complete_late, made_by
 
 if TYPE_CHECKING:
     from bugsweep.sandbox.base import Sandbox
 
 #: Written next to grade.json: which flow run made the run folder.
-RUN_FILE = "run.json"
 
 
 @dataclass
@@ -133,6 +133,11 @@ def upload_outcome(outcome: TaskOutcome, run: RunSetup) -> TaskOutcome:
         uploaded = steps.upload(outcome.local_dir, run.store, outcome.key, outcome.grade)
         outcome.stored_at = f"{uploaded.location}/{uploaded.key}"
         (outcome.local_dir / PENDING_FILE).unlink(missing_ok=True)
+        earlier = made_by(outcome.local_dir)
+        if outcome.reused and earlier and earlier != current_flow_run_id() and not outcome.grade.error:
+            complete_late(
+                earlier, outcome.stored_at, f"flow run {current_flow_run_id()} (a rerun of the task)"
+            )
     except StorageError as exc:
         mark_pending(outcome.local_dir, outcome.key, run.store, str(exc))
         outcome.upload_error = (

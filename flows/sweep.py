@@ -39,8 +39,9 @@ from flows.common import (
     model_endpoint,
     previous_grade,
 )
-from flows.solve_bug import RUN_FILE, Job, TaskOutcome, configured, solve_many
+from flows.solve_bug import Job, TaskOutcome, configured, solve_many
 from tasks import quiet_thread_timeout_warnings, steps
+from tasks.publish import RUN_FILE, after_late_upload
 
 #: A plain union (not a discriminated one): the Prefect UI draws it as a choice of two forms, not a JSON box.
 TaskSource = TaskFile | RepoBranch
@@ -148,6 +149,7 @@ def upload_kept(run: RunSetup, sweep_name: str) -> None:
             "uploaded the result an earlier run kept in %s (its upload had failed) to %s/%s",
             folder, uploaded.location, uploaded.key,
         )  # fmt: skip
+        after_late_upload(run.store, uploaded.key, folder, by=f"sweep {sweep_name} as it started")
 
 
 def split_graded(specs: list[TaskSpec], run: RunSetup, sweep_name: str) -> tuple[list[TaskSpec], list[Grade]]:

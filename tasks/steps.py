@@ -10,7 +10,7 @@ adds here, and nothing else:
   already pass) nor a ConfigError (a rejected key), which would fail the same way;
 - a timeout on each step, as a backstop over the core's own command and wall-clock limits;
 - the kind of failure that ended a step, in its log (`failure_kind`: config, infra, task or crash);
-- artifacts: a link to each patch, and a summary and a table per sweep.
+- artifacts: a link to each patch and its diff (tasks/publish.py), and a summary and a table per sweep.
 
 Sandboxes are passed between the steps in memory, inside a PreparedTask: nothing here is cached or persisted
 (`NO_CACHE`, `persist_result=False`), because a sandbox is a live process, not a value.
@@ -20,22 +20,22 @@ from __future__ import annotations
 
 import functools
 import os
-import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from prefect import Task, get_run_logger, task
-from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
 from bugsweep import discover
 from bugsweep.discover import RepoBranch, TaskFile
 from bugsweep.errors import ConfigError, InfraError, SandboxGone, failure_kind
-from bugsweep.grading import Grade, verdict_word
+from bugsweep.grading import Grade
 from bugsweep.settings import AgentSettings
 from bugsweep.spec import TaskSpec
 from bugsweep.storage import ArtifactStore, UploadResult, upload_run
+from tasks.publish import artifact_key, publish_patch
 
 if TYPE_CHECKING:
     from prefect.client.schemas.objects import TaskRun
@@ -181,21 +181,14 @@ def log_event(event: AgentEvent) -> None:
 @task(name="upload", retries=0, timeout_seconds=600.0, **_STEP)
 def upload(out_dir: Path, store: ArtifactStore, key: str, verdict: Grade) -> UploadResult:
     """Copy the run folder to the artifact store under SWEEP/TASK/MODEL/CONFIG, and link the patch from the
-    Prefect UI.
+    Prefect UI (tasks/publish.py: a lasting link and the diff itself).
 
     Not retried: the store's own tries are the one retry layer of an S3 fault. The local run folder is only read,
     so when the store stays down after them the artifacts are still on this machine, and the StorageError says
     where (the flow keeps the folder with an upload-pending.json marker).
     """
     result = upload_run(store, out_dir, key)
-    if "patch.diff" in result.uris:
-        status = verdict_word(verdict)
-        create_link_artifact(
-            link=store.link(f"{key}/patch.diff"),
-            link_text=result.uris["patch.diff"],
-            key=artifact_key("patch", key),
-            description=f"Patch for {verdict.instance_id} by {verdict.model} ({status}).",
-        )
+    publish_patch(store, key, verdict, out_dir)
     return result
 
 
@@ -241,11 +234,6 @@ def describe_event(event: AgentEvent) -> str:
         parts.append(f"({event.detail})")
     parts.append(f"[{event.tokens} tokens]")
     return " ".join(parts)
-
-
-def artifact_key(*parts: str) -> str:
-    """Prefect artifact keys allow lowercase letters, digits and dashes only."""
-    return re.sub(r"-+", "-", re.sub(r"[^a-z0-9]+", "-", "-".join(parts).lower())).strip("-")[:200]
 
 
 #: The status of a summary row that is another configuration's grade of the task, found in the store.

@@ -313,7 +313,8 @@ def upload_command(
     store, under the keys they were meant for, grade.json last. Uploading twice is harmless.
 
     A sweep does this by itself as it starts, and a solve-bug run of the same task does it instead of running the
-    agent again; this command is for doing it now, by hand.
+    agent again; this command is for doing it now, by hand. With a Prefect server (PREFECT_API_URL), it also makes
+    the patch artifacts the run would have made, and turns the run that ended Failed for its upload Completed.
     """
     from bugsweep.errors import BugsweepError
     from bugsweep.storage import pending_runs, upload_pending
@@ -338,6 +339,13 @@ def upload_command(
         console.print(
             f"uploaded {folder} -> {result.location}/{result.key} ({len(result.uris)} files)", soft_wrap=True
         )
+        if os.environ.get("PREFECT_API_URL"):
+            # the artifacts the run would have made, and the run that made the grade turned Completed
+            from tasks.publish import after_late_upload
+
+            completed = after_late_upload(store, result.key, folder, by="`bugsweep upload`")
+            if completed:
+                console.print(f"flow run {completed} is Completed now: its grade reached the store")
     if failed:
         _fail(
             f"{failed} of {len(folders)} run folder(s) could not be uploaded; they are kept for another try"
