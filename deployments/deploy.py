@@ -16,10 +16,12 @@ from bugsweep.errors import ConfigError, InfraError
 
 #: The deployments prefect.yaml defines, as FLOW/DEPLOYMENT.
 DEPLOYMENTS = ("solve-bug/solve-bug", "sweep/nightly-sweep")
-#: Seconds between a flow run's heartbeats (Prefect's PREFECT_FLOWS_HEARTBEAT_FREQUENCY; at least 30).
-HEARTBEAT_S = 60
-#: Heartbeats a run may miss before the automation marks it Crashed.
-MISSED_HEARTBEATS = 3
+#: Seconds between a flow run's heartbeats (Prefect's PREFECT_FLOWS_HEARTBEAT_FREQUENCY; at least 30): the
+#: shortest Prefect allows, so that a killed run is marked Crashed, and run again, about a minute after its kill.
+HEARTBEAT_S = 30
+#: Heartbeats a run may miss before the automation marks it Crashed (a run silent for 60 s has no live process:
+#: heartbeats come from a thread of their own, and the flows' work runs in other threads and processes).
+MISSED_HEARTBEATS = 2
 #: The automation `deploy` creates (or replaces).
 CRASH_AUTOMATION = "bugsweep: mark runs without heartbeats as crashed"
 #: The tag every bugsweep deployment carries (prefect.yaml), which the automation matches on.

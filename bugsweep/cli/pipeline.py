@@ -394,9 +394,10 @@ def deploy_command(
         int,
         typer.Option(
             min=30,
-            help="Seconds between a flow run's heartbeats; a run silent for three of them is marked Crashed.",
+            help="Seconds between a flow run's heartbeats (30 is Prefect's shortest); a run silent for two of them "
+            "is marked Crashed, and a crashed solve-bug run is run again.",
         ),
-    ] = 60,
+    ] = 30,
     tasks: Annotated[
         str | None,
         typer.Option(
