@@ -68,7 +68,8 @@ def measure(
         task = {"repo": str(repo), "problem_statement": "add() subtracts: fix it.", "test_command": "python -m pytest -q",
                 "instance_id": f"calc-{tag}-{i}"}  # fmt: skip
         created = call(http, "POST", f"/deployments/{deployment_id}/create_flow_run",
-                       json={"parameters": {"task": task, "sweep": tag}})  # fmt: skip
+                       json={"parameters": {"repo": task["repo"], "problem": task["problem_statement"],
+                                            "task": task, "sweep": tag}})  # fmt: skip
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
             run = call(http, "GET", f"/flow_runs/{created['id']}")

@@ -52,7 +52,7 @@ FLOW_RUN_LABEL = "prefect-flow-run"
 
 
 def form_field(default: Any, title: str, help: str) -> Any:
-    """A flow parameter's default with the title and help text the UI's run form shows.
+    """A flow parameter's default with the title and help text the UI's run form shows (`...`: required).
 
     Prefect titles a parameter with its name and takes its description from a `Field` default; the title goes in
     through `json_schema_extra`, which is applied last. Called directly, the flow gets `default`.

@@ -258,11 +258,13 @@ def fresh_folder(path: Path) -> Path:
     **RELEASE_SANDBOXES_HOOKS,
 )
 def solve_bug(
-    repo: str | None = form_field(
-        None, "Repository", "A git URL (https://... or git@...), or a folder on the worker."
+    repo: str = form_field(
+        ...,
+        "Repository",
+        "A git URL (https://... or git@...), or a folder on the worker. (With a whole task below: its repository.)",
     ),
-    problem: str | None = form_field(
-        None,
+    problem: str = form_field(
+        ...,
         "What is wrong",
         "The bug in words, as you would tell a colleague: what fails, and what should happen.",
     ),
@@ -271,14 +273,14 @@ def solve_bug(
         "Test command",
         "Runs the tests in the repository: it must fail before the fix and pass after it.",
     ),
-    setup_command: str | None = form_field(
+    setup_command: str = form_field(
         "pip install pytest",
         "Setup command",
         "Runs once before the tests, with network access, in the task's own environment: installs what the tests "
-        "need, the test runner included (e.g. pip install -e . pytest).",
+        "need, the test runner included (e.g. pip install -e . pytest). Empty: none.",
     ),
-    ref: str | None = form_field(
-        None, "Commit, branch or tag", "Where to start from; empty: the repository's default branch."
+    ref: str = form_field(
+        "", "Commit, branch or tag", "Where to start from; empty: the repository's default branch."
     ),
     sweep: str = form_field("adhoc", "Folder", "Folder in the artifact store: SWEEP/TASK/MODEL/CONFIG."),
     model: ModelEndpoint | None = form_field(
@@ -302,8 +304,8 @@ def solve_bug(
     task: TaskSpec | None = form_field(
         None,
         "A whole task (advanced)",
-        "A task as a tasks file holds it (mined tasks: test patch, FAIL_TO_PASS, ...); when set, the fields above "
-        "that describe the bug are not used. Sweeps send their tasks this way.",
+        "A task as a tasks file holds it (mined tasks: test patch, FAIL_TO_PASS, ...); when set, it is what runs, "
+        "and Repository and What is wrong only name it. Sweeps send their tasks this way.",
     ),
 ) -> Grade:
     """Fix one bug in a sandbox and grade the fix; the run folder goes to s3://BUCKET/PREFIX/SWEEP/TASK/MODEL/CONFIG/

@@ -35,6 +35,7 @@ from flows.common import (
     SandboxName,
     block_ref,
     current_flow_run_id,
+    form_field,
     load_run_config,
     model_endpoint,
     previous_grade,
@@ -57,16 +58,53 @@ RERUN_GRACE_S = 30.0
     **RELEASE_SANDBOXES_HOOKS,
 )
 def sweep(
-    source: TaskSource,
-    name: str | None = None,
-    model: ModelEndpoint | None = None,
-    sandbox: SandboxName = "local",
-    store: S3Bucket | None = None,
-    limits: AgentLimits = AgentLimits(),
-    concurrency: Annotated[int, Field(ge=1, le=256)] = 4,
-    run_on: Literal["this-process", "workers"] = "this-process",
-    deployment: str = "solve-bug/solve-bug",
-    redo_graded: bool = False,
+    source: TaskSource = form_field(
+        ...,
+        "Tasks",
+        "A task file (a path on the worker, best absolute, or s3://BUCKET/KEY), or a repository and branch whose "
+        "failing test files become the tasks.",
+    ),
+    name: str = form_field(
+        "", "Sweep name", "The folder in the artifact store; empty: the task file's or repository's name."
+    ),
+    model: ModelEndpoint | None = form_field(
+        None,
+        "Model endpoint",
+        "A saved model endpoint block; empty: the one named bugsweep-model, else the worker's LLM_* variables, "
+        "else the embedded open model.",
+    ),
+    sandbox: SandboxName = form_field(
+        "local", "Sandbox", "local: bubblewrap on the worker; runtime: Runtime microVMs."
+    ),
+    store: S3Bucket | None = form_field(
+        None,
+        "Artifact store (S3 bucket)",
+        "A saved S3 bucket block (prefect-aws); empty: the one named bugsweep-artifacts, else the worker's "
+        "BUGSWEEP_STORE_URL (a folder or s3://).",
+    ),
+    limits: AgentLimits = form_field(
+        AgentLimits(), "Agent limits", "The agent's budget per task (turns, tokens, cost, time) and policy."
+    ),
+    concurrency: Annotated[int, Field(ge=1, le=256)] = form_field(
+        4, "Tasks at once", "In this run's process, or solve-bug runs in flight on the workers."
+    ),
+    run_on: Literal["this-process", "workers"] = form_field(
+        "this-process",
+        "Run tasks on",
+        "this-process: in the sweep's own process; workers: each task as a run of the solve-bug deployment, taken "
+        "by any worker of its pool.",
+    ),
+    deployment: str = form_field(
+        "solve-bug/solve-bug",
+        "solve-bug deployment",
+        "The deployment that runs each task with run_on: workers.",
+    ),
+    redo_graded: bool = form_field(
+        False,
+        "Run graded tasks again",
+        "Run tasks already graded for this model, commit and configuration again (other configurations' grades "
+        "are kept).",
+    ),
 ) -> list[Grade]:
     """Run every task of a task file (or every failing test file of a branch) and grade each.
 
@@ -78,20 +116,7 @@ def sweep(
     both, and its summary shows every configuration's grades. Results an earlier run kept after a failed upload
     are uploaded first.
 
-    Args:
-        source: A task file (`kind: file`, a path on the worker or s3://), or a repository and branch
-            (`kind: repo`) whose failing test files become the tasks.
-        name: Sweep name, the folder in the artifact store; default: the task file's or repository's name.
-        model: A saved model endpoint block; empty: the one named bugsweep-model, else the LLM_* variables.
-        sandbox: Where commands run: `local` (bubblewrap on the worker) or `runtime` (Runtime microVMs).
-        store: A saved S3 bucket block (prefect-aws); empty: the one named bugsweep-artifacts, else
-            BUGSWEEP_STORE_URL (a folder or s3://).
-        limits: The agent's budget per task (turns, tokens, cost, wall-clock time) and policy.
-        concurrency: Tasks at once (in this process, or solve-bug runs in flight on the workers).
-        run_on: `this-process`, or `workers`: each task as a run of the solve-bug deployment, on any worker.
-        deployment: The solve-bug deployment to use with `run_on: workers`.
-        redo_graded: Run tasks again even when already graded for this model, commit and configuration (the
-            grades of other configurations are kept).
+    Each parameter's title and help (what the run form shows) are in its declaration above.
     """
     quiet_thread_timeout_warnings()
     run = load_run_config(model, sandbox, store, limits, flow_run_id=current_flow_run_id())
@@ -231,7 +256,13 @@ def start_solve_bug(deployment: str, spec: TaskSpec, sweep_name: str, parameters
     try:
         return run_deployment(
             deployment,
-            parameters={**parameters, "task": spec.model_dump(mode="json"), "sweep": sweep_name},
+            parameters={
+                **parameters,
+                "repo": spec.repo,
+                "problem": spec.problem_statement,
+                "task": spec.model_dump(mode="json"),
+                "sweep": sweep_name,
+            },
             timeout=0,
             tags=[f"sweep:{sweep_name}"],
         )

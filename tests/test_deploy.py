@@ -231,6 +231,122 @@ def test_a_run_from_the_ui_form_is_run_by_a_worker_and_its_patch_lands_in_s3(
     assert any(run_id in deployed.worker_log(w) for w in deployed.workers)
 
 
+CHROMIUM = Path("/usr/bin/chromium")  # Debian's, driven by Playwright (no browser download)
+
+
+@pytest.mark.skipif(
+    not CHROMIUM.exists(), reason="Debian's chromium is not installed (apt-get install chromium)"
+)
+def test_a_person_fills_in_the_run_form_in_a_browser_and_the_run_completes(
+    deployed: Deployed, tmp_path: Path
+) -> None:
+    """The solve-bug run form in headless Chromium, as a person sees it: the repository and the text are required,
+    typed text fields (no "(Optional)", no choice of str or None), every field has a title and help, the model
+    endpoint offers the saved blocks in a picker, and no image on the page is broken but the third-party blocks' own
+    logos (prefect-aws's, from a CDN this machine cannot reach). A person types the two required fields, leaves
+    the rest, presses Submit; the run completes on a worker with the saved blocks."""
+    from playwright.sync_api import sync_playwright
+
+    base = deployed.server.api_url.removesuffix("/api")
+    repo = make_repo(tmp_path / "calc")
+    problem = f"tests/test_calc.py::test_add fails: add() returns the wrong result ({uuid.uuid4().hex[:6]})."
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=["--no-sandbox"])
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 2400})
+            failed_calls: list[str] = []  # what the page's own API calls got, when it was not a success
+            page.on(
+                "response",
+                lambda r: (
+                    failed_calls.append(f"{r.request.method} {r.url} {r.status} {r.text()[:300]}")
+                    if r.status >= 400 and "/api/" in r.url
+                    else None
+                ),
+            )
+            page.goto(f"{base}/deployments/deployment/{deployed.deployment_id('solve-bug/solve-bug')}/run")
+            page.locator("span.schema-form-property__label", has_text="What is wrong").wait_for(
+                timeout=60_000
+            )
+            page.wait_for_load_state("networkidle")
+            page.screenshot(path=str(tmp_path / "form.png"), full_page=True)
+
+            def field(title: str) -> Any:
+                label = page.locator(
+                    "span.schema-form-property__label", has_text=re.compile(f"^{re.escape(title)}$")
+                )
+                return page.locator("div.schema-form-property", has=label).first
+
+            labels = page.locator("span.schema-form-property__label").all_inner_texts()
+            assert "Repository" in labels and "What is wrong" in labels, labels  # required: no "(Optional)"
+            assert "Commit, branch or tag (Optional)" in labels and "Model endpoint (Optional)" in labels, (
+                labels
+            )
+            for title in (
+                "Repository",
+                "What is wrong",
+                "Commit, branch or tag (Optional)",
+                "Folder (Optional)",
+            ):
+                assert "any-of" not in (field(title).get_attribute("class") or ""), (
+                    f"{title}: types to choose"
+                )
+            assert field("Repository").locator("textarea").count() == 1
+            # the saved blocks are offered in a picker (Prefect draws an optional block as a choice of the block
+            # type or None first: choosing the type shows the picker)
+            picker = field("Model endpoint (Optional)")
+            picker.locator("button", has_text="ModelEndpoint").click()
+            assert picker.locator("button", has_text="Add").is_visible(), "no block picker"
+            assert "bugsweep-model" in picker.inner_text(), picker.inner_text()
+            picker.locator(
+                "button", has_text="None"
+            ).click()  # left empty: the run uses bugsweep-model anyway
+            top_level = page.locator("div.schema-form-properties").first.locator(
+                ":scope > div.schema-form-property"
+            )
+            for i in range(top_level.count()):  # a title in words and help under every field
+                assert (
+                    top_level.nth(i).locator(".schema-form-property__description").first.inner_text().strip()
+                )
+            assert not any("_" in label for label in labels), labels
+            broken = page.evaluate(
+                "[...document.images].filter(i => i.complete && i.naturalWidth === 0).map(i => i.src)"
+            )
+            assert all("cdn.sanity.io" in src for src in broken), broken
+
+            field("Repository").locator("textarea").fill(str(repo))
+            field("What is wrong").locator("textarea").fill(problem)
+            run_id = ""
+            # a busy SQLite server can answer 503 for a moment: a person presses Submit again
+            for _ in range(3):
+                page.get_by_role("button", name="Submit").click()
+                deadline = time.monotonic() + 30
+                while (
+                    not run_id and time.monotonic() < deadline and not any(" 503 " in c for c in failed_calls)
+                ):
+                    made = deployed.api("POST", "/flow_runs/filter", json={
+                        "deployments": {"id": {"any_": [deployed.deployment_id("solve-bug/solve-bug")]}},
+                        "limit": 50,
+                    })  # fmt: skip
+                    run_id = next((r["id"] for r in made if r["parameters"].get("problem") == problem), "")
+                    time.sleep(1)
+                if run_id or not failed_calls:
+                    break
+                failed_calls.clear()
+                page.wait_for_timeout(3000)
+            if not run_id:
+                page.screenshot(path=str(tmp_path / "submitted.png"), full_page=True)
+            assert run_id, (
+                f"no run made by the form ({failed_calls}); after Submit: {tmp_path / 'submitted.png'}"
+            )
+        finally:
+            browser.close()
+
+    assert (tmp_path / "form.png").stat().st_size > 50_000, "a screenshot of the whole form"
+    run = deployed.wait(run_id)
+    assert run["state"]["type"] == "COMPLETED", run["state"]
+    assert run["parameters"]["repo"] == str(repo) and run["parameters"]["problem"] == problem
+
+
 def test_the_nightly_deployed_with_a_tasks_file_is_resumed_and_a_worker_runs_it(
     deployed: Deployed, tmp_path: Path
 ) -> None:
@@ -249,6 +365,18 @@ def test_the_nightly_deployed_with_a_tasks_file_is_resumed_and_a_worker_runs_it(
     nightly = deployed.api("GET", "/deployments/name/sweep/nightly-sweep")
     assert nightly["paused"] is False
     assert nightly["parameters"]["source"] == {"kind": "file", "path": str(tasks_file)}
+    fields = nightly["parameter_openapi_schema"]["properties"]
+    untitled = [
+        n
+        for n, f in fields.items()
+        if not f.get("description") or f.get("title", n) == n or "_" in f.get("title", "")
+    ]
+    assert untitled == [], f"the sweep form shows raw names or no help for {untitled}"
+    assert "sk-deploy-secret" not in json.dumps(nightly), "no block's fields (a key) in a deployment"
+    solve_bug = deployed.api("GET", "/deployments/name/solve-bug/solve-bug")
+    assert "sk-deploy-secret" not in json.dumps(solve_bug) and "bugsweep-test-secret" not in json.dumps(
+        solve_bug
+    )
     run = deployed.wait(deployed.run_deployment("sweep/nightly-sweep", {}))
     assert run["state"]["type"] == "COMPLETED", run["state"]
     assert (
@@ -339,7 +467,13 @@ def start_stalling_run(
     task = TaskSpec(instance_id=f"calc-{marker.lower()}", repo=str(repo), problem_statement=marker,
                     test_command="python -m pytest -q", setup_command=PYTEST_SETUP)  # fmt: skip
     run_id = deployed.run_deployment(
-        "solve-bug/solve-bug", {"task": task.model_dump(mode="json"), "sweep": marker}
+        "solve-bug/solve-bug",
+        {
+            "repo": task.repo,
+            "problem": task.problem_statement,
+            "task": task.model_dump(mode="json"),
+            "sweep": marker,
+        },
     )
 
     def stalled() -> bool:  # the second model request has come: the agent ran a command and now waits

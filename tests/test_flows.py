@@ -103,6 +103,12 @@ def blocks(prefect_harness: None, seaweed: SeaweedServer, tmp_path: Path, monkey
     return make
 
 
+def whole(task: TaskSpec) -> dict[str, Any]:
+    """solve-bug's parameters for a whole task, as a sweep sends them: the task, and its repository and text (the
+    form's required fields)."""
+    return {"repo": task.repo, "problem": task.problem_statement, "task": task}
+
+
 def flow_kwargs(made: dict[str, Any], **limits: Any) -> dict[str, Any]:
     from flows.common import AgentLimits
 
@@ -158,7 +164,7 @@ def test_solve_bug_resolves_and_puts_the_run_folder_in_s3(blocks, scripted_model
     store = made["_store"]
 
     state = solve_bug(
-        task=calc_task(buggy_repo, "calc-add"), sweep="nightly", return_state=True, **flow_kwargs(made)
+        **whole(calc_task(buggy_repo, "calc-add")), sweep="nightly", return_state=True, **flow_kwargs(made)
     )
 
     grade = state.result()
@@ -195,7 +201,7 @@ def test_solve_bug_not_resolved_is_a_grade_not_a_failure(blocks, scripted_model,
     server = scripted_model([tool_call("finish", summary="nothing to do")])
     made = blocks(server)
 
-    state = solve_bug(task=calc_task(buggy_repo, "calc-give-up"), return_state=True, **flow_kwargs(made))
+    state = solve_bug(**whole(calc_task(buggy_repo, "calc-give-up")), return_state=True, **flow_kwargs(made))
 
     assert state.is_completed()
     grade = state.result()
@@ -230,7 +236,7 @@ def test_crash_mid_task_still_releases_the_sandbox(blocks, scripted_model, buggy
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: passed_on.append(signum))
     try:
         with pytest.raises(TerminationSignal):
-            solve_bug(task=calc_task(buggy_repo, "calc-crash"), **flow_kwargs(made))
+            solve_bug(**whole(calc_task(buggy_repo, "calc-crash")), **flow_kwargs(made))
     finally:
         signal.signal(signal.SIGTERM, previous)
 
@@ -285,7 +291,7 @@ def test_s3_down_for_a_whole_run_keeps_the_grade_and_the_next_run_uploads_it_wit
     )  # nothing listens there
     task = calc_task(buggy_repo, "calc-outage")
 
-    state = solve_bug(task=task, sweep="outage", return_state=True, **flow_kwargs(down))
+    state = solve_bug(**whole(task), sweep="outage", return_state=True, **flow_kwargs(down))
 
     assert state.is_failed()
     with pytest.raises(StorageError) as info:
@@ -300,7 +306,7 @@ def test_s3_down_for_a_whole_run_keeps_the_grade_and_the_next_run_uploads_it_wit
     assert requests_after_first_run == 2
 
     back = blocks(server)  # S3 is back (a new bucket on the running SeaweedFS), same local folder
-    grade = solve_bug(task=task, sweep="outage", **flow_kwargs(back))
+    grade = solve_bug(**whole(task), sweep="outage", **flow_kwargs(back))
 
     assert grade.resolved
     assert len(server.requests) == requests_after_first_run, "the agent did not run again"
@@ -525,7 +531,7 @@ def test_a_model_url_that_refuses_connections_fails_the_run_at_once_naming_the_u
     ModelEndpoint(base_url=url, model="nowhere").save("model-refused", overwrite=True)
 
     state = solve_bug(
-        task=calc_task(buggy_repo, "calc-refused"), return_state=True,
+        **whole(calc_task(buggy_repo, "calc-refused")), return_state=True,
         **{**flow_kwargs(made), "model": ModelEndpoint.load("model-refused")},
     )  # fmt: skip
 
@@ -588,7 +594,9 @@ def test_a_model_outage_is_retried_inside_the_turn_and_no_turn_is_paid_twice(
     made = blocks(server)
     model = set_model_block(server, "model-flaky", max_retries=2)
 
-    grade = solve_bug(task=calc_task(buggy_repo, "calc-model-blip"), **{**flow_kwargs(made), "model": model})
+    grade = solve_bug(
+        **whole(calc_task(buggy_repo, "calc-model-blip")), **{**flow_kwargs(made), "model": model}
+    )
 
     assert grade.resolved and grade.turns == 2
     assert turns_sent(server) == [0, 1, 1, 1], (
@@ -609,7 +617,7 @@ def test_a_model_outage_past_the_clients_retries_ends_the_run_without_starting_t
     model = set_model_block(server, "model-down", max_retries=2)
     task = calc_task(buggy_repo, "calc-model-down")
 
-    state = solve_bug(task=task, return_state=True, **{**flow_kwargs(made), "model": model})
+    state = solve_bug(**whole(task), return_state=True, **{**flow_kwargs(made), "model": model})
 
     assert state.is_failed()
     assert turns_sent(server) == [0, 1, 1, 1], "turn 1 once, turn 2 tried 3 times, no new start"
@@ -752,7 +760,7 @@ def test_the_flow_and_the_cli_grade_a_task_the_same_through_the_same_function(
     spec = calc_task(buggy_repo, "one-path")
 
     made = blocks(flow_model)
-    flow_grade = solve_bug(task=spec, sweep="one-path", **flow_kwargs(made))
+    flow_grade = solve_bug(**whole(spec), sweep="one-path", **flow_kwargs(made))
     flow_patch = (
         made["_store"]
         .get_bytes(f"one-path/one-path/scripted-model/{flow_grade.config_digest}/patch.diff")
@@ -814,7 +822,7 @@ def test_a_run_that_crashed_twice_is_not_run_again_and_fails_before_the_agent(
     made = blocks(server)
     monkeypatch.setenv("PREFECT__RUNTIME__FLOW_RUN__RUN_COUNT", "3")
 
-    state = solve_bug(task=calc_task(buggy_repo, "calc-crashy"), return_state=True, **flow_kwargs(made))
+    state = solve_bug(**whole(calc_task(buggy_repo, "calc-crashy")), return_state=True, **flow_kwargs(made))
 
     assert state.is_failed()
     with pytest.raises(InfraError, match="crashed 2 times"):

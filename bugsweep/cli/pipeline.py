@@ -217,7 +217,7 @@ def sweep_command(
             model, store = _named_blocks(model_block, store_block)
             grades = sweep(  # type: ignore[call-overload]  # sandbox: checked above
                 source=source,
-                name=name,
+                name=name or "",
                 model=model,
                 sandbox=sandbox,
                 store=store,

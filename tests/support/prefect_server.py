@@ -88,7 +88,7 @@ class PrefectServer:
             PREFECT_HOME=str(self.home),
             PREFECT_API_URL=self.api_url,
             PREFECT_API_DATABASE_CONNECTION_URL=f"sqlite+aiosqlite:///{self.home / 'prefect.db'}",
-            PREFECT_UI_ENABLED="false",
+            PREFECT_UI_ENABLED="true",  # the browser tests open its pages
             PREFECT_LOGGING_LEVEL="INFO",
         )
         env.update(extra)
