@@ -37,7 +37,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -125,11 +124,8 @@ def child_argv(job: str, work: Path, args: argparse.Namespace, out: Path) -> lis
     ]  # fmt: skip
 
 
-def run_child(
-    job: str, config: str, work: Path, args: argparse.Namespace, base_url: str, n: int
-) -> tuple[float, float]:
-    """One whole job as its own process under `config`: its wall time and the CPU time (user + system) of the
-    process and its children, in seconds (checked: it must succeed)."""
+def run_child(job: str, config: str, work: Path, args: argparse.Namespace, base_url: str, n: int) -> float:
+    """One whole job as its own process under `config`: its wall time in seconds (checked: it must succeed)."""
     out = work / "out" / f"{job}-{config}-{n}"
     out.mkdir(parents=True)
     env = {
@@ -145,12 +141,9 @@ def run_child(
         "BENCH_WARM": "1" if job == "solve-warm" else "0",
     }
     argv = [sys.executable, str(Path(__file__).resolve()), "--child", *child_argv(job, work, args, out)]
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.monotonic()
     done = subprocess.run(argv, env=env, cwd=work, capture_output=True, text=True)
     wall = time.monotonic() - started
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     if job == "solve-warm":  # the second task's own time, without the process's start and its first sandbox
         wall = float(done.stderr.rsplit("BENCH_WALL_S=", 1)[1].split()[0])
     if done.returncode != 0:
@@ -163,7 +156,7 @@ def run_child(
             raise SystemExit(
                 f"mine under {config} kept {kept} tasks, not {args.fixes}:\n{done.stdout[-3000:]}"
             )
-    return wall, cpu
+    return wall
 
 
 def child(argv: list[str]) -> None:
@@ -201,22 +194,17 @@ def warm_up(repo: Path) -> None:
         time.sleep(0.05)
 
 
-def summary(walls: dict[str, list[float]], cpus: dict[str, list[float]]) -> dict[str, dict[str, Any]]:
-    """Per configuration: median wall, the median and range of its ratio to `on` repetition by repetition, and
-    the same for the CPU time (which a busy machine stretches much less than the wall time)."""
+def summary(walls: dict[str, list[float]]) -> dict[str, dict[str, Any]]:
+    """Per configuration: median wall, and the median and range of its ratio to `on` repetition by repetition."""
     rows = {}
     for config, samples in walls.items():
         ratios = [s / o for s, o in zip(samples, walls["on"], strict=True)]
-        cpu_ratios = [s / o for s, o in zip(cpus[config], cpus["on"], strict=True)]
         rows[config] = {
             "median_wall_s": round(statistics.median(samples), 2),
             "ratio_to_on": round(statistics.median(ratios), 3),
             "ratio_min": round(min(ratios), 3),
             "ratio_max": round(max(ratios), 3),
-            "median_cpu_s": round(statistics.median(cpus[config]), 2),
-            "cpu_ratio_to_on": round(statistics.median(cpu_ratios), 3),
             "walls_s": [round(s, 2) for s in samples],
-            "cpus_s": [round(s, 2) for s in cpus[config]],
         }
     return rows
 
@@ -246,29 +234,22 @@ def main() -> None:
             for job in jobs:  # untimed: builds the environment layer every later run reuses
                 run_child(job, "on", work, args, server.base_url, -1)
             walls: dict[str, dict[str, list[float]]] = {job: {c: [] for c in configs} for job in jobs}
-            cpus: dict[str, dict[str, list[float]]] = {job: {c: [] for c in configs} for job in jobs}
             for rep in range(args.reps):
                 for job in jobs:
                     order = configs[rep % len(configs) :] + configs[: rep % len(configs)]
                     for config in order:
-                        wall, cpu = run_child(job, config, work, args, server.base_url, rep)
+                        wall = run_child(job, config, work, args, server.base_url, rep)
                         walls[job][config].append(wall)
-                        cpus[job][config].append(cpu)
-                        print(
-                            f"rep {rep} {job:10} {config:12} wall {wall:7.2f} s  cpu {cpu:6.2f} s", flush=True
-                        )
+                        print(f"rep {rep} {job:10} {config:12} {wall:7.2f} s", flush=True)
     results["load_after"] = os.getloadavg()
     for job in jobs:
-        results[job] = summary(walls[job], cpus[job])
+        results[job] = summary(walls[job])
         print(f"\n{job}: wall time of the whole job, each configuration against `on` (median of the pairs)")
-        print(
-            f"{'configuration':14} {'median s':>9} {'ratio':>7} {'min':>7} {'max':>7} {'cpu s':>7} {'ratio':>7}"
-        )
+        print(f"{'configuration':14} {'median s':>9} {'ratio':>7} {'min':>7} {'max':>7}")
         for config, row in results[job].items():
             print(
                 f"{config:14} {row['median_wall_s']:9.2f} {row['ratio_to_on']:7.3f} "
-                f"{row['ratio_min']:7.3f} {row['ratio_max']:7.3f} {row['median_cpu_s']:7.2f} "
-                f"{row['cpu_ratio_to_on']:7.3f}"
+                f"{row['ratio_min']:7.3f} {row['ratio_max']:7.3f}"
             )
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
