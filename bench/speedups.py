@@ -1,9 +1,9 @@
 """Do the local sandbox's speed-ups earn their place? Whole jobs, each mechanism on and off, side by side.
 
 A mechanism whose only purpose is speed stays only if it saves at least 10% of the wall time of a realistic job
-(issue #24 item 6). This runs such jobs, each as a whole `bugsweep` process, under every configuration in turn (interleaved: one repetition runs every
-configuration once, in an order rotated from one repetition to the next, so that a drift of the machine's load
-touches them alike), and reports each configuration's wall time against the default's, repetition by repetition:
+(issue #24 item 6). This runs such jobs, each as a whole `bugsweep` process, under every configuration in turn
+(interleaved: one repetition runs every configuration once, in an order rotated from one repetition to the next,
+so that a drift of the machine's load touches them alike), and reports each configuration's wall time against the default's, repetition by repetition:
 
 - `solve`: `bugsweep solve` on the buggy calc repository (tests/support/repos.py): prepare, setup (the
   environment layer is built by an untimed warm-up run and reused, as on any machine after its first task),
@@ -27,7 +27,12 @@ The configurations (each mechanism switched off through its setting, or here, fo
   its callers already handle: the bench's own switch, there is no setting);
 - `none`: all three off.
 
-Usage: python bench/speedups.py [--reps 3] [--jobs solve,solve-warm,mine] [--turns 24] [--latency 1.0] [--json out.json]
+The three were removed after this measurement (issue #24 item 6; bench/README.md has the figures): to measure
+them again, run this file on the tree of commit 3a0484d (`git archive 3a0484d | tar -x -C DIR`, then
+`PYTHONPATH=DIR python DIR/bench/speedups.py`); later code runs only `--jobs solve,mine --configs on`.
+
+Usage: python bench/speedups.py [--reps 3] [--jobs solve,solve-warm,mine] [--configs on,none] [--turns 24]
+                                [--latency 1.0] [--json out.json]
 Needs: bubblewrap and the rest of the local sandbox (README), root, and PyPI once for the warm-up's
 `pip install pytest`.
 """
