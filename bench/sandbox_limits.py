@@ -1,7 +1,7 @@
 """The local sandbox's start-up and per-command cost, this tree against an older commit, side by side in one run:
 first written for the cost of the limits (disk quota, setup network, seccomp filter, hidden host paths; `--before`
-defaults to the commit before them), then used for the spare disks, the spawner and the resident (`--before` the
-code without them).
+defaults to the commit before them), then for start-up speed-ups of the sandbox since removed (issue #24 item 6;
+bench/README.md).
 
 The "before" code is a git worktree of `--before` made in a temporary folder; each version runs in its own
 long-lived Python process (PYTHONPATH pointing at its tree), and the parent asks them for one sample at a time,

@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sandbox_start import make_big_repo, ms
 
 from bugsweep import grading, pipeline, tripwire
-from bugsweep.sandbox.local import LocalProvider, spares
+from bugsweep.sandbox.local import LocalProvider
 from bugsweep.settings import SandboxSettings
 from bugsweep.spec import TaskSpec
 from tests.support.repos import BUGGY_CALC, PYTEST_SETUP, commit_all, write_files
@@ -150,7 +150,6 @@ def main() -> None:
         print(json.dumps(results, indent=2))
         if args.json:
             args.json.write_text(json.dumps(results, indent=2) + "\n")
-        spares.release(work / "state")  # the spare disks made ahead of time, before their folder goes
 
 
 if __name__ == "__main__":

@@ -89,14 +89,6 @@ class SandboxSettings(BaseSettings, SandboxLimits):
     setup_network_allow: list[str] = []
     """'local': private address ranges (CIDR) the setup command may reach anyway, e.g. a package mirror on the
     company network; everything else private, and the host itself, stays unreachable."""
-    spare_disks: int = Field(default=1, ge=0)
-    """'local': how many sandbox disks (of the last quota asked for) to keep made and mounted ahead of time, so
-    that creating a sandbox only takes one (each holds a few MB of the host's disk until used; released at exit).
-    0: each sandbox makes its disk when it is created."""
-    resident: bool = True
-    """'local': start a process in each spare sandbox's namespaces that forks its commands there (a command then
-    costs a fork and an exec, not a bubblewrap of its own; bugsweep/sandbox/local/resident.py). False: every
-    command is a bubblewrap of its own."""
     workdir: str = "/workspace/repo"
     """Where the repository lives inside the sandbox."""
     cache_dir: str | None = None

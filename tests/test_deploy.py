@@ -435,7 +435,7 @@ def sandboxes_of(pid: int, state_dir: Path | None = None) -> list[Path]:
     for meta in root.glob("local-*/meta.json"):
         try:
             data = json.loads(meta.read_text())
-            if data.get("owner_pid") == pid and data.get("kind") != "spare":  # not a disk made ahead of time
+            if data.get("owner_pid") == pid:
                 found.append(meta.parent)
         except (OSError, ValueError):
             continue
@@ -623,8 +623,7 @@ def test_a_worker_killed_with_its_run_mid_solve_ends_crashed_and_the_next_worker
         deployed.store.get_bytes(f"{deployed.run_folder('KILL-ME/calc-kill-me/scripted-model')}/grade.json")
     )
     assert grade["resolved"] is True
-    # nothing of the killed process is left on the machine (its spare disk and resident neither), and the rerun's
-    # process leaves nothing once it has exited
+    # nothing of the killed process is left on the machine, and the rerun's process leaves nothing once it has exited
     deadline = time.monotonic() + 60
     while f"{state_dir}/" in Path("/proc/mounts").read_text() and time.monotonic() < deadline:
         time.sleep(0.5)

@@ -252,6 +252,23 @@ def test_an_allowed_private_range_gets_a_route_instead_of_a_block():
     )
 
 
+def test_a_setup_network_leaves_shared_mounts_of_every_sandbox_mounted(provider, buggy_repo):
+    """Where mounts are shared (systemd's default for /), so are a sandbox's disk and overlays. slirp4netns, which
+    gives a setup command its network, makes its own mount namespace with only / private, then detaches the host's
+    tree: run from this namespace, that detach would reach their peers here and unmount them (a sweep's task then
+    fails with "its workspace is gone", or finds no Python). The setup network must leave them mounted."""
+    with provider.create(RepoSource(str(buggy_repo))) as sbx:
+        subprocess.run(["mount", "--make-rshared", str(sbx._res.root)], check=True)
+        mounts = [sbx._res.repo_dir, sbx._res.env.target]
+        assert all(os.path.ismount(m) for m in mounts)
+        with provider.create(RepoSource(str(buggy_repo))) as other:
+            assert other.exec("true", network=True).ok
+        assert sbx.exec("true", network=True).ok  # its own setup command too
+        assert [m for m in mounts if not os.path.ismount(m)] == []
+        assert sbx.exec("ls calc.py && python3 -c 'print(1)'").stdout == "calc.py\n1\n"
+    assert sandbox_leftovers(provider.state_dir, []) == []
+
+
 # -- the seccomp filter and the host's paths ----------------------------------------------------------------------
 
 # x86-64 numbers; each call succeeds for an unprivileged process without the filter (checked on the host below).

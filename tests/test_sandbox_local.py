@@ -69,9 +69,7 @@ def processes_with(marker: str) -> list[int]:
 
 
 def processes_in_cgroup_of(sandbox) -> list[int]:
-    """The processes in the sandbox's cgroups but its spawner (the process that starts its commands there)."""
-    spawner = sandbox._res.spawner
-    return processes_in_cgroups(sandbox.id, but=spawner.proc.pid if spawner is not None else None)
+    return processes_in_cgroups(sandbox.id)
 
 
 def host_process_count() -> int:

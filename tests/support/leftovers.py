@@ -5,17 +5,13 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from bugsweep.sandbox.local import spares
-
 #: Children of this process that belong to a sandbox (its network helper, its bubblewrap, a shell it ran).
 SANDBOX_PROCESSES = ("slirp4netns", "bwrap", "sh")
 
 
 def sandbox_leftovers(state_dir: Path, sandbox_ids: list[str]) -> list[str]:
     """Mounts, loop devices, child processes, cgroups and folders of the sandboxes under `state_dir`; empty when
-    every one of them was released. The spare disks this process keeps ready there (kept on purpose until it
-    exits) are released first: releasing them must leave nothing behind either."""
-    spares.release(state_dir)
+    every one of them was released."""
     found = []
     if f"{state_dir}/local-" in Path("/proc/mounts").read_text():
         found.append("sandbox mounts")
@@ -35,8 +31,6 @@ def sandbox_leftovers(state_dir: Path, sandbox_ids: list[str]) -> list[str]:
         exe = os.fsdecode(cmdline.split(b"\0")[0])
         if Path(exe).name in SANDBOX_PROCESSES:
             found.append(f"process {entry} ({exe})")
-        elif b"_spawner_main.py" in cmdline:
-            found.append(f"process {entry} (a sandbox's spawner)")
     cgroups = [d for sid in sandbox_ids for d in Path("/sys/fs/cgroup").glob(f"*/**/bugsweep-{sid}")]
     found += [f"cgroup {d}" for d in cgroups]
     found += [f"{p.name} in the state folder" for p in state_dir.glob("local-*")]
@@ -51,11 +45,11 @@ def parent_pid(pid: int | str) -> int:
         return -1
 
 
-def processes_in_cgroups(sandbox_id: str, but: int | None = None) -> list[int]:
-    """The processes in the cgroups of sandbox `sandbox_id` (`bugsweep-ID`), but the process `but`."""
+def processes_in_cgroups(sandbox_id: str) -> list[int]:
+    """The processes in the cgroups of sandbox `sandbox_id` (`bugsweep-ID`)."""
     found = []
     for entry in os.listdir("/proc"):
-        if entry.isdigit() and int(entry) != but:
+        if entry.isdigit():
             try:
                 if f"bugsweep-{sandbox_id}" in Path(f"/proc/{entry}/cgroup").read_text():
                     found.append(int(entry))

@@ -5,14 +5,10 @@
    ref) and becomes the read-only lower layer of an overlay in the sandbox's folder under `state_dir`
    (`workspace.py`: the user's checkout is never written to; a copy where overlayfs cannot be mounted), and the
    task environment a second overlay at /opt/venv (`layers.py`, `taskenv.py`);
-2. a per-sandbox cgroup sets the memory and process limits (`limits.py`; prlimit where no cgroup can be made),
-   with a spawner process already in it that starts the commands there (`spawner.py`: joining a cgroup costs a
-   kernel grace period, 5-20 ms, that a command forked inside it does not pay);
-3. every `exec` then runs `/bin/bash -c COMMAND` under bubblewrap's isolation (`bwrap.py`: a root of read-only
-   binds, new user/pid/ipc/uts/cgroup/net namespaces, a clean environment), its whole process tree ending with it
-   (`process.py`): forked by the sandbox's resident, one bubblewrap started with the spare ahead of time
-   (`resident.py`), else (a setup command, a sandbox without one) as a bubblewrap of its own; files in /workspace
-   and /tmp persist across commands, processes do not;
+2. a per-sandbox cgroup sets the memory and process limits (`limits.py`; prlimit where no cgroup can be made);
+3. every `exec` then runs `/bin/bash -c COMMAND` as one bubblewrap of its own, in the cgroups (`bwrap.py`: a root
+   of read-only binds, new user/pid/ipc/uts/cgroup/net namespaces, a clean environment), its whole process tree
+   ending with it (`process.py`); files in /workspace and /tmp persist across commands, processes do not;
 4. `files` reads and writes the workspace from the host without following anything out of it (`files.py`);
 5. `release()` kills every running command, removes the cgroups, unmounts the overlay and deletes the folder
    (`resources.py`); a weakref finaliser runs it at interpreter exit, and what a process killed outright left
@@ -22,9 +18,7 @@ The environment of every command: PATH, HOME (/workspace), LANG, TERM and a few 
 argument: nothing of the host's environment, the model's API key least of all. `network=True` (the setup step)
 gets the internet through slirp4netns, never the host's loopback or private networks (`setup_network.py`), when
 `settings.setup_network` allows it; every other command sees only `lo`. Every command runs under the seccomp
-filter (`seccomp.py`), and everything a sandbox writes is on its own size-limited file system (`disk.py`), made
-ahead of time in the background, with the sandbox's cgroups and spawner, so that create() only takes one
-(`spares.py`).
+filter (`seccomp.py`), and everything a sandbox writes is on its own size-limited file system (`disk.py`).
 
 The task environment is a venv at /opt/venv (TASK_ENV), first on PATH, made from the chosen interpreter: a second
 overlay over that interpreter's base venv and the environment layers of finished setups (`layers.py`, built and
@@ -36,18 +30,16 @@ Needs: Linux, `bwrap` (Debian `bubblewrap`), root for overlayfs and cgroups (els
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import tempfile
 import uuid
 import weakref
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from bugsweep.sandbox.base import TASK_ENV, Environment, ExecResult, RepoSource, SandboxSnapshot, SandboxUsage
-from bugsweep.sandbox.local import seccomp, spares, stale, taskenv, workspace
+from bugsweep.sandbox.local import seccomp, stale, taskenv, workspace
 from bugsweep.sandbox.local.bwrap import command_argv, find_bwrap, pip_shims, setup_args, system_etc
 from bugsweep.sandbox.local.common import SANDBOX_UID, SANDBOX_USER, WORKSPACE, decode, write_text
 from bugsweep.sandbox.local.disk import WritableDisk, templates_dir
@@ -63,10 +55,8 @@ from bugsweep.sandbox.local.layers import (
 )
 from bugsweep.sandbox.local.limits import Limits
 from bugsweep.sandbox.local.process import RawResult, run_command
-from bugsweep.sandbox.local.resident import ResidentPlan
 from bugsweep.sandbox.local.resources import Resources
 from bugsweep.sandbox.local.setup_network import NetworkPlan
-from bugsweep.sandbox.local.spawner import Spawner
 from bugsweep.sandbox.local.stale import list_sandboxes, reap_stale
 from bugsweep.sandbox.sources import PreparedSource, SourceCache
 from bugsweep.settings import SandboxSettings
@@ -140,7 +130,7 @@ class LocalProvider:
             state_dir=self.state_dir, interpreter=interpreter, env_cache=self.env_cache, layers=[base],
             labels=labels, disk_mib=disk_mib,
         )  # fmt: skip
-        return self._refill_spares(sandbox, disk_mib)
+        return sandbox
 
     def create_from(self, snapshot: SandboxSnapshot, *, labels: dict[str, str] | None = None) -> LocalSandbox:
         """A fresh sandbox on `snapshot` (its repository and task environment; a clean $HOME and /tmp)."""
@@ -160,19 +150,6 @@ class LocalProvider:
         except BaseException:
             snapshot.drop()
             raise
-        return self._refill_spares(sandbox, disk_mib)
-
-    def _refill_spares(self, sandbox: LocalSandbox, disk_mib: int | None) -> LocalSandbox:
-        """With a disk quota: the next sandboxes' disks are made in the background (spares.py), from the end of this
-        sandbox's first command on (made during it, they slowed it by ~8 ms: bench/README.md)."""
-        if disk_mib and sandbox._res.disk is not None and self.settings.spare_disks > 0:
-            plan = (
-                ResidentPlan(find_bwrap(), sandbox.interpreter, find_uv()) if self.settings.resident else None
-            )
-            sandbox._after_first_command = functools.partial(
-                spares.refill, self.state_dir, disk_mib * MIB, self.settings.spare_disks, sandbox._templates,
-                sandbox._etc_dir, sandbox._skeleton, plan,
-            )  # fmt: skip
         return sandbox
 
     def sandboxes(self) -> list[dict[str, object]]:
@@ -207,16 +184,13 @@ class LocalSandbox:
         disk_mib: int | None = None,
     ) -> None:
         self._disk_mib = disk_mib
-        self._after_first_command: Callable[[], None] | None = None
         self._etc_dir = system_etc(state_dir)
         self._templates = templates_dir(state_dir, _templates_meta)
         #: The folders every disk starts with (in its template): allocating the first inodes of a fresh file
         #: system reads its bitmaps through the loop device, ~1.5 ms for the first mkdir.
         self._skeleton = (*workspace.SUBDIRS, f"ws/{os.path.relpath(workdir, WORKSPACE)}")
         pip_shims(self._etc_dir)  # before a disk template copies this folder, so that every disk has them
-        # A disk made ahead of time (spares.py): its folder becomes this sandbox's, and the folder's name the id.
-        spare = spares.take(state_dir, disk_mib * MIB) if disk_mib else None
-        self.id = spare.disk.mountpoint.name if spare is not None else f"local-{uuid.uuid4().hex[:12]}"
+        self.id = f"local-{uuid.uuid4().hex[:12]}"
         self.state_dir = state_dir
         self.interpreter = interpreter
         self.env_cache = env_cache
@@ -232,9 +206,6 @@ class LocalSandbox:
         self._res.labels = self.labels
         self._res.layers = layers
         self._res.snapshot = snapshot
-        if spare is not None:
-            self._res.disk, self._res.limits, self._res.spawner = spare.disk, spare.limits, spare.spawner
-            self._res.resident = spare.resident
         self._finalizer = weakref.finalize(self, self._res.cleanup)
         try:
             self._setup(bwrap, prepared)
@@ -244,13 +215,15 @@ class LocalSandbox:
 
     def _setup(self, bwrap_path: str, prepared: PreparedSource) -> None:
         res = self._res
-        if res.disk is None:  # no spare: the folder and its disk are made now
-            res.root.mkdir()
-            if self._disk_mib:  # everything the sandbox writes goes on its own size-limited file system
-                res.disk = WritableDisk.create(
-                    res.root, self._disk_mib * MIB, self._templates, etc_dir=self._etc_dir,
-                    skeleton=self._skeleton,
-                )  # fmt: skip
+        res.root.mkdir()
+        if self._disk_mib:  # everything the sandbox writes goes on its own size-limited file system
+            res.disk = WritableDisk.create(
+                res.root,
+                self._disk_mib * MIB,
+                self._templates,
+                etc_dir=self._etc_dir,
+                skeleton=self._skeleton,
+            )
         if res.disk is not None:
             self.usage.disk_quota_bytes = res.disk.size_bytes
             self.usage.peak_disk_bytes = res.disk.peak_bytes
@@ -273,14 +246,8 @@ class LocalSandbox:
         if not prepared.has_git and res.snapshot is None:
             workspace.git_init(res.repo_dir, res.root)
         write_text(res.root / "ws" / ".gitconfig", workspace.GITCONFIG)
-        memory_bytes = self.settings.memory_mib * 1024 * 1024
-        if res.limits is not None:  # a spare's cgroups, with its spawner in them already
-            res.limits.apply(memory_bytes, self.settings.max_processes)
-        else:
-            res.limits = Limits.create(self.id, memory_bytes, self.settings.max_processes)
-            if res.limits.procs_files:  # commands start the slower way until it is ready (spawner.py)
-                res.spawner = Spawner.start(res.limits.wrapper())
-            res.write_meta()  # with the new cgroups (a spare's were in the first one)
+        res.limits = Limits.create(self.id, self.settings.memory_mib * MIB, self.settings.max_processes)
+        res.write_meta()  # with the cgroups
         self._base_env = {
             "PATH": f"{TASK_ENV}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
             "VIRTUAL_ENV": TASK_ENV, "HOME": WORKSPACE, "USER": SANDBOX_USER, "LOGNAME": SANDBOX_USER,
@@ -296,13 +263,6 @@ class LocalSandbox:
             bwrap_path, etc_dir=etc_dir, root=res.root, wrapper=wrapper,
             interpreter=self.interpreter.binds(), uv=find_uv(), shims=pip_shims(etc_dir),
         )  # fmt: skip
-        resident = res.resident
-        if resident is not None and (
-            not self.settings.resident or resident.head != self._argv_head[self._bwrap_at :]
-        ):
-            # turned off, or started for another sandbox's options (another interpreter): the old way
-            resident.stop()
-            res.resident = None
 
     def lowers(self, part: str) -> list[Path]:
         """The read-only folders under the repository ('repo') or the task environment ('venv'), top first."""
@@ -401,28 +361,23 @@ class LocalSandbox:
             environ[key] = value
         if cwd and not cwd.startswith("/"):
             cwd = f"{self.workdir}/{cwd}"
-        try:
-            raw = run_command(
-                self._res,
-                self.id,
-                self._argv_head,
-                command,
-                cwd=cwd or self.workdir,
-                environ=environ,
-                # made at the first setup command: a missing slirp4netns is a ConfigError only for tasks that need it
-                network=NetworkPlan.for_host(self.settings.setup_network_allow)
-                if network and self.settings.setup_network
-                else None,
-                extra=setup_args(self.env_cache.download_cache) if setup else [],
-                timeout=timeout,
-                full_output=full_output,
-                stdin=stdin,
-                bwrap_at=self._bwrap_at,
-            )
-        finally:
-            then, self._after_first_command = self._after_first_command, None
-        if then is not None and not self._res.released:
-            then()
+        raw = run_command(
+            self._res,
+            self.id,
+            self._argv_head,
+            command,
+            cwd=cwd or self.workdir,
+            environ=environ,
+            # made at the first setup command: a missing slirp4netns is a ConfigError only for tasks that need it
+            network=NetworkPlan.for_host(self.settings.setup_network_allow)
+            if network and self.settings.setup_network
+            else None,
+            extra=setup_args(self.env_cache.download_cache) if setup else [],
+            timeout=timeout,
+            full_output=full_output,
+            stdin=stdin,
+            bwrap_at=self._bwrap_at,
+        )
         self.usage.commands += 1
         self.usage.command_seconds += raw.duration_s
         self._note_usage()

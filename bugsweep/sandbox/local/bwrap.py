@@ -223,9 +223,8 @@ def command_argv(
 
 
 def isolation_args(info_fd: int, filter_fd: int) -> list[str]:
-    """What every sandboxed process gets on top of command_argv, whether it is a command or a resident that
-    starts commands (resident.py): bubblewrap says its init's pid on `info_fd`, no network (a setup command's
-    comes later, into this namespace) and the seccomp filter read from `filter_fd` (seccomp.filter_fd)."""
+    """What every command gets on top of command_argv: bubblewrap says its init's pid on `info_fd`, no network (a
+    setup command's comes later, into this namespace) and the seccomp filter read from `filter_fd` (seccomp.filter_fd)."""
     return ["--info-fd", str(info_fd), "--unshare-net", "--seccomp", str(filter_fd)]
 
 

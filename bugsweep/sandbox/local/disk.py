@@ -15,9 +15,8 @@ worker's RAM (bench/README.md has the figures).
 Creation is a copy of a pre-formatted template (made once per process and size by `mkfs.ext4`; the copy
 moves only the few MB of metadata that are not holes), one LOOP_CONFIGURE ioctl with autoclear (the loop
 device detaches itself at the last unmount, so nothing is left attached even when a process dies between
-the steps) and one mount(2): about 10 ms at load 2, which spares.py moves off the path of a sandbox's
-create() by making them ahead of time. Needs root and a loop device; elsewhere `create` returns None and the
-sandbox writes to the host's disk without a quota (a warning says so).
+the steps) and one mount(2): about 10 ms at load 2. Needs root and a loop device; elsewhere `create` returns None
+and the sandbox writes to the host's disk without a quota (a warning says so).
 """
 
 from __future__ import annotations
@@ -46,7 +45,6 @@ _LOOP_CONFIGURE = 0x4C0A
 _LO_FLAGS_AUTOCLEAR = 4
 MS_NOSUID, MS_NODEV, _MS_NOATIME = 2, 4, 1024  # MS_NOSUID, MS_NODEV: also the overlays' (workspace.py)
 _MNT_DETACH = 2
-_MS_SHARED = 1 << 20
 #: The file system's own needs (inode tables, directories, bitmaps) on top of the quota, as an upper bound for
 #: what an image can take of the host's disk: the ext4 overhead of a small file system is a few percent.
 METADATA_SLACK = 0.05
@@ -108,19 +106,6 @@ class WritableDisk:
         disk.sample()
         return disk
 
-    @classmethod
-    def create_detached(
-        cls, folder: Path, size_bytes: int, templates: Path, etc_dir: Path, skeleton: Sequence[str]
-    ) -> DetachedDisk:
-        """Like `create`, but the file system is mounted nowhere yet: a detached mount (the new mount API,
-        Linux 5.2+) held only by a file descriptor, attached on `folder` later by `DetachedDisk.attach`. Until
-        then, if this process dies, the kernel drops the mount and the loop device with the descriptor: only the
-        image is left (stale.py sweeps it). Raises OSError where this cannot be done."""
-        template = _template(templates, size_bytes, etc_dir, skeleton)
-        image = image_path(folder)
-        mount_fd = _on_loop_device(template, image, lambda loop: _fsmount(_device(loop)))
-        return DetachedDisk(cls(image, folder, size_bytes), mount_fd)
-
     def used_bytes(self) -> int:
         st = os.statvfs(self.mountpoint)
         return (st.f_blocks - st.f_bfree) * st.f_frsize
@@ -135,56 +120,6 @@ class WritableDisk:
         self.peak_bytes = max(self.peak_bytes, used)
         free = st.f_bavail * st.f_frsize
         return free <= max(_FULL_BYTES, int(st.f_blocks * st.f_frsize * _FULL_SHARE))
-
-
-class DetachedDisk:
-    """A file system made for `disk.mountpoint` but not mounted there yet (WritableDisk.create_detached)."""
-
-    def __init__(self, disk: WritableDisk, mount_fd: int) -> None:
-        self.disk = disk
-        self._fd: int | None = mount_fd
-
-    @property
-    def inside(self) -> Path:
-        """A path to its root while it is mounted nowhere (through this process's descriptor of it)."""
-        if self._fd is None:
-            raise OSError(errno.EBADF, "this disk was attached or dropped already")
-        return Path(f"/proc/self/fd/{self._fd}")
-
-    def attach(self) -> WritableDisk:
-        """Mount it on its folder (an empty folder); the descriptor is closed either way."""
-        fd, self._fd = self._fd, None
-        if fd is None:
-            raise OSError(errno.EBADF, "this disk was attached or dropped already")
-        try:
-            _syscall(
-                _SYS_MOVE_MOUNT,
-                fd,
-                b"",
-                _AT_FDCWD,
-                os.fsencode(self.disk.mountpoint),
-                _MOVE_MOUNT_F_EMPTY_PATH,
-            )
-        finally:
-            os.close(fd)
-        self.disk.sample()
-        return self.disk
-
-    def drop(self) -> None:
-        """Unmount (the kernel does, with the last descriptor) and delete the image."""
-        fd, self._fd = self._fd, None
-        if fd is not None:
-            os.close(fd)
-        with contextlib.suppress(FileNotFoundError):
-            self.disk.image.unlink()
-
-
-def make_shared(target: Path) -> None:
-    """Make the mount on `target` shared: mounts made under it later reach the mount namespaces that bind it
-    (resident.py). Raises OSError."""
-    if _libc.mount(None, os.fsencode(target), None, ctypes.c_ulong(_MS_SHARED), None) != 0:
-        code = ctypes.get_errno()
-        raise OSError(code, f"make {target} shared: {os.strerror(code)}")
 
 
 def empty_and_unmount(folder: Path) -> None:
@@ -353,39 +288,6 @@ def _mount(loop: int, target: Path) -> None:
     if _libc.mount(device, os.fsencode(target), b"ext4", flags, b"noinit_itable") != 0:
         code = ctypes.get_errno()
         raise OSError(code, f"mount {device.decode()} on {target}: {os.strerror(code)}")
-
-
-_SYS_MOVE_MOUNT, _SYS_FSOPEN, _SYS_FSCONFIG, _SYS_FSMOUNT = (
-    429,
-    430,
-    431,
-    432,
-)  # the same on every architecture
-_FSCONFIG_SET_FLAG, _FSCONFIG_SET_STRING, _FSCONFIG_CMD_CREATE = 0, 1, 6
-_MOUNT_ATTR_NOSUID, _MOUNT_ATTR_NODEV, _MOUNT_ATTR_NOATIME = 0x2, 0x4, 0x10
-_MOVE_MOUNT_F_EMPTY_PATH, _AT_FDCWD, _CLOEXEC = 0x4, -100, 1
-
-
-def _syscall(number: int, *args: object) -> int:
-    result = int(_libc.syscall(number, *args))
-    if result < 0:
-        code = ctypes.get_errno()
-        raise OSError(code, os.strerror(code))
-    return result
-
-
-def _fsmount(device: bytes) -> int:
-    """A detached ext4 mount of `device` (the options `_mount` uses); its file descriptor."""
-    fs = _syscall(_SYS_FSOPEN, b"ext4", _CLOEXEC)
-    try:
-        _syscall(_SYS_FSCONFIG, fs, _FSCONFIG_SET_STRING, b"source", device, 0)
-        _syscall(_SYS_FSCONFIG, fs, _FSCONFIG_SET_FLAG, b"noinit_itable", None, 0)
-        _syscall(_SYS_FSCONFIG, fs, _FSCONFIG_CMD_CREATE, None, None, 0)
-        return _syscall(
-            _SYS_FSMOUNT, fs, _CLOEXEC, _MOUNT_ATTR_NOSUID | _MOUNT_ATTR_NODEV | _MOUNT_ATTR_NOATIME
-        )
-    finally:
-        os.close(fs)
 
 
 def _warn(reason: str) -> None:

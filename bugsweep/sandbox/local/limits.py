@@ -3,8 +3,7 @@
 The same cgroups measure what the sandbox used (`peak_memory_bytes`, `cpu_seconds`; on cgroup v1 a `cpuacct`
 group is joined for the CPU time). The memory limit makes the kernel OOM-kill the biggest process (exit 137, `out_of_memory=True`), the process limit
 makes fork() fail inside (a fork bomb stalls, the host is unharmed). Every command starts inside the cgroups, so
-every process it forks is counted: forked by the sandbox's spawner, which joined them once (spawner.py), or, until
-that is ready, joining them before bwrap starts (`Limits.wrapper`). Where no cgroup can be created (non-root,
+every process it forks is counted: each joins them before bwrap starts (`Limits.wrapper`). Where no cgroup can be created (non-root,
 undelegated cgroup v2), `prlimit` sets RLIMIT_AS and RLIMIT_NPROC instead: weaker (RLIMIT_NPROC does not bind
 root), and a warning says so.
 """
@@ -55,9 +54,8 @@ class Limits:
         self._pids_file: Path | None = None
 
     @classmethod
-    def create(cls, name: str, memory_bytes: int | None, max_pids: int | None) -> Limits:
-        """The cgroups `bugsweep-NAME` with these limits (None: none yet, `apply` sets them; spares.py makes
-        a spare sandbox's cgroups before it knows them), or rlimits where no cgroup can be made."""
+    def create(cls, name: str, memory_bytes: int, max_pids: int) -> Limits:
+        """The cgroups `bugsweep-NAME` with these limits, or rlimits where no cgroup can be made."""
         made: list[Path] = []
         try:
             v1_mem, v1_pids = _cgroup_v1_parent("memory"), _cgroup_v1_parent("pids")
@@ -111,16 +109,16 @@ class Limits:
             )
         prlimit = shutil.which("prlimit")
         prefix = [prlimit, f"--as={memory_bytes}", f"--nproc={max_pids}", "--"] if prlimit else []
-        return cls([], [], None, prefix if memory_bytes is not None and max_pids is not None else [])
+        return cls([], [], None, prefix)
 
-    def apply(self, memory_bytes: int | None, max_pids: int | None) -> None:
-        """Set the cgroups' memory and process limits (None: leave as they are). Raises OSError."""
-        if memory_bytes is not None and self._memory_file is not None:
+    def apply(self, memory_bytes: int, max_pids: int) -> None:
+        """Set the cgroups' memory and process limits. Raises OSError."""
+        if self._memory_file is not None:
             write_text(self._memory_file, str(memory_bytes))
             if self._memsw_file is not None:
                 with contextlib.suppress(OSError):  # only with swap accounting
                     write_text(self._memsw_file, str(memory_bytes))
-        if max_pids is not None and self._pids_file is not None:
+        if self._pids_file is not None:
             write_text(self._pids_file, str(max_pids))
 
     def wrapper(self) -> list[str]:

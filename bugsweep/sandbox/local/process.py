@@ -1,13 +1,11 @@
 """Running one command: `bash -c COMMAND` as a process tree that ends as a whole, with output spooled through pipes
 to unlinked files on the host, outside the sandbox's disk quota (never into memory; capture.py).
 
-A command is forked by the sandbox's resident when it has one (resident.py: no bubblewrap per command; the resident
-ends everything the command left before it reports the exit code), else it is one `bwrap ... bash -c COMMAND` of
-its own: a setup command (its own network namespace), a command while another runs, a sandbox without a resident.
-Such a command gets its own pid namespace, and killing the namespace's init kills the whole process tree at once.
-Either way, that is how a timeout ends a command, and why background processes (`server &`) end with the command
-that started them. A caller gets the last OUTPUT_LIMIT_BYTES of each stream (`truncated=True` when more was
-written), or with `full_output=True` also its first FULL_OUTPUT_HEAD_BYTES: everything but endless output.
+A command is one `bwrap ... bash -c COMMAND` of its own, with its own pid namespace: killing the namespace's init
+kills the whole process tree at once. That is how a timeout ends a command, and why background processes
+(`server &`) end with the command that started them. A caller gets the last OUTPUT_LIMIT_BYTES of each stream
+(`truncated=True` when more was written), or with `full_output=True` also its first FULL_OUTPUT_HEAD_BYTES:
+everything but endless output.
 """
 
 from __future__ import annotations
@@ -33,10 +31,8 @@ from bugsweep.sandbox.local.capture import Capture, stdin_file
 from bugsweep.sandbox.local.common import decode, short
 from bugsweep.sandbox.local.limits import ATTACH_FAILED
 from bugsweep.sandbox.local.setup_network import NetworkPlan, SetupNetwork
-from bugsweep.sandbox.local.spawner import SpawnedProcess
 
 if TYPE_CHECKING:
-    from bugsweep.sandbox.local.resident import ResidentCommand
     from bugsweep.sandbox.local.resources import Resources
 
 #: Longer commands are passed to bash as a script file (Linux caps one argument at 128 KiB).
@@ -76,7 +72,7 @@ class Command:
     The outer bwrap may exit a moment before the init does; both are waited for. Pidfds make the waits exact
     (Popen.wait(timeout) polls with sleeps that add milliseconds to every short command)."""
 
-    def __init__(self, proc: subprocess.Popen[bytes] | SpawnedProcess) -> None:
+    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
         self.proc = proc
         self.init_pid: int | None = None
         self._init_fd: int | None = None
@@ -146,14 +142,10 @@ class Command:
             if self._init_fd is not None:
                 os.close(self._init_fd)
                 self._init_fd = None
-            if isinstance(self.proc, SpawnedProcess):
-                self.proc.close()
 
 
-def wait_pid(proc: subprocess.Popen[bytes] | SpawnedProcess, deadline: float) -> bool:
+def wait_pid(proc: subprocess.Popen[bytes], deadline: float) -> bool:
     """Wait for `proc` until `deadline` (time.monotonic()); True when it exited."""
-    if isinstance(proc, SpawnedProcess):
-        return proc.wait_until(deadline)
     try:
         pidfd = os.pidfd_open(proc.pid)
     except OSError:  # already reaped, or no pidfd support
@@ -227,40 +219,30 @@ def run_command(
             script.write_text(command)  # on a full disk: OSError ENOSPC, and no half script is left
             bash = ["/bin/bash", f"/tmp/{script.name}"]
         start = time.monotonic()
-        cmd: Command | ResidentCommand | None = None
-        if (
-            res.resident is not None and network is None and not extra
-        ):  # no bubblewrap of its own (resident.py)
-            with _stdin_fd(stdin_fh) as stdin_fd:
-                cmd = res.resident.run(bash, environ, cwd, (stdin_fd, *capture.writers))
-        if cmd is None:
-            # the wait for a resident that did not start it (up to 10 s) is not the command's time
-            start = time.monotonic()
-            cmd, info_r, block_w = _start_bwrap(
-                stack, res, argv_head, bash, cwd=cwd, environ=environ, network=network, extra=extra,
-                bwrap_at=bwrap_at, stdin=stdin_fh, output=capture.writers,
-            )  # fmt: skip
+        cmd, info_r, block_w = _start_bwrap(
+            stack, argv_head, bash, cwd=cwd, environ=environ, network=network, extra=extra, bwrap_at=bwrap_at,
+            stdin=stdin_fh, output=capture.writers,
+        )  # fmt: skip
         capture.started()
         setup_net: SetupNetwork | None = None
         try:
             if not res.track(cmd):
                 cmd.kill()
                 raise SandboxGone(f"sandbox {sandbox_id} was released")
-            if isinstance(cmd, Command):
-                cmd.read_info(info_r, timeout)
-                if network is not None and block_w is not None:
-                    if cmd.init_pid is not None:
-                        try:
-                            setup_net = network.start(cmd.init_pid)
-                        except SandboxError as exc:
-                            cmd.kill()
-                            capture.finish()
-                            said = decode(capture.err.read()[0][-2000:]).strip()
-                            raise SandboxError(
-                                f"{exc}" + (f"; bubblewrap said: {said}" if said else "")
-                            ) from None
-                    with contextlib.suppress(OSError):  # bwrap is gone already: its error is reported below
-                        os.write(block_w, b"1")
+            cmd.read_info(info_r, timeout)
+            if network is not None and block_w is not None:
+                if cmd.init_pid is not None:
+                    try:
+                        setup_net = network.start(cmd.init_pid)
+                    except SandboxError as exc:
+                        cmd.kill()
+                        capture.finish()
+                        said = decode(capture.err.read()[0][-2000:]).strip()
+                        raise SandboxError(
+                            f"{exc}" + (f"; bubblewrap said: {said}" if said else "")
+                        ) from None
+                with contextlib.suppress(OSError):  # bwrap is gone already: its error is reported below
+                    os.write(block_w, b"1")
             deadline = start + timeout
             while True:  # in slices, so that the disk's peak is seen while the command writes
                 done = cmd.wait(min(DISK_SAMPLE_S, deadline - time.monotonic()))
@@ -292,7 +274,7 @@ def run_command(
         if res.disk is not None and (_ENOSPC in stdout or _ENOSPC in stderr):
             disk_full = True
 
-    if isinstance(cmd, Command) and cmd.returncode == 125 and ATTACH_FAILED in stderr:
+    if cmd.returncode == 125 and ATTACH_FAILED in stderr:
         res.check_alive(sandbox_id)
         raise SandboxError(f"sandbox {sandbox_id}: {decode(stderr).strip()}")
     if not cmd.started and not timed_out:  # bwrap never got as far as starting the command
@@ -313,7 +295,6 @@ def run_command(
 
 def _start_bwrap(
     stack: contextlib.ExitStack,
-    res: Resources,
     argv_head: list[str],
     bash: list[str],
     *,
@@ -351,44 +332,21 @@ def _start_bwrap(
             os.close(fd)
         raise
     try:
-        proc = _start(res, argv, bwrap_at, stdin, output, environ, child_fds)
+        proc = _start(argv, stdin, output, environ, child_fds)
     finally:
         for fd in child_fds:
             os.close(fd)
     return Command(proc), info_r, block_w
 
 
-@contextlib.contextmanager
-def _stdin_fd(stdin: int | IO[bytes]) -> Iterator[int]:
-    """The command's stdin as a descriptor of ours: the given file, or /dev/null."""
-    if stdin != subprocess.DEVNULL:
-        assert not isinstance(stdin, int)
-        yield stdin.fileno()
-        return
-    fd = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        yield fd
-    finally:
-        os.close(fd)
-
-
 def _start(
-    res: Resources,
     argv: list[str],
-    bwrap_at: int,
     stdin: int | IO[bytes],
     output: tuple[int, int],
     environ: dict[str, str],
     child_fds: list[int],
-) -> subprocess.Popen[bytes] | SpawnedProcess:
-    """Start the command: through the sandbox's spawner (already in its cgroups: no join, spawner.py) when it is
-    ready, else as `Limits.wrapper() + bwrap ...` from here."""
-    if res.spawner is not None:
-        with _stdin_fd(stdin) as stdin_fd:
-            fds = {stdin_fd: 0, output[0]: 1, output[1]: 2, **{fd: fd for fd in child_fds}}
-            spawned = res.spawner.spawn(argv[bwrap_at:], environ, fds)
-            if spawned is not None:
-                return spawned
+) -> subprocess.Popen[bytes]:
+    """Start the command: `Limits.wrapper() + bwrap ...` (the wrapper puts it into the sandbox's cgroups)."""
     try:
         return subprocess.Popen(
             argv,

@@ -18,8 +18,6 @@ from bugsweep.sandbox.local.disk import WritableDisk
 from bugsweep.sandbox.local.layers import Layer, LocalSnapshot
 from bugsweep.sandbox.local.limits import Limits
 from bugsweep.sandbox.local.process import Command
-from bugsweep.sandbox.local.resident import Resident, ResidentCommand
-from bugsweep.sandbox.local.spawner import Spawner
 from bugsweep.sandbox.local.stale import write_owner_meta
 from bugsweep.sandbox.local.workspace import Overlay, remove_root
 from bugsweep.sandbox.sources import CheckoutLease
@@ -36,11 +34,6 @@ class Resources:
         self.repo = Overlay(repo_dir, root / "upper", root / "work")
         self.env = Overlay(root / "env", root / "env-upper", root / "env-work")
         self.limits: Limits | None = None
-        self.spawner: Spawner | None = None
-        """The process in the cgroups that starts the commands (spawner.py); None: each joins them itself."""
-        self.resident: Resident | None = None
-        """The process in the sandbox's namespaces that starts its commands (resident.py); None: each command is a
-        bubblewrap of its own."""
         self.disk: WritableDisk | None = None
         self.lease: CheckoutLease | None = None
         self.layers: list[Layer] = []
@@ -52,7 +45,7 @@ class Resources:
         self.labels: dict[str, str] = {}
         self.created = time.time()
         self.released = False
-        self._commands: set[Command | ResidentCommand] = set()
+        self._commands: set[Command] = set()
         self._lock = threading.Lock()
 
     def check_alive(self, sandbox_id: str) -> None:
@@ -62,14 +55,14 @@ class Resources:
         if gone:
             raise SandboxGone(f"sandbox {sandbox_id}: its workspace {self.repo_dir} is gone")
 
-    def track(self, cmd: Command | ResidentCommand) -> bool:
+    def track(self, cmd: Command) -> bool:
         with self._lock:
             if self.released:
                 return False
             self._commands.add(cmd)
             return True
 
-    def untrack(self, cmd: Command | ResidentCommand) -> None:
+    def untrack(self, cmd: Command) -> None:
         with self._lock:
             self._commands.discard(cmd)
 
@@ -107,10 +100,6 @@ class Resources:
             commands = list(self._commands)
         for cmd in commands:
             guard("kill a command", cmd.kill)
-        if self.resident is not None:  # before the mounts go: its namespace holds copies of them
-            guard("stop the resident", self.resident.stop)
-        if self.spawner is not None:
-            guard("stop the spawner", self.spawner.stop)
         if self.limits is not None:
             guard("remove the cgroups", self.limits.destroy)
         guard("remove the sandbox folder", remove_root, self.root, [self.repo.target, self.env.target])

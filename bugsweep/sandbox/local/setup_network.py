@@ -156,7 +156,7 @@ class SetupNetwork:
         slirp = _tool("slirp4netns")
         # In a mount namespace of its own whose mounts are all private: --enable-sandbox makes only its /
         # private (not recursively) before it detaches the host's tree, and that detach would otherwise reach
-        # every shared mount's peers, unmounting the overlays under a spare sandbox's disk here (spares.py).
+        # every shared mount's peers (on systemd hosts every mount is shared), the sandboxes' mounts included.
         private = [_tool("unshare"), "--mount", "--propagation", "private", "--"]
         _wait_for_loopback(pid)
         ready_r, ready_w = os.pipe()

@@ -66,8 +66,6 @@ def list_sandboxes(state_dir: Path) -> list[dict[str, object]]:
     for meta_file in sorted(state_dir.glob("local-*/meta.json")):
         with contextlib.suppress(OSError, ValueError):
             meta = json.loads(meta_file.read_text())
-            if meta.get("kind") == "spare":  # a disk made ahead of time, not a sandbox yet (spares.py)
-                continue
             pid = int(meta.get("owner_pid", 0))
             alive = meta.get("pidns") == pidns() and start_time(pid) == meta.get("owner_start")
             found.append({"id": meta_file.parent.name, "owner_pid": pid, "owner_alive": alive,

@@ -128,7 +128,7 @@ def mount_overlay(lowers: list[Path], upper: Path, work: Path, target: Path) -> 
     try:  # short, comma-free names that show no host path (the kernel resolves them at mount time)
         names = [f"/proc/self/fd/{fd}" for fd in layers]
         options = f"lowerdir={':'.join(names[:-2])},upperdir={names[-2]},workdir={names[-1]}"
-        # nosuid, nodev: as bubblewrap's binds are; a sandbox's resident sees this very mount (resident.py)
+        # nosuid, nodev: as bubblewrap's binds are
         flags = ctypes.c_ulong(MS_NOSUID | MS_NODEV)
         rc = _libc.mount(b"overlay", os.fsencode(target), b"overlay", flags, os.fsencode(options))
     finally:
