@@ -291,7 +291,7 @@ def free_port() -> int:
 
 
 def test_a_server_already_on_the_port_is_reused_and_not_stopped(tmp_path: Path) -> None:
-    with ScriptedModelServer(model=DEFAULT_MODEL.name) as server:
+    with ScriptedModelServer(model=DEFAULT_MODEL.name, served=[DEFAULT_MODEL.name]) as server:
         port = int(server.base_url.split(":")[-1].split("/")[0])
         settings = EmbeddedSettings(cache_dir=tmp_path, port=port, auto_install=False)
         with ensure_embedded_model(settings, progress=lambda _: None) as endpoint:
@@ -302,7 +302,7 @@ def test_a_server_already_on_the_port_is_reused_and_not_stopped(tmp_path: Path) 
 
 
 def test_a_port_taken_by_another_model_is_a_config_error(tmp_path: Path) -> None:
-    with ScriptedModelServer(model="someone-elses-model") as server:
+    with ScriptedModelServer(model="someone-elses-model", served=["someone-elses-model"]) as server:
         port = int(server.base_url.split(":")[-1].split("/")[0])
         settings = EmbeddedSettings(cache_dir=tmp_path, port=port, auto_install=False)
         with pytest.raises(ConfigError, match="BUGSWEEP_MODEL_PORT"), ensure_embedded_model(settings):

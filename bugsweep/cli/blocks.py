@@ -18,6 +18,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from bugsweep.cli.options import print_table
+
 console = Console(highlight=False)
 err = Console(stderr=True, highlight=False)
 
@@ -93,7 +95,7 @@ def blocks_create(
     for p in planned:
         p.block.save(p.name, overwrite=overwrite)
         saved.add_row(p.block.get_block_type_name(), p.name, p.what)
-    console.print(saved)
+    print_table(console, saved)
 
 
 def _exists(planned: _Planned) -> bool:

@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from bugsweep.cli.options import with_limit_options
+from bugsweep.cli.options import print_table, with_limit_options
 from bugsweep.runconfig import AgentLimits  # at run time: with_limit_options reads the annotations
 
 console = Console(highlight=False, soft_wrap=True)
@@ -136,10 +136,12 @@ def compare_command(
     from bugsweep.report import policy_note, summary_rows
 
     header, rows = summary_rows(report)
-    table = Table(*header)
+    table = Table()
+    for column in header:
+        table.add_column(column, overflow="fold")  # whole digests and names in a narrow log file, never cut
     for row in rows:
         table.add_row(*(escape(c) for c in row))
-    console.print(table)
+    print_table(console, table)
     for p in report.pairs:
         console.print(
             f"{escape(p.a)} - {escape(p.b)}: {100 * p.mean_diff:+.0f} points per task "

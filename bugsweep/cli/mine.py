@@ -16,6 +16,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from bugsweep.cli.options import print_table
+
 console = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False)
 
@@ -161,7 +163,7 @@ def mine_command(
     for reason, count in result.reasons().items():
         table.add_row(reason, str(count))
     if result.rejected:
-        console.print(table)
+        print_table(console, table)
     for sha, tests in result.flaky_tests.items():
         console.print(f"[yellow]flaky[/] at {sha[:10]}: {escape(', '.join(tests[:5]))}")
     console.print(

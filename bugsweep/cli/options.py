@@ -79,3 +79,9 @@ def with_limit_options(defaults: str = "") -> Callable[[Callable[..., Any]], Cal
         return wrapper
 
     return decorate
+
+
+def print_table(console: Any, table: Any) -> None:
+    """A rich table whole: at a terminal, as wide as the terminal; into a file or a pipe (a log, a CI job), as wide
+    as its content, so that no name, digest or path is cut or broken across lines for the reader who greps it."""
+    console.print(table, width=None if console.is_terminal else 1000)

@@ -23,7 +23,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from bugsweep.cli.options import with_limit_options
+from bugsweep.cli.options import print_table, with_limit_options
 from bugsweep.runconfig import AgentLimits  # at run time: with_limit_options reads the annotations
 
 console = Console(highlight=False)
@@ -275,7 +275,7 @@ def _print_grades(grades: list[Any]) -> None:
             g.instance_id, g.model, g.policy or "-", g.config_digest or "-", _cell(g),
             str(g.turns), str(g.prompt_tokens + g.completion_tokens), f"{g.cost_usd:.4f}", f"{g.wall_s:.1f}", note,
         )  # fmt: skip
-    console.print(table)
+    print_table(console, table)
     for g in grades:
         if g.error:
             reason = next((line.strip() for line in g.error.splitlines() if line.strip()), "")
