@@ -383,7 +383,7 @@ def test_compare_puts_two_configurations_of_one_model_side_by_side(
         grade = json.loads((report_dir / "calc-t" / entry / digest / "run-0" / "grade.json").read_text())
         assert grade["config_digest"] == digest and grade["config"]["model"]["model"] == "scripted-model"
         assert (grade["config"]["agent"]["max_turns"], grade["config"]["policy"]) == (turns, policy)
-    assert plain in output and small in output, "the table shows each entry's configuration"
+    assert plain in output and small in output, f"the table shows each entry's configuration: {output}"
     assert "policies: plain plain, small small-model" in output
     assert "did not all run under the same agent policy" in output
     assert plain in (report_dir / "report.md").read_text()

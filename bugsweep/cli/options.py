@@ -84,4 +84,10 @@ def with_limit_options(defaults: str = "") -> Callable[[Callable[..., Any]], Cal
 def print_table(console: Any, table: Any) -> None:
     """A rich table whole: at a terminal, as wide as the terminal; into a file or a pipe (a log, a CI job), as wide
     as its content, so that no name, digest or path is cut or broken across lines for the reader who greps it."""
-    console.print(table, width=None if console.is_terminal else 1000)
+    from rich.console import Console
+
+    stream = console.file
+    if getattr(stream, "isatty", None) and stream.isatty():
+        console.print(table)
+    else:  # a console of its own: print(width=...) can only narrow a console, never widen it
+        Console(file=stream, width=1000, highlight=False, color_system=None).print(table)

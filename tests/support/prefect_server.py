@@ -39,6 +39,10 @@ OFFLINE_ENV = {
     "DO_NOT_TRACK": "1",
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
     "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": str(STARTUP_TIMEOUT_S),
+    # SQLite on a busy 2-core machine (the suite runs in parallel): a write waits for the lock rather than
+    # answering 503 after Prefect's default 10 s
+    "PREFECT_SERVER_DATABASE_TIMEOUT": "60",
+    "PREFECT_SERVER_DATABASE_CONNECTION_TIMEOUT": "30",
 }
 os.environ.setdefault("PREFECT_HOME", str(_HOME))
 os.environ.update(OFFLINE_ENV)
