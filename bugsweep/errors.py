@@ -121,6 +121,13 @@ def failure_kind(exc: BaseException) -> str:
     return "crash"
 
 
+def first_line(text: str, limit: int | None = 300) -> str:
+    """The first non-blank line of a recorded reason (an error keeps its command's output below it), at most
+    `limit` characters (None: whole): what a summary or a table shows of it."""
+    line = next((part.strip() for part in text.splitlines() if part.strip()), "")
+    return line if limit is None or len(line) <= limit else line[: limit - 1] + "…"
+
+
 def describe(exc: BaseException) -> str:
     """The one-line reason a grade records: bugsweep's own message, or the exception's type and message."""
     return str(exc) if isinstance(exc, BugsweepError) else f"{type(exc).__name__}: {exc}"

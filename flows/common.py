@@ -60,6 +60,31 @@ def form_field(default: Any, title: str, help: str) -> Any:
     return Field(default, description=help, json_schema_extra={"title": title})
 
 
+def model_field() -> Any:
+    """The flows' `model` parameter: a saved model endpoint block, or empty."""
+    return form_field(
+        None,
+        "Model endpoint",
+        "A saved model endpoint block; empty: the one named bugsweep-model, else the worker's LLM_* variables, "
+        "else the embedded open model.",
+    )
+
+
+def sandbox_field() -> Any:
+    """The flows' `sandbox` parameter."""
+    return form_field("local", "Sandbox", "local: bubblewrap on the worker; runtime: Runtime microVMs.")
+
+
+def store_field() -> Any:
+    """The flows' `store` parameter: a saved S3 bucket block, or empty."""
+    return form_field(
+        None,
+        "Artifact store (S3 bucket)",
+        "A saved S3 bucket block (prefect-aws); run folders go to its folder as SWEEP/TASK/MODEL/CONFIG. Empty: "
+        "the one named bugsweep-artifacts, else the worker's BUGSWEEP_STORE_URL (a folder or s3://).",
+    )
+
+
 #: The agent's budget and policy per task, declared once (bugsweep.runconfig): the flows' `limits` parameter.
 AgentLimits = runconfig.AgentLimits
 

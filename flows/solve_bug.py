@@ -37,7 +37,10 @@ from flows.common import (
     form_field,
     load_run_config,
     model_endpoint,
+    model_field,
     refuse_endless_reruns,
+    sandbox_field,
+    store_field,
 )
 from tasks import quiet_thread_timeout_warnings, steps
 from tasks.publish import RUN_FILE, complete_late, made_by
@@ -283,21 +286,9 @@ def solve_bug(
         "", "Commit, branch or tag", "Where to start from; empty: the repository's default branch."
     ),
     sweep: str = form_field("adhoc", "Folder", "Folder in the artifact store: SWEEP/TASK/MODEL/CONFIG."),
-    model: ModelEndpoint | None = form_field(
-        None,
-        "Model endpoint",
-        "A saved model endpoint block; empty: the one named bugsweep-model, else the worker's LLM_* variables, "
-        "else the embedded open model.",
-    ),
-    sandbox: SandboxName = form_field(
-        "local", "Sandbox", "local: bubblewrap on the worker; runtime: Runtime microVMs."
-    ),
-    store: S3Bucket | None = form_field(
-        None,
-        "Artifact store (S3 bucket)",
-        "A saved S3 bucket block (prefect-aws); run folders go to its folder as SWEEP/TASK/MODEL/CONFIG. Empty: the one "
-        "named bugsweep-artifacts, else the worker's BUGSWEEP_STORE_URL (a folder or s3://).",
-    ),
+    model: ModelEndpoint | None = model_field(),
+    sandbox: SandboxName = sandbox_field(),
+    store: S3Bucket | None = store_field(),
     limits: AgentLimits = form_field(
         AgentLimits(), "Agent limits", "The agent's budget (turns, tokens, cost, time) and policy."
     ),

@@ -38,7 +38,10 @@ from flows.common import (
     form_field,
     load_run_config,
     model_endpoint,
+    model_field,
     previous_grade,
+    sandbox_field,
+    store_field,
 )
 from flows.solve_bug import Job, TaskOutcome, configured, solve_many
 from tasks import quiet_thread_timeout_warnings, steps
@@ -67,21 +70,9 @@ def sweep(
     name: str = form_field(
         "", "Sweep name", "The folder in the artifact store; empty: the task file's or repository's name."
     ),
-    model: ModelEndpoint | None = form_field(
-        None,
-        "Model endpoint",
-        "A saved model endpoint block; empty: the one named bugsweep-model, else the worker's LLM_* variables, "
-        "else the embedded open model.",
-    ),
-    sandbox: SandboxName = form_field(
-        "local", "Sandbox", "local: bubblewrap on the worker; runtime: Runtime microVMs."
-    ),
-    store: S3Bucket | None = form_field(
-        None,
-        "Artifact store (S3 bucket)",
-        "A saved S3 bucket block (prefect-aws); empty: the one named bugsweep-artifacts, else the worker's "
-        "BUGSWEEP_STORE_URL (a folder or s3://).",
-    ),
+    model: ModelEndpoint | None = model_field(),
+    sandbox: SandboxName = sandbox_field(),
+    store: S3Bucket | None = store_field(),
     limits: AgentLimits = form_field(
         AgentLimits(), "Agent limits", "The agent's budget per task (turns, tokens, cost, time) and policy."
     ),

@@ -30,7 +30,7 @@ from prefect.cache_policies import NO_CACHE
 
 from bugsweep import discover
 from bugsweep.discover import RepoBranch, TaskFile
-from bugsweep.errors import ConfigError, InfraError, SandboxGone, failure_kind
+from bugsweep.errors import ConfigError, InfraError, SandboxGone, failure_kind, first_line
 from bugsweep.grading import Grade
 from bugsweep.settings import AgentSettings
 from bugsweep.spec import TaskSpec
@@ -269,16 +269,11 @@ def summary_row(
         "wall_s": round(verdict.wall_s, 1),
         "status": status,
         "ran": not verdict.error and not upload_failed,
-        "reason": _first_line(verdict.error) if verdict.error else ("upload failed" if upload_failed else ""),
+        "reason": first_line(verdict.error) if verdict.error else ("upload failed" if upload_failed else ""),
         "artifacts": uploaded_to or "",
         "suspicious": "; ".join(verdict.suspicious[:3]),
         "held_for_review": verdict.held_for_review,
     }
-
-
-def _first_line(text: str, limit: int = 300) -> str:
-    line = next((part.strip() for part in text.splitlines() if part.strip()), "")
-    return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
 def _md_code(text: str) -> str:

@@ -252,6 +252,7 @@ def _cell(grade: Any) -> str:
 
 
 def _print_grades(grades: list[Any]) -> None:
+    from bugsweep.errors import first_line
     from bugsweep.runconfig import describe_config
 
     table = Table(title="sweep")
@@ -278,8 +279,10 @@ def _print_grades(grades: list[Any]) -> None:
     print_table(console, table)
     for g in grades:
         if g.error:
-            reason = next((line.strip() for line in g.error.splitlines() if line.strip()), "")
-            console.print(f"could not be run: {g.instance_id} ({g.failure_kind}): {reason}", soft_wrap=True)
+            console.print(
+                f"could not be run: {g.instance_id} ({g.failure_kind}): {first_line(g.error, None)}",
+                soft_wrap=True,
+            )
     held = ", ".join(g.instance_id for g in grades if g.held_for_review)
     console.print(f"{sum(g.resolved for g in grades)} of {len(grades)} resolved")
     if held:
