@@ -43,6 +43,8 @@ class DeployResult:
     """Deployment -> why it was deployed with its schedule paused."""
     automation: str = ""
     rerun_automation: str = ""
+    chosen_blocks: list[str] = field(default_factory=list)
+    """The saved blocks every run form offers already chosen (`bugsweep-model`, `bugsweep-artifacts`)."""
 
 
 def _prefect(args: list[str], cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess[str]:
@@ -118,6 +120,7 @@ def deploy(
                 "parameters": {**(deployment.get("parameters") or {}), "source": source},
             }
         missing = missing_task_source(deployment, project_dir)
+        result.chosen_blocks = choose_saved_blocks(full_name)
         _set_paused(full_name, paused=missing is not None)  # deployed again once the source exists: resumed
         if missing:
             result.paused[full_name] = missing
@@ -287,6 +290,42 @@ def ensure_rerun_automation(deployment: str) -> str:
             client.delete_automation(old.id)
         client.create_automation(automation)
     return RERUN_AUTOMATION
+
+
+def choose_saved_blocks(full_name: str) -> list[str]:
+    """Make the default-named saved blocks (the model endpoint, the S3 bucket) the deployment's defaults for its
+    `model` and `store` parameters, so that its run form shows their pickers with them chosen.
+
+    A default is a reference to the saved block (`{"$ref": {"block_document_id": ...}}`), the form a run's
+    parameters keep: the key stays in the block. A parameter prefect.yaml sets is left as it is. Returns the
+    names of the blocks chosen.
+    """
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import DeploymentUpdate
+    from prefect.exceptions import ObjectNotFound
+    from prefect_aws import S3Bucket
+
+    from blocks import MODEL_BLOCK, STORE_BLOCK, ModelEndpoint
+
+    chosen: list[str] = []
+    with get_client(sync_client=True) as client:
+        deployment = client.read_deployment_by_name(full_name)
+        parameters = dict(deployment.parameters)
+        for parameter, block_class, name in (
+            ("model", ModelEndpoint, MODEL_BLOCK),
+            ("store", S3Bucket, STORE_BLOCK),
+        ):
+            if parameters.get(parameter) is not None:
+                continue
+            try:
+                saved = client.read_block_document_by_name(name, block_class.get_block_type_slug())
+            except ObjectNotFound:
+                continue
+            parameters[parameter] = {"$ref": {"block_document_id": str(saved.id)}}
+            chosen.append(name)
+        if chosen:
+            client.update_deployment(deployment.id, DeploymentUpdate(parameters=parameters))
+    return chosen
 
 
 def worker_command(pool: str) -> str:

@@ -144,6 +144,12 @@ def deployed(prefect_api, seaweed, tmp_path_factory: pytest.TempPathFactory) -> 
             f"{prefect_api.api_url}/deployments/name/solve-bug/solve-bug", timeout=30
         ).json()
         assert solve_bug["paused"] is False
+        assert (
+            "the run forms offer the saved blocks bugsweep-model, bugsweep-artifacts, already chosen"
+            in deployed_out
+        )
+        assert set(solve_bug["parameters"]) >= {"model", "store"}, solve_bug["parameters"]
+        assert "sk-deploy-secret" not in json.dumps(solve_bug) + json.dumps(nightly)
         assert solve_bug["job_variables"]["env"]["PREFECT_FLOWS_HEARTBEAT_FREQUENCY"] == str(HEARTBEAT_S)
         workers = ["worker-a", "worker-b"]
         for name in workers:
@@ -242,8 +248,9 @@ def test_a_person_fills_in_the_run_form_in_a_browser_and_the_run_completes(
 ) -> None:
     """The solve-bug run form in headless Chromium, as a person sees it: the repository and the text are required,
     typed text fields (no "(Optional)", no choice of str or None), every field has a title and help, the model
-    endpoint offers the saved blocks in a picker, and no image on the page is broken but the third-party blocks' own
-    logos (prefect-aws's, from a CDN this machine cannot reach). A person types the two required fields, leaves
+    endpoint and the S3 bucket are block pickers shown directly with the saved blocks chosen, and no image on the page
+    is broken but the third-party blocks' own logos (prefect-aws's, from a CDN this machine cannot reach; bugsweep's
+    blocks carry none). A person types the two required fields, leaves
     the rest, presses Submit; the run completes on a worker with the saved blocks."""
     from playwright.sync_api import sync_playwright
 
@@ -291,15 +298,16 @@ def test_a_person_fills_in_the_run_form_in_a_browser_and_the_run_completes(
                     f"{title}: types to choose"
                 )
             assert field("Repository").locator("textarea").count() == 1
-            # the saved blocks are offered in a picker (Prefect draws an optional block as a choice of the block
-            # type or None first: choosing the type shows the picker)
-            picker = field("Model endpoint (Optional)")
-            picker.locator("button", has_text="ModelEndpoint").click()
-            assert picker.locator("button", has_text="Add").is_visible(), "no block picker"
-            assert "bugsweep-model" in picker.inner_text(), picker.inner_text()
-            picker.locator(
-                "button", has_text="None"
-            ).click()  # left empty: the run uses bugsweep-model anyway
+            # the block pickers are shown directly, the saved blocks already chosen (deploy made them the defaults)
+            for title, saved in (
+                ("Model endpoint (Optional)", "bugsweep-model"),
+                ("Artifact store (S3 bucket) (Optional)", "bugsweep-artifacts"),
+            ):
+                picker = field(title).locator(".block-document-input")
+                assert picker.is_visible(), f"{title}: no block picker shown"
+                assert picker.locator(".p-select-button__value").inner_text().strip() == saved, (
+                    picker.inner_text()
+                )
             top_level = page.locator("div.schema-form-properties").first.locator(
                 ":scope > div.schema-form-property"
             )
@@ -316,7 +324,8 @@ def test_a_person_fills_in_the_run_form_in_a_browser_and_the_run_completes(
             field("Repository").locator("textarea").fill(str(repo))
             field("What is wrong").locator("textarea").fill(problem)
             run_id = ""
-            # a busy SQLite server can answer 503 for a moment: a person presses Submit again
+            # a busy SQLite server can answer 503 for a moment, and a click can come before the form is ready: a
+            # person still on the form presses Submit again
             for _ in range(6):
                 page.get_by_role("button", name="Submit").click()
                 deadline = time.monotonic() + 30
@@ -329,8 +338,8 @@ def test_a_person_fills_in_the_run_form_in_a_browser_and_the_run_completes(
                     })  # fmt: skip
                     run_id = next((r["id"] for r in made if r["parameters"].get("problem") == problem), "")
                     time.sleep(1)
-                if run_id or not failed_calls:
-                    break
+                if run_id or (not failed_calls and not page.url.endswith("/run")):
+                    break  # made, or the form was left: a second Submit would make a second run
                 failed_calls.clear()
                 page.wait_for_timeout(10_000)
             if not run_id:
@@ -345,6 +354,12 @@ def test_a_person_fills_in_the_run_form_in_a_browser_and_the_run_completes(
     run = deployed.wait(run_id)
     assert run["state"]["type"] == "COMPLETED", run["state"]
     assert run["parameters"]["repo"] == str(repo) and run["parameters"]["problem"] == problem
+    # the chosen blocks travel as references: the run's parameters (shown in plain text) hold no key
+    model_block = deployed.api(
+        "POST", "/block_documents/filter", json={"block_documents": {"name": {"any_": ["bugsweep-model"]}}}
+    )
+    assert run["parameters"]["model"] == {"$ref": {"block_document_id": model_block[0]["id"]}}
+    assert "sk-deploy-secret" not in json.dumps(run["parameters"])
 
 
 def test_the_nightly_deployed_with_a_tasks_file_is_resumed_and_a_worker_runs_it(

@@ -436,6 +436,15 @@ def deploy_command(
             )
         else:
             console.print(f"deployed [bold]{name}[/]")
+    if result.chosen_blocks:
+        console.print(
+            f"the run forms offer the saved blocks {', '.join(result.chosen_blocks)}, already chosen"
+        )
+    else:
+        console.print(
+            "no saved blocks to choose in the run forms (`bugsweep blocks create`, then deploy again); runs use "
+            "the worker's environment"
+        )
     console.print(f"automation [bold]{result.automation}[/] (heartbeats every {heartbeat_s} s)")
     console.print(f"automation [bold]{result.rerun_automation}[/]")
     console.print(
