@@ -168,6 +168,49 @@ def test_a_record_that_cannot_be_used_stops_the_sweep_with_one_line(
     assert expected in lines[0], lines[0]
     assert not (tmp_path / "store").exists(), "nothing ran, nothing was stored"
 
+    # `bugsweep compare` reads task files the same way
+    compare = ["compare", *command[1:], "--model", "m=http://127.0.0.1:9/v1", "--runs", "1"]
+    result = CliRunner().invoke(app, compare, env={"BUGSWEEP_STORE_URL": str(tmp_path / "store")})
+    assert result.exit_code == 2 and expected in result.output, result.output
+    assert not (tmp_path / "store").exists()
+
+
+def test_tasks_written_as_records_read_back_with_their_own_commands(tmp_path: Path) -> None:
+    """Built tasks -> SWE-bench records and specs -> tasks again: each distinct command is a version of its own
+    (a mined task's flaky tests are deselected in its command only), and every field a sweep uses comes back."""
+    from bugsweep.spec import TaskSpec
+    from bugsweep.swebench import dump_records
+
+    repo, fix = mirror_with_fix(tmp_path / "mirror")
+    record = published_record(repo, fix)
+    common = {"repo": str(repo), "base_commit": record["base_commit"], "problem_statement": "Fix add()",
+              "setup_command": "pip install pytest", "test_patch": record["test_patch"], "patch": record["patch"],
+              "test_files": ["tests/test_calc.py"], "created_at": "2026-01-01T00:00:00+00:00",
+              "FAIL_TO_PASS": ["tests/test_calc.py::test_add"], "PASS_TO_PASS": ["tests/test_calc.py::test_mul"]}  # fmt: skip
+    built = [
+        TaskSpec(instance_id="calc-a", test_command="python -m pytest -q tests/test_calc.py", **common),
+        TaskSpec(instance_id="calc-b", test_command="python -m pytest -q tests/test_calc.py", **common),
+        TaskSpec(
+            instance_id="calc-flaky",
+            test_command="python -m pytest -q tests/test_calc.py --deselect tests/test_calc.py::test_mul",
+            **common,
+        ),
+    ]
+    out = tmp_path / "exported.jsonl"
+
+    dump_records(built, out, slug="acme/calc")
+
+    assert [json.loads(line)["version"] for line in out.read_text().splitlines()] == ["0", "0", "1"]
+    specs = json.loads((tmp_path / "exported.specs.json").read_text())["acme/calc"]
+    assert (
+        specs["1"]["test_command"]
+        == "python -m pytest -q {test_files} --deselect tests/test_calc.py::test_mul"
+    )
+    read_back = load_tasks(out, repos_from=str(tmp_path / "mirror"))
+    fields = {"instance_id", "base_commit", "problem_statement", "test_command", "setup_command", "test_patch",
+              "patch", "test_files", "FAIL_TO_PASS", "PASS_TO_PASS", "created_at"}  # fmt: skip
+    assert [t.model_dump(include=fields) for t in read_back] == [t.model_dump(include=fields) for t in built]
+
 
 def fixer(body: dict[str, Any]) -> dict[str, Any]:
     """The scripted model's turn: fix add() with one edit, then finish."""
