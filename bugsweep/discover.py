@@ -20,6 +20,7 @@ from bugsweep.grading import run_tests
 from bugsweep.sandbox.base import RepoSource, SandboxProvider
 from bugsweep.spec import TaskSpec, parse_tasks
 from bugsweep.storage import ArtifactStore, read_text
+from bugsweep.swebench import DEFAULT_REPOS_FROM, SweBenchRecords, specs_beside
 
 PROBLEM_TEMPLATE = (
     "The tests in {file} fail at the head of {branch}:\n{tests}\n\n"
@@ -29,11 +30,22 @@ PROBLEM_TEMPLATE = (
 
 
 class TaskFile(BaseModel):
-    """Tasks from a tasks.jsonl file (as `bugsweep mine` writes it), on this machine or in S3."""
+    """Tasks from a tasks.jsonl file (as `bugsweep mine` writes it, or SWE-bench records), on this machine or in S3."""
 
     kind: Literal["file"] = "file"
     path: str = Field(
         description="A path on the worker, or s3://BUCKET/KEY (read with the artifact store's keys)."
+    )
+    specs: str | None = Field(
+        default=None,
+        description="For SWE-bench records (lines without test_command): the specs file of their setup and test "
+        "commands per repository and version (a path on the worker or s3://); empty: TASKS.specs.json beside the "
+        "task file.",
+    )
+    repos_from: str = Field(
+        default=DEFAULT_REPOS_FROM,
+        description="For SWE-bench records: where their owner/name repositories come from, a base URL or a folder "
+        "on the worker holding owner__name or owner/name clones.",
     )
 
 
@@ -63,7 +75,9 @@ def list_tasks(
 ) -> list[TaskSpec]:
     """The tasks `source` names. A task file in S3 is read with `store`'s credentials."""
     if isinstance(source, TaskFile):
-        return parse_tasks(read_text(source.path, store), source=source.path)
+        return parse_tasks(
+            read_text(source.path, store), source=source.path, records=swe_bench_records(source, store)
+        )
     return failing_test_files(
         source.repo,
         source.branch,
@@ -72,6 +86,15 @@ def list_tasks(
         setup_command=source.setup_command,
         setup_network=setup_network,
         timeout=timeout,
+    )
+
+
+def swe_bench_records(source: TaskFile, store: ArtifactStore | None = None) -> SweBenchRecords:
+    """How the SWE-bench records of `source` become tasks (bugsweep.swebench)."""
+    return SweBenchRecords(
+        specs=source.specs or specs_beside(source.path),
+        repos_from=source.repos_from,
+        read=lambda location: read_text(location, store, what="specs file"),
     )
 
 

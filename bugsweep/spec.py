@@ -1,7 +1,8 @@
 """TaskSpec: what one bug-fix task is, and the tasks.jsonl file that holds many.
 
-Field names follow SWE-bench where they fit (instance_id, repo, base_commit, problem_statement, test_patch,
-FAIL_TO_PASS, PASS_TO_PASS), so task sets can travel between tools.
+Field names follow SWE-bench where they fit (instance_id, repo, base_commit, problem_statement, test_patch, patch,
+FAIL_TO_PASS, PASS_TO_PASS), so task sets can travel between tools; a task file may also hold SWE-bench records as
+they are published, made into TaskSpecs as they are read (bugsweep.swebench).
 """
 
 from __future__ import annotations
@@ -10,10 +11,14 @@ import hashlib
 import json
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from bugsweep.errors import BadTaskFile
+
+if TYPE_CHECKING:
+    from bugsweep.swebench import SweBenchRecords
 
 
 class TaskSpec(BaseModel):
@@ -48,6 +53,9 @@ class TaskSpec(BaseModel):
     """Test ids that pass before and must still pass after."""
     fix_commit: str | None = None
     """For mined tasks: the commit that fixed the bug (never shown to the model)."""
+    patch: str | None = None
+    """The real fix as a diff, without its test files (SWE-bench's gold patch; for mined tasks the fix commit's
+    other changes). Never shown to the model."""
     created_at: str | None = None
     """For mined tasks: the fix commit's date."""
     disk_mib: int | None = Field(default=None, gt=0)
@@ -63,29 +71,54 @@ class TaskSpec(BaseModel):
             self.instance_id = f"{stem}-{digest[:10]}"
 
 
-def load_tasks(path: str | Path) -> list[TaskSpec]:
-    """Read a tasks.jsonl file. A bad line is a BadTaskFile error naming the line; nothing is half-loaded."""
+def load_tasks(
+    path: str | Path, *, specs: str | Path | None = None, repos_from: str | None = None
+) -> list[TaskSpec]:
+    """Read a tasks.jsonl file. A bad line is a BadTaskFile error naming the line; nothing is half-loaded.
+
+    SWE-bench records in it (lines without test_command) take their commands from `specs`, by default
+    TASKS.specs.json beside the file, and their repositories from `repos_from` (bugsweep.swebench)."""
+    from bugsweep.swebench import DEFAULT_REPOS_FROM, SweBenchRecords, specs_beside
+
     text = Path(path).read_text(encoding="utf-8")
-    return parse_tasks(text, source=str(path))
+    records = SweBenchRecords(
+        specs=str(specs) if specs is not None else specs_beside(str(path)),
+        repos_from=repos_from or DEFAULT_REPOS_FROM,
+    )
+    return parse_tasks(text, source=str(path), records=records)
 
 
-def parse_tasks(text: str, source: str = "tasks.jsonl") -> list[TaskSpec]:
+def parse_tasks(
+    text: str, source: str = "tasks.jsonl", records: SweBenchRecords | None = None
+) -> list[TaskSpec]:
+    """The tasks of a task file's text. A line without test_command is a SWE-bench record, made a task by
+    `records` (without it: an error saying where its commands would come from)."""
+    from bugsweep.swebench import SweBenchRecords
+
+    records = records or SweBenchRecords()
     tasks: list[TaskSpec] = []
     seen: set[str] = set()
     for lineno, line in enumerate(text.splitlines(), 1):
         if not line.strip() or line.lstrip().startswith("#"):
             continue
+        where = f"{source}:{lineno}"
         try:
-            task = TaskSpec.model_validate(json.loads(line))
+            fields = json.loads(line)
         except json.JSONDecodeError as exc:
-            raise BadTaskFile(f"{source}:{lineno}: not valid JSON ({exc.msg} at column {exc.colno})") from exc
+            raise BadTaskFile(f"{where}: not valid JSON ({exc.msg} at column {exc.colno})") from exc
+        if not isinstance(fields, dict):
+            raise BadTaskFile(f"{where}: not a JSON object")
+        if "test_command" not in fields:
+            fields = records.task(fields, where)
+        try:
+            task = TaskSpec.model_validate(fields)
         except ValidationError as exc:
             problems = "; ".join(
                 f"{'.'.join(map(str, e['loc'])) or 'line'}: {e['msg']}" for e in exc.errors()
             )
-            raise BadTaskFile(f"{source}:{lineno}: not a valid task ({problems})") from exc
+            raise BadTaskFile(f"{where}: not a valid task ({problems})") from exc
         if task.instance_id in seen:
-            raise BadTaskFile(f"{source}:{lineno}: duplicate instance_id {task.instance_id!r}")
+            raise BadTaskFile(f"{where}: duplicate instance_id {task.instance_id!r}")
         seen.add(task.instance_id)
         tasks.append(task)
     return tasks

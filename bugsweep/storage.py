@@ -465,10 +465,11 @@ def open_store(settings: StoreSettings | None = None) -> ArtifactStore:
     return LocalStore(settings.url)
 
 
-def read_text(location: str, store: ArtifactStore | None = None) -> str:
+def read_text(location: str, store: ArtifactStore | None = None, what: str = "task file") -> str:
     """The text of a local file or an `s3://` object (read with `store`'s credentials when it is an S3Store).
 
-    Used for task files, which may live next to the artifacts or anywhere else.
+    Used for task files (and their SWE-bench specs files, `what` says which), which may live next to the artifacts
+    or anywhere else.
     """
     if location.startswith("s3://"):
         s3 = store if isinstance(store, S3Store) else S3Store(bucket=split_s3_uri(location)[0])
@@ -477,7 +478,7 @@ def read_text(location: str, store: ArtifactStore | None = None) -> str:
         except FileNotFoundError as exc:
             endpoint = getattr(s3.client.meta, "endpoint_url", "AWS")
             raise ConfigError(
-                f"task file {location} does not exist (looked for key {location.split('/', 3)[-1]!r} in bucket "
+                f"{what} {location} does not exist (looked for key {location.split('/', 3)[-1]!r} in bucket "
                 f"{s3.bucket!r} at {endpoint})"
             ) from exc
     path = Path(location).expanduser()
@@ -488,7 +489,7 @@ def read_text(location: str, store: ArtifactStore | None = None) -> str:
             else f"a path relative to the folder this runs in: looked for {path.resolve()} on "
             f"{socket.gethostname()}; give an absolute path, an s3:// file or a repository"
         )
-        raise ConfigError(f"task file {location} does not exist ({where})")
+        raise ConfigError(f"{what} {location} does not exist ({where})")
     return path.read_text(encoding="utf-8")
 
 

@@ -227,7 +227,7 @@ def publish(
 
 
 def compare(
-    tasks_path: str | Path,
+    tasks_path: str | Path | TaskFile,
     models: list[ModelEntry],
     *,
     runs: int = 3,
@@ -237,10 +237,15 @@ def compare(
     sandbox: SandboxName = "local",
     limits: AgentLimits | None = None,
 ) -> ComparisonReport:
-    """Run the flow on a tasks.jsonl (a local path or s3://...): what `bugsweep compare` calls."""
-    path = str(tasks_path) if str(tasks_path).startswith("s3://") else str(Path(tasks_path).resolve())
+    """Run the flow on a tasks.jsonl (a local path or s3://..., or a TaskFile saying where its SWE-bench records'
+    commands and repositories come from): what `bugsweep compare` calls."""
+    if isinstance(tasks_path, TaskFile):
+        source = tasks_path
+    else:
+        path = str(tasks_path) if str(tasks_path).startswith("s3://") else str(Path(tasks_path).resolve())
+        source = TaskFile(path=path)
     return compare_models(
-        source=TaskFile(path=path),
+        source=source,
         models=models,
         runs=runs,
         name=name,

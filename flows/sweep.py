@@ -27,6 +27,7 @@ from bugsweep.grading import Grade
 from bugsweep.pipeline import failed_grade
 from bugsweep.spec import TaskSpec
 from bugsweep.storage import GRADE_FILE, key_part, pending_runs, run_key, upload_pending
+from bugsweep.swebench import write_predictions
 from flows.common import (
     CRASH_RERUNS,
     RELEASE_SANDBOXES_HOOKS,
@@ -126,6 +127,11 @@ def sweep(
             outcomes = solve_many([Job(spec, run, sweep_name) for spec in todo], concurrency)
     rows = summary_rows(graded, outcomes)
     steps.summarize(sweep_name, rows + other_configurations(run, sweep_name, specs), run.store.location)
+    predictions = write_predictions(
+        run.store, key_part(sweep_name), run.model.model, prediction_runs(specs, run, sweep_name, outcomes),
+        run.local_dir,
+    )  # fmt: skip
+    get_run_logger().info("predictions (SWE-bench's format): %s", predictions)
     grades = graded + [o.grade for o in outcomes]
     if not all(r["ran"] for r in rows):
         raise SweepFailed(f"sweep {sweep_name} {steps.sweep_outcome(rows)}", grades)
@@ -313,6 +319,20 @@ def written_by_run(run: RunSetup, task_prefix: str, run_id: str) -> list[str]:
             with contextlib.suppress(FileNotFoundError, ValueError):
                 if json.loads(run.store.get_bytes(key)).get("flow_run_id") == run_id:
                     found.append(key)
+    return found
+
+
+def prediction_runs(
+    specs: list[TaskSpec], run: RunSetup, sweep_name: str, outcomes: list[TaskOutcome]
+) -> list[tuple[str, str, Path | None]]:
+    """(instance_id, run key, local run folder) of every task of the sweep in task-file order, for its
+    predictions: read from the store, or from the run folder on this machine when its upload failed."""
+    local = {o.grade.instance_id: (o.key, None if o.stored_at else o.local_dir) for o in outcomes}
+    found: list[tuple[str, str, Path | None]] = []
+    for spec in specs:
+        key, folder = local.get(spec.instance_id, (run_key(sweep_name, spec.instance_id, run.model.model,
+                                                           run.config.digest), None))  # fmt: skip
+        found.append((spec.instance_id, key, folder))
     return found
 
 

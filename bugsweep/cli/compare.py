@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from bugsweep.cli.options import print_table, with_limit_options
+from bugsweep.cli.options import ReposFromOption, SpecsOption, print_table, task_file, with_limit_options
 from bugsweep.runconfig import AgentLimits  # at run time: with_limit_options reads the annotations
 
 console = Console(highlight=False, soft_wrap=True)
@@ -29,7 +29,10 @@ def register(app: typer.Typer) -> None:
 @with_limit_options("Per run; the same for every model, unless --model-set or --model-policy says otherwise.")
 def compare_command(
     tasks: Annotated[
-        str, typer.Option(help="tasks.jsonl (from `bugsweep mine`, or by hand); a path or s3://...")
+        str,
+        typer.Option(
+            help="tasks.jsonl (from `bugsweep mine`, or by hand, or SWE-bench records); a path or s3://..."
+        ),
     ],
     model: Annotated[
         list[str],
@@ -73,6 +76,8 @@ def compare_command(
             "configurations side by side."
         ),
     ] = None,
+    specs: SpecsOption = None,
+    repos_from: ReposFromOption = "https://github.com",
     *,
     limits: AgentLimits,
 ) -> None:
@@ -110,6 +115,7 @@ def compare_command(
             entry.settings()  # fails now, not thirty runs later, when a key variable is missing
         if not tasks.startswith("s3://") and not Path(tasks).is_file():
             _fail(f"--tasks {tasks!r}: no such file")
+        source = task_file(tasks, specs, repos_from)
         console.print(
             f"[bold]comparing[/] {', '.join(escape(e.name) for e in entries)} on {escape(tasks)}, "
             f"{runs} run(s) each, {concurrency} at once, "
@@ -122,7 +128,7 @@ def compare_command(
         )
         with prefect_server():
             report = compare(
-                tasks,
+                source,
                 entries,
                 runs=runs,
                 concurrency=concurrency,
@@ -201,5 +207,5 @@ def apply_settings(entries: list[Any], settings: list[str], option: str, form: s
 
 
 def _fail(message: str) -> NoReturn:
-    err.print(f"[red bold]error[/]: {escape(message)}")
+    err.print(f"[red bold]error[/]: {escape(message)}", soft_wrap=True)  # one line, whatever the width
     raise typer.Exit(2)

@@ -6,6 +6,7 @@ Exit codes: 0 done, 1 mining found no task, 2 could not run (bad arguments, unre
 
 from __future__ import annotations
 
+import functools
 import signal
 import sys
 from pathlib import Path
@@ -79,6 +80,21 @@ def mine_command(
             "whole change, the PR title as the task (for projects whose PRs split the fix and its test).",
         ),
     ] = False,
+    out_format: Annotated[
+        str,
+        typer.Option(
+            "--format",
+            help="'bugsweep' (the task file of docs/tasks-jsonl.md) or 'swe-bench': SWE-bench records, with their "
+            "setup and test commands in <out>.specs.json beside them (sweep them back with --specs).",
+        ),
+    ] = "bugsweep",
+    slug: Annotated[
+        str | None,
+        typer.Option(
+            help="With --format swe-bench: the records' repo, OWNER/NAME (default: from the URL, a folder named "
+            "owner__name, or the folder's parent and name)."
+        ),
+    ] = None,
 ) -> None:
     """Find bug-fix commits with tests in REPO's history and turn them into validated tasks.
 
@@ -92,9 +108,21 @@ def mine_command(
     from bugsweep.errors import BugsweepError
     from bugsweep.mining import CommandNotFound, MiningEvent, MiningResult, mine, parse_date
     from bugsweep.sandbox import get_provider
+    from bugsweep.spec import dump_tasks
+    from bugsweep.swebench import dump_records, specs_beside
 
     if limit < 1 or runs < 1 or concurrency < 1:
         _fail("--limit, --runs and --concurrency must be at least 1")
+    if out_format not in ("bugsweep", "swe-bench"):
+        _fail(f"--format {out_format!r}: choose 'bugsweep' or 'swe-bench'")
+    if slug is not None and out_format != "swe-bench":
+        _fail("--slug names the repository of SWE-bench records: give it with --format swe-bench")
+    write = dump_tasks
+    if out_format == "swe-bench":
+        try:
+            write = functools.partial(dump_records, slug=swebench_slug(slug, repo))
+        except BugsweepError as exc:
+            _fail(str(exc))
     try:
         for option, value in (("--since", since), ("--until", until)):
             if value is not None:
@@ -141,6 +169,7 @@ def mine_command(
             task_prefix=name,
             merges=merges,
             concurrency=concurrency,
+            write=write,
         )
     except CommandNotFound as exc:
         _fail(f"{exc}\nmining stopped; what was done is in {report_path}")
@@ -166,10 +195,23 @@ def mine_command(
         print_table(console, table)
     for sha, tests in result.flaky_tests.items():
         console.print(f"[yellow]flaky[/] at {sha[:10]}: {escape(', '.join(tests[:5]))}")
-    console.print(
-        f"tasks: {out if result.tasks else '(none written)'}; every candidate and why: {report_path}"
-    )
+    written = f"{out}" if result.tasks else "(none written)"
+    if result.tasks and out_format == "swe-bench":
+        written += f" (SWE-bench records; their commands: {specs_beside(str(out))})"
+    console.print(f"tasks: {written}; every candidate and why: {report_path}")
     raise typer.Exit(0 if result.tasks else 1)
+
+
+def swebench_slug(slug: str | None, repo: str) -> str:
+    """The records' `repo`: --slug as given (checked), or made from REPO."""
+    from bugsweep.errors import ConfigError
+    from bugsweep.swebench import is_slug, slug_of
+
+    if slug is None:
+        return slug_of(repo)
+    if not is_slug(slug):
+        raise ConfigError(f"--slug {slug!r}: expected OWNER/NAME")
+    return slug
 
 
 def _interrupt(signum: int, frame: object) -> None:

@@ -91,3 +91,47 @@ def print_table(console: Any, table: Any) -> None:
         console.print(table)
     else:  # a console of its own: print(width=...) can only narrow a console, never widen it
         Console(file=stream, width=1000, highlight=False, color_system=None).print(table)
+
+
+#: `--specs` of `sweep` and `compare`: where a task file's SWE-bench records get their commands.
+SpecsOption = Annotated[
+    str | None,
+    typer.Option(
+        help="For SWE-bench records (lines without test_command): the JSON file of setup and test commands per "
+        "repository and version (a path or s3://; docs/tasks-jsonl.md). Default: TASKS.specs.json beside the "
+        "task file."
+    ),
+]
+#: `--repos-from` of `sweep` and `compare`: where SWE-bench records' owner/name repositories come from.
+ReposFromOption = Annotated[
+    str,
+    typer.Option(
+        help="For SWE-bench records: a base URL their owner/name repositories are cloned from, or a local folder "
+        "holding owner__name or owner/name clones."
+    ),
+]
+
+
+def task_file(tasks: str, specs: str | None, repos_from: str) -> Any:
+    """The `discover.TaskFile` of `--tasks`, `--specs` and `--repos-from`, local paths made absolute (a flow or
+    a worker may run elsewhere). A local task file is read here, so that a bad line stops the command at once
+    (BadTaskFile: one line naming the line and the field), before any Prefect server starts."""
+    from pathlib import Path
+
+    from bugsweep.discover import TaskFile, swe_bench_records
+    from bugsweep.sandbox.sources import is_git_url
+    from bugsweep.spec import parse_tasks
+    from bugsweep.storage import read_text
+
+    def absolute(location: str) -> str:
+        return location if location.startswith("s3://") else str(Path(location).expanduser().resolve())
+
+    local_repos = not is_git_url(repos_from)
+    source = TaskFile(
+        path=absolute(tasks),
+        specs=absolute(specs) if specs else None,
+        repos_from=absolute(repos_from) if local_repos else repos_from,
+    )
+    if not source.path.startswith("s3://"):
+        parse_tasks(read_text(source.path), source=tasks, records=swe_bench_records(source))
+    return source

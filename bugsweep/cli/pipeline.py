@@ -21,9 +21,10 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
-from bugsweep.cli.options import print_table, with_limit_options
+from bugsweep.cli.options import ReposFromOption, SpecsOption, print_table, task_file, with_limit_options
 from bugsweep.runconfig import AgentLimits  # at run time: with_limit_options reads the annotations
 
 console = Console(highlight=False)
@@ -42,7 +43,7 @@ def register(app: typer.Typer) -> None:
 
 
 def _fail(message: str, code: int = 2) -> NoReturn:
-    err.print(f"[red]error:[/] {message}")
+    err.print(f"[red]error:[/] {escape(message)}", soft_wrap=True)  # one line, whatever the terminal's width
     raise typer.Exit(code)
 
 
@@ -142,8 +143,13 @@ def _wait_until_healthy(server: subprocess.Popen[bytes], url: str, log_path: Pat
 @with_limit_options("Per task.")
 def sweep_command(
     tasks: Annotated[
-        str | None, typer.Option(help="A tasks.jsonl file (local path or s3://BUCKET/KEY).")
+        str | None,
+        typer.Option(
+            help="A tasks.jsonl file (local path or s3://BUCKET/KEY); it may hold SWE-bench records."
+        ),
     ] = None,
+    specs: SpecsOption = None,
+    repos_from: ReposFromOption = "https://github.com",
     repo: Annotated[
         str | None,
         typer.Option(help="Instead of --tasks: a repository whose failing test files become tasks."),
@@ -188,12 +194,15 @@ def sweep_command(
 ) -> None:
     """Run many tasks at once, each graded and uploaded; tasks already graded under this configuration are skipped.
 
-    Exit code 0 when every task ran (resolved or not), 2 when any could not be run or stored (the sweep is FAILED).
+    Exit code 0 when every task ran (resolved or not), 2 when any could not be run or stored (the sweep is FAILED),
+    or when the task file has a bad line (one line naming it and the field).
 
     Tasks come from a task file (as `bugsweep mine` writes it), or from a repository and branch: its tests are
     run, and each failing test file becomes a task. Results go to the artifact store, under
     SWEEP/TASK/MODEL/CONFIG/, CONFIG being the digest of the run's configuration (model, policy, limits, sandbox,
     environment, bugsweep's version): a sweep under another configuration runs the tasks again and keeps both.
+    The sweep's folder gets predictions.jsonl, SWE-bench's predictions file (instance_id, model_name_or_path,
+    model_patch: each task's patch.diff), in the store and in the local folder runs are written to.
     """
     if (tasks is None) == (repo is None):
         _fail("give exactly one of --tasks FILE and --repo REPO")
@@ -208,7 +217,10 @@ def sweep_command(
 
     source: TaskFile | RepoBranch
     if tasks is not None:
-        source = TaskFile(path=tasks)
+        try:
+            source = task_file(tasks, specs, repos_from)
+        except BugsweepError as exc:
+            _fail(str(exc))
     else:
         assert repo is not None
         source = RepoBranch(repo=repo, branch=branch, test_command=test_command, setup_command=setup_command)

@@ -156,6 +156,12 @@ def test_patch(repo: Path, commit: Commit, test_files: Sequence[str]) -> str:
     return _git(repo, "diff", "--binary", "--no-renames", commit.parents[0], commit.sha, "--", *test_files)
 
 
+def fix_patch(repo: Path, commit: Commit, test_files: Sequence[str]) -> str:
+    """The commit's other changes (the fix without its tests; SWE-bench's gold patch), as a diff on its parent."""
+    excluded = [f":(exclude,literal){path}" for path in test_files]
+    return _git(repo, "diff", "--binary", "--no-renames", commit.parents[0], commit.sha, "--", ".", *excluded)
+
+
 #: Folder names that say nothing about the project (a mirror's `repo/`, a `src/` checkout).
 GENERIC_DIR_NAMES = {"repo", "repository", "src", "source", "checkout", "git", "work"}
 
@@ -193,5 +199,6 @@ def build_task(
         test_patch=test_patch(repo, c, screened.test_files),
         test_files=sorted(screened.test_files),
         fix_commit=c.sha,
+        patch=fix_patch(repo, c, screened.test_files),
         created_at=c.date,
     )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
 
@@ -37,12 +37,14 @@ def mine(
     on_progress: ProgressCallback | None = None,
     test_timeout: float = 900.0,
     task_prefix: str | None = None,
+    write: Callable[[list[TaskSpec], Path], None] = dump_tasks,
 ) -> MiningResult:
     """Scan `repo`'s history newest first and keep up to `limit` validated tasks (`merges`: see scan_history).
 
     Up to `concurrency` candidates are validated at once (each in its own sandboxes), never more than could still
     be kept, so the history is scanned no further than with one at a time. Tasks stay in history order.
-    `out`, when given, is rewritten (atomically) after every kept task, so an interrupted run keeps what it found.
+    `out`, when given, is rewritten (atomically, by `write`: bugsweep's task file, or e.g.
+    bugsweep.swebench.dump_records) after every kept task, so an interrupted run keeps what it found.
     `report`, when given, gets the rejections and counts (MiningResult without the tasks) however the run ends.
 
     A run stops early on Ctrl-C (KeyboardInterrupt) or when the test or setup command is not found
@@ -112,7 +114,7 @@ def mine(
         result.tasks.append(spec)
         result.tasks.sort(key=lambda t: position[t.fix_commit or ""])
         if out is not None:
-            dump_tasks(result.tasks, out)
+            write(result.tasks, out)
         note = f"{len(verdict.fail_to_pass)} fail->pass, {len(verdict.pass_to_pass)} pass->pass"
         if verdict.flaky:
             note += f", {len(verdict.flaky)} flaky test(s) deselected"
