@@ -96,6 +96,13 @@ def test_the_first_night_walkthrough_runs_as_written_and_the_nightly_completes(t
         assert "S3 bucket bugsweep at" in output and "made" in output
         assert "deployed sweep/nightly-sweep" in output and "PAUSED" not in output
         assert "Flow run finished successfully in 'Completed'" in output, output[-3000:]
+        # quiet on success: no stray shell errors or tracebacks from the commands or the worker running the night
+        worker_log = (night / "worker.log").read_text(errors="replace")
+        for text, where in ((output, "the walkthrough's output"), (worker_log, "the worker's log")):
+            for noise in ("command not found", "Traceback (most recent call last)"):
+                assert noise not in text, (
+                    f"{noise!r} in {where}:\n" + text[max(0, text.find(noise) - 2000) :][:4000]
+                )
         s3 = boto3.client(
             "s3", endpoint_url=f"http://127.0.0.1:{ports['s3.port']}", aws_access_key_id="bugsweep",
             aws_secret_access_key="change-this-secret", region_name="us-east-1",
