@@ -125,7 +125,10 @@ def sweep(
         with model_endpoint(run) as run:
             outcomes = solve_many([Job(spec, run, sweep_name) for spec in todo], concurrency)
     rows = summary_rows(graded, outcomes)
-    steps.summarize(sweep_name, rows + other_configurations(run, sweep_name, specs), run.store.location)
+    review = steps.review_page(sweep_name, run.store)
+    steps.summarize(
+        sweep_name, rows + other_configurations(run, sweep_name, specs), run.store.location, review
+    )
     grades = graded + [o.grade for o in outcomes]
     if not all(r["ran"] for r in rows):
         raise SweepFailed(f"sweep {sweep_name} {steps.sweep_outcome(rows)}", grades)
