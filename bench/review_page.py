@@ -9,7 +9,10 @@ its result of ~4,000 characters, as real failing pytest runs and file reads give
 - layout: the first paint of the opened task, measured as the time `page.screenshot()` of the viewport takes.
 Medians of `--repeat` runs.
 
-Usage: python bench/review_page.py [--turns 200] [--repeat 5]
+With `--runs N`, the page is a sweep's of N such runs (the same folder under N task names): load then parses N
+trajectories' JSON only as text, and opening one task renders that task's turns alone.
+
+Usage: python bench/review_page.py [--turns 200] [--runs 1] [--repeat 5]
 Needs: /usr/bin/chromium (apt-get install chromium) and the `playwright` package (no browser download).
 """
 
@@ -32,12 +35,18 @@ from tests.support.trajectories import write_long_run  # noqa: E402
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--turns", type=int, default=200)
+    parser.add_argument("--runs", type=int, default=1)
     parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args()
     from playwright.sync_api import sync_playwright
 
     with tempfile.TemporaryDirectory(prefix="bench-review-") as tmp:
-        folder = write_long_run(Path(tmp) / "run", turns=args.turns)
+        if args.runs == 1:
+            folder = write_long_run(Path(tmp) / "run", turns=args.turns)
+        else:
+            folder = Path(tmp) / "sweep"
+            for n in range(args.runs):
+                write_long_run(folder / f"task-{n:03d}" / "model" / "config", args.turns, f"task-{n:03d}")
         started = time.perf_counter()
         subprocess.run([sys.executable, "-m", "bugsweep.cli", "review", str(folder)], check=True, cwd=ROOT)
         build_s = time.perf_counter() - started
@@ -54,7 +63,7 @@ def main() -> None:
                     """(turns) => new Promise(resolve => {
                         const t0 = performance.now();
                         document.querySelector('details.task > summary').click();
-                        const check = () => document.querySelectorAll('.timeline .turn').length === turns
+                        const check = () => document.querySelectorAll('details[open] .timeline .turn').length === turns
                             ? resolve(performance.now() - t0) : requestAnimationFrame(check);
                         check();
                     })""",
@@ -66,8 +75,11 @@ def main() -> None:
                 paints.append(time.perf_counter() - started)
                 page.close()
             browser.close()
-        trajectory, size = (folder / "trajectory.json").stat().st_size, page_file.stat().st_size
-    print(f"turns: {args.turns}; trajectory.json {trajectory / 1e6:.2f} MB; page {size / 1e6:.2f} MB")
+        trajectory = sum(p.stat().st_size for p in folder.rglob("trajectory.json"))
+        size = page_file.stat().st_size
+    print(
+        f"{args.runs} run(s) of {args.turns} turns; trajectory.json {trajectory / 1e6:.2f} MB; page {size / 1e6:.2f} MB"
+    )
     print(f"bugsweep review (whole command): {build_s:.2f} s")
     for name, values in (("load", loads), ("open the task", opens), ("screenshot after opening", paints)):
         print(f"{name}: median {statistics.median(values) * 1000:.0f} ms (of {len(values)}: "

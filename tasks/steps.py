@@ -10,7 +10,8 @@ adds here, and nothing else:
   already pass) nor a ConfigError (a rejected key), which would fail the same way;
 - a timeout on each step, as a backstop over the core's own command and wall-clock limits;
 - the kind of failure that ended a step, in its log (`failure_kind`: config, infra, task or crash);
-- artifacts: a link to each patch and its diff (tasks/publish.py), and a summary and a table per sweep.
+- artifacts: a link to each patch and its diff (tasks/publish.py), and a summary, a table and the review page per
+  sweep.
 
 Sandboxes are passed between the steps in memory, inside a PreparedTask: nothing here is cached or persisted
 (`NO_CACHE`, `persist_result=False`), because a sandbox is a live process, not a value.
