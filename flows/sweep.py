@@ -106,7 +106,8 @@ def sweep(
     name and the same configuration (bugsweep.runconfig: model settings, policy, limits, sandbox, environment,
     bugsweep's version) are skipped, unless `redo_graded`; a sweep under another configuration runs them and keeps
     both, and its summary shows every configuration's grades. Results an earlier run kept after a failed upload
-    are uploaded first.
+    are uploaded first. The review page of every run in the sweep's folder (`bugsweep review`) is stored beside
+    them as SWEEP/review.html and linked from the summary and a link artifact.
 
     Each parameter's title and help (what the run form shows) are in its declaration above.
     """
@@ -126,7 +127,10 @@ def sweep(
         with model_endpoint(run) as run:
             outcomes = solve_many([Job(spec, run, sweep_name) for spec in todo], concurrency)
     rows = summary_rows(graded, outcomes)
-    steps.summarize(sweep_name, rows + other_configurations(run, sweep_name, specs), run.store.location)
+    review = steps.review_page(sweep_name, run.store) if rows else None
+    steps.summarize(
+        sweep_name, rows + other_configurations(run, sweep_name, specs), run.store.location, review
+    )
     predictions = write_predictions(
         run.store, key_part(sweep_name), run.model.model, prediction_runs(specs, run, sweep_name, outcomes),
         run.local_dir,

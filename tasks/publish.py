@@ -2,6 +2,7 @@
 
 - The patch: a link artifact to the stored object (a lasting address with no key in it, unlike a presigned URL),
   and the diff itself, bounded, in a markdown artifact, so a reviewer sees the fix without S3 access.
+- A sweep's review page (bugsweep review): stored beside its runs as SWEEP/review.html, and linked.
 - A run whose upload failed ends Failed with its grade kept on the worker. Once that grade reaches the store (a
   rerun of the task, a sweep as it starts, or `bugsweep upload`), the same artifacts are made, and the run that
   made the grade is set Completed with a message saying when and where its grade went.
@@ -18,8 +19,9 @@ from uuid import UUID
 
 from prefect.artifacts import create_link_artifact, create_markdown_artifact
 
+from bugsweep.errors import BugsweepError
 from bugsweep.grading import Grade, verdict_word
-from bugsweep.storage import GRADE_FILE, ArtifactStore
+from bugsweep.storage import GRADE_FILE, ArtifactStore, key_part
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +76,30 @@ def publish_patch(store: ArtifactStore, key: str, verdict: Grade, local_dir: Pat
         key=artifact_key("diff", key),
         description=f"The diff of {verdict.instance_id} by {verdict.model} ({status}).",
     )
+
+
+def publish_review(store: ArtifactStore, sweep: str) -> str | None:
+    """The sweep's review page (every run in its folder of the store, this run's and earlier ones'), stored as
+    SWEEP/review.html and linked by an artifact; returns its link. Best effort: the grades are stored either way,
+    so a page that cannot be made or stored is logged and the sweep goes on (None)."""
+    from bugsweep.review import store_review
+
+    try:
+        key = store_review(store, key_part(sweep))
+    except BugsweepError as exc:
+        log.error("no review page for sweep %s: %s", sweep, exc)
+        return None
+    except Exception:  # a bug in making the page: its traceback in the log; the sweep's state stays the grades'
+        log.exception("no review page for sweep %s: making it failed", sweep)
+        return None
+    link = store.link(key)
+    create_link_artifact(
+        link=link,
+        link_text=store.uri(key),
+        key=artifact_key("sweep", sweep, "review"),
+        description=f"Review page of sweep {sweep}: every task's verdict, evidence, diff and timeline (one HTML file).",
+    )
+    return link
 
 
 def made_by(local_dir: Path) -> str | None:

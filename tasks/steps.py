@@ -10,7 +10,8 @@ adds here, and nothing else:
   already pass) nor a ConfigError (a rejected key), which would fail the same way;
 - a timeout on each step, as a backstop over the core's own command and wall-clock limits;
 - the kind of failure that ended a step, in its log (`failure_kind`: config, infra, task or crash);
-- artifacts: a link to each patch and its diff (tasks/publish.py), and a summary and a table per sweep.
+- artifacts: a link to each patch and its diff (tasks/publish.py), and a summary, a table and the review page per
+  sweep.
 
 Sandboxes are passed between the steps in memory, inside a PreparedTask: nothing here is cached or persisted
 (`NO_CACHE`, `persist_result=False`), because a sandbox is a live process, not a value.
@@ -35,7 +36,7 @@ from bugsweep.grading import Grade
 from bugsweep.settings import AgentSettings
 from bugsweep.spec import TaskSpec
 from bugsweep.storage import ArtifactStore, UploadResult, upload_run
-from tasks.publish import artifact_key, publish_patch
+from tasks.publish import artifact_key, publish_patch, publish_review
 
 if TYPE_CHECKING:
     from prefect.client.schemas.objects import TaskRun
@@ -207,15 +208,24 @@ def list_tasks(
 
 
 @task(name="summarize", cache_policy=NO_CACHE, persist_result=False)
-def summarize(sweep: str, rows: list[dict[str, Any]], location: str) -> None:
-    """A markdown summary and a table artifact for the sweep: task, model, resolved, turns, tokens, cost, time."""
+def summarize(sweep: str, rows: list[dict[str, Any]], location: str, review: str | None = None) -> None:
+    """A markdown summary and a table artifact for the sweep: task, model, resolved, turns, tokens, cost, time;
+    `review`: the link to its review page."""
     if not rows:
         create_markdown_artifact(f"# Sweep `{sweep}`\n\nNo tasks.\n", key=artifact_key("sweep", sweep))
         return
     create_table_artifact(
         rows, key=artifact_key("sweep", sweep, "table"), description=f"Sweep {sweep}: every task."
     )
-    create_markdown_artifact(summary_markdown(sweep, rows, location), key=artifact_key("sweep", sweep))
+    create_markdown_artifact(
+        summary_markdown(sweep, rows, location, review), key=artifact_key("sweep", sweep)
+    )
+
+
+@task(name="review-page", cache_policy=NO_CACHE, persist_result=False, timeout_seconds=600.0)
+def review_page(sweep: str, store: ArtifactStore) -> str | None:
+    """The sweep's review page, stored beside its runs and linked (tasks/publish.py); returns its link."""
+    return publish_review(store, sweep)
 
 
 # -- plain helpers ----------------------------------------------------------------------------------------------
@@ -295,9 +305,9 @@ def _cell(row: dict[str, Any]) -> str:
     return "yes" if row["resolved"] else "held for review" if row.get("held_for_review") else "no"
 
 
-def summary_markdown(sweep: str, rows: list[dict[str, Any]], location: str) -> str:
+def summary_markdown(sweep: str, rows: list[dict[str, Any]], location: str, review: str | None = None) -> str:
     """The sweep's own configuration's rows are counted; other configurations' grades of the same tasks are listed
-    below them, side by side, and counted per configuration."""
+    below them, side by side, and counted per configuration. `review`: the link to the sweep's review page."""
     own = [r for r in rows if r["status"] != OTHER_CONFIGURATION]
     resolved = sum(1 for r in own if r["resolved"])
     failed = [r for r in own if r["status"].startswith("failed")]
@@ -312,7 +322,8 @@ def summary_markdown(sweep: str, rows: list[dict[str, Any]], location: str) -> s
         f"**{resolved} of {len(own)}** tasks resolved; {len(failed)} could not be run; "
         f"{tokens:,} tokens; ${cost:.4f}. Configuration: "
         + (", ".join(f"`{c or '-'}` (policy {p or '-'})" for c, p in configs) or "-")
-        + f". Artifacts: `{location}`.",
+        + f". Artifacts: `{location}`."
+        + (f" [Review page]({review}): every task's evidence, diff and timeline." if review else ""),
         "",
         "| task | model | policy | config | resolved | turns | tokens | cost (USD) | time (s) | status |",
         "| --- | --- | --- | --- | --- | ---: | ---: | ---: | ---: | --- |",

@@ -32,6 +32,9 @@ def test_the_wheel_holds_every_package_the_pipeline_imports(tmp_path: Path) -> N
     top = {name.split("/", 1)[0] for name in names if "/" in name and ".dist-info" not in name}
     assert top >= PIPELINE_PACKAGES, f"missing from the wheel: {PIPELINE_PACKAGES - top}"
     assert "deployments/deploy.py" in names and "flows/solve_bug.py" in names
+    # `bugsweep review`'s template, style and script are package data
+    for asset in ("page.html.j2", "page.css", "page.js"):
+        assert f"bugsweep/review/templates/{asset}" in names
     # prefect.yaml is not in the wheel: `bugsweep deploy` runs in the project folder, as the docs say.
     assert not any(name.endswith("prefect.yaml") for name in names)
 

@@ -10,7 +10,7 @@ import sys
 
 import typer
 
-from bugsweep.cli import compare, mine, model, pipeline, sandboxes, solve
+from bugsweep.cli import compare, mine, model, pipeline, review, sandboxes, solve
 
 app = typer.Typer(
     name="bugsweep",
@@ -22,7 +22,7 @@ app = typer.Typer(
     add_completion=False,
 )
 
-for _module in (solve, model, sandboxes, pipeline, mine, compare):
+for _module in (solve, model, sandboxes, pipeline, mine, compare, review):
     _module.register(app)
 
 
