@@ -42,6 +42,12 @@ class TaskFile(BaseModel):
         "commands per repository and version (a path on the worker or s3://); empty: TASKS.specs.json beside the "
         "task file.",
     )
+    added_within_days: float | None = Field(
+        default=None,
+        gt=0,
+        description="Only the tasks a growing benchmark added in the last N days (their `added_at`), so that a "
+        "model is judged on bugs it cannot have seen in training; empty: every task.",
+    )
     repos_from: str = Field(
         default=DEFAULT_REPOS_FROM,
         description="For SWE-bench records: where their owner/name repositories come from, a base URL or a folder "
@@ -75,9 +81,14 @@ def list_tasks(
 ) -> list[TaskSpec]:
     """The tasks `source` names. A task file in S3 is read with `store`'s credentials."""
     if isinstance(source, TaskFile):
-        return parse_tasks(
+        tasks = parse_tasks(
             read_text(source.path, store), source=source.path, records=swe_bench_records(source, store)
         )
+        if source.added_within_days is None:
+            return tasks
+        from bugsweep.mining.growing import added_within
+
+        return added_within(tasks, source.added_within_days)
     return failing_test_files(
         source.repo,
         source.branch,

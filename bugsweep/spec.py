@@ -58,6 +58,8 @@ class TaskSpec(BaseModel):
     other changes). Never shown to the model."""
     created_at: str | None = None
     """For mined tasks: the fix commit's date."""
+    added_at: str | None = None
+    """For a growing benchmark's tasks: when the nightly mining added the task (ISO 8601)."""
     disk_mib: int | None = Field(default=None, gt=0)
     """Disk quota of this task's sandbox in MiB (its repository changes, $HOME and /tmp together); unset: the
     sandbox setting (BUGSWEEP_SANDBOX_DISK_MIB)."""

@@ -89,7 +89,9 @@ def publish_review(store: ArtifactStore, sweep: str) -> str | None:
     except BugsweepError as exc:
         log.error("no review page for sweep %s: %s", sweep, exc)
         return None
-    except Exception:  # a bug in making the page: its traceback in the log; the sweep's state stays the grades'
+    except (
+        Exception
+    ):  # a bug in making the page: its traceback in the log; the sweep's state stays the grades'
         log.exception("no review page for sweep %s: making it failed", sweep)
         return None
     link = store.link(key)

@@ -14,7 +14,14 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from bugsweep.cli.options import ReposFromOption, SpecsOption, print_table, task_file, with_limit_options
+from bugsweep.cli.options import (
+    AddedWithinOption,
+    ReposFromOption,
+    SpecsOption,
+    print_table,
+    task_file,
+    with_limit_options,
+)
 from bugsweep.runconfig import AgentLimits  # at run time: with_limit_options reads the annotations
 
 console = Console(highlight=False, soft_wrap=True)
@@ -78,6 +85,7 @@ def compare_command(
     ] = None,
     specs: SpecsOption = None,
     repos_from: ReposFromOption = "https://github.com",
+    added_within_days: AddedWithinOption = None,
     *,
     limits: AgentLimits,
 ) -> None:
@@ -115,7 +123,7 @@ def compare_command(
             entry.settings()  # fails now, not thirty runs later, when a key variable is missing
         if not tasks.startswith("s3://") and not Path(tasks).is_file():
             _fail(f"--tasks {tasks!r}: no such file")
-        source = task_file(tasks, specs, repos_from)
+        source = task_file(tasks, specs, repos_from, added_within_days)
         console.print(
             f"[bold]comparing[/] {', '.join(escape(e.name) for e in entries)} on {escape(tasks)}, "
             f"{runs} run(s) each, {concurrency} at once, "

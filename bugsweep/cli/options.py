@@ -111,8 +111,18 @@ ReposFromOption = Annotated[
     ),
 ]
 
+#: `--added-within-days` of `sweep` and `compare`: only a growing benchmark's recent tasks.
+AddedWithinOption = Annotated[
+    float | None,
+    typer.Option(
+        min=0.001,
+        help="Only the tasks a growing benchmark added in the last N days (their added_at; `bugsweep grow`), so "
+        "that a model is judged on bugs it cannot have seen in training. Default: every task.",
+    ),
+]
 
-def task_file(tasks: str, specs: str | None, repos_from: str) -> Any:
+
+def task_file(tasks: str, specs: str | None, repos_from: str, added_within_days: float | None = None) -> Any:
     """The `discover.TaskFile` of `--tasks`, `--specs` and `--repos-from`, local paths made absolute (a flow or
     a worker may run elsewhere). A local task file is read here, so that a bad line stops the command at once
     (BadTaskFile: one line naming the line and the field), before any Prefect server starts."""
@@ -131,6 +141,7 @@ def task_file(tasks: str, specs: str | None, repos_from: str) -> Any:
         path=absolute(tasks),
         specs=absolute(specs) if specs else None,
         repos_from=absolute(repos_from) if local_repos else repos_from,
+        added_within_days=added_within_days,
     )
     if not source.path.startswith("s3://"):
         parse_tasks(read_text(source.path), source=tasks, records=swe_bench_records(source))

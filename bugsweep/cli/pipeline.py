@@ -24,7 +24,14 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from bugsweep.cli.options import ReposFromOption, SpecsOption, print_table, task_file, with_limit_options
+from bugsweep.cli.options import (
+    AddedWithinOption,
+    ReposFromOption,
+    SpecsOption,
+    print_table,
+    task_file,
+    with_limit_options,
+)
 from bugsweep.runconfig import AgentLimits  # at run time: with_limit_options reads the annotations
 
 console = Console(highlight=False)
@@ -150,6 +157,7 @@ def sweep_command(
     ] = None,
     specs: SpecsOption = None,
     repos_from: ReposFromOption = "https://github.com",
+    added_within_days: AddedWithinOption = None,
     repo: Annotated[
         str | None,
         typer.Option(help="Instead of --tasks: a repository whose failing test files become tasks."),
@@ -218,7 +226,7 @@ def sweep_command(
     source: TaskFile | RepoBranch
     if tasks is not None:
         try:
-            source = task_file(tasks, specs, repos_from)
+            source = task_file(tasks, specs, repos_from, added_within_days)
         except BugsweepError as exc:
             _fail(str(exc))
     else:

@@ -84,8 +84,10 @@ def list_history(
     until: str | None = None,
     max_commits: int | None = None,
     merges: bool = False,
+    exclude: str | None = None,
 ) -> list[str]:
-    """The shas `scan_history` walks, newest first (so a run knows how many candidates it has)."""
+    """The shas `scan_history` walks, newest first (so a run knows how many candidates it has); `exclude`: not
+    those reachable from this commit (a growing benchmark's last night)."""
     args = ["rev-list", "--first-parent", "--merges"] if merges else ["rev-list", "--no-merges"]
     if since:
         args.append(f"--since={parse_date(since, '--since')}")
@@ -94,6 +96,8 @@ def list_history(
     if max_commits:
         args.append(f"--max-count={max_commits}")
     args.append(branch or "HEAD")
+    if exclude:
+        args.append(f"^{exclude}")
     return _git(repo, *args).split()
 
 

@@ -38,6 +38,7 @@ def mine(
     test_timeout: float = 900.0,
     task_prefix: str | None = None,
     write: Callable[[list[TaskSpec], Path], None] = dump_tasks,
+    exclude: str | None = None,
 ) -> MiningResult:
     """Scan `repo`'s history newest first and keep up to `limit` validated tasks (`merges`: see scan_history).
 
@@ -46,6 +47,7 @@ def mine(
     `out`, when given, is rewritten (atomically, by `write`: bugsweep's task file, or e.g.
     bugsweep.swebench.dump_records) after every kept task, so an interrupted run keeps what it found.
     `report`, when given, gets the rejections and counts (MiningResult without the tasks) however the run ends.
+    `exclude`: leave out the commits reachable from this one (what an earlier run already mined).
 
     A run stops early on Ctrl-C (KeyboardInterrupt) or when the test or setup command is not found
     (CommandNotFound, exit 127): the candidates in flight are not judged (their sandboxes are released at once and
@@ -57,8 +59,9 @@ def mine(
     repo_name = repo if is_git_url(repo) else str(Path(repo).expanduser().resolve())
     result = MiningResult(repo=repo_name)
     shas = list_history(
-        git_dir, branch=branch, since=since, until=until, max_commits=max_candidates, merges=merges
-    )
+        git_dir, branch=branch, since=since, until=until, max_commits=max_candidates, merges=merges,
+        exclude=exclude,
+    )  # fmt: skip
     result.total = len(shas)
     # Scan order of each commit, so that results coming back out of order are still kept newest first.
     position: dict[str, int] = {}
