@@ -131,12 +131,22 @@ def deploy(
 
 def register_block_types() -> None:
     """Make the blocks the flows take known to the server, so the run forms list them and the UI (Blocks) can
-    create them before any was saved: bugsweep's own and prefect-aws's S3Bucket and AwsCredentials."""
+    create them before any was saved: bugsweep's own, Prefect's Secret (a git branches block's token) and
+    prefect-aws's S3Bucket and AwsCredentials."""
+    from prefect.blocks.system import Secret
     from prefect_aws import AwsCredentials, S3Bucket
 
-    from blocks import LocalSandbox, ModelEndpoint, RuntimeSandbox
+    from blocks import GitBranches, LocalSandbox, ModelEndpoint, RuntimeSandbox
 
-    for block_class in (ModelEndpoint, LocalSandbox, RuntimeSandbox, AwsCredentials, S3Bucket):
+    for block_class in (
+        ModelEndpoint,
+        LocalSandbox,
+        RuntimeSandbox,
+        GitBranches,
+        Secret,
+        AwsCredentials,
+        S3Bucket,
+    ):
         block_class.register_type_and_schema()
 
 
