@@ -279,10 +279,13 @@ class Git:
             text = text.replace(secret, "***")
         return text
 
-    def run(self, cwd: Path | None, *args: str, stdin: str | None = None, network: bool = False) -> str:
+    def run(
+        self, cwd: Path | None, *args: str, stdin: str | None = None, network: bool = False,
+        env: dict[str, str] | None = None,
+    ) -> str:  # fmt: skip
         try:
             done = subprocess.run(
-                ["git", *args], cwd=cwd, env=self.env, input=stdin, capture_output=True, text=True,
+                ["git", *args], cwd=cwd, env={**self.env, **(env or {})}, input=stdin, capture_output=True, text=True,
                 timeout=GIT_NETWORK_TIMEOUT_S if network else 300.0, check=False,
             )  # fmt: skip
         except subprocess.TimeoutExpired:
@@ -317,31 +320,22 @@ class Git:
 
     def apply(self, work: Path, base: str, patches: list[tuple[str, str | None]]) -> str:
         """The tree of `base` with `patches` applied in order (to an index of its own; no work tree)."""
-        index = work / "bugsweep.index"
-        self.env["GIT_INDEX_FILE"] = str(index)
-        try:
-            self._run_or_fail(work, "read-tree", base)
-            for what, text in patches:
-                if not text:
-                    continue
-                try:
-                    self.run(work, "apply", "--cached", "--whitespace=nowarn", "-", stdin=text)
-                except GitFailed as exc:
-                    raise BranchFailed(f"{what} does not apply at {base[:12]}: {exc}") from None
-            return self._run_or_fail(work, "write-tree")
-        finally:
-            self.env.pop("GIT_INDEX_FILE", None)
+        index = {"GIT_INDEX_FILE": str(work / "bugsweep.index")}
+        self._run_or_fail(work, "read-tree", base, env=index)
+        for what, text in patches:
+            if not text:
+                continue
+            try:
+                self.run(work, "apply", "--cached", "--whitespace=nowarn", "-", stdin=text, env=index)
+            except GitFailed as exc:
+                raise BranchFailed(f"{what} does not apply at {base[:12]}: {exc}") from None
+        return self._run_or_fail(work, "write-tree", env=index)
 
     def commit(self, work: Path, tree: str, base: str, message: str, author: str) -> str:
         name, email = _person(author)
         env = {"GIT_AUTHOR_NAME": name, "GIT_AUTHOR_EMAIL": email,
                "GIT_COMMITTER_NAME": name, "GIT_COMMITTER_EMAIL": email}  # fmt: skip
-        self.env.update(env)
-        try:
-            return self._run_or_fail(work, "commit-tree", tree, "-p", base, "-F", "-", stdin=message)
-        finally:
-            for key in env:
-                self.env.pop(key, None)
+        return self._run_or_fail(work, "commit-tree", tree, "-p", base, "-F", "-", stdin=message, env=env)
 
     def push(self, work: Path, commit: str, name: str) -> str | None:
         """Push `commit` as branch `name`, never over another commit. Returns None when pushed, or the commit
@@ -394,10 +388,11 @@ class Git:
         return self._run_or_fail(work, "rev-parse", f"{commit}^{{tree}}", f"{commit}^@")
 
     def _run_or_fail(
-        self, cwd: Path | None, *args: str, stdin: str | None = None, network: bool = False
-    ) -> str:
+        self, cwd: Path | None, *args: str, stdin: str | None = None, network: bool = False,
+        env: dict[str, str] | None = None,
+    ) -> str:  # fmt: skip
         try:
-            return self.run(cwd, *args, stdin=stdin, network=network)
+            return self.run(cwd, *args, stdin=stdin, network=network, env=env)
         except GitFailed as exc:
             raise BranchFailed(f"git {args[0]} failed: {exc}") from None
 
