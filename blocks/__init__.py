@@ -2,7 +2,9 @@
 
 - `ModelEndpoint` -> `.settings()` (ModelSettings for the agent);
 - `LocalSandbox`, `RuntimeSandbox` -> `.provider()` (a bugsweep SandboxProvider);
-- prefect-aws's `S3Bucket` (with its `AwsCredentials`) -> `bucket_store(block)` (a bugsweep.storage S3 store).
+- prefect-aws's `S3Bucket` (with its `AwsCredentials`) -> `bucket_store(block)` (a bugsweep.storage S3 store);
+- `GitBranches` -> `.settings()` and `.token_value()` (where resolved fixes are pushed as branches; the token in a
+  Prefect Secret block).
 
 `bugsweep blocks create` saves one of each from the environment under the names below, which the flows use when no
 block is chosen.
@@ -10,6 +12,7 @@ block is chosen.
 
 from __future__ import annotations
 
+from blocks.branches import GitBranches
 from blocks.model import ModelEndpoint
 from blocks.sandbox import LocalSandbox, RuntimeSandbox
 from blocks.storage import bucket_store
@@ -18,12 +21,15 @@ MODEL_BLOCK = "bugsweep-model"
 LOCAL_SANDBOX_BLOCK = "bugsweep-local"
 RUNTIME_SANDBOX_BLOCK = "bugsweep-runtime"
 STORE_BLOCK = "bugsweep-artifacts"
+BRANCHES_BLOCK = "bugsweep-branches"
 
 __all__ = [
+    "BRANCHES_BLOCK",
     "LOCAL_SANDBOX_BLOCK",
     "MODEL_BLOCK",
     "RUNTIME_SANDBOX_BLOCK",
     "STORE_BLOCK",
+    "GitBranches",
     "LocalSandbox",
     "ModelEndpoint",
     "RuntimeSandbox",

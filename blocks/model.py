@@ -2,26 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from prefect.blocks.core import Block
-from prefect.blocks.core import schema_extra as block_schema_extra
 from pydantic import ConfigDict, Field, SecretStr
 
+from blocks.schema import reference_is_not_a_block
 from bugsweep.runconfig import ModelFields
 from bugsweep.settings import ModelSettings
-
-
-def _schema_a_reference_is_not(schema: dict[str, Any], model: Any) -> None:
-    """Block's own schema additions, and the model name required in the JSON schema (it always has a value).
-
-    A saved block reaches a run as `{"$ref": {"block_document_id": ...}}`, and Prefect checks a run's parameters
-    (the UI's run form before Submit, the server for a deployment's defaults) against a oneOf of the block and such
-    a reference. With every field optional, the reference is a valid ModelEndpoint too, a oneOf refuses a value
-    valid both ways, and a block chosen in the run form could never be submitted. Python's validation is unchanged.
-    """
-    block_schema_extra(schema, model)
-    schema["required"] = sorted({*schema.get("required", []), "model"})
 
 
 class ModelEndpoint(Block, ModelFields):
@@ -32,7 +18,7 @@ class ModelEndpoint(Block, ModelFields):
     block's name, not the key.
     """
 
-    model_config = ConfigDict(json_schema_extra=_schema_a_reference_is_not)
+    model_config = ConfigDict(json_schema_extra=reference_is_not_a_block("model"))
 
     _block_type_name = "bugsweep model endpoint"
     _description = (

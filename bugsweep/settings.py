@@ -12,9 +12,10 @@ from __future__ import annotations
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from bugsweep.branches import BranchFields
 from bugsweep.runconfig import AgentLimits, ModelFields, PolicyName, SandboxLimits
 
-__all__ = ["AgentSettings", "ModelSettings", "PolicyName", "SandboxSettings"]
+__all__ = ["AgentSettings", "BranchSettings", "ModelSettings", "PolicyName", "SandboxSettings"]
 
 #: Test files, in .gitignore syntax (see bugsweep/testfiles.py): the issue's defaults plus tests/ folders at any depth.
 DEFAULT_TEST_GLOBS = ["tests/**", "**/tests/**", "test_*.py", "*_test.py", "conftest.py"]
@@ -102,3 +103,15 @@ class SandboxSettings(BaseSettings, SandboxLimits):
     """'local': the least recently used task environments are removed beyond this size."""
     env_max_age_days: float = 14.0
     """'local': task environments unused this long are removed."""
+
+
+class BranchSettings(BaseSettings, BranchFields):
+    """Where resolved fixes are pushed as branches (bugsweep.branches.BranchFields: BUGSWEEP_BRANCH_PUSH_URL,
+    _PREFIX, _USERNAME, _AUTHOR), with the token. Not part of a run's configuration: a branch is made from a grade
+    and never changes one."""
+
+    model_config = SettingsConfigDict(env_prefix="BUGSWEEP_BRANCH_", env_file=".env", extra="ignore")
+
+    token: SecretStr = SecretStr("")
+    """Token for pushing over HTTP(S), sent as a header to the push URL's server only; empty: none (git's own
+    credentials, e.g. an SSH key, are used). Never logged, never written to a run folder or artifact."""

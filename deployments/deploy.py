@@ -44,7 +44,8 @@ class DeployResult:
     automation: str = ""
     rerun_automation: str = ""
     chosen_blocks: list[str] = field(default_factory=list)
-    """The saved blocks every run form offers already chosen (`bugsweep-model`, `bugsweep-artifacts`)."""
+    """The saved blocks every run form offers already chosen (`bugsweep-model`, `bugsweep-artifacts`,
+    `bugsweep-branches`)."""
 
 
 def _prefect(args: list[str], cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess[str]:
@@ -131,12 +132,22 @@ def deploy(
 
 def register_block_types() -> None:
     """Make the blocks the flows take known to the server, so the run forms list them and the UI (Blocks) can
-    create them before any was saved: bugsweep's own and prefect-aws's S3Bucket and AwsCredentials."""
+    create them before any was saved: bugsweep's own, Prefect's Secret (a git branches block's token) and
+    prefect-aws's S3Bucket and AwsCredentials."""
+    from prefect.blocks.system import Secret
     from prefect_aws import AwsCredentials, S3Bucket
 
-    from blocks import LocalSandbox, ModelEndpoint, RuntimeSandbox
+    from blocks import GitBranches, LocalSandbox, ModelEndpoint, RuntimeSandbox
 
-    for block_class in (ModelEndpoint, LocalSandbox, RuntimeSandbox, AwsCredentials, S3Bucket):
+    for block_class in (
+        ModelEndpoint,
+        LocalSandbox,
+        RuntimeSandbox,
+        GitBranches,
+        Secret,
+        AwsCredentials,
+        S3Bucket,
+    ):
         block_class.register_type_and_schema()
 
 
@@ -293,8 +304,9 @@ def ensure_rerun_automation(deployment: str) -> str:
 
 
 def choose_saved_blocks(full_name: str) -> list[str]:
-    """Make the default-named saved blocks (the model endpoint, the S3 bucket) the deployment's defaults for its
-    `model` and `store` parameters, so that its run form shows their pickers with them chosen.
+    """Make the default-named saved blocks (the model endpoint, the S3 bucket, the git branches block) the
+    deployment's defaults for its `model`, `store` and `branches` parameters, so that its run form shows their
+    pickers with them chosen.
 
     A default is a reference to the saved block (`{"$ref": {"block_document_id": ...}}`), the form a run's
     parameters keep: the key stays in the block. A parameter prefect.yaml sets is left as it is. Returns the
@@ -305,7 +317,7 @@ def choose_saved_blocks(full_name: str) -> list[str]:
     from prefect.exceptions import ObjectNotFound
     from prefect_aws import S3Bucket
 
-    from blocks import MODEL_BLOCK, STORE_BLOCK, ModelEndpoint
+    from blocks import BRANCHES_BLOCK, MODEL_BLOCK, STORE_BLOCK, GitBranches, ModelEndpoint
 
     chosen: list[str] = []
     with get_client(sync_client=True) as client:
@@ -314,6 +326,7 @@ def choose_saved_blocks(full_name: str) -> list[str]:
         for parameter, block_class, name in (
             ("model", ModelEndpoint, MODEL_BLOCK),
             ("store", S3Bucket, STORE_BLOCK),
+            ("branches", GitBranches, BRANCHES_BLOCK),  # where branches go; pushing stays off until asked
         ):
             if parameters.get(parameter) is not None:
                 continue

@@ -25,7 +25,7 @@ from bugsweep import runconfig
 from bugsweep.errors import ConfigError, InfraError
 from bugsweep.grading import Grade
 from bugsweep.runconfig import resolve_policy
-from bugsweep.settings import AgentSettings, ModelSettings, SandboxSettings
+from bugsweep.settings import AgentSettings, BranchSettings, ModelSettings, SandboxSettings
 from bugsweep.spec import TaskSpec
 from bugsweep.storage import GRADE_FILE, ArtifactStore, LocalStore, StoreSettings, open_store
 
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from prefect.states import State
     from prefect_aws import S3Bucket
 
-    from blocks import ModelEndpoint
+    from blocks import GitBranches, ModelEndpoint
     from bugsweep.sandbox.base import Sandbox, SandboxProvider
 
 log = logging.getLogger(__name__)
@@ -75,6 +75,27 @@ def sandbox_field() -> Any:
     return form_field("local", "Sandbox", "local: bubblewrap on the worker; runtime: Runtime microVMs.")
 
 
+def push_branches_field() -> Any:
+    """The flows' `push_branches` parameter: push each resolved task's fix as a branch."""
+    return form_field(
+        False,
+        "Push fixes as branches",
+        "Commit each resolved task's graded fix (with the task's test patch) on its base commit and push it as "
+        "branch PREFIX/SWEEP/TASK; nothing is pushed for a task that is not resolved.",
+    )
+
+
+def branches_field() -> Any:
+    """The flows' `branches` parameter: where branches go, a saved git branches block, or empty."""
+    return form_field(
+        None,
+        "Where branches go",
+        "A saved git branches block (push URL, branch prefix, author, a Secret block with the token); empty: the "
+        "one named bugsweep-branches, else the worker's BUGSWEEP_BRANCH_* variables (default: the task's own "
+        "repository when it is a URL).",
+    )
+
+
 def store_field() -> Any:
     """The flows' `store` parameter: a saved S3 bucket block, or empty."""
     return form_field(
@@ -107,6 +128,8 @@ class RunSetup:
     setup_network: bool = True
     labels: dict[str, str] = field(default_factory=dict)
     """Put on every sandbox (with the task's id): the flow run, so hooks and cleanups can find them."""
+    branches: BranchSettings | None = None
+    """Where resolved fixes are pushed as branches (with the token); None: no branches."""
 
     def with_model(self, model: ModelSettings, agent: AgentSettings) -> RunSetup:
         """The same sandboxes and store with another model or agent settings (a comparison's entry), its policy
@@ -147,6 +170,9 @@ def load_run_config(
     store: S3Bucket | None,
     limits: AgentLimits,
     flow_run_id: str | None = None,
+    *,
+    push_branches: bool = False,
+    branches: GitBranches | None = None,
 ) -> RunSetup:
     """Read the chosen blocks (or the default-named ones, or the environment) into a RunSetup, with the policy
     resolved (bugsweep.runconfig.resolve_policy) and the run's configuration made from it all.
@@ -154,7 +180,8 @@ def load_run_config(
     No model block: the `bugsweep-model` block when it exists, else the LLM_* variables (else the embedded model).
     No store block: the `bugsweep-artifacts` S3Bucket block when it exists, else BUGSWEEP_STORE_URL (a folder or
     s3://). Run folders are written to BUGSWEEP_STORE_LOCAL_DIR first (the store's folder when it is one).
-    The model's key never leaves the settings object.
+    With `push_branches`: the git branches block chosen, else the `bugsweep-branches` block, else
+    BUGSWEEP_BRANCH_*. The model's key and the git token never leave the settings objects.
     """
     from blocks import (
         LOCAL_SANDBOX_BLOCK,
@@ -200,7 +227,22 @@ def load_run_config(
         config=runconfig.RunConfig.of(model_settings, agent, provider),
         setup_network=setup_network,
         labels={FLOW_RUN_LABEL: flow_run_id} if flow_run_id else {},
+        branches=load_branches(branches) if push_branches else None,
     )
+
+
+def load_branches(block: GitBranches | None) -> BranchSettings:
+    """Where branches go and the token: from the block chosen, else the `bugsweep-branches` block, else
+    BUGSWEEP_BRANCH_*. The token is read from the block's Secret block here and nowhere else."""
+    from pydantic import SecretStr
+
+    from blocks import BRANCHES_BLOCK, GitBranches
+
+    chosen = block or load_block(GitBranches, BRANCHES_BLOCK, BRANCHES_BLOCK)
+    if chosen is None:
+        return BranchSettings()
+    token = chosen.token_value() or SecretStr("")
+    return BranchSettings(**chosen.settings().model_dump(), token=token)
 
 
 def remove_dead_sandboxes(provider: Any) -> None:

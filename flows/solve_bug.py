@@ -20,9 +20,10 @@ from prefect.cache_policies import NO_CACHE
 from prefect.task_runners import ThreadPoolTaskRunner
 from prefect_aws import S3Bucket
 
-from blocks import ModelEndpoint
+from blocks import GitBranches, ModelEndpoint
 from bugsweep import pipeline
-from bugsweep.errors import BugsweepError, ConfigError, StorageError
+from bugsweep.branches import ADHOC, read_branch_record
+from bugsweep.errors import BugsweepError, ConfigError, InfraError, StorageError, failure_kind
 from bugsweep.grading import Grade, verdict_word
 from bugsweep.pipeline import failed_grade
 from bugsweep.spec import TaskSpec
@@ -33,11 +34,13 @@ from flows.common import (
     AgentLimits,
     RunSetup,
     SandboxName,
+    branches_field,
     current_flow_run_id,
     form_field,
     load_run_config,
     model_endpoint,
     model_field,
+    push_branches_field,
     refuse_endless_reruns,
     sandbox_field,
     store_field,
@@ -65,6 +68,10 @@ class TaskOutcome:
     upload_error: str | None = None
     reused: bool = False
     """The grade is an earlier run's, kept after its upload failed and uploaded now: the agent did not run again."""
+    branch: str | None = None
+    """The branch the resolved fix was pushed as (with push_branches), in words."""
+    branch_error: str | None = None
+    """Why the resolved fix could not be pushed as a branch (the grade stands)."""
 
     @property
     def artifacts(self) -> str:
@@ -92,7 +99,8 @@ def solve_one(
             spec.instance_id,
             out_dir,
         )
-        return upload_outcome(TaskOutcome(grade=kept, key=key, local_dir=out_dir, reused=True), run)
+        kept_outcome = TaskOutcome(grade=kept, key=key, local_dir=out_dir, reused=True)
+        return upload_outcome(push_outcome(kept_outcome, spec, run, sweep), run)
     flow_run_id = current_flow_run_id()
     held: list[Sandbox] = []
 
@@ -125,7 +133,29 @@ def solve_one(
         for sandbox in held:
             LIVE_SANDBOXES.discard(flow_run_id, sandbox)
     write_run_record(out_dir, flow_run_id, key)
-    return upload_outcome(TaskOutcome(grade=verdict, key=key, local_dir=out_dir), run)
+    outcome = push_outcome(TaskOutcome(grade=verdict, key=key, local_dir=out_dir), spec, run, sweep)
+    return upload_outcome(outcome, run)
+
+
+def push_outcome(outcome: TaskOutcome, spec: TaskSpec, run: RunSetup, sweep: str) -> TaskOutcome:
+    """With branches asked for, push a resolved task's fix as a branch before the run folder is uploaded (so its
+    branch.json goes too). A push that fails is this outcome's `branch_error`: the grade stands. A kept folder
+    whose branch was pushed before is not pushed again; nothing is pushed for an unresolved task."""
+    if run.branches is None or not outcome.grade.resolved or outcome.grade.error:
+        return outcome
+    earlier = read_branch_record(outcome.local_dir)
+    if outcome.reused and earlier and earlier.get("commit"):
+        outcome.branch = f"branch {earlier.get('branch')} ({str(earlier['commit'])[:12]}), pushed before"
+        return outcome
+    try:
+        pushed = steps.push_branch.with_options(retry_delay_seconds=steps.retry_delays_s())(
+            outcome.local_dir, spec, outcome.grade, sweep, run.branches
+        )
+        outcome.branch = pushed.describe()
+    except Exception as exc:  # a task's own outcome, like any failure of its steps: the grade stands
+        outcome.branch_error = f"the fix was not pushed as a branch ({failure_kind(exc)}): {exc}"
+        get_run_logger().error("%s: %s", spec.instance_id, outcome.branch_error)
+    return outcome
 
 
 def upload_outcome(outcome: TaskOutcome, run: RunSetup) -> TaskOutcome:
@@ -285,13 +315,15 @@ def solve_bug(
     ref: str = form_field(
         "", "Commit, branch or tag", "Where to start from; empty: the repository's default branch."
     ),
-    sweep: str = form_field("adhoc", "Folder", "Folder in the artifact store: SWEEP/TASK/MODEL/CONFIG."),
+    sweep: str = form_field(ADHOC, "Folder", "Folder in the artifact store: SWEEP/TASK/MODEL/CONFIG."),
     model: ModelEndpoint | None = model_field(),
     sandbox: SandboxName = sandbox_field(),
     store: S3Bucket | None = store_field(),
     limits: AgentLimits = form_field(
         AgentLimits(), "Agent limits", "The agent's budget (turns, tokens, cost, time) and policy."
     ),
+    push_branches: bool = push_branches_field(),
+    branches: GitBranches | None = branches_field(),
     task: TaskSpec | None = form_field(
         None,
         "A whole task (advanced)",
@@ -305,12 +337,17 @@ def solve_bug(
     Give the repository, what is wrong and the test command (a one-off fix), or a whole `task` (a mined task, or
     what a sweep sends). The run ends Completed with the grade when the task could be run (resolved or not), and
     Failed when it could not (setup failed, tests already passing, an outage that outlasted the retries) or its
-    artifacts could not be uploaded; grade.json says which kind of failure it was either way.
+    artifacts could not be uploaded; grade.json says which kind of failure it was either way. With
+    `push_branches`, a resolved fix is pushed as branch PREFIX/SWEEP/TASK (bugsweep.branches); a push that fails
+    ends the run Failed too, with its grade stored as it was.
     """
     quiet_thread_timeout_warnings()
     refuse_endless_reruns()
     task = task or one_off_task(repo, problem, test_command, setup_command, ref)
-    run = load_run_config(model, sandbox, store, limits, flow_run_id=current_flow_run_id())
+    run = load_run_config(
+        model, sandbox, store, limits, flow_run_id=current_flow_run_id(), push_branches=push_branches,
+        branches=branches,
+    )  # fmt: skip
     with model_endpoint(run) as run:
         outcome = solve_one(task, run, sweep)
     report(outcome)
@@ -318,6 +355,8 @@ def solve_bug(
         raise TaskNotRun(outcome.grade)
     if outcome.upload_error:
         raise StorageError(outcome.upload_error)
+    if outcome.branch_error:
+        raise InfraError(outcome.branch_error)
     return outcome.grade
 
 
@@ -354,3 +393,7 @@ def report(outcome: TaskOutcome) -> None:
         f"{g.turns} | tokens {g.prompt_tokens}+{g.completion_tokens} | ${g.cost_usd:.4f} | {g.wall_s:.1f} s | "
         f"artifacts: {outcome.artifacts}"
     )
+    if outcome.branch:
+        print(f"{g.instance_id}: {outcome.branch}")
+    if outcome.branch_error:
+        print(f"{g.instance_id}: {outcome.branch_error}")

@@ -19,8 +19,9 @@ from prefect import flow, get_run_logger
 from prefect_aws import S3Bucket
 from pydantic import Field
 
-from blocks import ModelEndpoint
+from blocks import GitBranches, ModelEndpoint
 from bugsweep.agent.model import ChatModel
+from bugsweep.branches import BRANCH_FILE
 from bugsweep.discover import RepoBranch, TaskFile
 from bugsweep.errors import BugsweepError, ConfigError, InfraError, StorageError
 from bugsweep.grading import Grade
@@ -35,12 +36,14 @@ from flows.common import (
     RunSetup,
     SandboxName,
     block_ref,
+    branches_field,
     current_flow_run_id,
     form_field,
     load_run_config,
     model_endpoint,
     model_field,
     previous_grade,
+    push_branches_field,
     sandbox_field,
     store_field,
 )
@@ -97,6 +100,8 @@ def sweep(
         "Run tasks already graded for this model, commit and configuration again (other configurations' grades "
         "are kept).",
     ),
+    push_branches: bool = push_branches_field(),
+    branches: GitBranches | None = branches_field(),
 ) -> list[Grade]:
     """Run every task of a task file (or every failing test file of a branch) and grade each.
 
@@ -108,11 +113,17 @@ def sweep(
     both, and its summary shows every configuration's grades. Results an earlier run kept after a failed upload
     are uploaded first. The review page of every run in the sweep's folder (`bugsweep review`) is stored beside
     them as SWEEP/review.html and linked from the summary and a link artifact.
+    With `push_branches`, each resolved fix of this run is pushed as branch
+    PREFIX/SWEEP/TASK (bugsweep.branches; tasks skipped as graded before are not pushed again); a push that fails
+    leaves the grade as it is and ends the sweep Failed, naming the task.
 
     Each parameter's title and help (what the run form shows) are in its declaration above.
     """
     quiet_thread_timeout_warnings()
-    run = load_run_config(model, sandbox, store, limits, flow_run_id=current_flow_run_id())
+    run = load_run_config(
+        model, sandbox, store, limits, flow_run_id=current_flow_run_id(), push_branches=push_branches,
+        branches=branches,
+    )  # fmt: skip
     sweep_name = name or default_name(source)
     if run.model.base_url:  # a wrong URL, key or model name fails now, not after a branch's setup
         ChatModel(run.model).check()
@@ -121,7 +132,8 @@ def sweep(
     specs = list_tasks(source, run.provider, run.store, setup_network=run.setup_network)
     todo, graded = (specs, []) if redo_graded else split_graded(specs, run, sweep_name)
     if run_on == "workers":
-        shared = {"model": block_ref(model), "sandbox": sandbox, "store": block_ref(store), "limits": limits}
+        shared = {"model": block_ref(model), "sandbox": sandbox, "store": block_ref(store), "limits": limits,
+                  "push_branches": push_branches, "branches": block_ref(branches)}  # fmt: skip
         outcomes = run_on_workers(todo, run, sweep_name, concurrency, deployment, shared)
     else:
         with model_endpoint(run) as run:
@@ -312,7 +324,24 @@ def collect(
             )
         verdict = configured(failed_grade(spec, run.model.model, why, started=started), run)
         return TaskOutcome(grade=verdict, key=key, local_dir=run.local_dir / key)
-    return TaskOutcome(grade=verdict, key=key, local_dir=run.local_dir / key, stored_at=stored_at)
+    outcome = TaskOutcome(grade=verdict, key=key, local_dir=run.local_dir / key, stored_at=stored_at)
+    if run.branches is not None and verdict.resolved:
+        stored_branch(outcome, run, key)
+    return outcome
+
+
+def stored_branch(outcome: TaskOutcome, run: RunSetup, key: str) -> None:
+    """The branch a solve-bug run on a worker pushed, or why it could not, from the branch.json it stored."""
+    try:
+        record = json.loads(run.store.get_bytes(f"{key}/{BRANCH_FILE}"))
+    except (FileNotFoundError, ValueError):
+        record = {"error": "the solve-bug run stored no branch.json"}
+    if record.get("commit"):
+        outcome.branch = (
+            f"branch {record.get('branch')} ({str(record['commit'])[:12]}) on {record.get('remote')}"
+        )
+    else:
+        outcome.branch_error = f"the fix was not pushed as a branch: {record.get('error')}"
 
 
 def written_by_run(run: RunSetup, task_prefix: str, run_id: str) -> list[str]:
@@ -345,7 +374,12 @@ def summary_rows(graded: list[Grade], outcomes: list[TaskOutcome]) -> list[dict[
     for o in outcomes:
         where = o.stored_at or (f"upload failed, kept at {o.local_dir}" if o.upload_error else "")
         failed = o.upload_error is not None
-        rows.append(steps.summary_row(o.grade, uploaded_to=where, upload_failed=failed, reused=o.reused))
+        rows.append(
+            steps.summary_row(
+                o.grade, uploaded_to=where, upload_failed=failed, reused=o.reused, branch=o.branch,
+                branch_error=o.branch_error,
+            )
+        )  # fmt: skip
     return rows
 
 

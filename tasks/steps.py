@@ -29,11 +29,11 @@ from prefect import Task, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
-from bugsweep import discover
+from bugsweep import branches, discover
 from bugsweep.discover import RepoBranch, TaskFile
 from bugsweep.errors import ConfigError, InfraError, SandboxGone, failure_kind, first_line
 from bugsweep.grading import Grade
-from bugsweep.settings import AgentSettings
+from bugsweep.settings import AgentSettings, BranchSettings
 from bugsweep.spec import TaskSpec
 from bugsweep.storage import ArtifactStore, UploadResult, upload_run
 from tasks.publish import artifact_key, publish_patch, publish_review
@@ -194,6 +194,29 @@ def upload(out_dir: Path, store: ArtifactStore, key: str, verdict: Grade) -> Upl
 
 
 @task(
+    name="push-branch",
+    retries=2,
+    retry_condition_fn=retry_on_infra,
+    timeout_seconds=2 * branches.GIT_NETWORK_TIMEOUT_S + TIMEOUT_MARGIN_S,
+    **_STEP,
+)
+def push_branch(
+    out_dir: Path, spec: TaskSpec, verdict: Grade, sweep: str, settings: BranchSettings
+) -> branches.PushedBranch:
+    """Commit a resolved task's graded patch.diff (with its test patch) on its base commit and push it as a branch
+    (bugsweep.branches); branch.json in the run folder says what was pushed, or why not.
+
+    Retried like any step for an infrastructure failure (the git server or the network), never for a refused
+    token or a branch that holds another commit. The token is the settings' own, handed on and never logged.
+    """
+    pushed = branches.push_run_folder(
+        out_dir, spec, verdict, sweep=sweep, settings=settings, token=settings.token
+    )
+    get_run_logger().info("%s: %s", spec.instance_id, pushed.describe())
+    return pushed
+
+
+@task(
     name="list-tasks",
     retries=2,
     retry_condition_fn=retry_on_infra,
@@ -252,10 +275,12 @@ OTHER_CONFIGURATION = "other configuration (graded before)"
 
 def summary_row(
     verdict: Grade, *, skipped: bool = False, uploaded_to: str | None = None, upload_failed: bool = False,
-    reused: bool = False, other_configuration: bool = False,
+    reused: bool = False, other_configuration: bool = False, branch: str | None = None,
+    branch_error: str | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """One row of the sweep table. `ran` is False when the task has no grade (it could not be run, for any reason:
-    an outage, configuration, a crash, or the task's own setup or tests) or its result was not stored."""
+    an outage, configuration, a crash, or the task's own setup or tests), its result was not stored, or its
+    resolved fix was not pushed as the branch asked for (`branch_error`; the grade stands)."""
     if other_configuration:
         status = OTHER_CONFIGURATION
     elif skipped:
@@ -264,6 +289,8 @@ def summary_row(
         status = f"failed ({verdict.failure_kind})"
     elif upload_failed:
         status = "graded, upload failed"
+    elif branch_error:
+        status = "graded, branch not pushed"
     else:
         status = "graded earlier, uploaded now" if reused else "graded"
     return {
@@ -278,8 +305,11 @@ def summary_row(
         "cost_usd": round(verdict.cost_usd, 6),
         "wall_s": round(verdict.wall_s, 1),
         "status": status,
-        "ran": not verdict.error and not upload_failed,
-        "reason": first_line(verdict.error) if verdict.error else ("upload failed" if upload_failed else ""),
+        "ran": not verdict.error and not upload_failed and not branch_error,
+        "reason": first_line(verdict.error)
+        if verdict.error
+        else ("upload failed" if upload_failed else first_line(branch_error) if branch_error else ""),
+        "branch": branch or "",
         "artifacts": uploaded_to or "",
         "suspicious": "; ".join(verdict.suspicious[:3]),
         "held_for_review": verdict.held_for_review,
@@ -344,6 +374,10 @@ def summary_markdown(sweep: str, rows: list[dict[str, Any]], location: str, revi
             f"- {c}: {sum(1 for r in rs if r['resolved'])} of {len(rs)} resolved"
             for c, rs in by_config.items()
         ]
+    pushed = [r for r in own if r.get("branch")]
+    if pushed:
+        lines += ["", "**Branches** (each resolved fix, with the task's test patch, on its base commit):", ""]
+        lines += [f"- {r['task']}: {_md_code(r['branch'])}" for r in pushed]
     not_run = [r for r in own if not r["ran"]]
     if not_run:
         lines += ["", "**Could not be run or stored** (no grade: the sweep is FAILED until they are):", ""]

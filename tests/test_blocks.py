@@ -7,6 +7,7 @@ Every failed check is one line, exit code 2, and nothing saved; an existing bloc
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import uuid
@@ -117,3 +118,36 @@ def test_blocks_create_checks_the_model_and_the_bucket_and_never_replaces_a_bloc
     again = create("--overwrite", bucket=bucket)
     assert again.returncode == 0, again.stdout + again.stderr
     assert f"S3 bucket {bucket} at {seaweed.endpoint_url}: exists" in again.stdout
+
+
+@pytest.mark.parametrize("flow_name", ["solve_bug", "sweep"])
+def test_a_saved_block_chosen_in_a_run_form_passes_the_forms_own_check(flow_name: str) -> None:
+    """The run form sends a chosen block as {"$ref": {"block_document_id": ...}} and Prefect checks it against the
+    deployment's schema (the UI before Submit, the server for a deployment's defaults) with its own validation:
+    every block-typed parameter of the deployed flows must accept such a reference. A block whose fields all have
+    defaults used to accept it twice over (as the block and as a reference), which Prefect's oneOf refuses: the
+    form could not be submitted with a block chosen. Prefect's own functions, no server needed."""
+    from prefect.utilities.callables import parameter_schema
+    from prefect.utilities.schema_tools.validation import preprocess_schema, validate
+
+    from flows.solve_bug import solve_bug
+    from flows.sweep import sweep
+
+    flow = {"solve_bug": solve_bug, "sweep": sweep}[flow_name]
+    schema = parameter_schema(flow.fn).model_dump_for_openapi()
+    blocks = {
+        name: prop for name, prop in schema["properties"].items()
+        if any("block_type_slug" in schema["definitions"].get(ref.get("$ref", "").rsplit("/", 1)[-1], {})
+               for ref in prop.get("anyOf", [prop]))
+    }  # fmt: skip
+    assert {"model", "store", "branches"} <= set(blocks), sorted(blocks)
+    reference = {"$ref": {"block_document_id": str(uuid.uuid4())}}
+    required = {"repo": "/src/app", "problem": "add() is wrong"} if flow_name == "solve_bug" else {
+        "source": {"kind": "file", "path": "/src/tasks.jsonl"}
+    }  # fmt: skip
+    for name in blocks:
+        # the UI drops additionalProperties from the schema it sends: check without them too
+        ui_schema = json.loads(json.dumps(schema).replace('"additionalProperties": true', '"x": 0'))
+        for form in (schema, ui_schema):
+            errors = validate({**required, name: reference}, preprocess_schema(form), preprocess=False)
+            assert not errors, f"{name}: {[e.message[:200] for e in errors]}"

@@ -92,11 +92,12 @@ def test_every_front_end_offers_the_same_settings_with_the_same_rules() -> None:
 
     import typer
 
-    from blocks import LocalSandbox, ModelEndpoint
+    from blocks import GitBranches, LocalSandbox, ModelEndpoint
     from bugsweep.agent.policy import policy_names
+    from bugsweep.branches import BranchFields
     from bugsweep.cli import app
     from bugsweep.runconfig import POLICY_NAMES, AgentLimits, ModelFields, SandboxLimits
-    from bugsweep.settings import AgentSettings, ModelSettings, SandboxSettings
+    from bugsweep.settings import AgentSettings, BranchSettings, ModelSettings, SandboxSettings
     from flows.compare import ModelEntry, compare_models
     from flows.solve_bug import solve_bug
     from flows.sweep import sweep
@@ -118,6 +119,7 @@ def test_every_front_end_offers_the_same_settings_with_the_same_rules() -> None:
         (AgentLimits, [AgentSettings]),
         (ModelFields, [ModelSettings, ModelEndpoint, ModelEntry]),
         (SandboxLimits, [SandboxSettings, LocalSandbox]),
+        (BranchFields, [BranchSettings, GitBranches]),
     ]
     for declared, others in holders:
         for holder in others:
@@ -135,6 +137,9 @@ def test_every_front_end_offers_the_same_settings_with_the_same_rules() -> None:
     # the blocks hold exactly what the environment's settings hold (the model's key included), nothing else
     assert set(ModelEndpoint.model_fields) == set(ModelSettings.model_fields)
     assert set(LocalSandbox.model_fields) == set(SandboxLimits.model_fields)
+    assert set(GitBranches.model_fields) == set(
+        BranchSettings.model_fields
+    )  # the token: a Secret block there
     assert ModelEntry.model_fields["limits"].annotation == AgentLimits | None
 
 
@@ -145,15 +150,19 @@ COMMAND_TO_FLOW: dict[str, dict[str, str | None]] = {
     "sweep": {
         "tasks": "source", "repo": "source", "branch": "source", "test_command": "source", "setup_command": "source",
         "name": "name", "concurrency": "concurrency", "sandbox": "sandbox", "model_block": "model",
-        "store_block": "store", "on_workers": "run_on", "redo": "redo_graded",
+        "store_block": "store", "on_workers": "run_on", "redo": "redo_graded", "push_branches": "push_branches",
+        "branches_block": "branches", "specs": "source", "repos_from": "source",
     },
     "compare": {
         "tasks": "source", "model": "models", "price": "models", "model_policy": "models", "model_set": "models",
         "runs": "runs", "concurrency": "concurrency", "out": "report_dir", "name": "name", "sandbox": "sandbox",
+        "specs": "source", "repos_from": "source",
     },
     "solve": {
         "repo": "repo", "task": "problem", "test_command": "test_command", "setup_command": "setup_command",
         "ref": "ref", "python": "task", "sandbox": "sandbox", "out": None,  # a run folder on this machine
+        "push_branch": "push_branches",
+        "push_url": None,  # the flow takes a git branches block; the command BUGSWEEP_BRANCH_* and this
     },
 }  # fmt: skip
 #: Flow parameters a command does not offer, and why.
@@ -164,7 +173,8 @@ FLOW_ONLY = {
         "sweep",
         "model",
         "store",
-    },  # the command writes a local run folder and takes the model from LLM_*
+        "branches",
+    },  # the command writes a local run folder and takes the model from LLM_*, the branches' from BUGSWEEP_BRANCH_*
 }
 
 

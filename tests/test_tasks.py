@@ -111,3 +111,11 @@ def test_a_fault_a_lower_layer_retried_is_not_retried_by_a_step_and_solve_and_up
     assert not not_retried_below(ModelUnavailable("kept failing after 7 attempts", retried=6))
     assert not not_retried_below(SetupFailed("the setup command exited with 1"))
     assert not not_retried_below(None)
+    # a git server that failed a push is retried by the push-branch step; a refused token is not
+    from bugsweep.branches import BranchFailed
+    from bugsweep.errors import ConfigError
+    from tasks.steps import push_branch, retry_on_infra
+
+    assert push_branch.retries == 2 and push_branch.retry_condition_fn is retry_on_infra
+    assert not_retried_below(BranchFailed("could not push bugsweep/n/t: connection refused"))
+    assert not not_retried_below(ConfigError("the git server refused the push (Authentication failed)"))

@@ -197,6 +197,21 @@ def sweep_command(
             "are kept)."
         ),
     ] = False,
+    push_branches: Annotated[
+        bool,
+        typer.Option(
+            help="Push each resolved fix (with the task's test patch) on its base commit as branch "
+            "PREFIX/SWEEP/TASK; nothing is pushed for an unresolved task. Where to: --branches-block."
+        ),
+    ] = False,
+    branches_block: Annotated[
+        str | None,
+        typer.Option(
+            help="Name of a git branches block (push URL, prefix, author, a Secret block with the token); "
+            "default: bugsweep-branches if it exists, else BUGSWEEP_BRANCH_* (push URL default: the task's "
+            "repository when it is a URL)."
+        ),
+    ] = None,
     *,
     limits: AgentLimits,
 ) -> None:
@@ -211,6 +226,7 @@ def sweep_command(
     environment, bugsweep's version): a sweep under another configuration runs the tasks again and keeps both.
     The sweep's folder gets predictions.jsonl, SWE-bench's predictions file (instance_id, model_name_or_path,
     model_patch: each task's patch.diff), in the store and in the local folder runs are written to.
+    With --push-branches, a fix that could not be pushed leaves its grade as it is and fails the sweep (exit 2).
     """
     if (tasks is None) == (repo is None):
         _fail("give exactly one of --tasks FILE and --repo REPO")
@@ -235,6 +251,7 @@ def sweep_command(
     try:
         with prefect_server():
             model, store = _named_blocks(model_block, store_block)
+            branches = _named_branches_block(branches_block)
             grades = sweep(  # type: ignore[call-overload]  # sandbox: checked above
                 source=source,
                 name=name or "",
@@ -245,6 +262,8 @@ def sweep_command(
                 concurrency=concurrency,
                 run_on="workers" if on_workers else "this-process",
                 redo_graded=redo,
+                push_branches=push_branches,
+                branches=branches,
             )
     except SweepFailed as exc:
         _print_grades(exc.grades)
@@ -265,6 +284,16 @@ def _named_blocks(model_block: str | None, store_block: str | None) -> tuple[Any
     model = load_block(ModelEndpoint, model_block, default_name="") if model_block else None
     store = load_block(S3Bucket, store_block, default_name="") if store_block else None
     return model, store
+
+
+def _named_branches_block(name: str | None) -> Any:
+    """The git branches block named on the command line (None when none was named)."""
+    if not name:
+        return None
+    from blocks import GitBranches
+    from flows.common import load_block
+
+    return load_block(GitBranches, name, default_name="")
 
 
 def _cell(grade: Any) -> str:

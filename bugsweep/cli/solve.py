@@ -80,6 +80,21 @@ def solve_command(
     sandbox: Annotated[
         str, typer.Option(help="Sandbox backend: 'local' (bubblewrap) or 'runtime'.")
     ] = "local",
+    push_branch: Annotated[
+        bool,
+        typer.Option(
+            help="When resolved, commit the graded fix on the base commit and push it as branch "
+            "PREFIX/adhoc/TASK (BUGSWEEP_BRANCH_PREFIX, default bugsweep) with the token in BUGSWEEP_BRANCH_TOKEN, "
+            "if any; exit 2 if the push fails (the grade stands)."
+        ),
+    ] = False,
+    push_url: Annotated[
+        str | None,
+        typer.Option(
+            help="With --push-branch: the git repository to push to (default: BUGSWEEP_BRANCH_PUSH_URL, else "
+            "--repo when it is a URL)."
+        ),
+    ] = None,
     *,
     limits: AgentLimits,
 ) -> None:
@@ -87,6 +102,8 @@ def solve_command(
 
     The model is LLM_BASE_URL / LLM_MODEL / LLM_API_KEY; with no LLM_BASE_URL the embedded open model is used.
     """
+    if push_url and not push_branch:
+        _fail("--push-url is for --push-branch: give both")
     from bugsweep.sandbox.sources import is_git_url
     from bugsweep.spec import TaskSpec
 
@@ -101,7 +118,22 @@ def solve_command(
         setup_command=setup_command,
         python=python,
     )
-    raise typer.Exit(run_one(spec, out=out, limits=limits, backend=sandbox))
+    branches = branch_settings(push_url) if push_branch else None
+    raise typer.Exit(run_one(spec, out=out, limits=limits, backend=sandbox, branches=branches))
+
+
+def branch_settings(push_url: str | None) -> Any:
+    """Where `--push-branch` pushes: BUGSWEEP_BRANCH_*, with --push-url over its push URL; a bad value exits 2."""
+    from pydantic import ValidationError
+
+    from bugsweep.cli.exits import settings_problem
+    from bugsweep.settings import BranchSettings
+
+    try:
+        settings = BranchSettings()
+    except ValidationError as exc:
+        _fail(settings_problem(exc))
+    return settings.model_copy(update={"push_url": push_url}) if push_url else settings
 
 
 @with_limit_options(FROM_ENVIRONMENT)
@@ -168,8 +200,10 @@ def run_one(
     backend: str,
     show_patch: bool = False,
     out_prefix: str | None = None,
+    branches: Any = None,
 ) -> int:
-    """Solve one task with progress output; returns the exit code. The limits given override BUGSWEEP_*."""
+    """Solve one task with progress output; returns the exit code. The limits given override BUGSWEEP_*.
+    With `branches` (BranchSettings), a resolved fix is pushed as a branch; a failed push exits 2."""
     from pydantic import ValidationError
 
     from bugsweep.cli.exits import (
@@ -230,7 +264,29 @@ def run_one(
     except Exception as exc:  # a bug in bugsweep: grade.json (if any) says crash; the traceback goes to a log
         return crashed(exc, out_dir if out_dir.exists() else None)
     print_summary(verdict, out_dir, show_patch=show_patch)
+    if branches is not None and verdict.resolved:
+        return push_branch(spec, verdict, out_dir, branches)
     return EXIT_RESOLVED if verdict.resolved else EXIT_NOT_RESOLVED
+
+
+def push_branch(spec: Any, verdict: Any, out_dir: Path, settings: Any) -> int:
+    """Push the resolved fix as a branch: exit 0 when it is on the remote, 2 (one line) when not."""
+    from bugsweep.branches import ADHOC, push_run_folder
+    from bugsweep.cli.exits import crashed, one_line
+    from bugsweep.errors import BugsweepError
+
+    try:
+        pushed = push_run_folder(out_dir, spec, verdict, sweep=ADHOC, settings=settings, token=settings.token)
+    except BugsweepError as exc:
+        err.print(
+            f"[red bold]branch not pushed[/] ({exc.kind}): {escape(one_line(str(exc)))} (the grade stands: "
+            f"{out_dir}/grade.json)"
+        )
+        return EXIT_COULD_NOT_RUN
+    except Exception as exc:  # a bug in bugsweep: traceback to a log, one line here
+        return crashed(exc, out_dir)
+    console.print(f"  {escape(pushed.describe())}")
+    return EXIT_RESOLVED
 
 
 @contextlib.contextmanager
