@@ -183,38 +183,12 @@ def load_run_config(
     With `push_branches`: the git branches block chosen, else the `bugsweep-branches` block, else
     BUGSWEEP_BRANCH_*. The model's key and the git token never leave the settings objects.
     """
-    from blocks import (
-        LOCAL_SANDBOX_BLOCK,
-        MODEL_BLOCK,
-        RUNTIME_SANDBOX_BLOCK,
-        STORE_BLOCK,
-        LocalSandbox,
-        ModelEndpoint,
-        RuntimeSandbox,
-        bucket_store,
-    )
-    from bugsweep.sandbox import get_provider
+    from blocks import MODEL_BLOCK, ModelEndpoint
 
     endpoint = model or load_block(ModelEndpoint, MODEL_BLOCK, MODEL_BLOCK)
     model_settings = endpoint.settings() if endpoint else ModelSettings()
-
-    if sandbox == "local":
-        box = load_block(LocalSandbox, LOCAL_SANDBOX_BLOCK, LOCAL_SANDBOX_BLOCK)
-    else:
-        box = load_block(RuntimeSandbox, RUNTIME_SANDBOX_BLOCK, RUNTIME_SANDBOX_BLOCK)
-    provider = box.provider() if box else get_provider(sandbox)
-    if sandbox == "local":
-        remove_dead_sandboxes(provider)
-    setup_network = box.setup_network if box else SandboxSettings().setup_network
-
-    from prefect_aws import S3Bucket
-
-    settings = StoreSettings()
-    bucket = store or load_block(S3Bucket, STORE_BLOCK, STORE_BLOCK)
-    artifacts = bucket_store(bucket, settings) if bucket else open_store(settings)
-    local_dir = Path(
-        artifacts.location if isinstance(artifacts, LocalStore) else settings.local_dir
-    ).resolve()
+    provider, setup_network = load_sandboxes(sandbox)
+    artifacts, local_dir = load_store(store)
 
     agent = AgentSettings.with_limits(limits)
     agent.policy = resolve_policy(agent.policy, embedded=not model_settings.base_url)
@@ -229,6 +203,36 @@ def load_run_config(
         labels={FLOW_RUN_LABEL: flow_run_id} if flow_run_id else {},
         branches=load_branches(branches) if push_branches else None,
     )
+
+
+def load_sandboxes(sandbox: SandboxName) -> tuple[SandboxProvider, bool]:
+    """The sandbox provider (its block's settings, else BUGSWEEP_SANDBOX_*) and whether setups get a network; on a
+    local machine, the sandboxes dead processes left there are removed first."""
+    from blocks import LOCAL_SANDBOX_BLOCK, RUNTIME_SANDBOX_BLOCK, LocalSandbox, RuntimeSandbox
+    from bugsweep.sandbox import get_provider
+
+    if sandbox == "local":
+        box = load_block(LocalSandbox, LOCAL_SANDBOX_BLOCK, LOCAL_SANDBOX_BLOCK)
+    else:
+        box = load_block(RuntimeSandbox, RUNTIME_SANDBOX_BLOCK, RUNTIME_SANDBOX_BLOCK)
+    provider = box.provider() if box else get_provider(sandbox)
+    if sandbox == "local":
+        remove_dead_sandboxes(provider)
+    return provider, (box.setup_network if box else SandboxSettings().setup_network)
+
+
+def load_store(store: S3Bucket | None) -> tuple[ArtifactStore, Path]:
+    """The artifact store (the bucket block chosen, else `bugsweep-artifacts`, else BUGSWEEP_STORE_URL) and the
+    local folder run folders are written to first."""
+    from prefect_aws import S3Bucket
+
+    from blocks import STORE_BLOCK, bucket_store
+
+    settings = StoreSettings()
+    bucket = store or load_block(S3Bucket, STORE_BLOCK, STORE_BLOCK)
+    artifacts = bucket_store(bucket, settings) if bucket else open_store(settings)
+    local_dir = Path(artifacts.location if isinstance(artifacts, LocalStore) else settings.local_dir).resolve()
+    return artifacts, local_dir
 
 
 def load_branches(block: GitBranches | None) -> BranchSettings:
