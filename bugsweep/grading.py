@@ -345,6 +345,17 @@ def why_cannot_run(run: TestRun) -> str | None:
     return None
 
 
+def missing_module(run: TestRun) -> str | None:
+    """The module a `python -m` of the test command itself names and the task's environment lacks (a test runner
+    the setup did not install, a misspelt name), or None. A test that fails on a missing import is not this."""
+    missing = _MISSING_MODULE.search(run.log)
+    if run.timed_out or run.exit_code in (0, None) or missing is None:
+        return None
+    module = missing.group(1).strip("'\"")
+    named = re.search(r"(^|\s)-m\s*" + re.escape(module) + r"($|[\s;&|)])", run.command)
+    return module if named else None
+
+
 def parse_junit(xml_text: str) -> dict[str, str]:
     """pytest node id -> outcome, from pytest's JUnit XML (junit_family=xunit1)."""
     outcomes: dict[str, str] = {}
