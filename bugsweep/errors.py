@@ -15,6 +15,12 @@ from __future__ import annotations
 import re
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised as an interrupt in the main thread (bugsweep.cli.exits.sigterm_as_interrupt) so that every
+    `finally` runs (sandbox released, grade or report written) before the process ends; told apart from Ctrl-C in
+    what is recorded and in the exit code (143, not 130)."""
+
+
 class BugsweepError(Exception):
     """Base class. `kind` names the family for reports and grade.json."""
 

@@ -68,6 +68,10 @@ class TestRun:
     """What the probe saw inside the test process (bugsweep.tripwire): the runner, unittest's outcomes."""
     canary: Canary | None = None
     """The tripwire's canary module this run held (the regrade's after-run), if any."""
+    per_test_timeout_s: float | None = None
+    """The per-test time limit the run had (None: none)."""
+    tests_timed_out: list[str] = field(default_factory=list)
+    """Tests stopped at the per-test time limit: failed in `tests`, whatever the runner reported for them."""
 
     @property
     def count(self) -> int | None:
@@ -110,6 +114,9 @@ class Grade(BaseModel):
     """What the canary tests in the after-run showed (bugsweep.tripwire); None where the after-run did not run."""
     tests_run_before: int | None = None
     tests_run_after: int | None = None
+    tests_timed_out: list[str] = Field(default_factory=list)
+    """Tests of the after-run stopped at the per-test time limit (`per_test_timeout_s` in `config`): each counts
+    as failed."""
     FAIL_TO_PASS: list[str] = Field(default_factory=list)
     """Tests that failed before and pass after (observed)."""
     PASS_TO_PASS: list[str] = Field(default_factory=list)
@@ -170,10 +177,19 @@ def verdict_word(grade: Grade) -> str:
 
 
 def run_tests(
-    sandbox: Sandbox, test_command: str, timeout: float = 1800.0, *, canary: Canary | None = None
+    sandbox: Sandbox,
+    test_command: str,
+    timeout: float = 1800.0,
+    *,
+    canary: Canary | None = None,
+    per_test_timeout: float | None = None,
 ) -> TestRun:
     """Run the test command with the probe (bugsweep.tripwire) and, given one, the tripwire's canary; collect
     per-test results: pytest's JUnit XML, unittest's outcomes as the probe recorded them.
+
+    `per_test_timeout`: seconds one pytest or unittest test may take; the probe stops a test still running then
+    (it fails, and the run goes on) and records it, and such a test counts as failed here whatever the runner
+    reported for it. `timeout` bounds the whole run.
 
     The log keeps the first LOG_HEAD_BYTES and the last LOG_TAIL_BYTES of stdout and stderr together (a run that
     prints without end is cut in between, `log_bytes` says how much there was). The command gets its own timeout
@@ -192,6 +208,8 @@ def run_tests(
         "PYTHONDONTWRITEBYTECODE": "1",
         "BUGSWEEP_PROBE_DIR": probe,
     }
+    if per_test_timeout:
+        env["BUGSWEEP_PROBE_TEST_TIMEOUT"] = f"{per_test_timeout:g}"
     canary_path = f"{sandbox.workdir.rstrip('/')}/{canary.path}" if canary else ""
     if canary is not None:
         sandbox.files.write(canary_path, canary.source)
@@ -222,6 +240,8 @@ def run_tests(
     report = _read_probe(sandbox, probe)
     if tests is None and "unittest" in report.runners:
         tests = dict(report.outcomes)
+    if tests is not None:  # stopped at the limit is failed, even where code under test caught the exception
+        tests.update(dict.fromkeys(report.timeouts, "failed"))
     leftovers = [probe, canary_path] if canary is not None else [probe]
     sandbox.exec("rm -rf " + " ".join(shlex.quote(p) for p in leftovers), timeout=60)
     return TestRun(
@@ -234,6 +254,8 @@ def run_tests(
         log_bytes=total,
         probe=report,
         canary=canary,
+        per_test_timeout_s=per_test_timeout,
+        tests_timed_out=list(report.timeouts),
     )
 
 
@@ -323,6 +345,17 @@ def why_cannot_run(run: TestRun) -> str | None:
     return None
 
 
+def missing_module(run: TestRun) -> str | None:
+    """The module a `python -m` of the test command itself names and the task's environment lacks (a test runner
+    the setup did not install, a misspelt name), or None. A test that fails on a missing import is not this."""
+    missing = _MISSING_MODULE.search(run.log)
+    if run.timed_out or run.exit_code in (0, None) or missing is None:
+        return None
+    module = missing.group(1).strip("'\"")
+    named = re.search(r"(^|\s)-m\s*" + re.escape(module) + r"($|[\s;&|)])", run.command)
+    return module if named else None
+
+
 def parse_junit(xml_text: str) -> dict[str, str]:
     """pytest node id -> outcome, from pytest's JUnit XML (junit_family=xunit1)."""
     outcomes: dict[str, str] = {}
@@ -397,6 +430,7 @@ def grade(
         if own is not None
         else _count_without(after.count, len(wire.outcomes) - ran_missing),
         tripwire=wire,
+        tests_timed_out=list(after.tests_timed_out),
     )
     if not failed_before:
         reasons.append("the tests did not fail before")
@@ -411,6 +445,11 @@ def grade(
         )
     elif not passes_after:
         reasons.append(f"the tests fail after the change (exit code {after.exit_code})")
+    if after.tests_timed_out:
+        reasons.append(
+            f"{len(after.tests_timed_out)} test(s) ran past the per-test time limit of "
+            f"{after.per_test_timeout_s or 0:g} s after the change: {', '.join(after.tests_timed_out[:5])}"
+        )
     failing_after = canary_failed + len(own_failing) + len(after.probe.load_errors)
     reasons += _disagreements(after, own, failing_after, wire.runner)
     if before.tests is not None:

@@ -168,10 +168,14 @@ def setup(prepared: PreparedTask, timeout: float = 1800.0, network: bool = True)
     prepared.snapshot = read_task_state(prepared.sandbox, prepared.snapshot)
 
 
-def baseline(prepared: PreparedTask, timeout: float = 1800.0) -> TestRun:
+def baseline(
+    prepared: PreparedTask, timeout: float = 1800.0, per_test_timeout: float | None = None
+) -> TestRun:
     """Run the tests before the agent starts. They must fail, or there is no bug to fix; and they must run, or a
     failure says nothing (TestCommandCannotRun: the program is missing, pytest found no test or was misused)."""
-    before = run_tests(prepared.sandbox, prepared.spec.test_command, timeout=timeout)
+    before = run_tests(
+        prepared.sandbox, prepared.spec.test_command, timeout=timeout, per_test_timeout=per_test_timeout
+    )
     why = why_cannot_run(before)
     if why:
         tail = before.log.strip()[-1500:]
@@ -272,7 +276,10 @@ def regrade(
             patch = cleanroom.render_patch(changes, old, new)
             canary = tripwire_canary(prepared, fresh_tree, before)
             fresh_tree.apply(kept, new)
-            after = run_tests(fresh, spec.test_command, timeout=timeout, canary=canary)
+            limit = settings.per_test_timeout_s
+            after = run_tests(
+                fresh, spec.test_command, timeout=timeout, canary=canary, per_test_timeout=limit
+            )
         verdict = grade(
             instance_id=spec.instance_id,
             before=before,
@@ -517,7 +524,7 @@ def solve_task(
         if on_sandbox is not None:
             on_sandbox(prepared.sandbox)
         step("baseline", {"command": spec.test_command})
-        before = runner("baseline", baseline, prepared)
+        before = runner("baseline", baseline, prepared, per_test_timeout=agent_settings.per_test_timeout_s)
         step("agent", {"model": model_settings.model, "failing": sorted(before.ids("failed", "error"))})
         agent_result = runner(
             "solve",

@@ -2,9 +2,10 @@
 its results are found again by.
 
 The pieces a user sets are declared here once, and every front end is made from them or holds them:
-- `AgentLimits`: the agent's budget and policy for a run. `AgentSettings` (BUGSWEEP_*) extends it, the flows take
-  it as their `limits` parameter, and the command line's options (`--max-turns`, `--policy`, ...) are generated
-  from its fields (bugsweep/cli/options.py).
+- `AgentLimits`: the agent's budget and policy for a run, and the per-test time limit of its grading.
+  `AgentSettings` (BUGSWEEP_*) extends it, the flows take it as their `limits` parameter, and the command line's
+  options (`--max-turns`, `--policy`, `--per-test-timeout-s`, ...) are generated from its fields
+  (bugsweep/cli/options.py).
 - `ModelFields`: the model endpoint. `ModelSettings` (LLM_*), the `ModelEndpoint` block and compare's model entries
   extend it, each adding its key in its own way (a secret, a secret, the name of a variable).
 - `SandboxLimits`: the sandbox's limits. `SandboxSettings` (BUGSWEEP_SANDBOX_*) and the `LocalSandbox` block
@@ -42,7 +43,8 @@ DOCUMENTED = ConfigDict(use_attribute_docstrings=True)
 
 
 class AgentLimits(BaseModel):
-    """The agent's budget and policy for a run: what a user chooses per run, in every front end."""
+    """The agent's budget and policy for a run, and how long one test may take when its work is graded: what a
+    user chooses per run, in every front end."""
 
     model_config = DOCUMENTED
 
@@ -54,6 +56,10 @@ class AgentLimits(BaseModel):
     """Token cost in USD over the whole run, from the model's prices; unset: no limit."""
     max_wall_s: float | None = Field(default=3600.0, gt=0, title="Time (seconds)")
     """Wall-clock seconds for the agent loop; unset: no limit."""
+    per_test_timeout_s: float | None = Field(default=60.0, gt=0, title="Per-test time limit (seconds)")
+    """Seconds one test (its setup, call and teardown) may take in a graded test run, before and after the change
+    (pytest and unittest): a test still running then is stopped and counts as failed, and the rest of the run goes
+    on. Unset: no per-test limit, only the whole run's timeout."""
     policy: PolicyName | None = Field(default=None, title="Agent policy")
     """What the harness does for the model beyond the plain loop (bugsweep/agent/policy.py): 'plain' (nothing) or
     'small-model' (whole-function edits tried against the tests, failed edits dropped from the history). Empty:

@@ -64,6 +64,8 @@ class ProbeReport:
     """unittest's per-test outcomes (test id -> the worst outcome recorded for it)."""
     load_errors: set[str] = field(default_factory=set)
     """Modules unittest could not load: not tests, but its summary counts each as an error."""
+    timeouts: list[str] = field(default_factory=list)
+    """Tests stopped at the per-test time limit (pytest node ids, unittest ids), recorded as the alarm went off."""
 
 
 def parse_report(text: str) -> ProbeReport:
@@ -76,6 +78,9 @@ def parse_report(text: str) -> ProbeReport:
             report.canary_taken = True
         elif kind in ("canary-error", "probe-error"):
             report.errors.append(value)
+        elif kind == "timeout":
+            if value not in report.timeouts:
+                report.timeouts.append(value)
         elif value.startswith(_FAILED_LOAD):
             report.load_errors.add(value[len(_FAILED_LOAD) :])
         elif kind in _RANK and value and _RANK[kind] > _RANK.get(report.outcomes.get(value, ""), 0):

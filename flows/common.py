@@ -231,7 +231,9 @@ def load_store(store: S3Bucket | None) -> tuple[ArtifactStore, Path]:
     settings = StoreSettings()
     bucket = store or load_block(S3Bucket, STORE_BLOCK, STORE_BLOCK)
     artifacts = bucket_store(bucket, settings) if bucket else open_store(settings)
-    local_dir = Path(artifacts.location if isinstance(artifacts, LocalStore) else settings.local_dir).resolve()
+    local_dir = Path(
+        artifacts.location if isinstance(artifacts, LocalStore) else settings.local_dir
+    ).resolve()
     return artifacts, local_dir
 
 

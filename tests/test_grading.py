@@ -209,3 +209,73 @@ def test_the_tree_is_read_from_outside_without_following_links(sandbox, tmp_path
     assert read_entry(root, "link", changes["link"].new) == str(secret).encode(), (
         "the target, not the content"
     )
+
+
+# -- the per-test time limit: a test that hangs fails, and the run goes on -----------------------------------------
+
+HANGING_ADD = "def add(a, b):\n    while True:\n        pass\n\n\ndef mul(a, b):\n    return a * b\n"
+#: A "fix" that waits past the limit, catches what stops it, and returns the right answer: the test then passes
+#: as far as pytest can tell.
+CATCHING_ADD = (
+    "import time\n\n\ndef add(a, b):\n    try:\n        while True:\n            time.sleep(0.05)\n"
+    "    except BaseException:\n        return a + b\n\n\ndef mul(a, b):\n    return a * b\n"
+)
+
+
+@pytest.mark.parametrize("change", [HANGING_ADD, CATCHING_ADD], ids=["hangs", "catches-the-stop"])
+def test_a_change_whose_test_hangs_is_not_resolved_and_the_run_goes_on(buggy_repo: Path, change: str) -> None:
+    """The agent's change (written into its real sandbox, as an agent would) makes test_add loop for ever: in the
+    fresh sandbox that test is stopped at the per-test limit and fails, test_mul still runs and passes, the whole
+    run ends long before its own timeout, and the grade says which test hit the limit. A change that catches the
+    stop and then returns the right answer is no better: the probe recorded the timeout as it happened."""
+    from bugsweep.pipeline import baseline, prepare, regrade, setup
+    from bugsweep.settings import AgentSettings
+    from bugsweep.spec import TaskSpec
+    from tests.support.repos import PYTEST_SETUP
+
+    spec = TaskSpec(
+        repo=str(buggy_repo),
+        problem_statement="add() subtracts",
+        test_command="python -m pytest -q",
+        setup_command=PYTEST_SETUP,
+    )
+    prepared = prepare(spec, get_provider("local"))
+    with prepared.sandbox:
+        setup(prepared)
+        before = baseline(prepared, per_test_timeout=2)
+        prepared.sandbox.files.write(f"{prepared.sandbox.workdir}/calc.py", change)
+        verdict, after, _ = regrade(
+            prepared, before, None, agent_settings=AgentSettings(per_test_timeout_s=2)
+        )
+    assert after is not None and not after.timed_out and after.duration_s < 60
+    assert not verdict.resolved and verdict.tests_timed_out == ["tests/test_calc.py::test_add"]
+    assert verdict.FAIL_TO_FAIL == ["tests/test_calc.py::test_add"]
+    assert verdict.PASS_TO_PASS == ["tests/test_calc.py::test_mul"]
+    assert "ran past the per-test time limit of 2 s" in (verdict.reason or "")
+    if change == HANGING_ADD:
+        assert (
+            "TestTimedOut: bugsweep: tests/test_calc.py::test_add ran past the per-test time limit"
+            in after.log
+        )
+    else:  # pytest saw test_add pass (only the canary failed): the recorded timeout decides
+        assert "1 failed, 3 passed" in after.log, after.log
+
+
+def test_a_hanging_unittest_test_fails_and_the_others_still_run(tmp_path: Path) -> None:
+    """`python -m unittest` in the real sandbox, with nothing installed: the probe's alarm stops the hanging test,
+    unittest reports it as an error, and the test after it runs."""
+    repo = make_repo(tmp_path / "r", {
+        "tests/__init__.py": "",
+        "tests/test_loop.py": "import unittest\n\n\nclass T(unittest.TestCase):\n"
+        "    def test_a_hangs(self):\n        while True:\n            pass\n\n"
+        "    def test_b_runs(self):\n        self.assertEqual(1, 1)\n",
+    })  # fmt: skip
+    with get_provider("local").create(RepoSource(str(repo))) as sbx:
+        run = run_tests(sbx, "python -m unittest discover -s tests -t .", timeout=120, per_test_timeout=2)
+    assert not run.timed_out and run.duration_s < 60, run.log
+    assert run.tests == {
+        "tests.test_loop.T.test_a_hangs": "failed",
+        "tests.test_loop.T.test_b_runs": "passed",
+    }
+    assert run.tests_timed_out == ["tests.test_loop.T.test_a_hangs"]
+    assert "FAILED (errors=1)" in run.log

@@ -400,7 +400,7 @@ def test_mine_command_writes_tasks_and_says_why_it_skipped(tmp_path: Path) -> No
     proc = subprocess.run([*cmd[:-2], "--out", str(tmp_path / "none.jsonl"), "--since", "2099-01-01"],
                           capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert "0 task(s) from 0 commits scanned" in proc.stdout and not (tmp_path / "none.jsonl").exists()
+    assert "0 task(s) from 0 commits scanned" in proc.stdout and (tmp_path / "none.jsonl").read_text() == ""
 
 
 @needs_bwrap

@@ -64,6 +64,7 @@ def test_the_digest_names_what_can_change_a_verdict_and_never_the_key() -> None:
         {"agent": {"max_turns": 30}},
         {"agent": {"policy": "small-model"}},
         {"agent": {"max_cost_usd": 1.0}},
+        {"agent": {"per_test_timeout_s": 5.0}},  # a 10 s test passes under one limit, fails under another
         {"model": {"temperature": 0.7}},
         {"model": {"max_tokens_per_reply": 512}},
         {"model": {"model": "other"}},

@@ -21,15 +21,12 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
+from bugsweep.errors import Terminated
+
 EXIT_COULD_NOT_RUN = 2
 EXIT_INTERRUPTED, EXIT_TERMINATED = 130, 143
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM, raised as an interrupt in the main thread so that every `finally` runs (sandbox released, grade
-    written) before the process ends."""
 
 
 @contextlib.contextmanager

@@ -1,26 +1,34 @@
 """`bugsweep mine`: tasks from a repository's git history.
 
 It writes the same tasks.jsonl that `bugsweep sweep` and `bugsweep compare` run (schema: docs/tasks-jsonl.md).
-Exit codes: 0 done, 1 mining found no task, 2 could not run (bad arguments, unreachable repository, ...).
+Exit codes: 0 done, 1 mining found no task, 2 could not run (bad arguments, unreachable repository, a test command
+that cannot run anywhere, ...), 130 after Ctrl-C, 143 after SIGTERM.
 """
 
 from __future__ import annotations
 
 import functools
-import signal
 import sys
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from bugsweep.cli.exits import EXIT_INTERRUPTED, EXIT_TERMINATED, Terminated, sigterm_as_interrupt
 from bugsweep.cli.options import print_table
+from bugsweep.runconfig import AgentLimits
+
+if TYPE_CHECKING:
+    from bugsweep.mining import MiningResult
+
+#: `--per-test-timeout-s` defaults to the graded runs' setting of the same name (one declaration).
+_PER_TEST = AgentLimits.model_fields["per_test_timeout_s"]
 
 console = Console(highlight=False, soft_wrap=True)
-err = Console(stderr=True, highlight=False)
+err = Console(stderr=True, highlight=False, soft_wrap=True)  # one line stays one line
 
 
 def register(app: typer.Typer) -> None:
@@ -72,6 +80,16 @@ def mine_command(
     concurrency: Annotated[
         int, typer.Option(help="Candidates validated at once, each in its own sandboxes.")
     ] = 1,
+    per_test_timeout_s: Annotated[
+        float,
+        typer.Option(
+            min=0,
+            help="Seconds one test (its setup, call and teardown) may take in a validation run, as in grading "
+            "(per_test_timeout_s): a test still running then is stopped and fails, and the rest of the run goes "
+            "on, so a test that hangs at the task state and passes at the fix is FAIL_TO_PASS (a fix of an endless "
+            "loop is a task). 0: no per-test limit, only the whole run's timeout.",
+        ),
+    ] = _PER_TEST.default,
     merges: Annotated[
         bool,
         typer.Option(
@@ -102,8 +120,13 @@ def mine_command(
     reads like a fix (fix, bug, error, regression, crash, "closes #12" in the subject, ...; a feat:, refactor:,
     chore: ... subject only if it says fix). Its task starts at the parent commit with the commit's test files copied
     in; it is kept when the changed tests fail there and pass at the commit, in every one of --runs runs. Flaky
-    tests are reported and left out of the task's test command. Ctrl-C or a test command that is not found stops
-    the run and still writes the report (<out>.mining.json). Exit codes: 0 tasks found, 1 none, 2 could not run.
+    tests are reported and left out of the task's test command. Each validated candidate's line says whether its
+    task environments were built (the setup ran) or reused; the summary counts both.
+
+    The task file is written at the end (empty when nothing was kept; a run stopped before it kept a task leaves
+    it as it was), and the report (<out>.mining.json) however the run ends. A test command that cannot run for any candidate (its program not found, or `python -m`
+    of a module the setup did not install) stops the run at the first candidate, with exit code 2.
+    Exit codes: 0 tasks found, 1 none, 2 could not run, 130 Ctrl-C, 143 SIGTERM.
     """
     from bugsweep.errors import BugsweepError
     from bugsweep.mining import CommandNotFound, MiningEvent, MiningResult, mine, parse_date
@@ -129,64 +152,71 @@ def mine_command(
                 parse_date(value, option)
     except BugsweepError as exc:
         _fail(str(exc))
+    if not out.parent.is_dir():
+        _fail(f"--out {out}: the folder {out.parent} does not exist")
     report_path = out.with_name(out.stem + ".mining.json")
-    signal.signal(
-        signal.SIGTERM, _interrupt
-    )  # `kill` ends the run as Ctrl-C does: report written, sandboxes freed
     if hasattr(sys.stdout, "reconfigure"):
         sys.stdout.reconfigure(line_buffering=True)  # progress lines show up at once through a pipe or `tee`
 
     def show(event: MiningEvent) -> None:
         sha, subject = event.commit[:10], escape(event.subject[:70])
         where = f"[dim][{event.done}/{event.total}][/] "
+        envs = f" [dim](environment {escape(event.environments)})[/]" if event.environments else ""
         if event.kind == "validate":
             console.print(f"{where}[cyan]validate[/] {sha} {subject}  [dim]({escape(event.message)})[/]")
         elif event.kind == "kept":
-            console.print(f"{where}[green bold]kept[/]     {sha} {subject}  [dim]{escape(event.message)}[/]")
+            console.print(
+                f"{where}[green bold]kept[/]     {sha} {subject}  [dim]{escape(event.message)}[/]{envs}"
+            )
         elif event.kind == "rejected":
-            console.print(f"{where}[dim]skip     {sha} {subject}: {escape(event.message)}[/]")
+            console.print(f"{where}[dim]skip     {sha} {subject}: {escape(event.message)}[/]{envs}")
 
     console.print(
         f"[bold]mining[/] {escape(repo)} for up to {limit} task(s), {runs} run(s) per state "
         "[dim](\\[decided/commits in range])[/]"
     )
-    result: MiningResult | None = None
+    result = MiningResult(repo=repo)  # filled in as the run goes: what it wrote is known however it ends
     try:
-        result = mine(
-            repo,
-            provider=get_provider(sandbox),
-            limit=limit,
-            since=since,
-            until=until,
-            branch=branch,
-            test_command=test_command,
-            setup_command=setup_command,
-            runs=runs,
-            max_candidates=max_candidates,
-            out=out,
-            report=report_path,
-            on_progress=show,
-            task_prefix=name,
-            merges=merges,
-            concurrency=concurrency,
-            write=write,
-        )
+        with sigterm_as_interrupt():  # `kill` stops the run as Ctrl-C does: files written, sandboxes freed
+            result = mine(
+                repo,
+                provider=get_provider(sandbox),
+                limit=limit,
+                since=since,
+                until=until,
+                branch=branch,
+                test_command=test_command,
+                setup_command=setup_command,
+                runs=runs,
+                max_candidates=max_candidates,
+                out=out,
+                report=report_path,
+                on_progress=show,
+                task_prefix=name,
+                merges=merges,
+                concurrency=concurrency,
+                per_test_timeout=per_test_timeout_s or None,
+                result=result,
+                write=write,
+            )
     except CommandNotFound as exc:
-        _fail(f"{exc}\nmining stopped; what was done is in {report_path}")
+        _fail(f"{exc}. Mining stopped there: {_written(result, out)}")
     except BugsweepError as exc:
         _fail(str(exc))
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
+        terminated = isinstance(exc, Terminated)
         err.print(
-            f"[red]interrupted[/]: tasks kept so far are in {out if out.exists() else '(none kept)'}; "
-            f"every commit decided, and the unfinished ones, in {report_path}"
+            f"[red]{'terminated (SIGTERM)' if terminated else 'interrupted (Ctrl-C)'}[/]: "
+            f"{escape(_written(result, out))}"
         )
-        raise typer.Exit(130) from None
+        raise typer.Exit(EXIT_TERMINATED if terminated else EXIT_INTERRUPTED) from None
 
     minutes = max(result.elapsed_s / 60, 1e-9)
     console.print(
         f"\n[bold]{len(result.tasks)} task(s)[/] from {result.scanned} commits scanned, {result.validated} validated, "
         f"in {result.elapsed_s:.0f} s ({result.scanned / minutes:.0f} commits/min, "
-        f"{result.validated / minutes:.1f} validations/min)"
+        f"{result.validated / minutes:.1f} validations/min); task environments: "
+        f"{result.environments_built} built, {result.environments_reused} reused"
     )
     table = Table("rejected because", "commits", box=None)
     for reason, count in result.reasons().items():
@@ -195,7 +225,7 @@ def mine_command(
         print_table(console, table)
     for sha, tests in result.flaky_tests.items():
         console.print(f"[yellow]flaky[/] at {sha[:10]}: {escape(', '.join(tests[:5]))}")
-    written = f"{out}" if result.tasks else "(none written)"
+    written = f"{out} ({len(result.tasks)})"
     if result.tasks and out_format == "swe-bench":
         written += f" (SWE-bench records; their commands: {specs_beside(str(out))})"
     console.print(f"tasks: {written}; every candidate and why: {report_path}")
@@ -214,8 +244,15 @@ def swebench_slug(slug: str | None, repo: str) -> str:
     return slug
 
 
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
+def _written(result: MiningResult, out: Path) -> str:
+    """What a stopped run left behind, naming as written only the files it wrote."""
+    if result.tasks_file:
+        said = [f"{len(result.tasks)} task(s) kept so far are in {result.tasks_file}"]
+    else:
+        said = [f"no task was kept, and {out} was not written"]
+    if result.report_file:
+        said.append(f"every commit decided, and the unfinished ones, in {result.report_file}")
+    return "; ".join(said)
 
 
 def _fail(message: str) -> NoReturn:

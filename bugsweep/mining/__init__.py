@@ -11,14 +11,16 @@ Steps, newest commit first (`mine`, in miner.py, runs them all):
 3. `build_task` (building.py) makes the TaskSpec: base_commit = parent, test_patch = the commit's diff of its test
    files, setup and test commands detected from the layout (`detect_commands`) unless given.
 4. `validate` (validation.py) runs the tests `runs` times in a sandbox at the task state (parent + test_patch,
-   exactly as a sweep prepares it) and `runs` times at the fix commit; `judge` (verdict.py) reads the runs. A test
+   exactly as a sweep prepares it) and `runs` times at the fix commit, each test under the per-test time limit
+   (a test that hangs fails; the run goes on); `judge` (verdict.py) reads the runs. A test
    whose outcome differs between runs is flaky: it is reported and deselected from the task's test command.
    FAIL_TO_PASS are the tests that failed in every run before and passed in every run after; PASS_TO_PASS passed
    everywhere. A task needs at least one FAIL_TO_PASS test and no test that keeps failing at the fix (the grader
    requires the test command to pass after the fix).
 
 Every rejected candidate gets a reason (RejectReason, records.py) and a detail line, so a user can see why their
-history yielded what it did.
+history yielded what it did. A test command that cannot run for any candidate (CommandNotFound: a program not
+found, `python -m` of a module the environment lacks) stops the run at the first one instead.
 """
 
 from bugsweep.mining.building import Commands, build_task, default_prefix, detect_commands, test_patch

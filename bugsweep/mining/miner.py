@@ -7,15 +7,20 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
 
+from bugsweep.errors import ConfigError, Terminated
 from bugsweep.mining.building import build_task
 from bugsweep.mining.history import list_history, local_clone, scan_history
 from bugsweep.mining.records import Commit, MiningEvent, MiningResult, ProgressCallback, Rejection, Unfinished
 from bugsweep.mining.screening import screen
 from bugsweep.mining.validation import Stopper, validate
 from bugsweep.mining.verdict import Verdict, deselect
+from bugsweep.runconfig import AgentLimits
 from bugsweep.sandbox.base import SandboxProvider
 from bugsweep.sandbox.sources import is_git_url
 from bugsweep.spec import TaskSpec, dump_tasks
+
+#: The per-test time limit of a validation unless one is given: the one graded runs have (AgentLimits).
+DEFAULT_PER_TEST_TIMEOUT_S: float | None = AgentLimits.model_fields["per_test_timeout_s"].default
 
 
 def mine(
@@ -36,28 +41,36 @@ def mine(
     report: Path | None = None,
     on_progress: ProgressCallback | None = None,
     test_timeout: float = 900.0,
+    per_test_timeout: float | None = DEFAULT_PER_TEST_TIMEOUT_S,
     task_prefix: str | None = None,
     write: Callable[[list[TaskSpec], Path], None] = dump_tasks,
     exclude: str | None = None,
+    result: MiningResult | None = None,
 ) -> MiningResult:
     """Scan `repo`'s history newest first and keep up to `limit` validated tasks (`merges`: see scan_history).
 
     Up to `concurrency` candidates are validated at once (each in its own sandboxes), never more than could still
     be kept, so the history is scanned no further than with one at a time. Tasks stay in history order.
-    `out`, when given, is rewritten (atomically, by `write`: bugsweep's task file, or e.g.
-    bugsweep.swebench.dump_records) after every kept task, so an interrupted run keeps what it found.
-    `report`, when given, gets the rejections and counts (MiningResult without the tasks) however the run ends.
+    `test_timeout` bounds each test run, `per_test_timeout` each test in it (a test still running then fails).
+    `out`, when given, is rewritten (atomically) after every kept task, so an interrupted run keeps what it found,
+    and once more at the end: empty when the run kept nothing, except that a run stopped early without a kept task
+    leaves it as it was (`tasks_file` says whether this run wrote it).
     `exclude`: leave out the commits reachable from this one (what an earlier run already mined).
+    `write` writes the task file (bugsweep's, or e.g. bugsweep.swebench.dump_records).
+    `report`, when given, gets the rejections and counts (MiningResult without the tasks) however the run ends.
+    `result`, when given, is the result filled in (so that a caller still has it when the run ends by an exception).
 
-    A run stops early on Ctrl-C (KeyboardInterrupt) or when the test or setup command is not found
-    (CommandNotFound, exit 127): the candidates in flight are not judged (their sandboxes are released at once and
-    they are listed as `unfinished`), the report is written, and the exception goes on to the caller.
+    A run stops early on Ctrl-C (KeyboardInterrupt), SIGTERM (Terminated) or when the test or setup command cannot
+    run at all (CommandNotFound): the candidates in flight are not judged (their sandboxes are released at once
+    and they are listed as `unfinished`), the task file and the report are written, and the exception goes on to
+    the caller.
     """
     started = time.monotonic()
     progress = on_progress or (lambda e: None)
     git_dir = local_clone(repo)
     repo_name = repo if is_git_url(repo) else str(Path(repo).expanduser().resolve())
-    result = MiningResult(repo=repo_name)
+    result = result if result is not None else MiningResult(repo=repo_name)
+    result.repo, result.per_test_timeout_s = repo_name, per_test_timeout
     shas = list_history(
         git_dir, branch=branch, since=since, until=until, max_commits=max_candidates, merges=merges,
         exclude=exclude,
@@ -66,7 +79,7 @@ def mine(
     # Scan order of each commit, so that results coming back out of order are still kept newest first.
     position: dict[str, int] = {}
 
-    def event(kind: str, commit: Commit, message: str = "") -> MiningEvent:
+    def event(kind: str, commit: Commit, message: str = "", environments: str = "") -> MiningEvent:
         return MiningEvent(
             kind,
             commit.sha,
@@ -76,6 +89,7 @@ def mine(
             kept=len(result.tasks),
             done=result.done,
             total=result.total,
+            environments=environments,
         )
 
     def next_candidate(history: Iterator[Commit]) -> tuple[Commit, TaskSpec, int] | None:
@@ -103,12 +117,15 @@ def mine(
     def record(commit: Commit, spec: TaskSpec, verdict: Verdict) -> None:
         if verdict.flaky:
             result.flaky_tests[commit.sha] = verdict.flaky
+        result.environments_built += verdict.environments.count("built")
+        result.environments_reused += verdict.environments.count("reused")
+        environments = ", ".join(verdict.environments)
         if verdict.reason is not None:
             rejection = Rejection(
                 commit=commit.sha, subject=commit.subject, reason=verdict.reason, detail=verdict.detail
             )
             result.rejected.append(rejection)
-            progress(_rejected_event(rejection, result))
+            progress(_rejected_event(rejection, result, environments))
             return
         spec.FAIL_TO_PASS = verdict.fail_to_pass
         spec.PASS_TO_PASS = verdict.pass_to_pass
@@ -121,7 +138,7 @@ def mine(
         note = f"{len(verdict.fail_to_pass)} fail->pass, {len(verdict.pass_to_pass)} pass->pass"
         if verdict.flaky:
             note += f", {len(verdict.flaky)} flaky test(s) deselected"
-        progress(event("kept", commit, note))
+        progress(event("kept", commit, note, environments))
 
     history = scan_history(git_dir, shas=shas, merges=merges)
     pending: dict[Future[Verdict], tuple[Commit, TaskSpec]] = {}
@@ -145,7 +162,13 @@ def mine(
                 progress(event("validate", commit, f"{modules} test module(s), {runs} run(s) each"))
                 result.validated += 1
                 future = pool.submit(
-                    validate, in_sandbox, provider, runs=runs, timeout=test_timeout, stopper=stopper
+                    validate,
+                    in_sandbox,
+                    provider,
+                    runs=runs,
+                    timeout=test_timeout,
+                    per_test_timeout=per_test_timeout,
+                    stopper=stopper,
                 )
                 pending[future] = (commit, spec)
             if not pending:
@@ -156,9 +179,15 @@ def mine(
                 verdict = future.result()  # CommandNotFound stops the run here, this candidate unfinished
                 del pending[future]
                 record(commit, spec, verdict)
-    except BaseException as exc:  # Ctrl-C or a command that is not there: judge nothing that was cut short
+    except BaseException as exc:  # Ctrl-C, SIGTERM or a command that cannot run: judge nothing cut short
         stopper.stop()
-        result.stopped = "interrupted (Ctrl-C)" if isinstance(exc, KeyboardInterrupt) else str(exc)
+        result.stopped = (
+            "terminated (SIGTERM)"
+            if isinstance(exc, Terminated)
+            else "interrupted (Ctrl-C)"
+            if isinstance(exc, KeyboardInterrupt)
+            else str(exc)
+        )
         for future, (commit, _) in sorted(pending.items(), key=lambda kv: position[kv[1][0].sha]):
             future.cancel()
             result.unfinished.append(Unfinished(commit=commit.sha, subject=commit.subject))
@@ -167,12 +196,31 @@ def mine(
         pool.shutdown(wait=True, cancel_futures=True)
         result.rejected.sort(key=lambda r: position.get(r.commit, 0))
         result.elapsed_s = time.monotonic() - started
+        # A stopped run that kept nothing leaves an older task file alone: nothing is lost to a mistyped command.
+        keep_old = result.stopped is not None and not result.tasks
+        write_problem = _write_tasks(result, out, write) if out is not None and not keep_old else None
         if report is not None:
+            result.report_file = str(report)
             result.write_report(report)
+    if write_problem:  # only here, when nothing else went wrong: an exception in flight is the story to tell
+        raise ConfigError(write_problem)
     return result
 
 
-def _rejected_event(rejection: Rejection, result: MiningResult) -> MiningEvent:
+def _write_tasks(
+    result: MiningResult, out: Path, write: Callable[[list[TaskSpec], Path], None] = dump_tasks
+) -> str | None:
+    """Write the kept tasks (none: an empty file) to `out`, atomically, and record it; the problem, if it failed."""
+    try:
+        write(result.tasks, out)
+    except OSError as exc:
+        result.tasks_file = None
+        return f"could not write the task file {out}: {exc}"
+    result.tasks_file = str(out)
+    return None
+
+
+def _rejected_event(rejection: Rejection, result: MiningResult, environments: str = "") -> MiningEvent:
     return MiningEvent(
         "rejected",
         rejection.commit,
@@ -182,4 +230,5 @@ def _rejected_event(rejection: Rejection, result: MiningResult) -> MiningEvent:
         kept=len(result.tasks),
         done=result.done,
         total=result.total,
+        environments=environments,
     )

@@ -106,7 +106,18 @@ class MiningResult(BaseModel):
     unfinished: list[Unfinished] = Field(default_factory=list)
     """Candidates whose validation was cut short by a stop: neither kept nor rejected."""
     stopped: str | None = None
-    """Why the run stopped before its end (Ctrl-C, a test command that is not found), or None."""
+    """Why the run stopped before its end ('interrupted (Ctrl-C)', 'terminated (SIGTERM)', a test command that
+    cannot run), or None."""
+    tasks_file: str | None = None
+    """The task file this run wrote (every kept task, none: an empty file), or None when it wrote none."""
+    report_file: str | None = None
+    """This report's own path, once the run writes it (None: not written)."""
+    per_test_timeout_s: float | None = None
+    """The per-test time limit of the validation runs (None: none, only the whole run's timeout)."""
+    environments_built: int = 0
+    """Task environments the validations built (their setup ran)."""
+    environments_reused: int = 0
+    """Task environments the validations reused (a finished setup with the same key: no install ran)."""
     elapsed_s: float = 0.0
 
     @property
@@ -141,6 +152,8 @@ class MiningEvent:
     """Commits decided so far (rejected or kept)."""
     total: int = 0
     """Commits in the range being mined (the most that can be looked at)."""
+    environments: str = ""
+    """For a validated candidate: how each state's task environment came about ('built, reused'), else ''."""
 
 
 ProgressCallback = Callable[[MiningEvent], None]

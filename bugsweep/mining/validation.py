@@ -6,7 +6,7 @@ import threading
 from collections.abc import Callable
 
 from bugsweep.errors import BugsweepError, ConfigError, SetupFailed
-from bugsweep.grading import TestRun, run_tests, why_cannot_run
+from bugsweep.grading import TestRun, missing_module, run_tests, why_cannot_run
 from bugsweep.mining.records import RejectReason
 from bugsweep.mining.verdict import Verdict, _all_ids, _stable, judge
 from bugsweep.sandbox.base import Sandbox, SandboxProvider
@@ -14,9 +14,10 @@ from bugsweep.spec import TaskSpec
 
 
 class CommandNotFound(ConfigError):
-    """The test or setup command exited 127 or 126: the shell did not find it or cannot run it. Every candidate
-    would fail the same way, so mining stops at the first one instead of rejecting the history as "tests fail at
-    fix"."""
+    """The test or setup command cannot run at all: the shell did not find it or cannot run it (exit 127 or 126),
+    or the module its `python -m` names is not in the task's environment (a test runner the setup did not install,
+    a misspelt name). Every candidate would fail the same way, so mining stops at the first one instead of
+    rejecting the history one candidate at a time."""
 
 
 class Stopper:
@@ -64,9 +65,12 @@ def _run_state(
     keep_going: Callable[[list[TestRun]], bool],
     timeout: float,
     setup_timeout: float,
+    per_test_timeout: float | None = None,
     stopper: Stopper | None = None,
+    environments: list[str] | None = None,
 ) -> list[TestRun]:
-    """Prepare a sandbox exactly as a sweep would (pipeline.prepare + setup), then run the tests up to `runs` times."""
+    """Prepare a sandbox exactly as a sweep would (pipeline.prepare + setup), then run the tests up to `runs` times.
+    How its task environment came about ('built', 'reused', 'no setup') is appended to `environments`."""
     from bugsweep.pipeline import prepare, setup
 
     prepared = prepare(spec, provider, labels={"purpose": "mining", "task": spec.instance_id})
@@ -84,14 +88,28 @@ def _run_state(
                     f"{_last_line(prepared.setup_log)}; give --setup-command"
                 ) from None
             raise
+        if environments is not None and prepared.environment is not None:
+            env = prepared.environment
+            environments.append("no setup" if not spec.setup_command else "reused" if env.reused else "built")
         results: list[TestRun] = []
         for _ in range(runs):
-            run = run_tests(prepared.sandbox, spec.test_command, timeout=timeout)
+            run = run_tests(
+                prepared.sandbox, spec.test_command, timeout=timeout, per_test_timeout=per_test_timeout
+            )
             why = why_cannot_run(run)
             if run.exit_code in (126, 127):
                 raise CommandNotFound(
                     f"the test command {spec.test_command!r} cannot run in the sandbox: {why}: "
                     f"{_last_line(run.log)}; give --test-command (and --setup-command to install it)"
+                )
+            module = missing_module(run)
+            if module is not None:
+                made_by = (
+                    f"setup command {spec.setup_command!r}" if spec.setup_command else "no setup command"
+                )
+                raise CommandNotFound(
+                    f"the test command {spec.test_command!r} cannot run in the sandbox: the task's environment has "
+                    f"no module {module} ({made_by}): install it with --setup-command, or give --test-command"
                 )
             if why:
                 raise CannotRun(f"{why}: {_last_line(run.log)}")
@@ -119,13 +137,33 @@ def validate(
     runs: int = 3,
     timeout: float = 900.0,
     setup_timeout: float = 1800.0,
+    per_test_timeout: float | None = None,
     stopper: Stopper | None = None,
 ) -> Verdict:
     """Run the tests `runs` times at the task state and, if some fail there, `runs` times at the fix commit.
 
-    Raises CommandNotFound when the test or setup command exits 127, and MiningStopped when `stopper` was stopped
-    meanwhile (the verdict would be about a killed sandbox, not about the commit).
+    `timeout` bounds each whole test run, `per_test_timeout` each test in it (a test still running then fails, and
+    the run goes on: a fix of an endless loop is a task). The verdict says how each state's task environment came
+    about (`environments`). Raises CommandNotFound when the test or setup command cannot run at all (exit 127,
+    or `python -m` of a module the environment lacks), and MiningStopped when `stopper` was stopped meanwhile (the
+    verdict would be about a killed sandbox, not about the commit).
     """
+    environments: list[str] = []
+    verdict = _validate(spec, provider, runs, timeout, setup_timeout, per_test_timeout, stopper, environments)
+    verdict.environments = environments
+    return verdict
+
+
+def _validate(
+    spec: TaskSpec,
+    provider: SandboxProvider,
+    runs: int,
+    timeout: float,
+    setup_timeout: float,
+    per_test_timeout: float | None,
+    stopper: Stopper | None,
+    environments: list[str],
+) -> Verdict:
     if not spec.test_command:
         return Verdict(RejectReason.NO_TEST_COMMAND, "no test command detected; give --test-command")
 
@@ -146,7 +184,9 @@ def validate(
             keep_going=keep_going,
             timeout=timeout,
             setup_timeout=setup_timeout,
+            per_test_timeout=per_test_timeout,
             stopper=stopper,
+            environments=environments,
         )
 
     try:

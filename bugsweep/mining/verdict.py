@@ -19,6 +19,9 @@ class Verdict:
     fail_to_pass: list[str] = field(default_factory=list)
     pass_to_pass: list[str] = field(default_factory=list)
     flaky: list[str] = field(default_factory=list)
+    environments: list[str] = field(default_factory=list)
+    """How each state's task environment came about, in the order they ran (the task state, then the fix commit):
+    'built' (the setup ran), 'reused' (a finished setup was reused), 'no setup'."""
 
 
 def _status(run: TestRun, test_id: str) -> str:

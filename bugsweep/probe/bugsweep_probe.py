@@ -12,17 +12,32 @@ Settings come from the environment of the test command (bugsweep.grading.run_tes
 - BUGSWEEP_PROBE_CANARY: the canary module's path in the repository (pytest) and its module name (unittest),
   then its tests ('Class.test' or 'test', separated by commas), separated by TABs; unset: no canary. Only those
   tests of the module run: not the tests its class inherits, nor the test classes its imports bring in.
+- BUGSWEEP_PROBE_TEST_TIMEOUT: seconds one test may take (the per-test time limit); unset: none. A test still
+  running then gets an exception (TestTimedOut, a BaseException, so that `except Exception` does not swallow it)
+  from a SIGALRM in the main thread, and the report says `timeout<TAB>test id` before it is raised: bugsweep counts
+  that test as failed whatever the runner reports afterwards, so code that catches the exception cannot make it
+  a pass. A test that blocks the signal, or never returns to Python, runs on until the whole run's timeout.
 
 The first test runner of the run takes the canary (a file created with O_EXCL says so); every runner process
 removes this folder from PYTHONPATH for its children, so that a test that starts another test runner in a
 subprocess neither records into the report nor gets a canary. Kept compatible with Python 3.8.
 """
 
+from __future__ import annotations
+
 import os
+import signal
 import sys
+import threading
+import time
+from typing import Any
 
 _DIR = os.environ.get("BUGSWEEP_PROBE_DIR", "")
 _CANARY = os.environ.get("BUGSWEEP_PROBE_CANARY", "")
+try:
+    _LIMIT = max(float(os.environ.get("BUGSWEEP_PROBE_TEST_TIMEOUT") or 0), 0.0)
+except ValueError:
+    _LIMIT = 0.0
 _runner = [""]  # the runner this process is, once it has started one
 _depth = [0]  # how deep in TextTestRunner.run this process is
 
@@ -63,6 +78,78 @@ def _claim(runner):
     path, _, rest = _CANARY.partition("\t")
     module, _, names = rest.partition("\t")
     return path, module, set(names.split(",")) if names else None
+
+
+# -- the per-test time limit -----------------------------------------------------------------------------------
+
+
+class TestTimedOut(BaseException):
+    """A test ran past bugsweep's per-test time limit."""
+
+    __test__ = False
+
+
+#: The test whose time runs (only one at a time: a test that runs tests in-process does not start another clock),
+#: its deadline, and the SIGALRM handler it replaced while armed.
+class _Clock:
+    test: str | None = None
+    deadline = 0.0
+    armed = False
+    previous: Any = None
+    fired = False
+
+
+_clock = _Clock()
+
+
+def _start(test_id):
+    """The test's time starts. False when there is no limit or another test's time runs already."""
+    if not _LIMIT or _clock.test is not None:
+        return False
+    _clock.test, _clock.deadline, _clock.fired = test_id, time.monotonic() + _LIMIT, False
+    return True
+
+
+def _fire(signum, frame):
+    if not _clock.fired:
+        _clock.fired = True
+        record("timeout", _clock.test)
+    raise TestTimedOut(f"bugsweep: {_clock.test} ran past the per-test time limit of {_LIMIT:g} s")
+
+
+def _arm():
+    """Set the alarm for the rest of the running test's time (a phase after it fired gets the whole limit again,
+    so that its fixtures can be torn down). True when this call armed it: only then does its caller disarm."""
+    if _clock.test is None or _clock.armed or threading.current_thread() is not threading.main_thread():
+        return False
+    left = _clock.deadline - time.monotonic()
+    try:
+        _clock.previous = signal.signal(signal.SIGALRM, _fire)
+        # then once a second: a test that catches the first exception and waits again is stopped again
+        signal.setitimer(signal.ITIMER_REAL, left if left > 0 else _LIMIT, 1.0)
+    except (ValueError, OSError, AttributeError) as exc:  # no SIGALRM: the whole run's timeout is the bound
+        record("probe-error", repr(exc)[:300])
+        return False
+    _clock.armed = True
+    return True
+
+
+def _disarm():
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        previous = _clock.previous
+        signal.signal(signal.SIGALRM, previous if previous is not None else signal.SIG_DFL)
+    except (ValueError, OSError, AttributeError):
+        pass
+    _clock.armed, _clock.previous = False, None
+
+
+def _stop(test_id):
+    """The test is over: its alarm is off and its time no longer runs."""
+    if _clock.test is not None and _clock.test == test_id:
+        if _clock.armed:
+            _disarm()
+        _clock.test = None
 
 
 # -- unittest: outcomes recorded by the result object of each run ----------------------------------------------
@@ -107,6 +194,20 @@ def _watch(result):
             return _method(test, subtest, err)
 
         result.addSubTest = add_sub_test
+    start, stop = getattr(result, "startTest", None), getattr(result, "stopTest", None)
+    if _LIMIT and start is not None and stop is not None:
+
+        def start_test(test, _method=start):
+            _method(test)
+            if _start(_test_id(test)):
+                _arm()
+
+        def stop_test(test, _method=stop):
+            _stop(_test_id(test))
+            return _method(test)
+
+        result.startTest = start_test
+        result.stopTest = stop_test
     return result
 
 
@@ -204,10 +305,14 @@ class _Pytest:
 
 def pytest_configure(config):
     """pytest loads this module as a plugin through the entry point beside it."""
+    first = not _runner[0]
     canary = _claim("pytest")
+    import pytest
+
+    if first and _LIMIT:  # not for a pytest run in-process by a test: the outer test's time runs on
+        config.pluginmanager.register(_time_limit_plugin(pytest), "bugsweep-time-limit")
     if canary is None:
         return
-    import pytest
 
     plugin = _Pytest(canary[0], canary[2])
 
@@ -217,6 +322,40 @@ def pytest_configure(config):
             plugin.modifyitems(session, items)
 
     config.pluginmanager.register(Hooks(), "bugsweep-canary")
+
+
+def _time_limit_plugin(pytest):
+    """pytest hook wrappers that run each phase of a test (setup, call, teardown) under the per-test alarm, armed
+    and disarmed inside the phase, so that the exception lands where pytest reports it as that phase's failure."""
+
+    def phase(item, first=False, last=False):
+        if first:
+            _start(item.nodeid)
+        armed = _arm() if _clock.test == item.nodeid else False
+        try:
+            yield
+        finally:
+            if armed:
+                _disarm()
+            if last:
+                _stop(item.nodeid)
+
+    wrap = pytest.hookimpl(hookwrapper=True, tryfirst=True)
+
+    class TimeLimit:
+        @wrap
+        def pytest_runtest_setup(self, item):
+            yield from phase(item, first=True)
+
+        @wrap
+        def pytest_runtest_call(self, item):
+            yield from phase(item)
+
+        @wrap
+        def pytest_runtest_teardown(self, item):
+            yield from phase(item, last=True)
+
+    return TimeLimit()
 
 
 def install():
