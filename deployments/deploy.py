@@ -15,7 +15,7 @@ from typing import Any
 from bugsweep.errors import ConfigError, InfraError
 
 #: The deployments prefect.yaml defines, as FLOW/DEPLOYMENT.
-DEPLOYMENTS = ("solve-bug/solve-bug", "sweep/nightly-sweep")
+DEPLOYMENTS = ("solve-bug/solve-bug", "sweep/nightly-sweep", "grow-benchmark/nightly-benchmark")
 #: Seconds between a flow run's heartbeats (Prefect's PREFECT_FLOWS_HEARTBEAT_FREQUENCY; at least 30): the
 #: shortest Prefect allows, so that a killed run is marked Crashed, and run again, about a minute after its kill.
 HEARTBEAT_S = 30
@@ -180,6 +180,13 @@ def missing_task_source(deployment: dict[str, Any], project_dir: Path) -> str | 
     run itself."""
     if not any(schedule.get("active", True) for schedule in deployment.get("schedules") or []):
         return None
+    if "repos" in (deployment.get("parameters") or {}) and not deployment["parameters"]["repos"]:
+        return (
+            "its parameters name no repository (`repos`): list the repositories whose new fixes join the "
+            "benchmark in prefect.yaml, then deploy again"
+        )
+    if "source" not in (deployment.get("parameters") or {}):
+        return None
     source = (deployment.get("parameters") or {}).get("source") or {}
     if source.get("kind", "file") != "file":
         return None
@@ -323,12 +330,13 @@ def choose_saved_blocks(full_name: str) -> list[str]:
     with get_client(sync_client=True) as client:
         deployment = client.read_deployment_by_name(full_name)
         parameters = dict(deployment.parameters)
+        takes = set((deployment.parameter_openapi_schema or {}).get("properties") or {})
         for parameter, block_class, name in (
             ("model", ModelEndpoint, MODEL_BLOCK),
             ("store", S3Bucket, STORE_BLOCK),
             ("branches", GitBranches, BRANCHES_BLOCK),  # where branches go; pushing stays off until asked
         ):
-            if parameters.get(parameter) is not None:
+            if parameter not in takes or parameters.get(parameter) is not None:
                 continue
             try:
                 saved = client.read_block_document_by_name(name, block_class.get_block_type_slug())

@@ -21,7 +21,7 @@ from flows.common import (
     sandbox_field,
     store_field,
 )
-from tasks import artifact_key
+from tasks.publish import artifact_key
 
 #: Where the benchmark lives in the artifact store unless a run says otherwise.
 DEFAULT_BENCHMARK = "benchmark/tasks.jsonl"

@@ -138,6 +138,10 @@ def deployed(prefect_api, seaweed, tmp_path_factory: pytest.TempPathFactory) -> 
             f"sweep/nightly-sweep with its schedule PAUSED: its task source '{PROJECT / 'tasks.jsonl'}' does not "
             "exist on this machine" in deployed_out
         )
+        assert (
+            "grow-benchmark/nightly-benchmark with its schedule PAUSED: its parameters name no repository"
+            in deployed_out
+        )
         nightly = httpx.get(f"{prefect_api.api_url}/deployments/name/sweep/nightly-sweep", timeout=30).json()
         assert nightly["paused"] is True
         solve_bug = httpx.get(
@@ -376,7 +380,7 @@ def test_the_nightly_deployed_with_a_tasks_file_is_resumed_and_a_worker_runs_it(
 
     out = " ".join(deployed.server.run([*bugsweep, "--tasks", str(tasks_file)], cwd=PROJECT).split())
 
-    assert "deployed sweep/nightly-sweep" in out and "PAUSED" not in out
+    assert "deployed sweep/nightly-sweep" in out and "nightly-sweep with its schedule PAUSED" not in out
     nightly = deployed.api("GET", "/deployments/name/sweep/nightly-sweep")
     assert nightly["paused"] is False
     assert nightly["parameters"]["source"] == {"kind": "file", "path": str(tasks_file)}

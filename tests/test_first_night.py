@@ -94,7 +94,10 @@ def test_the_first_night_walkthrough_runs_as_written_and_the_nightly_completes(t
         assert shell.returncode == 0, output[-6000:] + with_logs
         assert "sk-first-night-key" not in output and "change-this-secret" not in output
         assert "S3 bucket bugsweep at" in output and "made" in output
-        assert "deployed sweep/nightly-sweep" in output and "PAUSED" not in output
+        assert (
+            "deployed sweep/nightly-sweep" in output
+            and "nightly-sweep with its schedule PAUSED" not in output
+        )
         assert "Flow run finished successfully in 'Completed'" in output, output[-3000:]
         # quiet on success: no stray shell errors or tracebacks from the commands or the worker running the night
         worker_log = (night / "worker.log").read_text(errors="replace")
