@@ -152,12 +152,12 @@ COMMAND_TO_FLOW: dict[str, dict[str, str | None]] = {
         "tasks": "source", "repo": "source", "branch": "source", "test_command": "source", "setup_command": "source",
         "name": "name", "concurrency": "concurrency", "sandbox": "sandbox", "model_block": "model",
         "store_block": "store", "on_workers": "run_on", "redo": "redo_graded", "push_branches": "push_branches",
-        "branches_block": "branches", "specs": "source", "repos_from": "source",
+        "branches_block": "branches", "specs": "source", "repos_from": "source", "added_within_days": "source",
     },
     "compare": {
         "tasks": "source", "model": "models", "price": "models", "model_policy": "models", "model_set": "models",
         "runs": "runs", "concurrency": "concurrency", "out": "report_dir", "name": "name", "sandbox": "sandbox",
-        "specs": "source", "repos_from": "source",
+        "specs": "source", "repos_from": "source", "added_within_days": "source",
     },
     "solve": {
         "repo": "repo", "task": "problem", "test_command": "test_command", "setup_command": "setup_command",
