@@ -146,7 +146,8 @@ def _fix_shape(shape: ChangeShape) -> tuple[str | None, str]:
     if not shape.tests_on_existing_names:
         return None, "no test it adds or changes asserts anything"
     return (
-        f"it changes existing code ({_listed(shape.changed_functions)}, {shape.source_lines} lines, no new public "
+        f"it changes existing code ({_listed(shape.changed_functions)}, {shape.source_lines} "
+        f"line{'' if shape.source_lines == 1 else 's'}, no new public "
         f"names) and tests assert on it ({_listed(shape.tests_on_existing_names)})"
     ), ""
 
