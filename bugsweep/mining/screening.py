@@ -73,6 +73,8 @@ SAYS_FIX = re.compile(r"\b(fix(es|ed|ing)?|bug(s|fix)?|hotfix|regression|crash(e
 NOT_A_FIX_PATTERN = re.compile(r"^\s*(revert\b|merge\b|release\b|bump\b|prepare release)", re.IGNORECASE)
 #: A fix without a fix word must be small: source lines added plus removed, at most.
 MAX_WORDLESS_FIX_LINES = 40
+#: ... and touch few existing functions: a clean-up or a linter's pass touches many a little.
+MAX_WORDLESS_FIX_FUNCTIONS = 3
 #: Single-module test suites of older projects (`tests.py`), counted as test files too when mining.
 LONE_TEST_MODULES = {"tests.py", "test.py"}
 #: Test-file patterns used to split a commit: the agent's protected globs plus the lone test modules.
@@ -141,6 +143,11 @@ def _fix_shape(shape: ChangeShape) -> tuple[str | None, str]:
         return None, f"it adds new public names ({_listed(shape.added_names)})"
     if not shape.changed_functions:
         return None, "it changes no existing function"
+    if len(shape.changed_functions) > MAX_WORDLESS_FIX_FUNCTIONS:
+        return None, (
+            f"it changes {len(shape.changed_functions)} existing functions (over {MAX_WORDLESS_FIX_FUNCTIONS}: "
+            "a clean-up rather than a fix)"
+        )
     if shape.source_lines > MAX_WORDLESS_FIX_LINES:
         return None, f"its source change is large ({shape.source_lines} lines, over {MAX_WORDLESS_FIX_LINES})"
     if not shape.tests_on_existing_names:
@@ -170,8 +177,8 @@ def read_commit(message: str, subject: str | None = None, shape: ChangeShape | N
        don't, ...), a real exception's name (a builtin one, or one the changed code raises or catches and the commit
        did not add), or an issue named as fixed in the subject ("closes #12"; with a shape, not the leading
        reference set aside in 3) make a fix;
-    7. with no such word, a change that reads like a fix (`_fix_shape`: existing functions changed, at most
-       MAX_WORDLESS_FIX_LINES source lines, no new public names, tests asserting on existing names) is one;
+    7. with no such word, a change that reads like a fix (`_fix_shape`: 1 to MAX_WORDLESS_FIX_FUNCTIONS existing
+       functions changed, at most MAX_WORDLESS_FIX_LINES source lines, no new public names, tests asserting on existing names) is one;
        anything else is not.
     Without a shape (no repository given, or a change that is not readable Python) rules 5 and 7 do not apply and
     only builtin exception names count.
