@@ -7,7 +7,8 @@ itself they pass. The commit message's first line is the task text.
 Steps, newest commit first (`mine`, in miner.py, runs them all):
 1. `scan_history` (history.py) lists candidate commits (no merges) with their changed files.
 2. `screen` (screening.py) rejects, without running anything, commits that change no runnable test file, no source
-   file, or whose message does not look like a fix (see FIX_PATTERN).
+   file, or that do not read like a fix by their message and, for Python, their change (`read_commit`; the change's
+   shape from change.py: new public names, existing functions changed, what the changed tests assert).
 3. `build_task` (building.py) makes the TaskSpec: base_commit = parent, test_patch = the commit's diff of its test
    files, setup and test commands detected from the layout (`detect_commands`) unless given.
 4. `validate` (validation.py) runs the tests `runs` times in a sandbox at the task state (parent + test_patch,

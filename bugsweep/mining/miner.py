@@ -98,7 +98,7 @@ def mine(
             result.scanned += 1
             position[commit.sha] = result.scanned
             progress(event("scan", commit))
-            screened = screen(commit)
+            screened = screen(commit, repo=git_dir)
             if isinstance(screened, Rejection):
                 result.rejected.append(screened)
                 progress(_rejected_event(screened, result))

@@ -73,6 +73,8 @@ class Screened:
     runnable_tests: list[str]
     """Changed test modules that still exist after the commit (test_*.py / *_test.py): what the tests run."""
     source_files: list[str]
+    why_fix: str = ""
+    """Why the screen took it for a fix, in words a user reads ("the subject says 'fix'")."""
 
 
 class Rejection(BaseModel):
