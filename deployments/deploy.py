@@ -121,7 +121,9 @@ def deploy(
                 "parameters": {**(deployment.get("parameters") or {}), "source": source},
             }
         missing = missing_task_source(deployment, project_dir)
-        result.chosen_blocks = choose_saved_blocks(full_name)
+        for chosen in choose_saved_blocks(full_name):
+            if chosen not in result.chosen_blocks:
+                result.chosen_blocks.append(chosen)
         _set_paused(full_name, paused=missing is not None)  # deployed again once the source exists: resumed
         if missing:
             result.paused[full_name] = missing
