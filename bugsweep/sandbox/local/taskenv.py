@@ -2,8 +2,9 @@
 
 `setup_environment` computes the environment key (layers.environment_key), and either stacks the finished layer
 under the sandbox's writable layers (nothing is installed: the log says "reused") or runs the setup command and
-then moves what it added (the venv's upper layer whole, and the files it left in the repository) into a new layer,
-published atomically for every later sandbox. `snapshot` freezes the writable layers in the same way.
+then moves what it added (the venv's upper layer whole, and the files it left in the repository but bytecode) into
+a new layer, published atomically for every later sandbox; a layer is reused only where its repository files hide
+none of the sandbox's tree. `snapshot` freezes the writable layers in the same way.
 Both rearrange the overlays between two commands: unmount, move folders, mount again (milliseconds).
 """
 
@@ -75,7 +76,9 @@ def setup_environment(
     log.info("setup: building the task environment %s: %s", key, command)
     # The tree as a later sandbox at this commit sees it before its setup (where the layer is looked up), not as
     # this setup leaves it (an egg-info, a build/ folder, a rewritten version file).
-    tree = tree or _tree(sbx)
+    if tree is None and res.repo.mounted and res.env.mounted:
+        with contextlib.suppress(SandboxError):  # then a layer bound to its tree is not kept
+            tree = _tree(sbx)
     repo_before = manifest(res.repo.upper) if res.repo.mounted else None
     env = {"UV_CACHE_DIR": "/opt/bugsweep/cache/uv", "PIP_CACHE_DIR": "/opt/bugsweep/cache/pip",
            "UV_LINK_MODE": "copy", "UV_PYTHON_DOWNLOADS": "never", **tls_environment()}  # fmt: skip
@@ -92,7 +95,7 @@ def setup_environment(
 def _publish(
     sbx: LocalSandbox,
     key: str,
-    tree: str,
+    tree: str | None,
     repo_before: dict[str, tuple[int, int, int]] | None,
     bound: bool,
     declared: set[str],
@@ -112,6 +115,9 @@ def _publish(
     outputs = [path for path in outputs if not BYTECODE.search(path)]  # stays in the sandbox's own layer
     if any(not PORTABLE_OUTPUT.search(path) and path not in declared for path in outputs):
         bound = True  # it built files into the repository: only valid for this very tree
+    if bound and not tree:
+        log.info("setup: not kept for reuse: bound to a tree that could not be hashed")
+        return ""
     staging = sbx.env_cache.staging()
     try:
         res.repo.unmount()
