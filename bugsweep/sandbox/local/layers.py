@@ -11,6 +11,11 @@ layer is never written once made.
   `environment_key` (the repository's dependency files, the setup command, the interpreter, the installer). A setup
   that also put the repository's own code somewhere outside the repository (a non-editable `pip install .`) or
   built files into it (a compiled extension) is bound to that source tree: its layer's key adds the tree's hash.
+  What an install writes into the tree without binding it: its metadata (`*.egg-info`) and the version file its
+  build configuration declares (`version_files`: setuptools_scm, hatch-vcs). They go into the layer (an editable
+  install's package imports its version file), which is reused only where none of them would hide a file of the
+  sandbox's tree; at another commit they name the version of the commit the layer was built at, as the venv's own
+  metadata does (an editable install after `git pull`). Bytecode (`BYTECODE`) is never kept in a layer.
   Old layers go first when the cache outgrows `env_max_gib`, and any unused for `env_max_age_days`; a layer in use
   (a shared lock held by each sandbox on it) is never removed.
 - **Snapshots** (`LocalSnapshot`): a sandbox's writable layers frozen at one moment (the task state after setup),
@@ -34,8 +39,9 @@ import subprocess
 import sys
 import threading
 import time
+import tomllib
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
@@ -52,13 +58,19 @@ DEPENDENCY_FILES = re.compile(
 )
 #: Folders at the root whose files count as dependency files too (e.g. requirements/test.txt).
 DEPENDENCY_DIRS = ("requirements", "reqs", "requirements.d")
-#: What a setup may leave in the repository for its layer to stay reusable at other commits: metadata and caches.
-PORTABLE_OUTPUT = re.compile(r"(^|/)([^/]+\.egg-info|__pycache__|\.eggs|build|\.pytest_cache)(/|$)|\.pyc$")
+#: What a setup may leave in the repository for its layer to stay reusable at other commits: metadata and caches
+#: (and the version file its build configuration declares: `version_files`).
+PORTABLE_OUTPUT = re.compile(r"(^|/)([^/]+\.egg-info|\.eggs|build|\.pytest_cache)(/|$)")
+#: Bytecode a setup compiled from the repository's own modules (a setup.py that imports its package). Never kept
+#: in a layer: Python trusts a .pyc whose source has the same mtime and size, and another commit's checkout made
+#: in the same second with a same-size change (`a - b` -> `a + b`) would run this commit's code. It stays in the
+#: sandbox's own writable layer, where it is this tree's.
+BYTECODE = re.compile(r"(^|/)__pycache__(/|$)|\.py[co]$")
 #: The host's CA-bundle settings (not secrets), passed to installs so they trust the same TLS roots as the host;
 #: only paths the sandbox sees too (its /etc is a copy of the host's /etc/ssl and /etc/pki).
 TLS_VARIABLES = ("SSL_CERT_FILE", "SSL_CERT_DIR", "PIP_CERT", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE")
 #: Version of the layer format; part of every key so that a change here never reuses an old layer.
-LAYER_FORMAT = "1"
+LAYER_FORMAT = "2"
 
 
 # -------------------------------------------------------------------------------------------------------------
@@ -233,6 +245,45 @@ def dependency_paths(repo_dir: Path, setup_command: str) -> list[str]:
     return sorted(found)
 
 
+_VERSION_FILE_IN_SETUP_PY = re.compile(r"""["']?\b(?:write_to|version_file)["']?\s*[:=]\s*["']([^"']+)["']""")
+
+
+def version_files(dependency_files: dict[str, bytes]) -> set[str]:
+    """The files the repository's build configuration says its install writes into the tree, holding the version
+    its VCS plugin read from git: setuptools_scm's `write_to` / `version_file` (pyproject.toml's
+    [tool.setuptools_scm], or setup.py's `use_scm_version={...}`) and hatch-vcs's `version-file`
+    ([tool.hatch.build.hooks.vcs], also per build target). Such a file changes at every commit (`1.1.dev3+g<sha>`)
+    while nothing the environment holds does, so it does not bind a setup's layer to its tree."""
+    found: set[str] = set()
+    pyproject = dependency_files.get("pyproject.toml")
+    if pyproject is not None:
+        try:
+            tool = tomllib.loads(pyproject.decode()).get("tool", {})
+        except (UnicodeDecodeError, tomllib.TOMLDecodeError):
+            tool = {}
+        scm = _table(tool, "setuptools_scm")
+        build = _table(_table(tool, "hatch"), "build")
+        hooks = [_table(_table(build, "hooks"), "vcs")]
+        hooks += [_table(_table(target, "hooks"), "vcs") for target in _table(build, "targets").values()
+                  if isinstance(target, dict)]  # fmt: skip
+        candidates = [
+            scm.get("write_to"),
+            scm.get("version_file"),
+            *(hook.get("version-file") for hook in hooks),
+        ]
+        found.update(path for path in candidates if isinstance(path, str))
+    setup_py = dependency_files.get("setup.py")
+    if setup_py is not None and b"use_scm_version" in setup_py:
+        found.update(_VERSION_FILE_IN_SETUP_PY.findall(setup_py.decode(errors="replace")))
+    normal = (str(PurePosixPath(path)) for path in found if path and not path.startswith("/"))
+    return {path for path in normal if ".." not in PurePosixPath(path).parts}
+
+
+def _table(parent: object, name: str) -> dict[str, object]:
+    value = parent.get(name) if isinstance(parent, dict) else None
+    return value if isinstance(value, dict) else {}
+
+
 class EnvCache:
     """The folder of base venvs and environment layers, shared by every sandbox on this machine."""
 
@@ -294,15 +345,18 @@ class EnvCache:
 
     # -- environment layers ----------------------------------------------------------------------------------
 
-    def lookup(self, key: str, tree: str | None = None) -> Layer | None:
-        """The finished layer for `key` (or, for a setup bound to its source tree, `key` at `tree`)."""
+    def lookup(
+        self, key: str, tree: str | None = None, *, fits: Callable[[Layer], bool] = lambda layer: True
+    ) -> Layer | None:
+        """The finished layer for `key` (or, for a setup bound to its source tree, `key` at `tree`) that `fits`
+        the sandbox asking."""
         for name in (key, f"{key}-{tree}" if tree else None):
             if name and (self.root / name / "meta.json").exists():
                 try:
                     layer = Layer(self.root / name)
                 except OSError:  # evicted meanwhile
                     continue
-                if (self.root / name / "meta.json").exists():
+                if (self.root / name / "meta.json").exists() and fits(layer):
                     _touch(self.root / name)
                     return layer
                 layer.release()
@@ -480,5 +534,5 @@ def _file_lock(path: Path) -> Iterator[None]:
 
 __all__ = [
     "TASK_ENV", "EnvCache", "Interpreter", "Layer", "LocalSnapshot", "dependency_paths", "environment_key",
-    "find_interpreter", "find_uv",
+    "find_interpreter", "find_uv", "version_files",
 ]  # fmt: skip

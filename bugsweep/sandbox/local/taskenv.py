@@ -2,8 +2,9 @@
 
 `setup_environment` computes the environment key (layers.environment_key), and either stacks the finished layer
 under the sandbox's writable layers (nothing is installed: the log says "reused") or runs the setup command and
-then moves what it added (the venv's upper layer whole, and the files it left in the repository) into a new layer,
-published atomically for every later sandbox. `snapshot` freezes the writable layers in the same way.
+then moves what it added (the venv's upper layer whole, and the files it left in the repository but bytecode) into
+a new layer, published atomically for every later sandbox; a layer is reused only where its repository files hide
+none of the sandbox's tree. `snapshot` freezes the writable layers in the same way.
 Both rearrange the overlays between two commands: unmount, move folders, mount again (milliseconds).
 """
 
@@ -23,12 +24,14 @@ from bugsweep.errors import SandboxError
 from bugsweep.sandbox.base import Environment, ExecResult
 from bugsweep.sandbox.local.files import open_regular
 from bugsweep.sandbox.local.layers import (
+    BYTECODE,
     PORTABLE_OUTPUT,
     Layer,
     LocalSnapshot,
     dependency_paths,
     environment_key,
     tls_environment,
+    version_files,
 )
 from bugsweep.sandbox.local.stale import write_owner_meta
 from bugsweep.sandbox.local.workspace import copy_tree, manifest, move_outputs, move_tree, setup_outputs
@@ -49,16 +52,33 @@ def setup_environment(
     installer = sbx.settings.installer
     if not command:
         return None, _environment(sbx, None, installer, key="", reused=False)
-    key = _key(sbx, command, installer)
+    files = _dependency_files(sbx, command)
+    key = environment_key(sbx.interpreter, command, installer, files)
     cache = sbx.env_cache
+    hiding: list[str] = []
+
+    def fits(layer: Layer) -> bool:
+        hidden = _hidden_files(sbx, layer)
+        hiding.extend(hidden)
+        return not hidden
+
     tree = _tree(sbx) if cache.is_bound(key) else None
-    layer = cache.lookup(key, tree)
+    layer = cache.lookup(key, tree, fits=fits)
+    if layer is None and hiding and tree is None:
+        log.info("setup: the task environment %s would hide %s of this tree", key, hiding[0])
+        tree = _tree(sbx)
+        layer = cache.lookup(key, tree, fits=fits)
     if layer is not None:
         log.info("setup: reusing the task environment %s (no install runs): %s", layer.path.name, command)
         _restack(sbx, [layer, *res.layers])
         return None, _environment(sbx, command, installer, key=layer.path.name, reused=True)
 
     log.info("setup: building the task environment %s: %s", key, command)
+    # The tree as a later sandbox at this commit sees it before its setup (where the layer is looked up), not as
+    # this setup leaves it (an egg-info, a build/ folder, a rewritten version file).
+    if tree is None and res.repo.mounted and res.env.mounted:
+        with contextlib.suppress(SandboxError):  # then a layer bound to its tree is not kept
+            tree = _tree(sbx)
     repo_before = manifest(res.repo.upper) if res.repo.mounted else None
     env = {"UV_CACHE_DIR": "/opt/bugsweep/cache/uv", "PIP_CACHE_DIR": "/opt/bugsweep/cache/pip",
            "UV_LINK_MODE": "copy", "UV_PYTHON_DOWNLOADS": "never", **tls_environment()}  # fmt: skip
@@ -68,15 +88,22 @@ def setup_environment(
     if not result.ok:
         return result, _environment(sbx, command, installer, key="", reused=False)
     packages, bound = installed_packages(res.env.target)
-    name = _publish(sbx, key, repo_before, bound)
+    name = _publish(sbx, key, tree, repo_before, bound or bool(hiding), version_files(files))
     return result, _environment(sbx, command, installer, key=name, reused=False, packages=packages)
 
 
 def _publish(
-    sbx: LocalSandbox, key: str, repo_before: dict[str, tuple[int, int, int]] | None, bound: bool
+    sbx: LocalSandbox,
+    key: str,
+    tree: str | None,
+    repo_before: dict[str, tuple[int, int, int]] | None,
+    bound: bool,
+    declared: set[str],
 ) -> str:
     """Move what the setup added into a new layer and stack it under the sandbox; the layer's name, or '' when
-    the result cannot be kept as a layer (the sandbox then keeps it in its own writable layers)."""
+    the result cannot be kept as a layer (the sandbox then keeps it in its own writable layers). `tree`: the
+    tree's hash before the setup, the layer's when `bound` to it; `declared`: the version files the build
+    configuration names (they do not bind the layer to this tree)."""
     res = sbx._res
     if repo_before is None or not res.env.mounted or not res.repo.mounted:
         log.info("setup: no overlay here, so the environment is not kept for reuse")
@@ -85,9 +112,12 @@ def _publish(
     if why:
         log.info("setup: not kept for reuse: %s", why)
         return ""
-    if any(not PORTABLE_OUTPUT.search(path) for path in outputs):
+    outputs = [path for path in outputs if not BYTECODE.search(path)]  # stays in the sandbox's own layer
+    if any(not PORTABLE_OUTPUT.search(path) and path not in declared for path in outputs):
         bound = True  # it built files into the repository: only valid for this very tree
-    tree = _tree(sbx) if bound else None
+    if bound and not tree:
+        log.info("setup: not kept for reuse: bound to a tree that could not be hashed")
+        return ""
     staging = sbx.env_cache.staging()
     try:
         res.repo.unmount()
@@ -99,8 +129,8 @@ def _publish(
         shutil.rmtree(res.env.work, ignore_errors=True)
         res.env.work.mkdir()
         meta: dict[str, object] = {"kind": "setup", "python": sbx.interpreter.version, "interpreter": sbx.interpreter.executable,
-                "bound_to_tree": tree}  # fmt: skip
-        layer = sbx.env_cache.commit(staging, key, tree, meta)
+                "bound_to_tree": tree if bound else None, "repo_files": outputs}  # fmt: skip
+        layer = sbx.env_cache.commit(staging, key, tree if bound else None, meta)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         _mount(sbx, res.layers)
@@ -205,12 +235,24 @@ def _environment(
     )
 
 
-def _key(sbx: LocalSandbox, command: str, installer: str) -> str:
+def _dependency_files(sbx: LocalSandbox, command: str) -> dict[str, bytes]:
     files: dict[str, bytes] = {}
     for rel in dependency_paths(sbx._res.repo_dir, command):
         with contextlib.suppress(OSError):
             files[rel] = sbx.files.read_bytes(f"{sbx.workdir}/{rel}")
-    return environment_key(sbx.interpreter, command, installer, files)
+    return files
+
+
+def _hidden_files(sbx: LocalSandbox, layer: Layer) -> list[str]:
+    """The files of `layer`'s repository part that this sandbox's tree has too: stacked over the tree, the layer
+    would hide them (e.g. a version file that this commit tracks). None for a layer bound to this very tree: its
+    files are what the setup made of them here."""
+    meta = layer.meta()
+    if meta.get("bound_to_tree"):
+        return []
+    listed = meta.get("repo_files", [])
+    paths = [rel for rel in listed if isinstance(rel, str)] if isinstance(listed, list) else []
+    return [rel for rel in paths if sbx.files.exists(f"{sbx.workdir}/{rel}")]
 
 
 def _tree(sbx: LocalSandbox) -> str:
