@@ -7,6 +7,7 @@ Each test commits a change the way a project would and screens that commit with 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -163,3 +164,28 @@ def test_the_corpus_fixes_still_pass(task: dict[str, str]) -> None:
     (commit,) = scan_history(git_dir, shas=[task["fix_commit"]])
     result = screen(commit, repo=git_dir)
     assert isinstance(result, Screened), result
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="the local sandbox needs bubblewrap")
+def test_a_fix_without_a_fix_word_is_kept_by_mine_and_a_feature_is_not(tmp_path: Path) -> None:
+    """End to end, as `bugsweep mine` runs (real local sandbox, real pytest): the wordless fix becomes a task with
+    its test in FAIL_TO_PASS; the feature that names an exception-like class is rejected before any sandbox."""
+    from bugsweep.mining import mine
+    from bugsweep.sandbox import get_provider
+
+    repo = numbers_repo(tmp_path / "repo")
+    write_files(repo, {
+        "numbers_.py": NUMBERS.replace("sign + str(n)", "sign + str(abs(n))"),
+        "tests/test_numbers.py": TEST_NUMBERS.replace("import total", "import fmt, total")
+        + "\n\ndef test_fmt_negative():\n    assert fmt(-1) == '-1'\n",
+    })  # fmt: skip
+    fixed = commit_all(repo, "Stop printing two minus signs")
+    write_files(repo, new_feature(repo))
+    feature = commit_all(repo, "Keep tracebacks as ParsedException records")
+
+    result = mine(str(repo), provider=get_provider("local"), runs=1, setup_command="pip install pytest")
+    assert [t.fix_commit for t in result.tasks] == [fixed]
+    assert result.tasks[0].FAIL_TO_PASS == ["tests/test_numbers.py::test_fmt_negative"]
+    assert [(r.commit, r.reason) for r in result.rejected if r.commit == feature] == [
+        (feature, RejectReason.NOT_A_FIX)
+    ]
