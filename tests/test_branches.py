@@ -17,6 +17,7 @@ os.environ.setdefault("BUGSWEEP_RETRY_DELAYS_S", "0.2,0.5")  # quick retries (re
 import json
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -346,11 +347,17 @@ def test_a_sweep_pushes_the_resolved_fix_with_its_test_patch_and_nothing_for_the
     assert TOKEN not in result.output
     assert TOKEN not in files_under(tmp_path / "local-artifacts")
     assert all(TOKEN.encode() not in store.get_bytes(k) for k in store.list("night/"))
+    shown = ""  # logs reach the API in batches, after the flow returned: look until they are there
     with get_client(sync_client=True) as client:
         ours = [r for r in client.read_flow_runs(limit=200) if (r.parameters or {}).get("name") == "night"]
         assert ours and all(TOKEN not in json.dumps(r.parameters, default=str) for r in ours)
-        logs = client.read_logs(
-            log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[r.id for r in ours]))
-        )
-    shown = "\n".join(entry.message for entry in logs)
+        deadline = time.monotonic() + 30
+        while "bugsweep/night/calc-add" not in shown and time.monotonic() < deadline:
+            time.sleep(0.5)
+            logs = []  # the server answers at most 200 a page; a sweep's turns log more
+            while len(page := client.read_logs(
+                log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[r.id for r in ours])), offset=len(logs)
+            )) > 0:  # fmt: skip
+                logs += page
+            shown = "\n".join(entry.message for entry in logs)
     assert "bugsweep/night/calc-add" in shown and TOKEN not in shown
