@@ -600,7 +600,14 @@ def test_ctrl_c_writes_the_report_and_judges_nothing_half_way(tmp_path: Path) ->
     assert "kept" in "".join(lines), "".join(lines)
     time.sleep(3)  # the second candidate's sandbox is up and its tests are sleeping
     proc.send_signal(signal.SIGINT)
-    rest, stderr = proc.communicate(timeout=120)
+    try:
+        rest, stderr = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:  # say where it hung (the threads' stacks), and leave nothing running
+        proc.send_signal(signal.SIGUSR1)  # bugsweep prints its threads' stacks
+        time.sleep(2)
+        proc.kill()
+        rest, stderr = proc.communicate()
+        raise AssertionError("no exit 120 s after Ctrl-C:\n" + "".join(lines) + rest + stderr) from None
     assert proc.returncode == 130, "".join(lines) + rest + stderr
     assert "interrupted" in stderr and "Traceback" not in stderr
     report = json.loads(out.with_name("t.mining.json").read_text())

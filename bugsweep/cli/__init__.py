@@ -5,7 +5,9 @@ Heavy imports (prefect, openai, boto3) happen inside the commands, so `bugsweep 
 
 from __future__ import annotations
 
+import faulthandler
 import logging
+import signal
 import sys
 
 import typer
@@ -38,6 +40,9 @@ def main(argv: list[str] | None = None) -> None:
     # Prefect flushes its client events as a command exits and, when that takes a moment, warns "Still processing
     # items" on a run that went well: noise, not news.
     logging.getLogger("EventsWorker").setLevel(logging.ERROR)
+    # `kill -USR1 PID` prints every thread's stack to stderr and the command goes on: what a run that seems stuck
+    # is waiting for
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     try:
         app(args=argv)
     except BugsweepError as exc:
