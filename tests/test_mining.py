@@ -607,6 +607,11 @@ def test_ctrl_c_writes_the_report_and_judges_nothing_half_way(tmp_path: Path) ->
         time.sleep(2)
         proc.kill()
         rest, stderr = proc.communicate()
+        from bugsweep.sandbox.local import LocalProvider
+
+        LocalProvider(
+            state_dir=state
+        ).reap_stale()  # its sandbox's mounts and loop device, for the next tests
         raise AssertionError("no exit 120 s after Ctrl-C:\n" + "".join(lines) + rest + stderr) from None
     assert proc.returncode == 130, "".join(lines) + rest + stderr
     assert "interrupted" in stderr and "Traceback" not in stderr

@@ -173,7 +173,11 @@ def mine(
                 pending[future] = (commit, spec)
             if not pending:
                 break
-            done, _ = wait(pending, return_when=FIRST_COMPLETED)
+            # A short timeout, again and again: the kernel may hand Ctrl-C to a worker thread, and a main thread
+            # blocked in an endless wait would never run Python's handler (seen: a run that did not stop in 120 s)
+            done: set[Future[Verdict]] = set()
+            while not done:
+                done, _ = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
             for future in sorted(done, key=lambda f: position[pending[f][0].sha]):
                 commit, spec = pending[future]
                 verdict = future.result()  # CommandNotFound stops the run here, this candidate unfinished
