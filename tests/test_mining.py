@@ -586,7 +586,10 @@ def test_ctrl_c_writes_the_report_and_judges_nothing_half_way(tmp_path: Path) ->
         "--runs",
         "2",  # the newest fix has a flaky test: two runs keep it, with the flaky test deselected
     )
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    # Ctrl-C reaches a command a person runs in the foreground; a test session started in the background (`cmd &`
+    # in a script) ignores SIGINT, and its children would inherit that
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
     assert proc.stdout is not None
     lines = []
     try:
