@@ -182,14 +182,15 @@ def missing_task_source(deployment: dict[str, Any], project_dir: Path) -> str | 
     run itself."""
     if not any(schedule.get("active", True) for schedule in deployment.get("schedules") or []):
         return None
-    if "repos" in (deployment.get("parameters") or {}) and not deployment["parameters"]["repos"]:
+    params = deployment.get("parameters") or {}
+    if "repos" in params and not params["repos"]:
         return (
             "its parameters name no repository (`repos`): list the repositories whose new fixes join the "
             "benchmark in prefect.yaml, then deploy again"
         )
-    if "source" not in (deployment.get("parameters") or {}):
+    if "source" not in params:
         return None
-    source = (deployment.get("parameters") or {}).get("source") or {}
+    source = params.get("source") or {}
     if source.get("kind", "file") != "file":
         return None
     path = str(source.get("path") or "")

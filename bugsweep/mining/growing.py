@@ -15,16 +15,14 @@ from __future__ import annotations
 import json
 import logging
 from datetime import UTC, datetime
-from pathlib import Path
 
 from pydantic import BaseModel, Field
 
 from bugsweep.errors import ConfigError
-from bugsweep.mining.history import _git, local_clone
+from bugsweep.mining.history import is_ancestor, local_clone, repo_name, resolve_commit
 from bugsweep.mining.miner import mine
 from bugsweep.mining.records import ProgressCallback
 from bugsweep.sandbox.base import SandboxProvider
-from bugsweep.sandbox.sources import is_git_url
 from bugsweep.spec import TaskSpec, parse_tasks
 from bugsweep.storage import ArtifactStore
 
@@ -119,11 +117,11 @@ def grow_benchmark(
     new: list[TaskSpec] = []
     grown: list[RepoGrowth] = []
     for source in repos:
-        name = source.repo if is_git_url(source.repo) else str(Path(source.repo).expanduser().resolve())
+        name = repo_name(source.repo)
         git_dir = local_clone(source.repo)
-        head = _git(git_dir, "rev-parse", "--verify", f"{source.branch}^{{commit}}").strip()
+        head = resolve_commit(git_dir, source.branch)
         previous = (state.get(name) or {}).get("head")
-        if previous and not _is_ancestor(git_dir, previous, head):
+        if previous and not is_ancestor(git_dir, previous, head):
             log.warning("%s: %s is no longer in %s's history (rewritten?): mining from its date", name, previous,
                         source.branch)  # fmt: skip
             previous = None
@@ -169,14 +167,6 @@ def grow_benchmark(
         store.put_bytes(key, earlier + separator + lines)
     store.put_bytes(state_key(key), json.dumps({"repos": state}, indent=2, sort_keys=True).encode("utf-8"))
     return grown
-
-
-def _is_ancestor(git_dir: Path, old: str, new: str) -> bool:
-    try:
-        _git(git_dir, "merge-base", "--is-ancestor", old, new)
-    except Exception:  # unknown commit, or not an ancestor: git exits non-zero either way
-        return False
-    return True
 
 
 def added_within(tasks: list[TaskSpec], days: float, now: datetime | None = None) -> list[TaskSpec]:

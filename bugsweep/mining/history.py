@@ -27,6 +27,25 @@ def _git(repo: Path, *args: str, timeout: float = 120) -> str:
     return proc.stdout
 
 
+def repo_name(repo: str) -> str:
+    """How mined tasks name `repo`: a URL as given, a folder as its absolute path."""
+    return repo if is_git_url(repo) else str(Path(repo).expanduser().resolve())
+
+
+def resolve_commit(git_dir: Path, ref: str) -> str:
+    """The sha `ref` (a branch, tag or commit) points at."""
+    return _git(git_dir, "rev-parse", "--verify", f"{ref}^{{commit}}").strip()
+
+
+def is_ancestor(git_dir: Path, old: str, new: str) -> bool:
+    """Whether `old` is in `new`'s history (False too when `old` is not in the repository at all)."""
+    try:
+        _git(git_dir, "merge-base", "--is-ancestor", old, new)
+    except (ConfigError, subprocess.SubprocessError):  # unknown commit, or not an ancestor: git exits non-zero
+        return False
+    return True
+
+
 def local_clone(repo: str, cache_dir: Path | None = None) -> Path:
     """A local git directory for `repo`: the path itself, or a bare clone of a URL kept in a cache folder."""
     if not is_git_url(repo):

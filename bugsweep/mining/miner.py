@@ -9,14 +9,13 @@ from pathlib import Path
 
 from bugsweep.errors import ConfigError, Terminated
 from bugsweep.mining.building import build_task
-from bugsweep.mining.history import list_history, local_clone, scan_history
+from bugsweep.mining.history import list_history, local_clone, repo_name, scan_history
 from bugsweep.mining.records import Commit, MiningEvent, MiningResult, ProgressCallback, Rejection, Unfinished
 from bugsweep.mining.screening import screen
 from bugsweep.mining.validation import Stopper, validate
 from bugsweep.mining.verdict import Verdict, deselect
 from bugsweep.runconfig import AgentLimits
 from bugsweep.sandbox.base import SandboxProvider
-from bugsweep.sandbox.sources import is_git_url
 from bugsweep.spec import TaskSpec, dump_tasks
 
 #: The per-test time limit of a validation unless one is given: the one graded runs have (AgentLimits).
@@ -68,9 +67,9 @@ def mine(
     started = time.monotonic()
     progress = on_progress or (lambda e: None)
     git_dir = local_clone(repo)
-    repo_name = repo if is_git_url(repo) else str(Path(repo).expanduser().resolve())
-    result = result if result is not None else MiningResult(repo=repo_name)
-    result.repo, result.per_test_timeout_s = repo_name, per_test_timeout
+    name = repo_name(repo)
+    result = result if result is not None else MiningResult(repo=name)
+    result.repo, result.per_test_timeout_s = name, per_test_timeout
     shas = list_history(
         git_dir, branch=branch, since=since, until=until, max_commits=max_candidates, merges=merges,
         exclude=exclude,
@@ -106,7 +105,7 @@ def mine(
             spec = build_task(
                 git_dir,
                 screened,
-                repo_name=repo_name,
+                repo_name=name,
                 test_command=test_command,
                 setup_command=setup_command,
                 task_prefix=task_prefix,
@@ -174,7 +173,7 @@ def mine(
             if not pending:
                 break
             # A short timeout, again and again: the kernel may hand Ctrl-C to a worker thread, and a main thread
-            # blocked in an endless wait would never run Python's handler (seen: a run that did not stop in 120 s)
+            # blocked in an endless wait would not run Python's handler until a validation ends
             done: set[Future[Verdict]] = set()
             while not done:
                 done, _ = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
