@@ -41,7 +41,8 @@ def is_ancestor(git_dir: Path, old: str, new: str) -> bool:
     """Whether `old` is in `new`'s history (False too when `old` is not in the repository at all)."""
     try:
         _git(git_dir, "merge-base", "--is-ancestor", old, new)
-    except (ConfigError, subprocess.SubprocessError):  # unknown commit, or not an ancestor: git exits non-zero
+    # unknown commit, or not an ancestor: git exits non-zero either way
+    except (ConfigError, subprocess.SubprocessError):
         return False
     return True
 
