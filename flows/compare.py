@@ -23,7 +23,7 @@ from prefect_aws import S3Bucket
 from pydantic import Field, SecretStr
 
 from bugsweep.discover import TaskFile
-from bugsweep.errors import ConfigError, StorageError
+from bugsweep.errors import BugsweepError, ConfigError, StorageError
 from bugsweep.report import (
     ComparisonReport,
     RunRecord,
@@ -41,6 +41,7 @@ from flows.common import (
     RunSetup,
     SandboxName,
     current_flow_run_id,
+    failed_state,
     load_run_config,
 )
 from flows.solve_bug import Job, solve_many
@@ -142,7 +143,7 @@ def compare_models(
     limits: AgentLimits = AgentLimits(),
     concurrency: Annotated[int, Field(ge=1, le=256)] = 4,
     report_dir: str | None = None,
-) -> ComparisonReport:
+) -> Any:  # the ComparisonReport; a bad task file, a model that refuses: a Failed state, its error raised to a caller
     """Run every model on every task `runs` times, `concurrency` at once, and report resolve rates side by side.
 
     Each run is graded as in a sweep; a run that cannot be run (setup failed, an outage that outlasted the
@@ -154,13 +155,16 @@ def compare_models(
     # Every entry is an endpoint of its own, never the embedded model: unset, the policy is BUGSWEEP_POLICY or plain.
     policy = resolve_policy(limits.policy or AgentSettings().policy, embedded=False)
     limits = limits.model_copy(update={"policy": policy})
-    base = load_run_config(None, sandbox, store, limits, flow_run_id=current_flow_run_id())
-    name = name or default_name(source)
-    list_tasks = steps.list_tasks.with_options(retry_delay_seconds=steps.retry_delays_s())
-    specs = list_tasks(source, base.provider, base.store, setup_network=base.setup_network)
-    if not specs or not models:
-        raise ConfigError("a comparison needs at least one task and one model")
-    setups = run_setups(base, models)
+    try:  # an outcome bugsweep expects (a bad task file, a model or store that refuses): one line, no traceback
+        base = load_run_config(None, sandbox, store, limits, flow_run_id=current_flow_run_id())
+        name = name or default_name(source)
+        list_tasks = steps.list_tasks.with_options(retry_delay_seconds=steps.retry_delays_s())
+        specs = list_tasks(source, base.provider, base.store, setup_network=base.setup_network)
+        if not specs or not models:
+            raise ConfigError("a comparison needs at least one task and one model")
+        setups = run_setups(base, models)
+    except BugsweepError as exc:
+        return failed_state(exc)
     logger.info(
         "%d runs: %d model(s) x %d task(s) x %d run(s), %d at once",
         len(models) * len(specs) * runs, len(models), len(specs), runs, concurrency,
@@ -244,7 +248,7 @@ def compare(
     else:
         path = str(tasks_path) if str(tasks_path).startswith("s3://") else str(Path(tasks_path).resolve())
         source = TaskFile(path=path)
-    return compare_models(
+    report: Any = compare_models(  # the report (a Failed state raises its error here)
         source=source,
         models=models,
         runs=runs,
@@ -254,3 +258,4 @@ def compare(
         concurrency=concurrency,
         report_dir=str(report_dir) if report_dir else None,
     )
+    return report

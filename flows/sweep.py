@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from prefect import flow, get_run_logger
+from prefect.states import Completed
 from prefect_aws import S3Bucket
 from pydantic import Field
 
@@ -23,7 +24,7 @@ from blocks import GitBranches, ModelEndpoint
 from bugsweep.agent.model import ChatModel
 from bugsweep.branches import BRANCH_FILE
 from bugsweep.discover import RepoBranch, TaskFile
-from bugsweep.errors import BugsweepError, ConfigError, InfraError, StorageError
+from bugsweep.errors import BugsweepError, ConfigError, InfraError, StorageError, first_line
 from bugsweep.grading import Grade
 from bugsweep.pipeline import failed_grade
 from bugsweep.spec import TaskSpec
@@ -38,6 +39,7 @@ from flows.common import (
     block_ref,
     branches_field,
     current_flow_run_id,
+    failed_state,
     form_field,
     load_run_config,
     model_endpoint,
@@ -97,12 +99,12 @@ def sweep(
     redo_graded: bool = form_field(
         False,
         "Run graded tasks again",
-        "Run tasks already graded for this model, commit and configuration again (other configurations' grades "
-        "are kept).",
+        "Run tasks already graded for this model, commit and configuration again, e.g. after a bad night (other "
+        "configurations' grades are kept).",
     ),
     push_branches: bool = push_branches_field(),
     branches: GitBranches | None = branches_field(),
-) -> list[Grade]:
+) -> Any:  # the final State; a caller of the flow gets its grades (list[Grade]), or SweepFailed raised
     """Run every task of a task file (or every failing test file of a branch) and grade each.
 
     A task that cannot be run becomes a failed grade and never stops the others; the sweep then ends Failed,
@@ -112,36 +114,49 @@ def sweep(
     bugsweep's version) are skipped, unless `redo_graded`; a sweep under another configuration runs them and keeps
     both, and its summary shows every configuration's grades. Results an earlier run kept after a failed upload
     are uploaded first. The review page of every run in the sweep's folder (`bugsweep review`) is stored beside
-    them as SWEEP/review.html and linked from the summary and a link artifact.
-    With `push_branches`, each resolved fix of this run is pushed as branch
+    them as SWEEP/review.html and linked from the summary and a link artifact; a page that cannot be made is a
+    failed `review-page` step and a line of the final state. The final state's message says how many tasks were
+    resolved, not resolved, held for review and could not run, why each of the last could not, and how many were
+    skipped as graded before. With `push_branches`, each resolved fix of this run is pushed as branch
     PREFIX/SWEEP/TASK (bugsweep.branches; tasks skipped as graded before are not pushed again); a push that fails
     leaves the grade as it is and ends the sweep Failed, naming the task.
 
     Each parameter's title and help (what the run form shows) are in its declaration above.
     """
     quiet_thread_timeout_warnings()
-    run = load_run_config(
-        model, sandbox, store, limits, flow_run_id=current_flow_run_id(), push_branches=push_branches,
-        branches=branches,
-    )  # fmt: skip
-    sweep_name = name or default_name(source)
-    if run.model.base_url:  # a wrong URL, key or model name fails now, not after a branch's setup
-        ChatModel(run.model).check()
-    upload_kept(run, sweep_name)
-    list_tasks = steps.list_tasks.with_options(retry_delay_seconds=steps.retry_delays_s())
-    specs = list_tasks(source, run.provider, run.store, setup_network=run.setup_network)
-    todo, graded = (specs, []) if redo_graded else split_graded(specs, run, sweep_name)
-    if run_on == "workers":
-        shared = {"model": block_ref(model), "sandbox": sandbox, "store": block_ref(store), "limits": limits,
-                  "push_branches": push_branches, "branches": block_ref(branches)}  # fmt: skip
-        outcomes = run_on_workers(todo, run, sweep_name, concurrency, deployment, shared)
-    else:
-        with model_endpoint(run) as run:
-            outcomes = solve_many([Job(spec, run, sweep_name) for spec in todo], concurrency)
+    try:
+        run = load_run_config(
+            model, sandbox, store, limits, flow_run_id=current_flow_run_id(), push_branches=push_branches,
+            branches=branches,
+        )  # fmt: skip
+        sweep_name = name or default_name(source)
+        if run.model.base_url:  # a wrong URL, key or model name fails now, not after a branch's setup
+            ChatModel(run.model).check()
+        upload_kept(run, sweep_name)
+        list_tasks = steps.list_tasks.with_options(retry_delay_seconds=steps.retry_delays_s())
+        specs = list_tasks(source, run.provider, run.store, setup_network=run.setup_network)
+        todo, graded = (specs, []) if redo_graded else split_graded(specs, run, sweep_name)
+        if run_on == "workers":
+            shared = {"model": block_ref(model), "sandbox": sandbox, "store": block_ref(store), "limits": limits,
+                      "push_branches": push_branches, "branches": block_ref(branches)}  # fmt: skip
+            outcomes = run_on_workers(todo, run, sweep_name, concurrency, deployment, shared)
+        else:
+            with model_endpoint(run) as run:
+                outcomes = solve_many([Job(spec, run, sweep_name) for spec in todo], concurrency)
+    except BugsweepError as exc:  # the night could not run (its tasks, its model, its store): one line
+        return failed_state(exc)
     rows = summary_rows(graded, outcomes)
-    review = steps.review_page(sweep_name, run.store) if rows else None
+    notes = [skipped_note(graded)] if graded else []
+    review = None
+    if rows:
+        made = steps.review_page(sweep_name, run.store, return_state=True)
+        if made.is_completed():
+            review = made.result()
+        else:
+            notes.append(f"No review page: {first_line(made.message or 'its step failed')}")
+            get_run_logger().warning("%s", notes[-1])
     steps.summarize(
-        sweep_name, rows + other_configurations(run, sweep_name, specs), run.store.location, review
+        sweep_name, rows + other_configurations(run, sweep_name, specs), run.store.location, review, notes
     )
     predictions = write_predictions(
         run.store, key_part(sweep_name), run.model.model, prediction_runs(specs, run, sweep_name, outcomes),
@@ -149,9 +164,18 @@ def sweep(
     )  # fmt: skip
     get_run_logger().info("predictions (SWE-bench's format): %s", predictions)
     grades = graded + [o.grade for o in outcomes]
+    message = "; ".join([f"sweep {sweep_name} {steps.sweep_outcome(rows)}", *notes])
     if not all(r["ran"] for r in rows):
-        raise SweepFailed(f"sweep {sweep_name} {steps.sweep_outcome(rows)}", grades)
-    return grades
+        return failed_state(SweepFailed(message, grades), message)
+    return Completed(message=message, data=grades)
+
+
+def skipped_note(graded: list[Grade]) -> str:
+    """What a rerun says about the tasks it did not run again."""
+    return (
+        f"{len(graded)} task(s) already graded under this configuration were not run again (redo_graded, "
+        "`bugsweep sweep --redo-graded`, runs them again)"
+    )
 
 
 class SweepFailed(BugsweepError):
@@ -202,8 +226,8 @@ def split_graded(specs: list[TaskSpec], run: RunSetup, sweep_name: str) -> tuple
         else:
             graded.append(earlier)
     if graded:
-        get_run_logger().info("skipping %d task(s) already graded for %s under configuration %s: %s", len(graded),
-                              run.model.model, run.config.digest, ", ".join(g.instance_id for g in graded))  # fmt: skip
+        get_run_logger().warning("%s: %s (model %s, configuration %s)", skipped_note(graded),
+                                 ", ".join(g.instance_id for g in graded), run.model.model, run.config.digest)  # fmt: skip
     return todo, graded
 
 
