@@ -190,11 +190,13 @@ def sweep_command(
     on_workers: Annotated[
         bool, typer.Option(help="Run each task as a run of the solve-bug deployment, on the pool's workers.")
     ] = False,
-    redo: Annotated[
+    redo_graded: Annotated[
         bool,
         typer.Option(
-            help="Run tasks again even if already graded under this configuration (other configurations' grades "
-            "are kept)."
+            "--redo-graded",
+            "--redo",
+            help="Run tasks again even if already graded under this configuration, e.g. after a bad night (other "
+            "configurations' grades are kept).",
         ),
     ] = False,
     push_branches: Annotated[
@@ -252,7 +254,7 @@ def sweep_command(
         with prefect_server():
             model, store = _named_blocks(model_block, store_block)
             branches = _named_branches_block(branches_block)
-            grades = sweep(  # type: ignore[call-overload]  # sandbox: checked above
+            state: Any = sweep(  # sandbox: checked above; with return_state, the final State
                 source=source,
                 name=name or "",
                 model=model,
@@ -261,17 +263,21 @@ def sweep_command(
                 limits=limits,
                 concurrency=concurrency,
                 run_on="workers" if on_workers else "this-process",
-                redo_graded=redo,
+                redo_graded=redo_graded,
                 push_branches=push_branches,
                 branches=branches,
+                return_state=True,
             )
-    except SweepFailed as exc:
-        _print_grades(exc.grades)
-        _fail(str(exc))
+            outcome = state.result(raise_on_failure=False)
     except BugsweepError as exc:
         _fail(str(exc))
-    _print_grades(grades)
-    console.print(f"sweep COMPLETED: all {len(grades)} task(s) graded")
+    if isinstance(outcome, SweepFailed):
+        _print_grades(outcome.grades)
+        _fail(state.message or str(outcome))
+    if isinstance(outcome, BaseException):  # the sweep could not run: its one line (a crash: the traceback)
+        raise outcome
+    _print_grades(outcome)
+    console.print(state.message or f"sweep COMPLETED: all {len(outcome)} task(s) graded", soft_wrap=True)
 
 
 def _named_blocks(model_block: str | None, store_block: str | None) -> tuple[Any, Any]:
