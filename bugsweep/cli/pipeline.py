@@ -513,18 +513,31 @@ def worker_command(
         list[str] | None, typer.Argument(help="More options for `prefect worker start` (after --).")
     ] = None,
 ) -> None:
-    """Remove the sandboxes dead processes left on this machine, then run `prefect worker start --pool POOL`.
+    """Remove the sandboxes this user's dead processes left on this machine, then run `prefect worker start --pool
+    POOL` in this process, removing them again every 30 s while it runs.
 
     A worker killed with its flow runs (out of memory, a lost node) leaves their local sandboxes behind (overlay
-    mounts, cgroups, folders); the next worker on the machine removes them before it takes new runs. The worker
-    looks for new runs every 2 s (PREFECT_WORKER_QUERY_SECONDS, Prefect's default 10 s), so a run started from the
-    UI starts sooner (bench/README.md).
+    mounts, cgroups, folders); a live worker of the same user on the machine removes them within about 30 s, and
+    a new one as it starts. Another user's sandboxes are never touched. The worker looks for new runs every 2 s
+    (PREFECT_WORKER_QUERY_SECONDS, Prefect's default 10 s), so a run started from the UI starts sooner
+    (bench/README.md).
     """
-    from bugsweep.cli.sandboxes import cleanup_local
+    from bugsweep.cli.sandboxes import cleanup_local, say_removed
+    from bugsweep.sandbox.local import LocalProvider
+    from bugsweep.settings import SandboxSettings
 
     cleanup_local()
+
+    def report(removed: list[str], known: dict[str, dict[str, object]]) -> None:
+        say_removed(removed, known)
+        sys.stdout.flush()
+
+    LocalProvider(SandboxSettings()).reaper(report=report).start()
     os.environ.setdefault("PREFECT_WORKER_QUERY_SECONDS", str(WORKER_QUERY_S))
-    command = [sys.executable, "-m", "prefect", "worker", "start", "--pool", pool, *(extra or [])]
-    console.print(f"starting: {' '.join(command[2:])}", soft_wrap=True)
+    args = ["worker", "start", "--pool", pool, *(extra or [])]
+    console.print(f"starting: prefect {' '.join(args)}", soft_wrap=True)
     sys.stdout.flush()
-    os.execv(sys.executable, command)
+    from prefect.cli import app as prefect_cli
+
+    sys.argv = ["prefect", *args]
+    prefect_cli()  # until the worker stops; its exit code is the command's
