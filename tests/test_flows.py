@@ -558,6 +558,10 @@ def test_a_model_url_that_refuses_connections_fails_the_run_at_once_naming_the_u
     assert [n for n in steps if n != "solve-one"] == [], (
         "no step ran: the endpoint was checked before the setup"
     )
+    assert state.message.startswith("config failure: ") and url in state.message, state.message
+    assert "Traceback" not in run_logs(state.state_details.flow_run_id), (
+        "an outcome bugsweep expects: one line"
+    )
 
 
 def test_a_sandbox_that_cannot_be_made_is_retried_by_the_setup_step_alone_and_the_grade_says_how_often(
@@ -698,6 +702,21 @@ def test_bugsweep_sweep_command_runs_the_flow_and_a_task_that_cannot_run_fails_t
             limit=1,
         )
     assert last.state is not None and last.state.is_failed()
+    assert last.state.message and last.state.message.startswith("sweep cli FAILED: 1 of 2 task(s)")
+    logs = run_logs(last.id)
+    assert "Traceback" not in logs and "Encountered exception" not in logs, logs[-3000:]
+
+
+def run_logs(flow_run_id: Any) -> str:
+    """Every log line of a flow run and its task runs, as the server holds them (the UI's Logs tab)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+    from prefect.logging.handlers import APILogWorker
+
+    APILogWorker.drain_all(timeout=10)
+    with get_client(sync_client=True) as client:
+        found = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])))
+    return "\n".join(entry.message for entry in found)
 
 
 def test_a_rerun_skips_only_real_grades_for_the_same_commit(tmp_path: Path) -> None:
