@@ -51,7 +51,7 @@ from flows.common import (
 )
 from flows.solve_bug import Job, TaskOutcome, configured, solve_many
 from tasks import quiet_thread_timeout_warnings, steps
-from tasks.publish import RUN_FILE, after_late_upload
+from tasks.publish import RUN_FILE, ReviewPage, after_late_upload
 
 #: A plain union (not a discriminated one): the Prefect UI draws it as a choice of two forms, not a JSON box.
 TaskSource = TaskFile | RepoBranch
@@ -150,10 +150,12 @@ def sweep(
     review = None
     if rows:
         made = steps.review_page(sweep_name, run.store, return_state=True)
-        if made.is_completed():
-            review = made.result()
-        else:
-            notes.append(f"No review page: {first_line(made.message or 'its step failed')}")
+        page = made.result(raise_on_failure=False)
+        if isinstance(page, ReviewPage):
+            review = page
+        else:  # the step failed (its state in the UI); the night says so too, and the grades stand
+            why = str(page) if isinstance(page, BaseException) else made.message or "its step failed"
+            notes.append(f"No review page: {first_line(why)}")
             get_run_logger().warning("%s", notes[-1])
     steps.summarize(
         sweep_name, rows + other_configurations(run, sweep_name, specs), run.store.location, review, notes

@@ -433,8 +433,16 @@ def test_sweep_from_a_branch_makes_a_task_of_each_failing_test_file(
     head = commit_all(repo, "more tests")
     server = scripted_model([fixer] * 10)
     made = blocks(server)
+    # something in the sweep's folder that is no bugsweep grade: its review page cannot be made
+    made["_store"].put_bytes("branch/stray/m/c0/grade.json", b"not a grade")
 
-    grades = sweep(source=RepoBranch(repo=str(repo), branch="main"), name="branch", **flow_kwargs(made))
+    state = sweep(
+        source=RepoBranch(repo=str(repo), branch="main"),
+        name="branch",
+        return_state=True,
+        **flow_kwargs(made),
+    )
+    grades = state.result()
 
     assert len(grades) == 1, "only tests/test_calc.py fails"
     (grade,) = grades
@@ -446,6 +454,18 @@ def test_sweep_from_a_branch_makes_a_task_of_each_failing_test_file(
         in summary
     )
     assert "Could not be run" not in summary
+    # the page that could not be made is on the run itself: a failed step, a line of the summary and of the state
+    assert "**No review page: " in summary and "stray/m/c0/grade.json is not a bugsweep grade" in summary
+    assert state.is_completed() and "; No review page: " in (state.message or ""), state.message
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    with get_client(sync_client=True) as client:
+        task_runs = client.read_task_runs(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[state.state_details.flow_run_id]))
+        )
+    (page_step,) = [r for r in task_runs if r.name.startswith("review-page")]
+    assert page_step.state is not None and page_step.state.is_failed()
 
 
 # -- retries: infrastructure only ---------------------------------------------------------------------------------
