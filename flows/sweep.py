@@ -147,6 +147,14 @@ def sweep(
         return failed_state(exc)
     rows = summary_rows(graded, outcomes)
     notes = [skipped_note(graded)] if graded else []
+    try:
+        predictions = write_predictions(
+            run.store, key_part(sweep_name), run.model.model, prediction_runs(specs, run, sweep_name, outcomes),
+            run.local_dir,
+        )  # fmt: skip
+        get_run_logger().info("predictions (SWE-bench's format): %s", predictions)
+    except StorageError as exc:  # the grades are stored; the file made from them is not
+        notes.append(f"No predictions file in the store: {first_line(str(exc))}")
     review = None
     if rows:
         made = steps.review_page(sweep_name, run.store, return_state=True)
@@ -160,11 +168,6 @@ def sweep(
     steps.summarize(
         sweep_name, rows + other_configurations(run, sweep_name, specs), run.store.location, review, notes
     )
-    predictions = write_predictions(
-        run.store, key_part(sweep_name), run.model.model, prediction_runs(specs, run, sweep_name, outcomes),
-        run.local_dir,
-    )  # fmt: skip
-    get_run_logger().info("predictions (SWE-bench's format): %s", predictions)
     grades = graded + [o.grade for o in outcomes]
     message = "; ".join([f"sweep {sweep_name} {steps.sweep_outcome(rows)}", *notes])
     if not all(r["ran"] for r in rows):
