@@ -46,7 +46,7 @@ from flows.common import (
 )
 from flows.solve_bug import Job, solve_many
 from flows.sweep import TaskSource
-from tasks import quiet_thread_timeout_warnings, steps
+from tasks import quiet_prefect_logs, steps
 from tasks.publish import artifact_key
 
 #: Report files, written next to the runs and uploaded with them.
@@ -150,7 +150,7 @@ def compare_models(
     retries) is listed in the report and left out of the rates. The report goes to `report_dir` (default: the
     comparison's folder next to the runs) and to the artifact store under NAME/.
     """
-    quiet_thread_timeout_warnings()
+    quiet_prefect_logs()
     logger = get_run_logger()
     # Every entry is an endpoint of its own, never the embedded model: unset, the policy is BUGSWEEP_POLICY or plain.
     policy = resolve_policy(limits.policy or AgentSettings().policy, embedded=False)

@@ -46,7 +46,7 @@ from flows.common import (
     sandbox_field,
     store_field,
 )
-from tasks import quiet_thread_timeout_warnings, steps
+from tasks import quiet_prefect_logs, steps
 from tasks.publish import RUN_FILE, complete_late, made_by
 
 if TYPE_CHECKING:
@@ -344,7 +344,7 @@ def solve_bug(
     `push_branches`, a resolved fix is pushed as branch PREFIX/SWEEP/TASK (bugsweep.branches); a push that fails
     ends the run Failed too, with its grade stored as it was.
     """
-    quiet_thread_timeout_warnings()
+    quiet_prefect_logs()
     try:
         refuse_endless_reruns()
         task = task or one_off_task(repo, problem, test_command, setup_command, ref)

@@ -50,7 +50,7 @@ from flows.common import (
     store_field,
 )
 from flows.solve_bug import Job, TaskOutcome, configured, solve_many
-from tasks import quiet_thread_timeout_warnings, steps
+from tasks import quiet_prefect_logs, steps
 from tasks.publish import RUN_FILE, ReviewPage, after_late_upload
 
 #: A plain union (not a discriminated one): the Prefect UI draws it as a choice of two forms, not a JSON box.
@@ -123,7 +123,7 @@ def sweep(
 
     Each parameter's title and help (what the run form shows) are in its declaration above.
     """
-    quiet_thread_timeout_warnings()
+    quiet_prefect_logs()
     try:
         run = load_run_config(
             model, sandbox, store, limits, flow_run_id=current_flow_run_id(), push_branches=push_branches,
