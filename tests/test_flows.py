@@ -301,6 +301,10 @@ def test_s3_down_for_a_whole_run_keeps_the_grade_and_the_next_run_uploads_it_wit
     assert "bugsweep upload" in str(info.value)
     (upload,) = step_runs(state, "upload")
     assert upload.run_count == 1, "the store's tries are the one retry layer: the upload step is not retried"
+    logs = run_logs(state.state_details.flow_run_id)
+    assert "Task run failed with exception: StorageError" in logs and "Traceback" not in logs, (
+        "a store that refuses: one line in the step's log, not a traceback"
+    )
     folder = Path(str(info.value).split("the artifacts are kept in ")[1].split(")")[0])
     assert {p.name for p in folder.iterdir()} == RUN_FILES | {PENDING_FILE}
     assert json.loads((folder / "grade.json").read_text())["resolved"] is True
