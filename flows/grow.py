@@ -55,7 +55,7 @@ def grow(
     """
     logger = get_run_logger()
     artifacts, _ = load_store(store)
-    provider, _ = load_sandboxes(sandbox)
+    provider = load_sandboxes(sandbox)
 
     def progress(event: MiningEvent) -> None:
         if event.kind in ("kept", "rejected", "validate"):
