@@ -177,6 +177,52 @@ def test_every_front_end_offers_the_same_settings_with_the_same_rules() -> None:
     assert ModelEntry.model_fields["limits"].annotation == AgentChoices | None
 
 
+#: Builds one configuration from fixed settings and prints its digest and the code digest: run by a copy of the
+#: package, in its own process, so that the copy's files are what is hashed.
+DIGEST_SCRIPT = """
+from types import SimpleNamespace
+from bugsweep.runconfig import RunConfig, code_digest
+from bugsweep.settings import AgentSettings, ModelSettings, SandboxSettings
+model = ModelSettings(base_url="http://models/v1", model="m")
+provider = SimpleNamespace(name="local", settings=SandboxSettings())
+print(RunConfig.of(model, AgentSettings(policy="plain"), provider).digest, code_digest())
+"""
+
+
+def test_the_configuration_names_the_code_and_one_changed_file_is_another_configuration(tmp_path: Path) -> None:
+    """The configuration holds a hash of the package's files (`bugsweep_code`): a copy of this checkout gives the
+    same configuration digest as the checkout; one changed line in one source file of the copy gives another. Each
+    digest is computed by the package itself, in a process of its own. (The wheel of this tree gives the same code
+    digest as the checkout: tests/test_packaging.py.)"""
+    import os
+    import subprocess
+    import sys
+
+    import bugsweep
+    from bugsweep.runconfig import code_digest
+
+    package = Path(bugsweep.__file__).resolve().parent
+    project = package.parent
+    copy = tmp_path / "copy"
+    shutil.copytree(package, copy / "bugsweep", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in (".gitignore", "pyproject.toml"):
+        shutil.copy(project / name, copy / name)
+    plain = {k: v for k, v in os.environ.items() if not k.startswith(("BUGSWEEP_", "LLM_", "PYTHON"))}
+
+    def digests(root: Path) -> tuple[str, str]:
+        done = subprocess.run([sys.executable, "-c", DIGEST_SCRIPT], env={**plain, "PYTHONPATH": str(root)},
+                              cwd=tmp_path, capture_output=True, text=True, timeout=120, check=True)  # fmt: skip
+        config, code = done.stdout.split()
+        return config, code
+
+    here = digests(project)
+    assert digests(copy) == here and here[1] == code_digest(), "the same files, the same configuration"
+    prompts = copy / "bugsweep" / "agent" / "prompts.py"
+    prompts.write_text(prompts.read_text() + "\n# one line more\n")
+    changed = digests(copy)
+    assert changed[0] != here[0] and changed[1] != here[1], "one changed file: another configuration"
+
+
 #: Each command's options that are not agent limits, and the flow parameter each one fills (None: the command
 #: offers it where the flow has none, with the reason). A new option or parameter must be added here, in both
 #: front ends, or the test below fails.
@@ -375,13 +421,17 @@ def run_cli(*args: str) -> str:
 @pytest.mark.prefect
 @pytest.mark.skipif(shutil.which("bwrap") is None, reason="the local sandbox needs bubblewrap")
 def test_a_sweep_under_another_configuration_runs_again_and_keeps_both(
-    prefect_harness: None, user_env: Any, buggy_repo: Path, tmp_path: Path
+    prefect_harness: None, user_env: Any, buggy_repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The issue's steps: `sweep --policy plain --max-turns 10`, then `--policy small-model --max-turns 30`. The
     second runs the task (it used to run nothing and return the first one's grade), both grades are kept under
     their configurations' digests, and the summary shows both. The same configuration again skips the task;
-    `--redo` runs it again and replaces only that configuration's grade."""
+    `--redo` runs it again and replaces only that configuration's grade. After a change of bugsweep's code
+    (stood in for by another code digest) the task runs again and both grades are kept; an edited test command
+    runs it again; `--keep-graded-by-other-code` keeps what the other code graded and the summary says so."""
     from prefect.artifacts import Artifact
+
+    from bugsweep import runconfig
 
     from tasks.steps import OTHER_CONFIGURATION
 
@@ -435,6 +485,36 @@ def test_a_sweep_under_another_configuration_runs_again_and_keeps_both(
     grades = stored()
     assert set(grades) == {plain, small} and grades[plain] == plain_grade, "only that configuration's grade"
     assert grades[small]["wall_s"] != 0 and small in redo
+    small_grade = grades[small]
+
+    # An upgrade: the same settings, another bugsweep (another hash of the package's files).
+    monkeypatch.setattr(runconfig, "code_digest", lambda: "0" * 16)
+    _, asked = sweep("--policy", "small-model", "--max-turns", "30")
+
+    assert asked > 0, "what the old code graded runs again"
+    grades = stored()
+    (upgraded,) = set(grades) - {plain, small}
+    assert grades[upgraded]["config"]["bugsweep_code"] == "0" * 16 and grades[small] == small_grade, "both kept"
+    summary = " ".join(str(Artifact.get("sweep-configs").data).split())  # type: ignore[union-attr]
+    assert "1 graded by another bugsweep (another code digest): run again" in summary, summary
+
+    # The task edited (its test command): graded under this very configuration, it runs again all the same.
+    dump_tasks([calc_task(buggy_repo, "calc-t").model_copy(update={"test_command": "python -m pytest -q tests"})], tasks)
+    _, asked = sweep("--policy", "small-model", "--max-turns", "30")
+
+    assert asked > 0, "an edited test command is another task"
+    edited = stored()[upgraded]
+    assert json.loads((folder / upgraded / "task.json").read_text())["test_command"] == "python -m pytest -q tests"
+
+    # Another upgrade, keeping what the older code graded: nothing runs, and the summary says so.
+    monkeypatch.setattr(runconfig, "code_digest", lambda: "1" * 16)
+    kept, asked = sweep("--policy", "small-model", "--max-turns", "30", "--keep-graded-by-other-code")
+
+    assert asked == 0, "the grades of the other bugsweep are kept, by choice"
+    summary = " ".join(str(Artifact.get("sweep-configs").data).split())  # type: ignore[union-attr]
+    assert "1 graded by another bugsweep: their grades kept by choice" in summary, summary
+    assert "kept: graded by another bugsweep" in summary and upgraded in kept
+    assert stored()[upgraded] == edited and len(stored()) == 3, "nothing graded anew, nothing deleted"
     for path in (tmp_path / "artifacts").rglob("*"):
         if path.is_file():
             assert SECRET not in path.read_text(errors="replace"), path
