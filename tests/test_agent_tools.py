@@ -624,7 +624,9 @@ def test_each_tool_is_declared_once_and_the_model_the_loop_and_the_prompt_agree(
         method = getattr(Toolbox, tool.name)  # the tool the loop runs for this name
         parameters = list(inspect.signature(method).parameters.values())[1:]
         assert [p.name for p in parameters] == [a.name for a in tool.arguments], tool.name
-        assert [p.name for p in parameters if p.default is inspect.Parameter.empty] == tool.required, tool.name
+        assert [p.name for p in parameters if p.default is inspect.Parameter.empty] == tool.required, (
+            tool.name
+        )
         for missing in tool.required:
             sent = {a.name: "x" for a in tool.arguments if a.required and a.name != missing}
             outcome = box.call(tool.name, sent)
@@ -632,6 +634,9 @@ def test_each_tool_is_declared_once_and_the_model_the_loop_and_the_prompt_agree(
         for argument in (a for a in tool.arguments if a.kind == "string"):
             sent = {**{a.name: "x" for a in tool.arguments if a.required}, argument.name: 3}
             outcome = box.call(tool.name, sent)
-            assert outcome.format_error and f'"{argument.name}" of {tool.name} must be a string' in outcome.content
+            assert (
+                outcome.format_error
+                and f'"{argument.name}" of {tool.name} must be a string' in outcome.content
+            )
     finished = box.call("finish", {})
     assert finished.finished and not finished.format_error, "finish's summary is optional, as its schema says"

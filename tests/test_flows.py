@@ -712,7 +712,9 @@ def test_a_rerun_skips_only_real_grades_of_the_same_task(tmp_path: Path) -> None
     stored(graded, added_at="2026-01-01T00:00:00Z", fix_commit="f" * 40)
     (folder / "upload-pending.json").write_text(json.dumps({"key": "s/calc-1/m"}))
     assert previous_grade(store, "s/calc-1/m", spec) is not None, "the same task, whenever it was added"
-    assert kept_grade(folder, spec, "m", "c0ffee") is not None, "the same task's grade, kept after its upload failed"
+    assert kept_grade(folder, spec, "m", "c0ffee") is not None, (
+        "the same task's grade, kept after its upload failed"
+    )
     for edited in (
         {"base_commit": "b" * 40}, {"test_command": "python -m pytest -q -x"}, {"setup_command": "pip install -e ."},
         {"FAIL_TO_PASS": ["tests/test_calc.py::test_add"]}, {"test_patch": "diff --git a/x b/x"}, {"python": "python3.12"},
@@ -722,7 +724,9 @@ def test_a_rerun_skips_only_real_grades_of_the_same_task(tmp_path: Path) -> None
         assert kept_grade(folder, spec, "m", "c0ffee") is None, f"a kept grade of another task: {edited}"
     stored(Grade(instance_id="calc-1", error="setup failed", failure_kind="task"))
     assert previous_grade(store, "s/calc-1/m", spec) is None, "a failure is tried again"
-    store.put_bytes("s/calc-1/m/grade.json", Grade(instance_id="calc-1", resolved=True).model_dump_json().encode())
+    store.put_bytes(
+        "s/calc-1/m/grade.json", Grade(instance_id="calc-1", resolved=True).model_dump_json().encode()
+    )
     (tmp_path / "store" / "s/calc-1/m/task.json").unlink()
     assert previous_grade(store, "s/calc-1/m", spec) is None, "no task.json: nothing says what was graded"
 

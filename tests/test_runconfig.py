@@ -189,7 +189,9 @@ print(RunConfig.of(model, AgentSettings(policy="plain"), provider).digest, code_
 """
 
 
-def test_the_configuration_names_the_code_and_one_changed_file_is_another_configuration(tmp_path: Path) -> None:
+def test_the_configuration_names_the_code_and_one_changed_file_is_another_configuration(
+    tmp_path: Path,
+) -> None:
     """The configuration holds a hash of the package's files (`bugsweep_code`): a copy of this checkout gives the
     same configuration digest as the checkout; one changed line in one source file of the copy gives another. Each
     digest is computed by the package itself, in a process of its own. (The wheel of this tree gives the same code
@@ -432,7 +434,6 @@ def test_a_sweep_under_another_configuration_runs_again_and_keeps_both(
     from prefect.artifacts import Artifact
 
     from bugsweep import runconfig
-
     from tasks.steps import OTHER_CONFIGURATION
 
     server = user_env
@@ -494,17 +495,25 @@ def test_a_sweep_under_another_configuration_runs_again_and_keeps_both(
     assert asked > 0, "what the old code graded runs again"
     grades = stored()
     (upgraded,) = set(grades) - {plain, small}
-    assert grades[upgraded]["config"]["bugsweep_code"] == "0" * 16 and grades[small] == small_grade, "both kept"
+    assert grades[upgraded]["config"]["bugsweep_code"] == "0" * 16 and grades[small] == small_grade, (
+        "both kept"
+    )
     summary = " ".join(str(Artifact.get("sweep-configs").data).split())  # type: ignore[union-attr]
     assert "1 graded by another bugsweep (another code digest): run again" in summary, summary
 
     # The task edited (its test command): graded under this very configuration, it runs again all the same.
-    dump_tasks([calc_task(buggy_repo, "calc-t").model_copy(update={"test_command": "python -m pytest -q tests"})], tasks)
+    dump_tasks(
+        [calc_task(buggy_repo, "calc-t").model_copy(update={"test_command": "python -m pytest -q tests"})],
+        tasks,
+    )
     _, asked = sweep("--policy", "small-model", "--max-turns", "30")
 
     assert asked > 0, "an edited test command is another task"
     edited = stored()[upgraded]
-    assert json.loads((folder / upgraded / "task.json").read_text())["test_command"] == "python -m pytest -q tests"
+    assert (
+        json.loads((folder / upgraded / "task.json").read_text())["test_command"]
+        == "python -m pytest -q tests"
+    )
 
     # Another upgrade, keeping what the older code graded: nothing runs, and the summary says so.
     monkeypatch.setattr(runconfig, "code_digest", lambda: "1" * 16)
