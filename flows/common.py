@@ -371,9 +371,7 @@ def release_sandboxes(flow: Flow[..., Any], flow_run: FlowRun, state: State[Any]
     backend = (flow_run.parameters or {}).get("sandbox", "local")
     if backend == "runtime":
         try:
-            from bugsweep.sandbox import get_provider
-
-            provider = get_provider("runtime")
+            provider = load_sandboxes("runtime")  # its saved block's key, else RUNTIME_API_KEY
             provider.cleanup({FLOW_RUN_LABEL: run_id})  # type: ignore[attr-defined]
         except Exception:  # a hook must never raise; the sandboxes' own lifetime limit is the last resort
             log.exception("could not clean up Runtime sandboxes of flow run %s", run_id)

@@ -150,10 +150,16 @@ class PrefectSteps:
         self.agent_wall_s = agent_settings.max_wall_s
         self.retry_delays_s = retry_delays_s()
 
-    def __call__(self, name: str, fn: Callable[..., R], /, *args: Any, **kwargs: Any) -> R:
+    def options(self, name: str) -> dict[str, Any]:
+        """Prefect's options for step `name`: its retries, and its backstop timeout (the core's own limit plus
+        TIMEOUT_MARGIN_S; for solve the agent's wall-clock limit, and none when the run has none)."""
         options = dict(STEP_OPTIONS[name])
-        limit = options["timeout_seconds"] or self.agent_wall_s  # solve: the agent's own limit, if it has one
+        limit = options["timeout_seconds"] or self.agent_wall_s
         options["timeout_seconds"] = None if limit is None else limit + TIMEOUT_MARGIN_S
+        return options
+
+    def __call__(self, name: str, fn: Callable[..., R], /, *args: Any, **kwargs: Any) -> R:
+        options = self.options(name)
         tries = 0
 
         @functools.wraps(fn)  # Prefect binds the step's parameters by fn's signature

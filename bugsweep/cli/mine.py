@@ -130,7 +130,7 @@ def mine_command(
     """
     from bugsweep.errors import BugsweepError
     from bugsweep.mining import CommandNotFound, MiningEvent, MiningResult, mine, parse_date
-    from bugsweep.sandbox import get_provider
+    from bugsweep.runbuilder import sandbox_provider
     from bugsweep.spec import dump_tasks
     from bugsweep.swebench import dump_records, specs_beside
 
@@ -180,7 +180,7 @@ def mine_command(
         with sigterm_as_interrupt():  # `kill` stops the run as Ctrl-C does: files written, sandboxes freed
             result = mine(
                 repo,
-                provider=get_provider(sandbox),
+                provider=sandbox_provider(sandbox),
                 limit=limit,
                 since=since,
                 until=until,

@@ -477,7 +477,8 @@ def deploy_command(
         ),
     ] = None,
 ) -> None:
-    """Create the work pool, deploy `solve-bug` and `nightly-sweep` from prefect.yaml, and the crash automations.
+    """Create the work pool, deploy what prefect.yaml lists (solve-bug, nightly-sweep, nightly-benchmark), and the
+    crash automations.
 
     Run it in the project folder (the one holding prefect.yaml): process workers run the flows from there. Needs a
     running Prefect server (PREFECT_API_URL). `nightly-sweep` is deployed with its schedule paused, and says why,
