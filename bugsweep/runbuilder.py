@@ -46,6 +46,11 @@ class Run:
         return bool(settings.setup_network)
 
 
+def backend_of(chosen: str | None) -> str:
+    """The sandbox backend a run uses: the one chosen, else BUGSWEEP_SANDBOX_BACKEND, else local."""
+    return chosen or SandboxSettings().backend
+
+
 def sandbox_provider(
     backend: str | None = None,
     *,
@@ -57,9 +62,8 @@ def sandbox_provider(
     RuntimeSandbox block's settings instead of BUGSWEEP_RUNTIME_*."""
     from bugsweep.sandbox import get_provider
 
-    given: dict[str, Any] = {} if backend is None else {"backend": backend}
     saved = {k: v for k, v in (saved_limits or {}).items() if k in SandboxLimits.model_fields}
-    settings = SandboxSettings(**given, **saved)
+    settings = SandboxSettings(backend=backend_of(backend), **saved)
     return get_provider(settings.backend, settings, runtime_settings=saved_runtime)
 
 

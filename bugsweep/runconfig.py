@@ -222,6 +222,10 @@ class RuntimeFields(BaseModel):
     """Timeout of `git clone` inside the sandbox for a repository given as a URL."""
 
 
+#: What a sandbox backend option or form field left empty means, in every front end's help.
+BACKEND_UNSET = "Empty: BUGSWEEP_SANDBOX_BACKEND where set, else local."
+
+
 def resolve_policy(chosen: str | None, *, embedded: bool) -> PolicyName:
     """The policy a run is under: the one chosen, else the embedded model's own (its configuration names it), else
     `plain`. It never depends on a model's name. The one place the default is decided."""

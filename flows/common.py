@@ -26,7 +26,7 @@ from pydantic import Field
 from bugsweep import runconfig
 from bugsweep.errors import ConfigError, InfraError
 from bugsweep.grading import Grade
-from bugsweep.runbuilder import Run, build_run, sandbox_provider
+from bugsweep.runbuilder import Run, backend_of, build_run, sandbox_provider
 from bugsweep.settings import AgentSettings, BranchSettings, ModelSettings
 from bugsweep.spec import TaskSpec, same_task
 from bugsweep.storage import GRADE_FILE, ArtifactStore, LocalStore, StoreSettings, open_store
@@ -73,8 +73,12 @@ def model_field() -> Any:
 
 
 def sandbox_field() -> Any:
-    """The flows' `sandbox` parameter."""
-    return form_field("local", "Sandbox", "local: bubblewrap on the worker; runtime: Runtime microVMs.")
+    """The flows' `sandbox` parameter: empty unless the run chooses one."""
+    return form_field(
+        None,
+        "Sandbox",
+        f"local: bubblewrap on the worker; runtime: Runtime microVMs. {runconfig.BACKEND_UNSET}",
+    )
 
 
 def push_branches_field() -> Any:
@@ -179,7 +183,7 @@ def block_ref(block: Any) -> dict[str, Any] | None:
 
 def load_run_config(
     model: ModelEndpoint | None,
-    sandbox: SandboxName,
+    sandbox: SandboxName | None,
     store: S3Bucket | None,
     limits: AgentChoices | None,
     flow_run_id: str | None = None,
@@ -211,12 +215,13 @@ def load_endpoint(model: ModelEndpoint | None) -> ModelSettings | None:
     return endpoint.settings() if endpoint else None
 
 
-def load_sandboxes(sandbox: SandboxName) -> SandboxProvider:
-    """The sandbox provider (its saved block's settings over BUGSWEEP_SANDBOX_*); on a local machine, the sandboxes
-    dead processes left there are removed first."""
+def load_sandboxes(sandbox: SandboxName | None) -> SandboxProvider:
+    """The sandbox provider of the backend chosen (else BUGSWEEP_SANDBOX_BACKEND, else local), its saved block's
+    settings over BUGSWEEP_SANDBOX_*; on a local machine, the sandboxes dead processes left there are removed
+    first."""
     from blocks import LOCAL_SANDBOX_BLOCK, RUNTIME_SANDBOX_BLOCK, LocalSandbox, RuntimeSandbox
 
-    if sandbox == "local":
+    if backend_of(sandbox) == "local":
         local = load_block(LocalSandbox, LOCAL_SANDBOX_BLOCK, LOCAL_SANDBOX_BLOCK)
         provider = sandbox_provider("local", saved_limits=local.saved_limits() if local else None)
         remove_dead_sandboxes(provider)
@@ -368,8 +373,7 @@ def release_sandboxes(flow: Flow[..., Any], flow_run: FlowRun, state: State[Any]
     )
     if released:
         return
-    backend = (flow_run.parameters or {}).get("sandbox", "local")
-    if backend == "runtime":
+    if backend_of((flow_run.parameters or {}).get("sandbox")) == "runtime":
         try:
             provider = load_sandboxes("runtime")  # its saved block's key, else RUNTIME_API_KEY
             provider.cleanup({FLOW_RUN_LABEL: run_id})  # type: ignore[attr-defined]

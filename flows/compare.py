@@ -148,7 +148,7 @@ def compare_models(
     models: list[ModelEntry],
     runs: Annotated[int, Field(ge=1, le=100)] = 3,
     name: str | None = None,
-    sandbox: SandboxName = "local",
+    sandbox: SandboxName | None = None,
     store: S3Bucket | None = None,
     limits: AgentChoices = AgentChoices(),
     concurrency: Annotated[int, Field(ge=1, le=256)] = 4,
@@ -245,7 +245,7 @@ def compare(
     concurrency: int = 4,
     report_dir: str | Path | None = None,
     name: str | None = None,
-    sandbox: SandboxName = "local",
+    sandbox: SandboxName | None = None,
     limits: AgentChoices | None = None,
 ) -> ComparisonReport:
     """Run the flow on a tasks.jsonl (a local path or s3://..., or a TaskFile saying where its SWE-bench records'

@@ -320,7 +320,7 @@ def solve_bug(
     ),
     sweep: str = form_field(ADHOC, "Folder", "Folder in the artifact store: SWEEP/TASK/MODEL/CONFIG."),
     model: ModelEndpoint | None = model_field(),
-    sandbox: SandboxName = sandbox_field(),
+    sandbox: SandboxName | None = sandbox_field(),
     store: S3Bucket | None = store_field(),
     limits: AgentChoices = limits_field(
         "The agent's budget (turns, tokens, cost, time) and policy; a field left empty: the worker's BUGSWEEP_* "

@@ -78,7 +78,7 @@ def sweep(
         "", "Sweep name", "The folder in the artifact store; empty: the task file's or repository's name."
     ),
     model: ModelEndpoint | None = model_field(),
-    sandbox: SandboxName = sandbox_field(),
+    sandbox: SandboxName | None = sandbox_field(),
     store: S3Bucket | None = store_field(),
     limits: AgentChoices = limits_field(
         "The agent's budget per task (turns, tokens, cost, time) and policy; a field left empty: the worker's "
@@ -289,7 +289,7 @@ def graded_by_other_code(
 
 
 def worker_parameters(
-    model: ModelEndpoint | None, sandbox: str, store: S3Bucket | None, limits: AgentChoices,
+    model: ModelEndpoint | None, sandbox: str | None, store: S3Bucket | None, limits: AgentChoices,
     push_branches: bool, branches: GitBranches | None,
 ) -> dict[str, Any]:  # fmt: skip
     """The sweep's own parameters that each solve-bug run on a worker takes too, as the deployment run's JSON:

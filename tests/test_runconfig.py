@@ -664,6 +664,8 @@ def test_every_front_end_builds_one_run_from_one_environment_and_one_set_of_choi
         "LLM_TEMPERATURE": "0.25",
         "BUGSWEEP_SANDBOX_STATE_DIR": str(tmp_path / "sandboxes"), "BUGSWEEP_STORE_URL": str(tmp_path / "artifacts"),
         "RUNTIME_API_KEY": "rk-runconfig-test", "BUGSWEEP_RUNTIME_DISK_MIB": "5000", "BUGSWEEP_RUNTIME_VCPU": "4",
+        "RUNTIME_API_URL": "http://127.0.0.1:9", "BUGSWEEP_RUNTIME_MAX_RETRIES": "0",  # a crashed flow's cleanup hook
+        # (it runs when the flow is stopped here) finds nothing listening there and gives up at once
     }.items():  # fmt: skip
         monkeypatch.setenv(name, value)
     chosen = {"max_wall_s": 900.0}
@@ -722,12 +724,14 @@ def test_every_front_end_builds_one_run_from_one_environment_and_one_set_of_choi
     )
     assert (config.sandbox.memory_mib, config.sandbox.disk_mib) == (3072, 4096)
 
+    monkeypatch.setenv(
+        "BUGSWEEP_SANDBOX_BACKEND", "runtime"
+    )  # the backend too: from the environment, else chosen
     runtime = {
-        "bugsweep solve --sandbox runtime (the environment)": cli("solve", *one_off, "--sandbox", "runtime"),
-        "sweep flow on runtime (its saved block)": built_by(
-            lambda: sweep(source={"kind": "file", "path": str(tasks)}, sandbox="runtime", **form)
-        ),
-    }
+        "bugsweep solve (the environment)": cli("solve", *one_off),
+        "bugsweep solve --sandbox runtime": cli("solve", *one_off, "--sandbox", "runtime"),
+        "sweep flow (its saved Runtime block)": built_by(lambda: sweep(source={"kind": "file", "path": str(tasks)}, **form)),
+    }  # fmt: skip
     assert len({c.digest for c in runtime.values()}) == 1, {k: c.digest for k, c in runtime.items()}
-    made_on = runtime["bugsweep solve --sandbox runtime (the environment)"].sandbox
+    made_on = runtime["bugsweep solve (the environment)"].sandbox
     assert (made_on.backend, made_on.runtime["disk_mib"], made_on.runtime["vcpu"]) == ("runtime", 5000, 4)

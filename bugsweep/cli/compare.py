@@ -22,7 +22,10 @@ from bugsweep.cli.options import (
     task_file,
     with_limit_options,
 )
-from bugsweep.runconfig import AgentChoices  # at run time: with_limit_options reads the annotations
+from bugsweep.runconfig import (
+    BACKEND_UNSET,
+    AgentChoices,
+)  # at run time: with_limit_options reads the annotations
 
 console = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False)
@@ -67,7 +70,10 @@ def compare_command(
             "column and --max-cost (default 0, as for a self-hosted model)."
         ),
     ] = None,
-    sandbox: Annotated[str, typer.Option(help="Sandbox backend: 'local' or 'runtime'.")] = "local",
+    sandbox: Annotated[
+        str | None,
+        typer.Option(help=f"Sandbox backend: 'local' (bubblewrap) or 'runtime'. {BACKEND_UNSET}"),
+    ] = None,
     model_policy: Annotated[
         list[str] | None,
         typer.Option(
@@ -102,7 +108,7 @@ def compare_command(
 
     if runs < 1 or concurrency < 1:
         _fail("--runs and --concurrency must be at least 1")
-    if sandbox not in ("local", "runtime"):
+    if sandbox not in (None, "local", "runtime"):
         _fail(f"--sandbox {sandbox!r}: choose 'local' or 'runtime'")
     try:
         from flows.compare import ModelEntry, compare

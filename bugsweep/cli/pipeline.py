@@ -32,7 +32,10 @@ from bugsweep.cli.options import (
     task_file,
     with_limit_options,
 )
-from bugsweep.runconfig import AgentChoices  # at run time: with_limit_options reads the annotations
+from bugsweep.runconfig import (
+    BACKEND_UNSET,
+    AgentChoices,
+)  # at run time: with_limit_options reads the annotations
 from bugsweep.spec import DEFAULT_SETUP_COMMAND, DEFAULT_TEST_COMMAND
 
 console = Console(highlight=False)
@@ -178,7 +181,10 @@ def sweep_command(
         str | None, typer.Option(help="Sweep name (the S3 folder); default: the task file's or repo's name.")
     ] = None,
     concurrency: Annotated[int, typer.Option(min=1, help="Tasks at once.")] = 4,
-    sandbox: Annotated[str, typer.Option(help="'local' or 'runtime'.")] = "local",
+    sandbox: Annotated[
+        str | None,
+        typer.Option(help=f"Sandbox backend: 'local' (bubblewrap) or 'runtime'. {BACKEND_UNSET}"),
+    ] = None,
     model_block: Annotated[
         str | None,
         typer.Option(
@@ -246,7 +252,7 @@ def sweep_command(
     """
     if (tasks is None) == (repo is None):
         _fail("give exactly one of --tasks FILE and --repo REPO")
-    if sandbox not in ("local", "runtime"):
+    if sandbox not in (None, "local", "runtime"):
         _fail(f"--sandbox must be 'local' or 'runtime', not {sandbox!r}")
     if on_workers and not os.environ.get("PREFECT_API_URL"):
         _fail("--on-workers needs the Prefect server the workers use: set PREFECT_API_URL")

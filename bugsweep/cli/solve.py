@@ -22,7 +22,10 @@ from rich.markup import escape
 from rich.syntax import Syntax
 
 from bugsweep.cli.options import with_limit_options
-from bugsweep.runconfig import AgentChoices  # at run time: with_limit_options reads the annotations
+from bugsweep.runconfig import (
+    BACKEND_UNSET,
+    AgentChoices,
+)  # at run time: with_limit_options reads the annotations
 from bugsweep.spec import DEFAULT_SETUP_COMMAND, DEFAULT_TEST_COMMAND
 
 if TYPE_CHECKING:
@@ -76,8 +79,9 @@ def solve_command(
         typer.Option(help="Folder for grade.json, patch.diff, trajectory.json and the test logs."),
     ] = None,
     sandbox: Annotated[
-        str, typer.Option(help="Sandbox backend: 'local' (bubblewrap) or 'runtime'.")
-    ] = "local",
+        str | None,
+        typer.Option(help=f"Sandbox backend: 'local' (bubblewrap) or 'runtime'. {BACKEND_UNSET}"),
+    ] = None,
     push_branch: Annotated[
         bool,
         typer.Option(
@@ -195,7 +199,7 @@ def run_one(
     *,
     out: Path | None,
     limits: AgentChoices,
-    backend: str,
+    backend: str | None,
     show_patch: bool = False,
     out_prefix: str | None = None,
     branches: Any = None,
