@@ -246,7 +246,11 @@ def resolve_policy(chosen: str | None, *, embedded: bool) -> PolicyName:
 
 
 class ModelConfig(BaseModel):
-    """The model as far as it can change a verdict (never its key; not its timeout or retries)."""
+    """The model as far as it can change a verdict (never its key; not its timeout or retries): every ModelFields
+    field but MODEL_FIELDS_NOT_IN_CONFIG, so that a field added there is in the configuration unless declared not
+    to change a verdict."""
+
+    model_config = ConfigDict(extra="allow")
 
     base_url: str | None
     """None: the embedded model (its address changes with every start; its name and bugsweep's version pin it)."""
@@ -262,10 +266,19 @@ class ModelConfig(BaseModel):
 
 #: A model's prices: part of a run's configuration only under a cost limit.
 PRICE_FIELDS = {"price_prompt_per_mtok", "price_completion_per_mtok", "price_cached_prompt_per_mtok"}
+#: ModelFields that never change a verdict (how long a reply may take to come, how often a request is retried):
+#: left out of a run's configuration. Every other field of ModelFields is in it (prices under a cost limit).
+MODEL_FIELDS_NOT_IN_CONFIG = {"request_timeout_s", "max_retries"}
 #: What names the code in a configuration.
 CODE_FIELDS = {"bugsweep_version", "bugsweep_code"}
+#: RuntimeFields that never change a verdict (the VM's lifetime cap, the spending cap, prices, the SDK's retries
+#: and waits, the clone's timeout): left out of a run's configuration. Every other one is in it.
+RUNTIME_FIELDS_NOT_IN_CONFIG = {
+    "timeout_seconds", "max_cost_usd", "price_per_vcpu_hour", "price_per_gib_hour", "max_retries",
+    "request_timeout_s", "wait_for_capacity_s", "clone_timeout_s",
+}  # fmt: skip
 #: What of a Runtime microVM can change a verdict.
-RUNTIME_FIELDS = {"vcpu", "memory_mib", "disk_mib", "image", "isolate_network"}
+RUNTIME_FIELDS = set(RuntimeFields.model_fields) - RUNTIME_FIELDS_NOT_IN_CONFIG
 
 
 class SandboxConfig(SandboxLimits):
@@ -353,7 +366,9 @@ class RunConfig(BaseModel):
         limits = sandbox.model_dump(include=set(SandboxLimits.model_fields))
         return cls(
             model=ModelConfig(
-                **model.model_dump(include=set(ModelConfig.model_fields)),
+                **model.model_dump(
+                    include=set(ModelFields.model_fields) - MODEL_FIELDS_NOT_IN_CONFIG - PRICE_FIELDS
+                ),
                 prices=None if agent.max_cost_usd is None else model.model_dump(include=PRICE_FIELDS),
             ),
             policy=agent.policy,

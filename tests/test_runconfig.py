@@ -85,6 +85,36 @@ def test_the_digest_names_what_can_change_a_verdict_and_never_the_key() -> None:
     )
 
 
+def test_a_setting_declared_once_is_in_the_configuration_unless_declared_not_to_change_a_verdict() -> None:
+    """A field added to a declaration (AgentLimits, ModelFields, SandboxLimits, RuntimeFields) reaches the digest
+    with nothing else to write: every field is in the configuration but those declared never to change a verdict
+    (a reply's timeout, retries, prices without a cost limit, Runtime's lifetime, caps and waits)."""
+    from bugsweep.runconfig import (
+        MODEL_FIELDS_NOT_IN_CONFIG,
+        PRICE_FIELDS,
+        RUNTIME_FIELDS_NOT_IN_CONFIG,
+        AgentLimits,
+        ModelFields,
+        RunConfig,
+        RuntimeFields,
+        SandboxLimits,
+    )
+    from bugsweep.sandbox.runtime import RuntimeSettings
+    from bugsweep.settings import AgentSettings, ModelSettings, SandboxSettings
+
+    made = config(agent={"max_cost_usd": 1.0}).model_dump(mode="json")
+    assert set(AgentLimits.model_fields) - {"policy"} <= set(made["agent"]) and made["policy"]
+    assert set(ModelFields.model_fields) - MODEL_FIELDS_NOT_IN_CONFIG - PRICE_FIELDS <= set(made["model"])
+    assert set(made["model"]["prices"]) == PRICE_FIELDS
+    assert set(SandboxLimits.model_fields) <= set(made["sandbox"])
+    runtime = SimpleNamespace(name="runtime", settings=SandboxSettings(), runtime_settings=RuntimeSettings())
+    on_runtime = RunConfig.of(ModelSettings(base_url="http://m/v1"), AgentSettings(policy="plain"), runtime)  # type: ignore[arg-type]
+    assert (
+        set(on_runtime.sandbox.runtime or {})
+        == set(RuntimeFields.model_fields) - RUNTIME_FIELDS_NOT_IN_CONFIG
+    )
+
+
 def test_every_front_end_offers_the_same_settings_with_the_same_rules() -> None:
     """Fails when a setting exists in one front end (command line, flow parameters, blocks, compare's entries, the
     environment) and not the others, or with other bounds or defaults there: each must be made from the one
