@@ -675,7 +675,9 @@ def test_every_front_end_builds_one_run_from_one_environment_and_one_set_of_choi
     wall time) give ONE configuration digest from `bugsweep solve`, `bugsweep sweep`, `bugsweep compare`, the
     blocks `bugsweep blocks create` saves from that environment, the sweep and solve-bug flows run from their
     deployments as the UI and the schedule start them (and solve-bug as a sweep on workers starts it), and the
-    compare flow called with JSON parameters. Each front end is called through its real entry point and stops
+    compare flow called with JSON parameters (there, a comparison entry's own limit goes over the comparison's,
+    field by field, from the command line and the flow alike). Each front end is called through its real entry
+    point and stops
     where its run is built; nothing runs. Both sandboxes: local, and Runtime (its block saved from
     BUGSWEEP_RUNTIME_*; no Runtime API is called: a provider talks to it only to make a sandbox)."""
     import yaml
@@ -717,10 +719,12 @@ def test_every_front_end_builds_one_run_from_one_environment_and_one_set_of_choi
     digests = {
         "bugsweep solve": cli("solve", *one_off),
         "bugsweep sweep": cli("sweep", "--tasks", str(tasks)),
-        "bugsweep compare": cli("compare", "--tasks", str(tasks), "--model", f"entry={endpoint},,env-model"),
+        # a comparison's entry: its own limit (17 turns) over the comparison's (5 turns, 900 s), field by field
+        "bugsweep compare": cli("compare", "--tasks", str(tasks), "--model", f"entry={endpoint},,env-model",
+                                "--max-turns", "5", "--model-set", "entry:max_turns=17"),
         "compare-models flow (JSON parameters)": built_by(lambda: compare_models(
             source={"kind": "file", "path": str(tasks)}, models=[{"name": "entry", "base_url": endpoint,
-            "model": "env-model"}], **form)),
+            "model": "env-model", "limits": {"max_turns": 17}}], limits={**form["limits"], "max_turns": 5})),
     }  # fmt: skip
     made = runner.invoke(app, ["blocks", "create", "--no-check"], catch_exceptions=False)
     assert made.exit_code == 0 and "bugsweep-model" in made.output and "bugsweep-runtime" in made.output, (
