@@ -254,7 +254,7 @@ def s3_sweep(
     from prefect.artifacts import Artifact
 
     from bugsweep.discover import TaskFile
-    from flows.common import AgentLimits
+    from flows.common import AgentChoices
     from flows.sweep import SweepFailed, sweep
     from tests.support.seaweed import ACCESS_KEY, SECRET_KEY
 
@@ -286,7 +286,7 @@ def s3_sweep(
         for name, tasks in [*OTHER_SWEEPS.items(), ("nightly", list(SWEEP_VERDICTS))]:
             dump_tasks([specs[t] for t in tasks], tmp / f"{name}.jsonl")
             states[name] = sweep(source=TaskFile(path=str(tmp / f"{name}.jsonl")), name=name, concurrency=2,
-                                 limits=AgentLimits(max_turns=5 if name == "nightly-x" else 4), return_state=True)  # fmt: skip
+                                 limits=AgentChoices(max_turns=5 if name == "nightly-x" else 4), return_state=True)  # fmt: skip
         # one task of nightly could not run: it ends FAILED, the others graded
         with pytest.raises(SweepFailed):
             states["nightly"].result()
