@@ -459,7 +459,7 @@ def test_sweep_from_a_branch_makes_a_task_of_each_failing_test_file(
     )
     assert "Could not be run" not in summary
     # the page that could not be made is on the run itself: a failed step, a line of the summary and of the state
-    assert "**No review page: " in summary and "stray/m/c0/grade.json is not a bugsweep grade" in summary
+    assert "- No review page: " in summary and "stray/m/c0/grade.json is not a bugsweep grade" in summary
     assert state.is_completed() and "; No review page: " in (state.message or ""), state.message
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
