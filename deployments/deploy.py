@@ -1,5 +1,5 @@
 """`deploy()`: create the work pool if it is missing, deploy everything prefect.yaml lists, and the automations that
-mark a flow run whose heartbeats stopped as Crashed and run a crashed solve-bug run again."""
+mark a flow run whose heartbeats stopped as Crashed and run a crashed solve-bug run or sweep again."""
 
 from __future__ import annotations
 
@@ -26,11 +26,14 @@ MISSED_HEARTBEATS = 2
 CRASH_AUTOMATION = "bugsweep: mark runs without heartbeats as crashed"
 #: The tag every bugsweep deployment carries (prefect.yaml), which the automation matches on.
 TAG = "bugsweep"
-#: The automation `deploy` creates (or replaces) that runs a crashed solve-bug run again.
-RERUN_AUTOMATION = "bugsweep: run crashed solve-bug runs again"
-#: The deployment whose crashed runs are run again: a crash never loses a graded result (an upload that failed is
-#: kept and uploaded by the next run, without the agent), so running the task again only redoes unfinished work.
-RERUN_DEPLOYMENT = "solve-bug/solve-bug"
+#: The automation `deploy` creates (or replaces) that runs a crashed solve-bug run or sweep again.
+RERUN_AUTOMATION = "bugsweep: run crashed solve-bug runs and sweeps again"
+#: The deployments whose crashed runs are run again: a crash never loses a graded result (an upload that failed is
+#: kept and uploaded by the next run, without the agent), so running a task again only redoes unfinished work; a
+#: sweep run again finds the runs it had started (tasks/fanout.py) and collects them instead of starting them twice.
+RERUN_DEPLOYMENTS = ("solve-bug/solve-bug", "sweep/nightly-sweep")
+#: Where `deploy` puts the nightly's task file in an S3 artifact store, so a sweep on any machine reads it.
+TASK_FILES = "task-files"
 
 
 @dataclass
@@ -43,6 +46,8 @@ class DeployResult:
     """Deployment -> why it was deployed with its schedule paused."""
     automation: str = ""
     rerun_automation: str = ""
+    task_sources: dict[str, str] = field(default_factory=dict)
+    """Deployment -> the task file its runs read (an s3:// object of the artifact store, or a path)."""
     chosen_blocks: list[str] = field(default_factory=list)
     """The saved blocks every run form offers already chosen (`bugsweep-model`, `bugsweep-artifacts`,
     `bugsweep-branches`)."""
@@ -81,12 +86,14 @@ def deploy(
     heartbeat_s: int = HEARTBEAT_S,
     nightly_tasks: str | None = None,
 ) -> DeployResult:
-    """Create `pool` if needed, deploy every deployment of `prefect_file` onto it, and ship the crash automation.
+    """Create `pool` if needed, deploy every deployment of `prefect_file` onto it, and ship the crash automations.
 
-    `project_dir` (default: the folder this runs in) is recorded as the folder process workers run the flows from.
-    The nightly's task source is one a worker can always find: `nightly_tasks` (a tasks file, made absolute here,
-    or s3://), else prefect.yaml's `source` with a relative path made absolute against `project_dir`. A deployment
-    whose schedule has no task source to read is deployed with its schedule paused, and the result says why.
+    `project_dir` (default: the folder this runs in) holds prefect.yaml; the deployments record no path of it (their
+    entrypoints are modules of the installed bugsweep). The nightly's task source is one a sweep on any machine
+    can read: `nightly_tasks` (a tasks file, or s3://), else prefect.yaml's `source` (a relative path taken from
+    `project_dir`); a file on this machine is put into the artifact store when that is S3 (`task_file_source`).
+    A deployment whose schedule has no task source to read is deployed with its schedule paused, and the result
+    says why.
     """
     project_dir = (project_dir or Path.cwd()).resolve()
     if not (project_dir / prefect_file).is_file():
@@ -115,6 +122,8 @@ def deploy(
             raise _failure(f"`prefect deploy --name {name}` failed", done)
         result.deployments.append(full_name)
         result.output += done.stdout
+        if source is not None and source.get("path"):
+            result.task_sources[full_name] = str(source["path"])
         if source is not None:
             deployment = {
                 **deployment,
@@ -128,7 +137,7 @@ def deploy(
         if missing:
             result.paused[full_name] = missing
     result.automation = ensure_crash_automation(heartbeat_s)
-    result.rerun_automation = ensure_rerun_automation(RERUN_DEPLOYMENT)
+    result.rerun_automation = ensure_rerun_automation(RERUN_DEPLOYMENTS)
     return result
 
 
@@ -155,25 +164,36 @@ def register_block_types() -> None:
 
 def task_source(deployment: dict[str, Any], project_dir: Path, tasks: str | None) -> dict[str, Any] | None:
     """The `source` parameter a scheduled sweep deployment is deployed with, or None to leave prefect.yaml's: a
-    tasks file given on the command line (made absolute against the folder deploy runs in), or prefect.yaml's
-    relative path made absolute against the project folder, so that a worker running anywhere finds it."""
+    tasks file given on the command line (relative to the folder deploy runs in), or prefect.yaml's relative path
+    (relative to the project folder), as `task_file_source` records it."""
     params = deployment.get("parameters") or {}
     if "source" not in params:
         return None
     if tasks is not None:
         path = tasks if tasks.startswith("s3://") else str(Path(tasks).expanduser().resolve())
-        return {"kind": "file", "path": path}
+        return {"kind": "file", "path": task_file_source(path)}
     source = dict(params["source"] or {})
     path = str(source.get("path") or "")
-    if (
-        source.get("kind", "file") == "file"
-        and path
-        and not path.startswith("s3://")
-        and not Path(path).is_absolute()
-    ):
-        source["path"] = str((project_dir / path).resolve())
+    if source.get("kind", "file") == "file" and path and not path.startswith("s3://"):
+        source["path"] = task_file_source(str((project_dir / path).resolve()))
         return source
     return None
+
+
+def task_file_source(path: str) -> str:
+    """Where the nightly reads a task file from: an s3:// file as it is; a file on this machine put into the
+    artifact store (the `bugsweep-artifacts` bucket block, else BUGSWEEP_STORE_URL) as TASK_FILES/NAME when that is
+    S3, so that the sweep reads it on whichever machine it runs (with the store's keys); else (a folder store: one
+    machine) its absolute path. A file that does not exist stays a path (the deployment is paused, saying so)."""
+    if path.startswith("s3://") or not Path(path).is_file():
+        return path
+    from bugsweep.storage import S3Store
+    from flows.common import load_store
+
+    store, _ = load_store(None)
+    if not isinstance(store, S3Store):
+        return path
+    return store.put_file(f"{TASK_FILES}/{Path(path).name}", Path(path))
 
 
 def missing_task_source(deployment: dict[str, Any], project_dir: Path) -> str | None:
@@ -198,7 +218,7 @@ def missing_task_source(deployment: dict[str, Any], project_dir: Path) -> str | 
         return None
     if not path:
         return "its parameters name no task source (`source`)"
-    if not (project_dir / path).is_file():
+    if not (project_dir / path).is_file():  # an absolute path is taken as it is
         return (
             f"its task source {path!r} does not exist on this machine: write one (`bugsweep mine REPO --out "
             f"{path}`), or deploy with `--tasks FILE` (a tasks file here, or s3://BUCKET/KEY), or point `source` in "
@@ -260,37 +280,35 @@ def ensure_crash_automation(heartbeat_s: int) -> str:
     return CRASH_AUTOMATION
 
 
-def ensure_rerun_automation(deployment: str) -> str:
-    """Create (or replace) the automation that schedules a crashed run of `deployment` again, as the same flow run
-    (same parameters, its run count one higher), for the next worker of the pool to take.
+def ensure_rerun_automation(deployments: tuple[str, ...]) -> str:
+    """Create (or replace) the automation that schedules a crashed run of any of `deployments` again, as the same
+    flow run (same parameters, its run count one higher), for the next worker of the pool to take.
 
-    Only solve-bug: running a task again is safe (a graded result is never lost; one kept after a failed upload is
-    uploaded without running the agent), while a sweep that crashed may have left its solve-bug runs running, and a
-    second sweep would start them twice. The flow refuses a run crashed more than `flows.common.CRASH_RERUNS`
-    times (it then ends Failed, which no automation repeats), so a task that kills its process every time (out of
-    memory) is not run forever. Returns the automation's name.
+    solve-bug and the nightly sweep: running a task again is safe (a graded result is never lost; one kept after a
+    failed upload is uploaded without running the agent), and a sweep run again (the same flow run) finds the
+    solve-bug runs it had started by their idempotency keys and collects them, whatever state they are in, rather
+    than starting them twice (tasks/fanout.py). The flows refuse a run crashed more than `CRASH_RERUNS` times (it
+    then ends Failed, which no automation repeats), so a task that kills its process every time (out of memory) is
+    not run forever. Returns the automation's name.
     """
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.objects import StateType
     from prefect.events.actions import ChangeFlowRunState
     from prefect.events.schemas.automations import AutomationCore, EventTrigger, Posture
 
-    from flows.common import CRASH_RERUNS
+    from tasks.fanout import CRASH_RERUNS
 
     with get_client(sync_client=True) as client:
-        deployment_id = client.read_deployment_by_name(deployment).id
+        ids = [f"prefect.deployment.{client.read_deployment_by_name(name).id}" for name in deployments]
         automation = AutomationCore(
             name=RERUN_AUTOMATION,
             description=(
-                f"A run of {deployment} that ends Crashed (its process killed, out of memory, its machine lost) is "
-                f"scheduled again, at most {CRASH_RERUNS} time(s). Shipped by `bugsweep deploy`."
+                f"A run of {' or '.join(deployments)} that ends Crashed (its process killed, out of memory, its "
+                f"machine lost) is scheduled again, at most {CRASH_RERUNS} time(s). Shipped by `bugsweep deploy`."
             ),
             trigger=EventTrigger(
                 match={"prefect.resource.id": "prefect.flow-run.*"},
-                match_related={
-                    "prefect.resource.role": "deployment",
-                    "prefect.resource.id": f"prefect.deployment.{deployment_id}",
-                },
+                match_related={"prefect.resource.role": "deployment", "prefect.resource.id": ids},
                 expect={"prefect.flow-run.Crashed"},
                 for_each={"prefect.resource.id"},
                 posture=Posture.Reactive,
@@ -303,7 +321,8 @@ def ensure_rerun_automation(deployment: str) -> str:
                     force=True,
                     state=StateType.SCHEDULED,
                     message="crashed: scheduled again by the automation "
-                    f"{RERUN_AUTOMATION!r} (a graded result is never lost, so running the task again is safe)",
+                    f"{RERUN_AUTOMATION!r} (a graded result is never lost, and a sweep collects the runs it had "
+                    "started, so running it again is safe)",
                 )
             ],
         )

@@ -14,7 +14,6 @@ artifact names the path, and the content that fits is in the artifact itself.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
@@ -26,13 +25,12 @@ from prefect.artifacts import create_link_artifact, create_markdown_artifact
 
 from bugsweep.grading import Grade, verdict_word
 from bugsweep.storage import GRADE_FILE, ArtifactStore, Link, key_part
+from bugsweep.sweep.task import made_by
 
 log = logging.getLogger(__name__)
 
 #: The most of a patch the markdown artifact shows (the whole patch is in the store).
 PATCH_SHOWN_CHARS = 30_000
-#: The run folder's record of the flow run that made it (flows.solve_bug.write_run_record).
-RUN_FILE = "run.json"
 
 
 def artifact_key(*parts: str) -> str:
@@ -145,14 +143,6 @@ def publish_review(store: ArtifactStore, sweep: str) -> ReviewPage:
             f"{store.uri(key_part(sweep))} -o review.html` makes it again.",
         )
     return page
-
-
-def made_by(local_dir: Path) -> str | None:
-    """The id of the flow run that wrote this run folder, if it recorded one."""
-    try:
-        return json.loads((local_dir / RUN_FILE).read_text(encoding="utf-8")).get("flow_run_id") or None
-    except (OSError, ValueError, AttributeError):
-        return None
 
 
 def complete_late(flow_run_id: str, where: str, by: str) -> bool:

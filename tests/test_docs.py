@@ -174,7 +174,7 @@ def quoted_numbers() -> list[tuple[str, str]]:
     from bugsweep.storage import StoreSettings
     from deployments.deploy import HEARTBEAT_S, MISSED_HEARTBEATS
     from flows.common import CRASH_RERUNS
-    from flows.sweep import RERUN_GRACE_S
+    from tasks.fanout import RERUN_GRACE_S
     from tasks.steps import STEP_OPTIONS, TIMEOUT_MARGIN_S
 
     agent, limits, sandbox = (

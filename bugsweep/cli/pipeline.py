@@ -478,25 +478,26 @@ def deploy_command(
         typer.Option(
             min=30,
             help="Seconds between a flow run's heartbeats (30 is Prefect's shortest); a run silent for two of them "
-            "is marked Crashed, and a crashed solve-bug run is run again.",
+            "is marked Crashed, and a crashed solve-bug run or sweep is run again.",
         ),
     ] = 30,
     tasks: Annotated[
         str | None,
         typer.Option(
-            help="The nightly sweep's tasks file: a path on this machine (recorded absolute, so a worker running "
-            "anywhere on it finds it) or s3://BUCKET/KEY; default: prefect.yaml's `source`."
+            help="The nightly sweep's tasks file: a file on this machine (put into the artifact store's "
+            "task-files/ when that is S3, so a sweep on any machine reads it; else recorded as an absolute path) or "
+            "s3://BUCKET/KEY; default: prefect.yaml's `source`."
         ),
     ] = None,
 ) -> None:
     """Create the work pool, deploy what prefect.yaml lists (solve-bug, nightly-sweep, nightly-benchmark), and the
     crash automations.
 
-    Run it in the project folder (the one holding prefect.yaml): process workers run the flows from there. Needs a
-    running Prefect server (PREFECT_API_URL). `nightly-sweep` is deployed with its schedule paused, and says why,
-    when its task source does not exist. A run whose heartbeats stop is marked Crashed, and a crashed solve-bug run
-    is run once more. Then start a worker with `bugsweep worker --pool POOL` on every machine that should take
-    runs, and trigger runs from the UI.
+    Run it in the project folder (the one holding prefect.yaml); the deployments record no path of it: a worker
+    on any machine with the same bugsweep installed runs them. Needs a running Prefect server (PREFECT_API_URL).
+    `nightly-sweep` is deployed with its schedule paused, and says why, when its task source does not exist. A run
+    whose heartbeats stop is marked Crashed, and a crashed solve-bug run or sweep is run once more. Then start
+    `bugsweep worker --pool POOL` on every machine that should take runs, and trigger runs from the UI.
     """
     if not os.environ.get("PREFECT_API_URL"):
         _fail(
@@ -517,6 +518,8 @@ def deploy_command(
             )
         else:
             console.print(f"deployed [bold]{name}[/]")
+        if name in result.task_sources:
+            console.print(f"  its tasks: {result.task_sources[name]}", soft_wrap=True)
     if result.chosen_blocks:
         console.print(
             f"the run forms offer the saved blocks {', '.join(result.chosen_blocks)}, already chosen"
@@ -535,22 +538,44 @@ def deploy_command(
 
 def worker_command(
     pool: Annotated[str, typer.Option(help="Work pool to take runs from.")] = "bugsweep",
+    limit: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="Tasks this machine runs at once (solve-bug runs, a sweep's tasks among them, and the nightly "
+            "benchmark); default: half its cores, and no more than its memory holds at BUGSWEEP_SANDBOX_MEMORY_MIB "
+            "each.",
+        ),
+    ] = None,
+    name: Annotated[
+        str | None, typer.Option(help="The worker's name in the UI (its sweep worker: NAME-sweeps).")
+    ] = None,
+    sweeps: Annotated[
+        bool,
+        typer.Option(
+            help="Also take sweeps (their own queue, `sweeps`), with a worker of their own that takes no slot of "
+            "--limit: a sweep only waits for its tasks."
+        ),
+    ] = True,
     extra: Annotated[
         list[str] | None, typer.Argument(help="More options for `prefect worker start` (after --).")
     ] = None,
 ) -> None:
-    """Remove the sandboxes this user's dead processes left on this machine, then run `prefect worker start --pool
-    POOL` in this process, removing them again every 30 s while it runs.
+    """This machine's Prefect workers on the pool: one for tasks (at most --limit at once), one for sweeps.
 
-    A worker killed with its flow runs (out of memory, a lost node) leaves their local sandboxes behind (overlay
-    mounts, cgroups, folders); a live worker of the same user on the machine removes them within about 30 s, and
-    a new one as it starts. Another user's sandboxes are never touched. The worker looks for new runs every 2 s
-    (PREFECT_WORKER_QUERY_SECONDS, Prefect's default 10 s), so a run started from the UI starts sooner
-    (bench/README.md).
+    Removes the sandboxes this user's dead processes left on this machine first, and again every 30 s while it
+    runs: a worker killed with its flow runs (out of memory, a lost node) leaves their local sandboxes behind
+    (overlay mounts, cgroups, folders); a live worker of the same user on the machine removes them within about
+    30 s, and a new one as it starts. Another user's sandboxes are never touched. The workers look for new runs
+    every 2 s (PREFECT_WORKER_QUERY_SECONDS, Prefect's default 10 s), so a run started from the UI starts sooner
+    (bench/README.md). Runs keep their results (BUGSWEEP_STORE_LOCAL_DIR, default ./artifacts) in the folder
+    the worker was started in. Start one on every machine that should take runs: the saved blocks are all the
+    machines share (docs/pipeline.md, "Scale out").
     """
     from bugsweep.cli.sandboxes import cleanup_local, say_removed
     from bugsweep.sandbox.local import LocalProvider
     from bugsweep.settings import SandboxSettings
+    from deployments.worker import absolute_local_dir, default_limit, run_workers, worker_commands
 
     cleanup_local()
 
@@ -558,12 +583,14 @@ def worker_command(
         say_removed(removed, known)
         sys.stdout.flush()
 
-    LocalProvider(SandboxSettings()).reaper(report=report).start()
+    settings = SandboxSettings()
+    LocalProvider(settings).reaper(report=report).start()
     os.environ.setdefault("PREFECT_WORKER_QUERY_SECONDS", str(WORKER_QUERY_S))
-    args = ["worker", "start", "--pool", pool, *(extra or [])]
-    console.print(f"starting: prefect {' '.join(args)}", soft_wrap=True)
-    sys.stdout.flush()
-    from prefect.cli import app as prefect_cli
-
-    sys.argv = ["prefect", *args]
-    prefect_cli()  # until the worker stops; its exit code is the command's
+    os.environ["BUGSWEEP_STORE_LOCAL_DIR"] = absolute_local_dir()
+    tasks_at_once = limit or default_limit(settings.memory_mib)
+    commands = worker_commands(pool, tasks_at_once, name=name, sweeps=sweeps, extra=extra)
+    console.print(
+        f"{tasks_at_once} task(s) at once on this machine; results kept in {os.environ['BUGSWEEP_STORE_LOCAL_DIR']}",
+        soft_wrap=True,
+    )
+    raise typer.Exit(run_workers(commands, say=lambda line: console.print(line, soft_wrap=True)))
