@@ -32,6 +32,11 @@ RERUN_AUTOMATION = "bugsweep: run crashed solve-bug runs and sweeps again"
 #: kept and uploaded by the next run, without the agent), so running a task again only redoes unfinished work; a
 #: sweep run again finds the runs it had started (tasks/fanout.py) and collects them instead of starting them twice.
 RERUN_DEPLOYMENTS = ("solve-bug/solve-bug", "sweep/nightly-sweep")
+#: Seconds a run stays Crashed before the rerun automation schedules it again: a process worker reports a killed
+#: run's crash twice, once at once and once when its watch of the process ends (about 15 s later, measured); the
+#: second report, proposed to a run already Crashed, is refused (a run scheduled again at once would be crashed by
+#: it as it starts, and started twice).
+RERUN_AFTER_S = 45
 #: Where `deploy` puts the nightly's task file in an S3 artifact store, so a sweep on any machine reads it.
 TASK_FILES = "task-files"
 
@@ -174,10 +179,10 @@ def task_source(deployment: dict[str, Any], project_dir: Path, tasks: str | None
         return {"kind": "file", "path": task_file_source(path)}
     source = dict(params["source"] or {})
     path = str(source.get("path") or "")
-    if source.get("kind", "file") == "file" and path and not path.startswith("s3://"):
+    if source.get("kind", "file") == "file" and path and (project_dir / path).is_file():
         source["path"] = task_file_source(str((project_dir / path).resolve()))
         return source
-    return None
+    return None  # s3://, a repository, or a file not there (deployed paused, as prefect.yaml names it)
 
 
 def task_file_source(path: str) -> str:
@@ -220,7 +225,7 @@ def missing_task_source(deployment: dict[str, Any], project_dir: Path) -> str | 
         return "its parameters name no task source (`source`)"
     if not (project_dir / path).is_file():  # an absolute path is taken as it is
         return (
-            f"its task source {path!r} does not exist on this machine: write one (`bugsweep mine REPO --out "
+            f"its task source {str(project_dir / path)!r} does not exist on this machine: write one (`bugsweep mine REPO --out "
             f"{path}`), or deploy with `--tasks FILE` (a tasks file here, or s3://BUCKET/KEY), or point `source` in "
             "prefect.yaml at a repository, then deploy again (or resume the deployment in the UI once the file is "
             "there)"
@@ -304,16 +309,18 @@ def ensure_rerun_automation(deployments: tuple[str, ...]) -> str:
             name=RERUN_AUTOMATION,
             description=(
                 f"A run of {' or '.join(deployments)} that ends Crashed (its process killed, out of memory, its "
-                f"machine lost) is scheduled again, at most {CRASH_RERUNS} time(s). Shipped by `bugsweep deploy`."
+                f"machine lost) is scheduled again {RERUN_AFTER_S} s later, at most {CRASH_RERUNS} time(s). Shipped "
+                "by `bugsweep deploy`."
             ),
-            trigger=EventTrigger(
+            trigger=EventTrigger(  # a run Crashed that nothing moved on from within RERUN_AFTER_S
                 match={"prefect.resource.id": "prefect.flow-run.*"},
                 match_related={"prefect.resource.role": "deployment", "prefect.resource.id": ids},
-                expect={"prefect.flow-run.Crashed"},
+                after={"prefect.flow-run.Crashed"},
+                expect={"prefect.flow-run.*"},
                 for_each={"prefect.resource.id"},
-                posture=Posture.Reactive,
+                posture=Posture.Proactive,
                 threshold=1,
-                within=timedelta(0),
+                within=timedelta(seconds=RERUN_AFTER_S),
             ),
             actions=[
                 ChangeFlowRunState(

@@ -18,6 +18,7 @@ from uuid import UUID
 
 from bugsweep.errors import ConfigError
 from bugsweep.sweep.collect import collect
+from tasks.publish import publish_stored_patch
 
 if TYPE_CHECKING:
     from bugsweep.spec import TaskSpec
@@ -26,8 +27,9 @@ if TYPE_CHECKING:
 
 #: How often the sweep reads the states of its runs still going (one query for all of them).
 POLL_S = 3.0
-#: How long the sweep waits for a crashed solve-bug run to be scheduled again by the rerun automation.
-RERUN_GRACE_S = 30.0
+#: How long the sweep waits for a crashed solve-bug run to be scheduled again by the rerun automation (which waits
+#: deployments.deploy.RERUN_AFTER_S first).
+RERUN_GRACE_S = 120.0
 #: A run of the sweep carries this tag (with its sweep's name), so a run can tell it was started by a sweep.
 SWEEP_TAG = "sweep:"
 #: How many times a crashed run of solve-bug or of a sweep is run again (deployments.deploy.ensure_rerun_automation
@@ -108,9 +110,12 @@ def wait_and_collect(
                     if state is None or not state.is_final() or awaiting_rerun(child):
                         continue
                     spec = going.pop(child.id)
-                    done.append(
-                        (spec, collect(spec, str(child.id), state.name or state.type.value, run, sweep_name))
-                    )
+                    outcome = collect(spec, str(child.id), state.name or state.type.value, run, sweep_name)
+                    if (
+                        outcome.stored_at
+                    ):  # its patch on the sweep's page too, as for a task run in its process
+                        publish_stored_patch(run.store, outcome.key, outcome.grade)
+                    done.append((spec, outcome))
                     log.info("%s: %s (%d to go)", spec.instance_id, state.name, len(going))
             if going:
                 time.sleep(POLL_S)

@@ -91,8 +91,20 @@ def publish_patch(store: ArtifactStore, key: str, verdict: Grade, local_dir: Pat
     """The link to the stored patch (when the store has links) and the diff itself, as artifacts of the current
     flow run (or, outside one, of none: they are still listed under their keys)."""
     patch_file = local_dir / "patch.diff"
-    if not patch_file.is_file():
+    if patch_file.is_file():
+        publish_patch_text(store, key, verdict, patch_file.read_text(encoding="utf-8", errors="replace"))
+
+
+def publish_stored_patch(store: ArtifactStore, key: str, verdict: Grade) -> None:
+    """The same artifacts for a run folder already in the store (a task a worker ran: the sweep shows it too)."""
+    try:
+        patch = store.get_bytes(f"{key}/patch.diff").decode("utf-8", errors="replace")
+    except FileNotFoundError:
         return
+    publish_patch_text(store, key, verdict, patch)
+
+
+def publish_patch_text(store: ArtifactStore, key: str, verdict: Grade, patch: str) -> None:
     where = store.uri(f"{key}/patch.diff")
     link = store.link(f"{key}/patch.diff")
     status = verdict_word(verdict)
@@ -105,7 +117,7 @@ def publish_patch(store: ArtifactStore, key: str, verdict: Grade, local_dir: Pat
             f"{link.until()} (BUGSWEEP_STORE_LINK_DAYS); the object stays at {where}.",
         )
     create_markdown_artifact(
-        patch_markdown(verdict, patch_file.read_text(encoding="utf-8", errors="replace"), where, link),
+        patch_markdown(verdict, patch, where, link),
         key=artifact_key("diff", key),
         description=f"The diff of {verdict.instance_id} by {verdict.model} ({status}).",
     )

@@ -180,7 +180,13 @@ def sweep_command(
     name: Annotated[
         str | None, typer.Option(help="Sweep name (the S3 folder); default: the task file's or repo's name.")
     ] = None,
-    concurrency: Annotated[int, typer.Option(min=1, help="Tasks at once.")] = 4,
+    concurrency: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="Tasks at once in this process (with --on-workers, the workers' limits decide instead).",
+        ),
+    ] = 4,
     sandbox: Annotated[
         str | None,
         typer.Option(help=f"Sandbox backend: 'local' (bubblewrap) or 'runtime'. {BACKEND_UNSET}"),
@@ -199,7 +205,11 @@ def sweep_command(
         ),
     ] = None,
     on_workers: Annotated[
-        bool, typer.Option(help="Run each task as a run of the solve-bug deployment, on the pool's workers.")
+        bool,
+        typer.Option(
+            help="Run each task as a run of the solve-bug deployment, all created at once and taken by the pool's "
+            "workers on any machine as their limits allow; Ctrl-C leaves them running (they store their grades)."
+        ),
     ] = False,
     redo_graded: Annotated[
         bool,
