@@ -30,6 +30,7 @@ from bugsweep.report import (
     artifact_table,
     build_report,
     render_markdown,
+    same_attempts,
     write_report,
 )
 from bugsweep.runbuilder import build_run
@@ -126,6 +127,8 @@ def compare_models(
         raise ConfigError("a comparison needs at least one task and one model")
     artifacts, local_dir = load_store(store)
     setups = run_setups(models, limits, load_sandboxes(sandbox), artifacts, local_dir, current_flow_run_id())
+    # pass@3 is never set beside pass@1: one attempts setting for every entry, refused before anything runs
+    same_attempts({entry.name: run.agent.attempts for entry, run in setups})
     base = setups[0][1]
     name = name or default_name(source)
     list_tasks = steps.list_tasks.with_options(retry_delay_seconds=steps.retry_delays_s())
@@ -167,7 +170,12 @@ def run_all(
     outcomes = solve_many([job for _, _, job in jobs], concurrency)
     records = [
         RunRecord.from_grade(
-            outcome.grade, model=entry.name, run=r, policy=job.run.config.policy, config=job.run.config.digest
+            outcome.grade,
+            model=entry.name,
+            run=r,
+            policy=job.run.config.policy,
+            config=job.run.config.digest,
+            max_attempts=job.run.agent.attempts,
         )
         for (r, entry, job), outcome in zip(jobs, outcomes, strict=True)
     ]

@@ -36,6 +36,7 @@ from flows.common import (
     SandboxName,
     branches_field,
     current_flow_run_id,
+    escalate_to_field,
     form_field,
     limits_field,
     load_run_config,
@@ -124,6 +125,7 @@ def solve_one(
             runner=steps.PrefectSteps(run.agent),
             raise_on_failure=False,
             config=run.config,
+            escalate_to=run.escalate_to,
         )
     except (
         Exception
@@ -328,6 +330,7 @@ def solve_bug(
     ),
     push_branches: bool = push_branches_field(),
     branches: GitBranches | None = branches_field(),
+    escalate_to: list[ModelEndpoint] = escalate_to_field(),
     task: TaskSpec | None = form_field(
         None,
         "A whole task (advanced)",
@@ -350,7 +353,7 @@ def solve_bug(
     task = task or one_off_task(repo, problem, test_command, setup_command, ref)
     run = load_run_config(
         model, sandbox, store, limits, flow_run_id=current_flow_run_id(), push_branches=push_branches,
-        branches=branches,
+        branches=branches, escalate_to=escalate_to,
     )  # fmt: skip
     with model_endpoint(run) as run:
         outcome = solve_one(task, run, sweep)

@@ -265,6 +265,7 @@ COMMAND_TO_FLOW: dict[str, dict[str, str | None]] = {
         "store_block": "store", "on_workers": "run_on", "redo": "redo_graded", "push_branches": "push_branches",
         "keep_graded_by_other_code": "keep_graded_by_other_code",
         "branches_block": "branches", "specs": "source", "repos_from": "source", "added_within_days": "source",
+        "escalate_to_block": "escalate_to",
     },
     "compare": {
         "tasks": "source", "model": "models", "price": "models", "model_policy": "models", "model_set": "models",
@@ -276,6 +277,7 @@ COMMAND_TO_FLOW: dict[str, dict[str, str | None]] = {
         "ref": "ref", "python": "task", "sandbox": "sandbox", "out": None,  # a run folder on this machine
         "push_branch": "push_branches",
         "push_url": None,  # the flow takes a git branches block; the command BUGSWEEP_BRANCH_* and this
+        "escalate_to": "escalate_to", "escalate_set": "escalate_to",  # the flow takes saved endpoint blocks
     },
 }  # fmt: skip
 #: Flow parameters a command does not offer, and why.

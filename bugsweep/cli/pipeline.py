@@ -231,6 +231,13 @@ def sweep_command(
             "repository when it is a URL)."
         ),
     ] = None,
+    escalate_to_block: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="Name of a model endpoint block tried after the model, once per block, in order: each (with its "
+            "--attempts) only on a task the ones before did not resolve (a cheaper model first)."
+        ),
+    ] = None,
     *,
     limits: AgentChoices,
 ) -> None:
@@ -276,6 +283,7 @@ def sweep_command(
         with prefect_server():
             model, store = _named_blocks(model_block, store_block)
             branches = _named_branches_block(branches_block)
+            escalate_to = [_named_blocks(block, None)[0] for block in escalate_to_block or []]
             grades = sweep(  # type: ignore[call-overload]  # sandbox: checked above
                 source=source,
                 name=name or "",
@@ -289,6 +297,7 @@ def sweep_command(
                 keep_graded_by_other_code=keep_graded_by_other_code,
                 push_branches=push_branches,
                 branches=branches,
+                escalate_to=escalate_to,
             )
     except SweepFailed as exc:
         _print_grades(exc.grades)
