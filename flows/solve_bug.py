@@ -22,6 +22,7 @@ from prefect_aws import S3Bucket
 
 from blocks import GitBranches, ModelEndpoint
 from bugsweep import pipeline
+from bugsweep.attempts import resolved_at
 from bugsweep.branches import ADHOC, read_branch_record
 from bugsweep.errors import BugsweepError, ConfigError, InfraError, StorageError, failure_kind
 from bugsweep.grading import Grade, verdict_word
@@ -393,6 +394,8 @@ class TaskNotRun(BugsweepError):
 def report(outcome: TaskOutcome) -> None:
     g = outcome.grade
     status = verdict_word(g).upper() if g.resolved else verdict_word(g)
+    if resolved_at(g):
+        status += f" ({resolved_at(g)})"
     if outcome.reused:
         status += " (an earlier run's grade, kept after its upload failed; the agent did not run again)"
     print(

@@ -30,6 +30,7 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
 from bugsweep import branches, discover
+from bugsweep.attempts import resolved_at
 from bugsweep.discover import RepoBranch, TaskFile
 from bugsweep.errors import ConfigError, InfraError, SandboxGone, failure_kind, first_line
 from bugsweep.grading import Grade
@@ -337,6 +338,7 @@ def summary_row(
         "artifacts": uploaded_to or "",
         "suspicious": "; ".join(verdict.suspicious[:3]),
         "held_for_review": verdict.held_for_review,
+        "attempts": resolved_at(verdict),
     }
 
 
@@ -356,7 +358,9 @@ def sweep_outcome(rows: list[dict[str, Any]]) -> str:
 
 
 def _cell(row: dict[str, Any]) -> str:
-    return "yes" if row["resolved"] else "held for review" if row.get("held_for_review") else "no"
+    """The resolved column: yes (with the attempt, where a task had more than one), held for review, or no."""
+    at = f" ({row['attempts']})" if row.get("attempts") and row["resolved"] else ""
+    return "yes" + at if row["resolved"] else "held for review" if row.get("held_for_review") else "no"
 
 
 def summary_markdown(

@@ -331,7 +331,8 @@ def _named_branches_block(name: str | None) -> Any:
 
 
 def _cell(grade: Any) -> str:
-    return "yes" if grade.resolved else "held" if grade.held_for_review else "no"
+    at = f" (attempt {grade.kept_attempt})" if grade.resolved and len(grade.attempts) > 1 else ""
+    return "yes" + at if grade.resolved else "held" if grade.held_for_review else "no"
 
 
 def _print_grades(grades: list[Any]) -> None:

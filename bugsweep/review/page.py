@@ -116,7 +116,11 @@ def _config_summary(grade: Grade) -> str:
         f"policy {config.get('policy') or grade.policy or '-'}",
         f"max turns {agent['max_turns']}" if "max_turns" in agent else "",
         f"{agent['attempts']} attempts" if (agent.get("attempts") or 1) > 1 else "",
-        *(f"then {later.get('model')}" for later in config.get("escalate_to") or [] if isinstance(later, dict)),
+        *(
+            f"then {later.get('model')}"
+            for later in config.get("escalate_to") or []
+            if isinstance(later, dict)
+        ),
         f"sandbox {sandbox['backend']}" if "backend" in sandbox else "",
         f"bugsweep {config['bugsweep_version']}" if "bugsweep_version" in config else "",
     ]
