@@ -249,6 +249,18 @@ def test_a_comparison_with_3_attempts_shows_pass_at_1_beside_pass_at_3(
     assert "<th>pass@3</th>" in page and "50% (1/2)" in page
     assert "resolved at attempt 2 of 3" in page and "resolved at attempt 1 of 3" in page
 
+    # in Prefect, each attempt's steps are task runs of their own, named with the attempt
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import TaskRunFilter, TaskRunFilterName
+
+    with get_client(sync_client=True) as client:
+        runs = client.read_task_runs(task_run_filter=TaskRunFilter(name=TaskRunFilterName(like_="-attempt-")))
+    names = {r.name for r in runs}
+    assert {f"{step}-attempt-{n}" for step in ("solve", "regrade") for n in (1, 2)} <= names, names
+    assert "sandbox-attempt-2" in names and "sandbox-attempt-1" not in names, (
+        "the first attempt: the setup's sandbox"
+    )
+
 
 def test_a_comparison_of_models_with_different_attempts_settings_is_refused(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch

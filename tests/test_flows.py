@@ -822,6 +822,12 @@ def test_the_flow_and_the_cli_grade_a_task_the_same_through_the_same_function(
     measured.add("tripwire")
     assert flow_grade.tripwire is not None
     assert {**flow_grade.tripwire.model_dump(), "canary": None} == {**cli_grade["tripwire"], "canary": None}
+    # each attempt's record: the same but for its clock
+    measured.add("attempts")
+    clock = {"wall_s", "agent_wall_s"}
+    assert [a.model_dump(exclude=clock) for a in flow_grade.attempts] == [
+        {k: v for k, v in a.items() if k not in clock} for a in cli_grade["attempts"]
+    ]
     assert flow_grade.model_dump(exclude=measured) == {
         k: v for k, v in cli_grade.items() if k not in measured
     }
