@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import shutil
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -547,6 +548,7 @@ def solve_task(
     agent_settings = agent_settings or AgentSettings()
     plan = plan_attempts([model_settings, *escalate_to], agent_settings)
     many = len(plan) > 1
+    shutil.rmtree(out_dir / ATTEMPTS_DIR, ignore_errors=True)  # an earlier run's attempts are not this run's
     progress = AgentProgress()
     step = on_step or (lambda name, info: None)
     started = time.monotonic()
