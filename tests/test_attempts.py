@@ -87,16 +87,20 @@ def test_a_second_attempt_that_fixes_is_kept_and_the_first_that_cheated_is_not(
 ) -> None:
     """The first attempt edits the test file and says the tests pass: the clean room drops the edit, the tests
     fail, not resolved. The second attempt (at the retry temperature) fixes the code: resolved at attempt 2, the
-    honest attempt is the one kept, both trajectories are kept, turns, tokens and cost are summed."""
-    server = scripted_model([cheats_then_fixes] * 10)
+    honest attempt is the one kept, both trajectories are kept, turns, tokens and cost are summed. The model the
+    task escalates to ('strong', a second scripted endpoint) is never asked: the first model resolved it."""
+    server, strong = scripted_model([cheats_then_fixes] * 10), scripted_model([fixes] * 10)
     out = tmp_path / "out"
 
-    proc = solve(buggy_repo, out, server.base_url, "--attempts", "3")
+    proc = solve(
+        buggy_repo, out, server.base_url, "--attempts", "3", "--escalate-to", f"strong={strong.base_url}"
+    )
 
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert [r["temperature"] for r in server.requests] == [0, 0, 0.7, 0.7], (
         "attempt 2 at the retry temperature"
     )
+    assert posts(strong) == 0, "the cascade stops at the first model that resolves"
     grade = read_grade(out)
     assert grade["resolved"] and grade["kept_attempt"] == 2 and grade["tests_untouched"]
     assert grade["FAIL_TO_PASS"] == ["tests/test_calc.py::test_add"]
@@ -122,17 +126,18 @@ def test_a_second_attempt_that_fixes_is_kept_and_the_first_that_cheated_is_not(
     assert "tests/test_calc.py" not in kept_patch, "the kept patch is the honest one"
     assert "FAILED tests/test_calc.py::test_add" in (out / "attempts/1/tests_after.log").read_text()
     assert not list(out.glob("attempts/*/grade.json")), "one grade per run: a review lists one run"
-    assert "resolved at attempt 2 of 3" in proc.stdout
+    assert "resolved at attempt 2 of 6 (cheap)" in proc.stdout
     assert "attempt 1: cheap at temperature 0, not resolved" in proc.stdout
     assert SECRET not in every_file_text(out) + proc.stdout + proc.stderr
     agent = grade["config"]["agent"]
-    assert (agent["attempts"], agent["retry_temperature"], grade["config"]["escalate_to"]) == (3, 0.7, [])
+    later = [m["model"] for m in grade["config"]["escalate_to"]]
+    assert (agent["attempts"], agent["retry_temperature"], later) == (3, 0.7, ["strong"])
 
     # the review page of the run folder says so (HTML: its text is enough, no browser needed)
     page = subprocess.run([*SOLVE, "review", str(out)], capture_output=True, text=True, timeout=120)
     assert page.returncode == 0, page.stdout + page.stderr
     html = (out / "review.html").read_text()
-    assert html.count("resolved at attempt 2 of 3") == 2, "in the index and in the run's head"
+    assert html.count("resolved at attempt 2 of 6 (cheap)") == 2, "in the index and in the run's head"
     attempts_table = html.split("<h3>Attempts</h3>")[1].split("</table>")[0]
     assert "2 (kept)" in attempts_table and "touched the test infrastructure" in attempts_table
 
@@ -160,12 +165,12 @@ def test_when_no_attempt_is_resolved_none_is_kept_and_the_task_is_not_resolved(
     assert grade["turns"] == 3 and "not resolved in 2 attempts" in proc.stdout
 
 
-def test_a_cascade_pays_for_the_stronger_model_only_on_what_the_cheaper_one_did_not_resolve(
+def test_a_cascade_asks_the_stronger_model_on_what_the_cheaper_one_did_not_resolve(
     buggy_repo: Path, tmp_path: Path, scripted_model
 ) -> None:
     """Two scripted endpoints: LLM_MODEL ('cheap', free) first, then 'strong' (its key in its own variable, its own
-    prices). Where cheap fixes the bug, strong is never asked; where it does not, strong's attempt is kept, and the
-    grade says which model made each attempt and what each cost."""
+    prices). Cheap does not fix the bug, so strong's attempt is kept, and the grade says which model made each
+    attempt and what each cost. (Where cheap fixes it, strong is never asked: the first test above.)"""
     strong_prices = ["--escalate-set", "strong:price_prompt_per_mtok=10", "--escalate-set",
                      "strong:price_completion_per_mtok=30"]  # fmt: skip
     free = {
@@ -173,17 +178,6 @@ def test_a_cascade_pays_for_the_stronger_model_only_on_what_the_cheaper_one_did_
         "LLM_PRICE_COMPLETION_PER_MTOK": "0",
         "STRONG_KEY": STRONG_SECRET,
     }
-
-    cheap, strong = scripted_model([fixes] * 10), scripted_model([fixes] * 10)
-    out = tmp_path / "resolved-by-cheap"
-    proc = solve(buggy_repo, out, cheap.base_url, "--escalate-to", f"strong={strong.base_url},STRONG_KEY",
-                 *strong_prices, env=free)  # fmt: skip
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert posts(cheap) == 2 and posts(strong) == 0, "the stronger model is never asked"
-    grade = read_grade(out)
-    assert grade["kept_attempt"] == 1 and [a["model"] for a in grade["attempts"]] == ["cheap"]
-    assert grade["cost_usd"] == 0
-    digest = grade["config_digest"]
 
     cheap, strong = scripted_model([gives_up] * 10), scripted_model([fixes] * 10)
     out = tmp_path / "escalated"
@@ -205,7 +199,6 @@ def test_a_cascade_pays_for_the_stronger_model_only_on_what_the_cheaper_one_did_
     # the configuration names the whole cascade, never a key
     later = grade["config"]["escalate_to"]
     assert [(m["model"], m["base_url"]) for m in later] == [("strong", strong.base_url)]
-    assert grade["config_digest"] != digest, "another endpoint is another configuration"
     assert "resolved at attempt 2 of 2 (strong)" in proc.stdout
     text = every_file_text(out) + proc.stdout + proc.stderr
     assert SECRET not in text and STRONG_SECRET not in text
@@ -286,3 +279,37 @@ def test_bad_attempts_or_escalation_options_exit_2_in_one_line(
     result = CliRunner().invoke(app, given)
     assert result.exit_code == 2 and says in " ".join(result.output.split()), result.output
     assert "Traceback" not in result.output and not out.exists()
+
+
+def test_an_attempt_held_for_review_is_not_kept_and_the_next_one_runs() -> None:
+    """The grade of a run whose first attempt's tests passed with a suspicious signal (held for review: not
+    resolved) and whose second attempt was resolved keeps the second; had the second not been resolved either,
+    none would be kept and the verdict would be the last attempt's (the grades here are made by hand: the clean
+    room's side of it is tests/test_grading.py's)."""
+    from bugsweep.attempts import AttemptOutcome, PlannedAttempt, combine, kept, resolved_at
+    from bugsweep.grading import Grade
+    from bugsweep.settings import ModelSettings
+
+    model = ModelSettings(base_url="http://m/v1", model="m")
+    held = Grade(instance_id="t", passes_after=True, held_for_review=True, suspicious=["calc.py:2: inspect"],
+                 reason="held", turns=2, cost_usd=0.5)  # fmt: skip
+    fixed = Grade(instance_id="t", resolved=True, passes_after=True, turns=3, cost_usd=0.25)
+    failed = Grade(instance_id="t", reason="the tests fail after the change", turns=1, cost_usd=0.125)
+
+    def outcome(n: int, grade: Grade) -> AttemptOutcome:
+        return AttemptOutcome(
+            PlannedAttempt(n, 1, model), grade, None, "", wall_s=1.0, folder=f"attempts/{n}"
+        )
+
+    config = {"agent": {"attempts": 2}, "escalate_to": []}
+    both = combine([outcome(1, held), outcome(2, fixed)], model="m").model_copy(update={"config": config})
+    assert both.resolved and both.kept_attempt == 2 and not both.held_for_review
+    assert [a.verdict for a in both.attempts] == ["held for review", "resolved"]
+    assert (both.turns, both.cost_usd) == (5, 0.75) and resolved_at(both) == "resolved at attempt 2 of 2"
+
+    neither = [outcome(1, held), outcome(2, failed)]
+    assert kept(neither) is None
+    grade = combine(neither, model="m").model_copy(update={"config": config})
+    assert not grade.resolved and grade.kept_attempt is None and not grade.held_for_review
+    assert grade.reason == "the tests fail after the change" and grade.attempts[0].held_for_review
+    assert resolved_at(grade) == "not resolved in 2 attempts"
