@@ -33,8 +33,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from sandbox_start import make_big_repo, ms, tree_mb
 
-from bugsweep import cleanroom, pipeline
-from bugsweep.grading import GIT, run_tests
+from bugsweep import pipeline
+from bugsweep.grading import cleanroom
+from bugsweep.grading.runs import GIT, run_tests
 from bugsweep.sandbox.local import LocalProvider
 from bugsweep.settings import SandboxSettings
 from bugsweep.spec import TaskSpec

@@ -1,5 +1,5 @@
 """The run folder: what one task's run leaves on disk (grade.json last, so that a folder with a grade is complete),
-patch.diff, the test logs, setup.log, environment.txt and task.json. trajectory.json is the loop's (saved after every
+patch.diff, the test logs (before, after, and the regrade's mirror run: grade.json `mirror`), setup.log, environment.txt and task.json. trajectory.json is the loop's (saved after every
 step); bugsweep.storage uploads the folder.
 """
 
@@ -20,6 +20,7 @@ def write_run_dir(
     patch: str | None = None,
     before: TestRun | None = None,
     after: TestRun | None = None,
+    mirror: TestRun | None = None,
     setup_log: str | None = None,
     spec: TaskSpec | None = None,
     environment: Environment | None = None,
@@ -35,7 +36,7 @@ def write_run_dir(
         verdict.environment = environment.record()
     if patch is not None:
         (out_dir / "patch.diff").write_text(patch, encoding="utf-8")
-    for name, run in (("tests_before.log", before), ("tests_after.log", after)):
+    for name, run in (("tests_before.log", before), ("tests_after.log", after), ("tests_mirror.log", mirror)):
         if run is not None:
             (out_dir / name).write_text(_test_log(run), encoding="utf-8")
     if setup_log:
@@ -53,10 +54,4 @@ def write_run_dir(
 def _test_log(run: TestRun) -> str:
     status = "timed out" if run.timed_out else f"exit code {run.exit_code}"
     header = f"$ {run.command}\n# {status}, {run.duration_s:.1f} s\n"
-    if run.canary is not None:
-        header += (
-            f"# with the tripwire's canary tests ({run.canary.path}, written by bugsweep for this run): "
-            f"{', '.join(run.canary.must_fail)} must fail, {', '.join(run.canary.must_pass)} must pass; "
-            "grade.json `tripwire` says what the runner reported\n"
-        )
     return header + run.log
