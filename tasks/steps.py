@@ -313,6 +313,7 @@ def summary_row(
         "artifacts": uploaded_to or "",
         "suspicious": "; ".join(verdict.suspicious[:3]),
         "held_for_review": verdict.held_for_review,
+        "evidence": verdict.evidence,
     }
 
 
@@ -332,7 +333,9 @@ def sweep_outcome(rows: list[dict[str, Any]]) -> str:
 
 
 def _cell(row: dict[str, Any]) -> str:
-    return "yes" if row["resolved"] else "held for review" if row.get("held_for_review") else "no"
+    if row["resolved"]:
+        return "yes (exit code only)" if str(row.get("evidence") or "").startswith("exit code") else "yes"
+    return "held for review" if row.get("held_for_review") else "no"
 
 
 def summary_markdown(sweep: str, rows: list[dict[str, Any]], location: str, review: str | None = None) -> str:
