@@ -406,6 +406,8 @@ DUMP = (
     "        'modules': sorted(sys.modules), 'host': socket.gethostname(), 'cgroup': _read('/proc/self/cgroup'),\n"
     "        'mountinfo': _read('/proc/self/mountinfo'), 'site': sorted(os.listdir(site)),\n"
     "        'fds': sorted(os.listdir('/proc/self/fd')), 'ids': [os.getuid(), os.getpid(), os.getppid()],\n"
+    "        'probe': [(n, tuple(os.stat(os.path.join(site, n)))[:7] + (os.stat(os.path.join(site, n)).st_mtime,))\n"
+    "                  for n in sorted(os.listdir(site)) if 'probe' in n],\n"
     "    }\n"
     "    os.write(1, ('\\nDUMP ' + json.dumps(view, sort_keys=True) + '\\n').encode())\n"
 )
@@ -449,24 +451,14 @@ def test_an_honest_fix_resolves_and_both_runs_see_the_same(
         views.append(json.loads(found[0]))
     real, mirrored = views
     assert real["env"] == mirrored["env"], "the same variables, to the hash seed"
-    assert not [k for k in real["env"] if "BUGSWEEP" in k.upper()] and "/bugsweep" not in json.dumps(
-        real["env"]
-    )
-    for key in (
-        "argv",
-        "orig_argv",
-        "cwd",
-        "parent",
-        "init",
-        "modules",
-        "host",
-        "cgroup",
-        "site",
-        "fds",
-        "ids",
-    ):
-        assert real[key] == mirrored[key], key
+    assert not [k for k in real["env"] if "BUGSWEEP" in k.upper()], "no variable of bugsweep's"
+    assert "/bugsweep" not in json.dumps(real["env"]), "no path of bugsweep's"
+    same = ("argv", "orig_argv", "cwd", "parent", "init", "modules", "host", "cgroup", "site", "fds", "ids")
+    assert {k: real[k] for k in same} == {k: mirrored[k] for k in same}
     assert "bugsweep_probe" in real["modules"], "the probe is there, in both"
+    for (name, stat), (other, stat_other) in zip(real["probe"], mirrored["probe"], strict=True):
+        # (mode, inode, device, links, uid, gid, size, mtime): the inode and the device are the kernel's numbers
+        assert name == other and stat[:1] + stat[3:] == stat_other[:1] + stat_other[3:], name
 
     def kernel_numbers(text: str) -> str:
         return re.sub(r"\d+", "#", text)

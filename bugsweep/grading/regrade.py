@@ -60,13 +60,19 @@ def regrade_change(
     plan = plan_pair(before, spec.test_command)
     with contextlib.ExitStack() as stack:
 
-        def fresh() -> tuple[Sandbox, cleanroom.TreeAccess, harness.EnvFacts]:
+        def fresh(
+            known: harness.EnvFacts | None = None,
+        ) -> tuple[Sandbox, cleanroom.TreeAccess, harness.EnvFacts]:
             sandbox = stack.enter_context(make_sandbox())
             measured.append(sandbox)
             tree = cleanroom.tree_access(sandbox)
             if tree is None:
                 raise InfraError(f"the sandbox {sandbox.id} gives no access to its files from outside")
-            return sandbox, tree, harness.install_probe(sandbox)
+            return (
+                sandbox,
+                tree,
+                harness.install_probe(sandbox) if known is None else harness.copy_probe(sandbox, known),
+            )
 
         first, first_tree, facts = fresh()
         old = {c.path: first_tree.read(c.path, c.old, check=False) for c in changes if c.old}
@@ -91,7 +97,7 @@ def regrade_change(
         first_tree.apply(kept, new)
         runs: dict[str, Callable[[], TestRun]] = {}
         if plan.ready:
-            second, second_tree, _ = fresh()
+            second, second_tree, _ = fresh(facts)
             second_tree.apply(kept, new)
             pair = [first, second]
             mirror_at = secrets.randbelow(
@@ -102,7 +108,7 @@ def regrade_change(
                 told = harness.Instruction(armed=plan.armed_instruction(), mirror=name == "mirror")
                 runs[name] = _runner(sandbox, plan.command or "", timeout, per_test_timeout, facts, told, env)
             if plan.own_run:
-                third, third_tree, _ = fresh()
+                third, third_tree, _ = fresh(facts)
                 third_tree.apply(kept, new)
                 runs["task"] = _runner(third, spec.test_command, timeout, per_test_timeout, facts)
         else:
