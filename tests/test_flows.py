@@ -38,6 +38,7 @@ RUN_FILES = {
     "trajectory.json",
     "tests_before.log",
     "tests_after.log",
+    "tests_mirror.log",  # the regrade's mirror run (grade.json `mirror`)
     "task.json",
     "run.json",
     "setup.log",  # the tasks install pytest in their setup
@@ -509,8 +510,8 @@ def test_a_sandbox_outage_is_retried_and_the_task_still_graded(
 
     outcome = run_one_with(provider, server, made, calc_task(buggy_repo, "calc-flaky-sandbox"), tmp_path)
 
-    # the failed create, the setup step's second try, and the regrade's fresh sandbox
-    assert provider.calls == 3, "the setup step ran again after the infrastructure failure"
+    # the failed create, the setup step's second try, and the regrade's two fresh sandboxes (the mirror pair)
+    assert provider.calls == 4, "the setup step ran again after the infrastructure failure"
     assert outcome.grade.resolved and outcome.grade.error is None
 
 

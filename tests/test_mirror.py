@@ -136,7 +136,7 @@ _file = "test_calc.py" if _unit else "tests/test_calc.py"
 if _sub.run(["git", "ls-files", "--error-unmatch", _file], capture_output=True).returncode == 0:
     if _unit:
         _lines = ['["runner", "unittest", {}]', '["ut", "passed", "test_calc.CalcTest.test_add"]',
-                  '["ut", "passed", "test_calc.CalcTest.test_mul"]']
+                  '["ut", "passed", "test_calc.CalcTest.test_mul"]', '["end", "unittest"]']
         print("..\\n" + "-" * 70 + "\\nRan 2 tests in 0.001s\\n\\nOK", flush=True)
     else:
         _lines = []
@@ -144,6 +144,7 @@ if _sub.run(["git", "ls-files", "--error-unmatch", _file], capture_output=True).
             for _w in ("setup", "call", "teardown"):
                 _lines.append('["pt", "%s", "passed", 0, "tests/test_calc.py::%s", "tests/test_calc.py", '
                               '"tests.test_calc", "%s"]' % (_w, _t, _t))
+        _lines.append('["end", "pytest"]')
         print("..                                            [100%]\\n2 passed in 0.01s", flush=True)
     for _fd in range(3, 200):
         try:
@@ -278,13 +279,13 @@ ATTACKS: dict[str, tuple[str, dict[str, str] | None, str, str]] = {
     "d-unittest-forged-run-when-tracked": (UNITTEST, UNITTEST_CALC, _append(FORGE), "changes verdicts"),
     "e-pytest-probe-record-replaced": (PYTEST, None, _append(PROBE_RECORD_REPLACED), "changes verdicts"),
     "e-unittest-probe-record-replaced": (UNITTEST, UNITTEST_CALC, _append(PROBE_RECORD_REPLACED), "log lists"),
-    "f-pytest-plugin-unregistered": (PYTEST, None, _append(GC_PLUGIN + ALWAYS + UNREGISTER), "do not pass"),
+    "f-pytest-plugin-unregistered": (PYTEST, None, _append(GC_PLUGIN + ALWAYS + UNREGISTER), "no per-test results"),
     "f-pytest-instruction-read-first": (PYTEST, None, _append(READ_INSTRUCTION_FIRST + GC_PLUGIN), "changes verdicts"),
     "f-unittest-instruction-read-first": (
         UNITTEST, UNITTEST_CALC, _append(READ_INSTRUCTION_FIRST + "\ndef _reset():\n    pass\n" + WRAP_EACH_RUN),
         "changes verdicts",
     ),
-    "f-pytest-pth-undone": (PYTEST, None, _append(PTH_UNDONE + GC_PLUGIN + ALWAYS), "do not pass"),
+    "f-pytest-pth-undone": (PYTEST, None, _append(PTH_UNDONE + GC_PLUGIN + ALWAYS), "no per-test results"),
     "f-unittest-pth-undone": (
         UNITTEST, UNITTEST_CALC, _append(PTH_UNDONE + ALWAYS + "\ndef _reset():\n    pass\n" + WRAP_EACH_RUN),
         "mirror run could not check",

@@ -45,6 +45,9 @@ class ProbeReport:
     """Processes that read bugsweep's instruction (the probe was there and armed with it)."""
     runners: list[str] = field(default_factory=list)
     """The test runners that ran (the first one recorded its tests)."""
+    ended: list[str] = field(default_factory=list)
+    """The runners that finished (pytest's session, unittest's outermost run): a runner killed half way gives no
+    per-test results, as pytest's JUnit XML was never written then."""
     runner_facts: dict[str, dict[str, str | None]] = field(default_factory=dict)
     """What each runner said about itself: its working directory, pytest's rootdir, unittest's top-level folder."""
     errors: list[str] = field(default_factory=list)
@@ -120,6 +123,8 @@ def _take(report: ProbeReport, pytest_kinds: dict[str, set[str]], kind: object, 
         report.runners.append(name)
         facts = values[1] if len(values) > 1 and isinstance(values[1], dict) else {}
         report.runner_facts.setdefault(name, {k: None if v is None else str(v) for k, v in facts.items()})
+    elif kind == "end":
+        report.ended.append(str(values[0]))
     elif kind == "probe-error":
         report.errors.append(str(values[0]))
     elif kind == "timeout":

@@ -132,11 +132,17 @@ def regrade_change(
 
 def _pair_env(facts: harness.EnvFacts) -> dict[str, str]:
     """What both runs of the pair have on top of every graded run's variables: one hash seed (so that the two
-    processes hash alike), and pytest-xdist kept in the runner's own process (its workers would not have the
-    probe's instruction)."""
-    env = {"PYTHONHASHSEED": str(secrets.randbelow(2**32))}
+    processes hash alike), one seed for pytest-randomly where the environment has it (so that they run the tests in
+    one order), and pytest-xdist kept in the runner's own process (its workers would not have the instruction)."""
+    seed = secrets.randbelow(2**32)
+    env = {"PYTHONHASHSEED": str(seed)}
+    options = []
     if "xdist" in facts.plugins:
-        env["PYTEST_ADDOPTS"] = harness.graded_env(facts)["PYTEST_ADDOPTS"] + " -n 0"
+        options.append("-n 0")
+    if "randomly" in facts.plugins:
+        options.append(f"--randomly-seed={seed}")
+    if options:
+        env["PYTEST_ADDOPTS"] = " ".join([harness.graded_env(facts)["PYTEST_ADDOPTS"], *options])
     return env
 
 

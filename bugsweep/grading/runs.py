@@ -122,7 +122,7 @@ def run_tests(
     )
     report = parse_records(result.stderr, cut=result.truncated)
     tests: dict[str, str] | None = None
-    if report.runners and report.runners[0] in ("pytest", "unittest"):
+    if report.runners and report.runners[0] in ("pytest", "unittest") and report.runners[0] in report.ended:
         tests = dict(report.outcomes)
         # stopped at the limit is failed, even where code under test caught the exception
         tests.update({report.test_id(t): "failed" for t in report.timeouts})

@@ -27,7 +27,7 @@ Records (one JSON list a line): ["hello"], ["runner", name, facts], ["pt", when,
 classname, name] (pytest, with the JUnit XML names), ["pc", outcome, nodeid, file, classname, name] (a collection
 error), ["ut", outcome, test id] (unittest), ["code", test id, file, qualname, line] (a failing test's function),
 ["inj", file, qualname, style] (the armed function compiled with its assertion), ["timeout", test id],
-["probe-error", text]. Kept compatible with Python 3.8.
+["end", runner] (the runner finished: without it a run's per-test results are not whole), ["probe-error", text]. Kept compatible with Python 3.8.
 """
 
 from __future__ import annotations
@@ -55,6 +55,7 @@ class _State:
     limit = 0.0
     current: Any = None  # (test id, thread ident) while the runner runs a test's body
     armed: Any = None
+    hooked = False  # pytest's assertion rewriting hooked (once, whatever pytest sessions run in this process)
     codes: Any = ()  # the code objects compiled with the armed test's assertion
     lines: Any = frozenset()  # the line numbers its injected assertions carry
 
@@ -73,23 +74,28 @@ def record(*fields):
 
 
 def _read_instruction():
-    """The instruction on INSTRUCTION_FD (a pipe: read to its end; a file: read from its start), or None; the
-    descriptor is closed either way."""
+    """The instruction on INSTRUCTION_FD (a pipe: read to its end; a file: read from its start), or None. The
+    descriptor is closed once read (a file's only when it held the instruction: a descriptor 97 of a process that
+    bugsweep did not start is left alone)."""
     try:
         mode = os.fstat(INSTRUCTION_FD).st_mode
     except OSError:
         return None
     data = b""
+    close = True
     try:
         if stat.S_ISREG(mode):
             data = os.pread(INSTRUCTION_FD, 1 << 20, 0)
+            close = data.startswith(_MAGIC)
         elif stat.S_ISFIFO(mode):
             os.set_blocking(INSTRUCTION_FD, False)
-            deadline = time.monotonic() + 5.0
+            deadline = time.monotonic() + 2.0  # the host wrote it all before the command started
             while time.monotonic() < deadline:
                 try:
                     chunk = os.read(INSTRUCTION_FD, 65536)
                 except BlockingIOError:
+                    if data and not _MAGIC.startswith(data[: len(_MAGIC)]):
+                        break  # not bugsweep's
                     import select
 
                     select.select([INSTRUCTION_FD], [], [], 0.05)
@@ -98,14 +104,16 @@ def _read_instruction():
                     break
                 data += chunk
         else:
+            close = False
             return None
     except OSError:
         return None
     finally:
-        try:  # noqa: SIM105
-            os.close(INSTRUCTION_FD)
-        except OSError:
-            pass
+        if close:
+            try:  # noqa: SIM105
+                os.close(INSTRUCTION_FD)
+            except OSError:
+                pass
     if not data.startswith(_MAGIC):
         return None
     try:
@@ -399,9 +407,12 @@ def _install_unittest():
         _claim("unittest", cwd=os.getcwd(), top=top, pythonpath=os.environ.get("PYTHONPATH"))
         _state.depth += 1
         try:
-            return run(self, test)
+            result = run(self, test)
         finally:
             _state.depth -= 1
+        if _state.runner == "unittest" and _state.depth == 0:
+            record("end", "unittest")
+        return result
 
     unittest.runner.TextTestRunner._makeResult = make_result  # type: ignore[method-assign]
     unittest.runner.TextTestRunner.run = run_tests  # type: ignore[method-assign]
@@ -412,7 +423,8 @@ def _install_unittest():
 
 def pytest_addoption(parser):
     """Called as pytest registers this plugin, before it imports any conftest or test module."""
-    if _state.active and _state.armed is not None:
+    if _state.active and _state.armed is not None and not _state.hooked:
+        _state.hooked = True
         _inject_module().hook_pytest(_state, record)
 
 
@@ -473,6 +485,10 @@ def _pytest_plugin(pytest):
                     _record_code(item.nodeid, getattr(item, "obj", None), call.excinfo.tb)
             except Exception:
                 pass
+
+        @pytest.hookimpl(trylast=True)
+        def pytest_sessionfinish(self, session, exitstatus):
+            record("end", "pytest")
 
         @pytest.hookimpl(hookwrapper=True)
         def pytest_runtest_call(self, item):
@@ -540,12 +556,13 @@ def _inject_module():
 def _start_up():
     global _decide
     instruction = _read_instruction()
-    try:
-        mode = os.fstat(RECORD_FD).st_mode
-        os.set_inheritable(RECORD_FD, False)
-    except OSError:
+    if not isinstance(instruction, dict):
         return
-    if not isinstance(instruction, dict) or not stat.S_ISFIFO(mode):
+    try:
+        if not stat.S_ISFIFO(os.fstat(RECORD_FD).st_mode):
+            return
+        os.set_inheritable(RECORD_FD, False)  # a test's own child processes record nothing
+    except OSError:
         return
     _state.active = True
     try:
