@@ -18,7 +18,7 @@ from pydantic import BaseModel, Field
 from bugsweep.errors import SandboxError, TaskError, setup_failed
 from bugsweep.grading import run_tests
 from bugsweep.sandbox.base import RepoSource, SandboxProvider
-from bugsweep.spec import TaskSpec, parse_tasks
+from bugsweep.spec import DEFAULT_SETUP_COMMAND, DEFAULT_TEST_COMMAND, TaskSpec, parse_tasks
 from bugsweep.storage import ArtifactStore, read_text
 from bugsweep.swebench import DEFAULT_REPOS_FROM, SweBenchRecords, specs_beside
 
@@ -62,12 +62,12 @@ class RepoBranch(BaseModel):
     repo: str = Field(description="A git URL, or a path on the worker.")
     branch: str = Field(default="main", description="Branch (or tag, or commit) to test.")
     test_command: str = Field(
-        default="python -m pytest -q", description="The pytest command; a test file is appended."
+        default=DEFAULT_TEST_COMMAND, description="The pytest command; a test file is appended."
     )
     setup_command: str | None = Field(
-        default="pip install pytest",
+        default=DEFAULT_SETUP_COMMAND,
         description="Runs once before the tests, in the task's own environment: installs what they need, the "
-        "test runner included (e.g. `pip install -e . pytest`).",
+        "test runner included (e.g. `pip install -e . pytest`). Empty: none.",
     )
 
 

@@ -41,6 +41,10 @@ from bugsweep.sandbox.base import (
 from bugsweep.settings import AgentSettings, ModelSettings
 from bugsweep.spec import TaskSpec
 
+#: Seconds a setup or a test run (before or after the agent) may take: the core's own limit, over which the
+#: flows' steps add only a backstop (tasks.steps).
+STEP_TIMEOUT_S = 1800.0
+
 if TYPE_CHECKING:
     from bugsweep.agent.loop import AgentEvent, AgentProgress, AgentResult
     from bugsweep.agent.model import ChatModel
@@ -126,7 +130,7 @@ def read_task_state(
         raise TaskError(f"the task state cannot be read: {exc}") from None
 
 
-def setup(prepared: PreparedTask, timeout: float = 1800.0, network: bool = True) -> None:
+def setup(prepared: PreparedTask, timeout: float = STEP_TIMEOUT_S, network: bool = True) -> None:
     """Build the task's environment: run the setup command (with network, if allowed) in the sandbox's task
     environment, or reuse a finished one with the same key (the sandbox backend decides; the log says which), then
     record the task state again, and keep it as a read-only layer (`task_layer`) for the regrade's fresh sandbox.
@@ -161,7 +165,7 @@ def setup(prepared: PreparedTask, timeout: float = 1800.0, network: bool = True)
 
 
 def baseline(
-    prepared: PreparedTask, timeout: float = 1800.0, per_test_timeout: float | None = None
+    prepared: PreparedTask, timeout: float = STEP_TIMEOUT_S, per_test_timeout: float | None = None
 ) -> TestRun:
     """Run the tests before the agent starts. They must fail, or there is no bug to fix; and they must run, or a
     failure says nothing (TestCommandCannotRun: the program is missing, pytest found no test or was misused)."""
@@ -219,7 +223,7 @@ def regrade(
     *,
     model_name: str = "",
     agent_settings: AgentSettings | None = None,
-    timeout: float = 1800.0,
+    timeout: float = STEP_TIMEOUT_S,
 ) -> tuple[Grade, TestRun | None, str]:
     """Grade the agent's change in a clean room (bugsweep.grading.regrade). Returns (grade, after-run, patch.diff).
 

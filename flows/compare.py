@@ -32,16 +32,18 @@ from bugsweep.report import (
     render_markdown,
     write_report,
 )
-from bugsweep.runconfig import ModelFields, resolve_policy
-from bugsweep.settings import AgentSettings, ModelSettings
+from bugsweep.runbuilder import build_run
+from bugsweep.runconfig import ModelChoices, ModelFields, chosen, merge_choices
+from bugsweep.settings import ModelSettings
 from bugsweep.spec import TaskSpec
 from flows.common import (
     RELEASE_SANDBOXES_HOOKS,
-    AgentLimits,
+    AgentChoices,
     RunSetup,
     SandboxName,
     current_flow_run_id,
-    load_run_config,
+    load_sandboxes,
+    load_store,
 )
 from flows.solve_bug import Job, solve_many
 from flows.sweep import TaskSource
@@ -52,12 +54,16 @@ from tasks.publish import artifact_key
 REPORT_FILES = ("report.md", "report.json", "report.html")
 
 
-class ModelEntry(ModelFields):
+class ModelEntry(ModelChoices):  # ModelFields' fields, each unset unless given (bugsweep.runconfig)
     """One entry of a comparison: a display name, an endpoint (bugsweep.runconfig.ModelFields: URL, model id,
     temperature, reply limit, prices, ...), the env var holding its API key, and its own agent limits or policy.
 
-    Two entries may be two configurations of one model (another policy, 20 vs 40 turns, another temperature):
-    each is stored and reported under its own name and configuration digest."""
+    Its settings are a run's like any other (bugsweep.runbuilder): what the entry gives, then the environment
+    (LLM_TEMPERATURE, LLM_MAX_TOKENS_PER_REPLY, LLM_PRICE_*, ...; never LLM_BASE_URL, LLM_MODEL or LLM_API_KEY: an
+    entry always names its endpoint, model and key), then the default; its `limits` are merged over the
+    comparison's (runconfig.merge_choices), then BUGSWEEP_*, then the default, from the command line and from the
+    flow alike. Two entries may be two configurations of one model (another policy, 20 vs 40 turns, another
+    temperature): each is stored and reported under its own name and configuration digest."""
 
     name: str
     """Shown in the report; also the model id sent to the endpoint unless `model` is set."""
@@ -67,9 +73,9 @@ class ModelEntry(ModelFields):
     """Model id sent to the endpoint; unset: `name`."""
     key_env: str | None = None
     """Environment variable with the API key; unset: no key (fine for self-hosted endpoints)."""
-    limits: AgentLimits | None = None
-    """This entry's own agent limits and policy, instead of the comparison's `limits`; unset: the comparison's,
-    the same for every entry."""
+    limits: AgentChoices | None = None
+    """This entry's own agent limits and policy, over the comparison's `limits` (a field left empty: the
+    comparison's); unset: the comparison's, the same for every entry."""
 
     @classmethod
     def parse(cls, text: str) -> ModelEntry:
@@ -90,41 +96,46 @@ class ModelEntry(ModelFields):
 
     def set(self, field: str, value: str) -> None:
         """Set one of the entry's endpoint fields or agent limits by name, from text (`--model-set`)."""
-        if field in AgentLimits.model_fields:
-            merged = {**(self.limits.model_dump(exclude_unset=True) if self.limits else {}), field: value}
-            self.limits = AgentLimits.model_validate(merged)
+        if field in AgentChoices.model_fields:
+            self.limits = merge_choices(self.limits, AgentChoices.model_validate({field: value}))
         elif field in ModelFields.model_fields and field not in ("base_url", "model"):
-            checked = ModelFields.model_validate({field: value})
+            checked = ModelChoices.model_validate({field: value})
             setattr(self, field, getattr(checked, field))
         else:
-            known = sorted({*AgentLimits.model_fields, *ModelFields.model_fields} - {"base_url", "model"})
+            known = sorted({*AgentChoices.model_fields, *ModelFields.model_fields} - {"base_url", "model"})
             raise ConfigError(
                 f"{field!r} is not a setting of a model entry: choose one of {', '.join(known)}"
             )
 
     def settings(self) -> ModelSettings:
-        """ModelSettings for this model, with the key read from its env var now (never stored, never logged)."""
+        """ModelSettings for this model, with the key read from its env var now (never stored, never logged): the
+        fields it gives over LLM_* over the defaults."""
         key = ""
         if self.key_env:
             key = os.environ.get(self.key_env, "")
             if not key:
                 raise ConfigError(f"model {self.name!r}: environment variable {self.key_env} is not set")
-        endpoint = ModelFields.model_validate(
-            {**self.model_dump(include=set(ModelFields.model_fields)), "model": self.model or self.name}
+        given = chosen(self, set(ModelFields.model_fields) - {"base_url", "model"})
+        return ModelSettings(
+            **given, base_url=self.base_url, model=self.model or self.name, api_key=SecretStr(key)
         )
-        return ModelSettings.of_endpoint(endpoint, SecretStr(key))
 
 
-def run_setups(base: RunSetup, models: list[ModelEntry]) -> list[tuple[ModelEntry, RunSetup]]:
-    """Per entry: its RunSetup (the shared sandbox and store, its own endpoint, its own limits or the comparison's,
-    its policy resolved) with the configuration that makes. Runs are stored as NAME/TASK/ENTRY/CONFIG/run-N."""
+def run_setups(
+    models: list[ModelEntry], limits: AgentChoices | None, provider: Any, store: Any, local_dir: Path,
+    flow_run_id: str | None,
+) -> list[tuple[ModelEntry, RunSetup]]:  # fmt: skip
+    """Per entry: its RunSetup (the shared sandboxes and store, its own endpoint, its limits merged over the
+    comparison's), built as every run is (bugsweep.runbuilder.build_run). Runs are stored as
+    NAME/TASK/ENTRY/CONFIG/run-N."""
     names = [m.name for m in models]
     if len(set(names)) != len(names):
         raise ConfigError(f"model names must be unique: {names}")
     return [
-        (m, base.with_model(m.settings(), AgentSettings.with_limits(m.limits) if m.limits else base.agent))
+        (m, RunSetup.of(build_run(merge_choices(limits, m.limits), endpoint=m.settings(), provider=provider),
+                        store, local_dir, flow_run_id))
         for m in models
-    ]
+    ]  # fmt: skip
 
 
 @flow(
@@ -137,9 +148,9 @@ def compare_models(
     models: list[ModelEntry],
     runs: Annotated[int, Field(ge=1, le=100)] = 3,
     name: str | None = None,
-    sandbox: SandboxName = "local",
+    sandbox: SandboxName | None = None,
     store: S3Bucket | None = None,
-    limits: AgentLimits = AgentLimits(),
+    limits: AgentChoices = AgentChoices(),
     concurrency: Annotated[int, Field(ge=1, le=256)] = 4,
     report_dir: str | None = None,
 ) -> ComparisonReport:
@@ -151,16 +162,16 @@ def compare_models(
     """
     quiet_thread_timeout_warnings()
     logger = get_run_logger()
-    # Every entry is an endpoint of its own, never the embedded model: unset, the policy is BUGSWEEP_POLICY or plain.
-    policy = resolve_policy(limits.policy or AgentSettings().policy, embedded=False)
-    limits = limits.model_copy(update={"policy": policy})
-    base = load_run_config(None, sandbox, store, limits, flow_run_id=current_flow_run_id())
+    if not models:
+        raise ConfigError("a comparison needs at least one task and one model")
+    artifacts, local_dir = load_store(store)
+    setups = run_setups(models, limits, load_sandboxes(sandbox), artifacts, local_dir, current_flow_run_id())
+    base = setups[0][1]
     name = name or default_name(source)
     list_tasks = steps.list_tasks.with_options(retry_delay_seconds=steps.retry_delays_s())
     specs = list_tasks(source, base.provider, base.store, setup_network=base.setup_network)
-    if not specs or not models:
+    if not specs:
         raise ConfigError("a comparison needs at least one task and one model")
-    setups = run_setups(base, models)
     logger.info(
         "%d runs: %d model(s) x %d task(s) x %d run(s), %d at once",
         len(models) * len(specs) * runs, len(models), len(specs), runs, concurrency,
@@ -234,8 +245,8 @@ def compare(
     concurrency: int = 4,
     report_dir: str | Path | None = None,
     name: str | None = None,
-    sandbox: SandboxName = "local",
-    limits: AgentLimits | None = None,
+    sandbox: SandboxName | None = None,
+    limits: AgentChoices | None = None,
 ) -> ComparisonReport:
     """Run the flow on a tasks.jsonl (a local path or s3://..., or a TaskFile saying where its SWE-bench records'
     commands and repositories come from): what `bugsweep compare` calls."""
@@ -250,7 +261,7 @@ def compare(
         runs=runs,
         name=name,
         sandbox=sandbox,
-        limits=limits or AgentLimits(),
+        limits=limits or AgentChoices(),
         concurrency=concurrency,
         report_dir=str(report_dir) if report_dir else None,
     )

@@ -26,17 +26,18 @@ from bugsweep.branches import ADHOC, read_branch_record
 from bugsweep.errors import BugsweepError, ConfigError, InfraError, StorageError, failure_kind
 from bugsweep.grading import Grade, verdict_word
 from bugsweep.pipeline import failed_grade
-from bugsweep.spec import TaskSpec
+from bugsweep.spec import DEFAULT_SETUP_COMMAND, DEFAULT_TEST_COMMAND, TaskSpec, same_task
 from bugsweep.storage import GRADE_FILE, PENDING_FILE, mark_pending, pending_key, run_key
 from flows.common import (
     LIVE_SANDBOXES,
     RELEASE_SANDBOXES_HOOKS,
-    AgentLimits,
+    AgentChoices,
     RunSetup,
     SandboxName,
     branches_field,
     current_flow_run_id,
     form_field,
+    limits_field,
     load_run_config,
     model_endpoint,
     model_field,
@@ -184,8 +185,8 @@ def upload_outcome(outcome: TaskOutcome, run: RunSetup) -> TaskOutcome:
 def kept_grade(out_dir: Path, spec: TaskSpec, model: str, config_digest: str) -> Grade | None:
     """The grade an earlier run of this very task left in `out_dir` when its upload failed; None if there is none.
 
-    Only a real grade (not a failed attempt) of the same task definition by the same model under the same
-    configuration counts.
+    Only a real grade (not a failed attempt) of the same task (bugsweep.spec.same_task) by the same model under the
+    same configuration counts.
     """
     if pending_key(out_dir) is None:
         return None
@@ -194,7 +195,9 @@ def kept_grade(out_dir: Path, spec: TaskSpec, model: str, config_digest: str) ->
         stored = TaskSpec.model_validate_json((out_dir / "task.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    if verdict.error or verdict.model != model or verdict.config_digest != config_digest or stored != spec:
+    if verdict.error or verdict.model != model or verdict.config_digest != config_digest:
+        return None
+    if not same_task(stored, spec):
         return None
     return verdict
 
@@ -302,12 +305,12 @@ def solve_bug(
         "The bug in words, as you would tell a colleague: what fails, and what should happen.",
     ),
     test_command: str = form_field(
-        "python -m pytest -q",
+        DEFAULT_TEST_COMMAND,
         "Test command",
         "Runs the tests in the repository: it must fail before the fix and pass after it.",
     ),
     setup_command: str = form_field(
-        "pip install pytest",
+        DEFAULT_SETUP_COMMAND,
         "Setup command",
         "Runs once before the tests, with network access, in the task's own environment: installs what the tests "
         "need, the test runner included (e.g. pip install -e . pytest). Empty: none.",
@@ -317,10 +320,11 @@ def solve_bug(
     ),
     sweep: str = form_field(ADHOC, "Folder", "Folder in the artifact store: SWEEP/TASK/MODEL/CONFIG."),
     model: ModelEndpoint | None = model_field(),
-    sandbox: SandboxName = sandbox_field(),
+    sandbox: SandboxName | None = sandbox_field(),
     store: S3Bucket | None = store_field(),
-    limits: AgentLimits = form_field(
-        AgentLimits(), "Agent limits", "The agent's budget (turns, tokens, cost, time) and policy."
+    limits: AgentChoices = limits_field(
+        "The agent's budget (turns, tokens, cost, time) and policy; a field left empty: the worker's BUGSWEEP_* "
+        "variable, else the default."
     ),
     push_branches: bool = push_branches_field(),
     branches: GitBranches | None = branches_field(),

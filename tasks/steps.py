@@ -33,6 +33,7 @@ from bugsweep import branches, discover
 from bugsweep.discover import RepoBranch, TaskFile
 from bugsweep.errors import ConfigError, InfraError, SandboxGone, failure_kind, first_line
 from bugsweep.grading import Grade
+from bugsweep.pipeline import STEP_TIMEOUT_S
 from bugsweep.settings import AgentSettings, BranchSettings
 from bugsweep.spec import TaskSpec
 from bugsweep.storage import ArtifactStore, UploadResult, upload_run
@@ -66,8 +67,6 @@ def retry_delays_s() -> list[float]:
 
 #: Margin added to the core's own limits, so the core's timeout (a clear result) fires before Prefect's.
 TIMEOUT_MARGIN_S = 300.0
-#: The core's default test and setup timeouts (bugsweep.pipeline).
-STEP_TIMEOUT_S = 1800.0
 
 R = TypeVar("R")
 
@@ -129,7 +128,8 @@ STEP_OPTIONS: dict[str, dict[str, Any]] = {
         "timeout_seconds": STEP_TIMEOUT_S,
     },
     # Never retried: that would start the agent over and pay again for every turn made. A model endpoint outage is
-    # retried inside the turn by the model client (LLM_MAX_RETRIES), the one layer for it. Timeout: the agent's own.
+    # retried inside the turn by the model client (LLM_MAX_RETRIES), the one layer for it. Timeout: the agent's own
+    # wall-clock limit (max_wall_s) plus the margin; none when the run has none, as on the command line.
     "solve": {"retries": 0, "timeout_seconds": None},
     "regrade": {
         "retries": 1,
@@ -147,12 +147,19 @@ class PrefectSteps:
     """
 
     def __init__(self, agent_settings: AgentSettings) -> None:
-        self.agent_wall_s = agent_settings.max_wall_s or 3600.0
+        self.agent_wall_s = agent_settings.max_wall_s
         self.retry_delays_s = retry_delays_s()
 
-    def __call__(self, name: str, fn: Callable[..., R], /, *args: Any, **kwargs: Any) -> R:
+    def options(self, name: str) -> dict[str, Any]:
+        """Prefect's options for step `name`: its retries, and its backstop timeout (the core's own limit plus
+        TIMEOUT_MARGIN_S; for solve the agent's wall-clock limit, and none when the run has none)."""
         options = dict(STEP_OPTIONS[name])
-        options["timeout_seconds"] = (options["timeout_seconds"] or self.agent_wall_s) + TIMEOUT_MARGIN_S
+        limit = options["timeout_seconds"] or self.agent_wall_s
+        options["timeout_seconds"] = None if limit is None else limit + TIMEOUT_MARGIN_S
+        return options
+
+    def __call__(self, name: str, fn: Callable[..., R], /, *args: Any, **kwargs: Any) -> R:
+        options = self.options(name)
         tries = 0
 
         @functools.wraps(fn)  # Prefect binds the step's parameters by fn's signature
@@ -231,9 +238,15 @@ def list_tasks(
 
 
 @task(name="summarize", cache_policy=NO_CACHE, persist_result=False)
-def summarize(sweep: str, rows: list[dict[str, Any]], location: str, review: str | None = None) -> None:
+def summarize(
+    sweep: str,
+    rows: list[dict[str, Any]],
+    location: str,
+    review: str | None = None,
+    notes: list[str] | None = None,
+) -> None:
     """A markdown summary and a table artifact for the sweep: task, model, resolved, turns, tokens, cost, time;
-    `review`: the link to its review page."""
+    `review`: the link to its review page; `notes`: what else the sweep decided, one line each."""
     if not rows:
         create_markdown_artifact(f"# Sweep `{sweep}`\n\nNo tasks.\n", key=artifact_key("sweep", sweep))
         return
@@ -241,7 +254,7 @@ def summarize(sweep: str, rows: list[dict[str, Any]], location: str, review: str
         rows, key=artifact_key("sweep", sweep, "table"), description=f"Sweep {sweep}: every task."
     )
     create_markdown_artifact(
-        summary_markdown(sweep, rows, location, review), key=artifact_key("sweep", sweep)
+        summary_markdown(sweep, rows, location, review, notes), key=artifact_key("sweep", sweep)
     )
 
 
@@ -271,18 +284,22 @@ def describe_event(event: AgentEvent) -> str:
 
 #: The status of a summary row that is another configuration's grade of the task, found in the store.
 OTHER_CONFIGURATION = "other configuration (graded before)"
+#: The status of a summary row whose grade another bugsweep made, kept by choice (keep_graded_by_other_code).
+KEPT_OTHER_CODE = "kept: graded by another bugsweep"
 
 
 def summary_row(
     verdict: Grade, *, skipped: bool = False, uploaded_to: str | None = None, upload_failed: bool = False,
     reused: bool = False, other_configuration: bool = False, branch: str | None = None,
-    branch_error: str | None = None,
+    branch_error: str | None = None, kept_other_code: bool = False,
 ) -> dict[str, Any]:  # fmt: skip
     """One row of the sweep table. `ran` is False when the task has no grade (it could not be run, for any reason:
     an outage, configuration, a crash, or the task's own setup or tests), its result was not stored, or its
     resolved fix was not pushed as the branch asked for (`branch_error`; the grade stands)."""
     if other_configuration:
         status = OTHER_CONFIGURATION
+    elif kept_other_code:
+        status = KEPT_OTHER_CODE
     elif skipped:
         status = "skipped (graded before)"
     elif verdict.error:
@@ -338,9 +355,16 @@ def _cell(row: dict[str, Any]) -> str:
     return "held for review" if row.get("held_for_review") else "no"
 
 
-def summary_markdown(sweep: str, rows: list[dict[str, Any]], location: str, review: str | None = None) -> str:
+def summary_markdown(
+    sweep: str,
+    rows: list[dict[str, Any]],
+    location: str,
+    review: str | None = None,
+    notes: list[str] | None = None,
+) -> str:
     """The sweep's own configuration's rows are counted; other configurations' grades of the same tasks are listed
-    below them, side by side, and counted per configuration. `review`: the link to the sweep's review page."""
+    below them, side by side, and counted per configuration. `review`: the link to the sweep's review page;
+    `notes`: lines said under the totals (grades made by another bugsweep: run again, or kept by choice)."""
     own = [r for r in rows if r["status"] != OTHER_CONFIGURATION]
     resolved = sum(1 for r in own if r["resolved"])
     failed = [r for r in own if r["status"].startswith("failed")]
@@ -357,6 +381,7 @@ def summary_markdown(sweep: str, rows: list[dict[str, Any]], location: str, revi
         + (", ".join(f"`{c or '-'}` (policy {p or '-'})" for c, p in configs) or "-")
         + f". Artifacts: `{location}`."
         + (f" [Review page]({review}): every task's evidence, diff and timeline." if review else ""),
+        *(["", *[f"- {note}." for note in notes]] if notes else []),
         "",
         "| task | model | policy | config | resolved | turns | tokens | cost (USD) | time (s) | status |",
         "| --- | --- | --- | --- | --- | ---: | ---: | ---: | ---: | --- |",

@@ -105,7 +105,6 @@ def test_compare_two_models_on_two_tasks(
     assert result.exit_code == 0, result.output
     assert SECRET not in result.output
     assert "fixer - quitter: +100 points per task" in result.output
-    assert "every model under policy plain" in result.output
     assert "Every model ran under the same agent policy: plain." in result.output
 
     report_dir = tmp_path / "artifacts" / "compare-tasks"

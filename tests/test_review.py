@@ -248,7 +248,7 @@ def s3_sweep(
     from prefect.artifacts import Artifact
 
     from bugsweep.discover import TaskFile
-    from flows.common import AgentLimits
+    from flows.common import AgentChoices
     from flows.sweep import SweepFailed, sweep
     from tests.support.seaweed import ACCESS_KEY, SECRET_KEY
 
@@ -280,7 +280,7 @@ def s3_sweep(
             mp.setenv(name, value)
         with pytest.raises(SweepFailed):  # one task could not run: the sweep ends FAILED, the others graded
             sweep(source=TaskFile(path=str(tmp / "nightly.jsonl")), name=sweep_name, concurrency=2,
-                  limits=AgentLimits(max_turns=4))  # fmt: skip
+                  limits=AgentChoices(max_turns=4))  # fmt: skip
         summary = Artifact.get(f"sweep-{sweep_name}")
         link = Artifact.get(f"sweep-{sweep_name}-review")
     yield {"store": store, "name": sweep_name, "env": env, "summary": summary, "link": link, "tmp": tmp}

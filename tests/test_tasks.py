@@ -119,3 +119,18 @@ def test_a_fault_a_lower_layer_retried_is_not_retried_by_a_step_and_solve_and_up
     assert push_branch.retries == 2 and push_branch.retry_condition_fn is retry_on_infra
     assert not_retried_below(BranchFailed("could not push bugsweep/n/t: connection refused"))
     assert not not_retried_below(ConfigError("the git server refused the push (Authentication failed)"))
+
+
+def test_each_steps_backstop_timeout_is_the_cores_limit_plus_a_margin_and_solve_has_the_runs_own() -> None:
+    """The timeouts docs/pipeline.md quotes ("Who retries what"): the core's own limit plus TIMEOUT_MARGIN_S; the
+    solve step's is the run's wall-clock limit, and a run without one has none, as on the command line."""
+    from bugsweep.pipeline import STEP_TIMEOUT_S
+    from bugsweep.settings import AgentSettings
+    from tasks.steps import TIMEOUT_MARGIN_S, PrefectSteps
+
+    steps = PrefectSteps(AgentSettings(max_wall_s=900))
+    assert steps.options("solve")["timeout_seconds"] == 900 + TIMEOUT_MARGIN_S
+    assert steps.options("setup")["timeout_seconds"] == 2 * STEP_TIMEOUT_S + TIMEOUT_MARGIN_S
+    assert steps.options("baseline")["timeout_seconds"] == STEP_TIMEOUT_S + TIMEOUT_MARGIN_S
+    assert steps.options("regrade")["timeout_seconds"] == STEP_TIMEOUT_S + TIMEOUT_MARGIN_S
+    assert PrefectSteps(AgentSettings(max_wall_s=None)).options("solve")["timeout_seconds"] is None

@@ -32,7 +32,11 @@ from bugsweep.cli.options import (
     task_file,
     with_limit_options,
 )
-from bugsweep.runconfig import AgentLimits  # at run time: with_limit_options reads the annotations
+from bugsweep.runconfig import (
+    BACKEND_UNSET,
+    AgentChoices,
+)  # at run time: with_limit_options reads the annotations
+from bugsweep.spec import DEFAULT_SETUP_COMMAND, DEFAULT_TEST_COMMAND
 
 console = Console(highlight=False)
 err = Console(stderr=True, highlight=False)
@@ -165,15 +169,22 @@ def sweep_command(
     branch: Annotated[str, typer.Option(help="With --repo: the branch to test.")] = "main",
     test_command: Annotated[
         str, typer.Option(help="With --repo: the pytest command.")
-    ] = "python -m pytest -q",
+    ] = DEFAULT_TEST_COMMAND,
     setup_command: Annotated[
-        str | None, typer.Option(help="With --repo: runs once before the tests.")
-    ] = None,
+        str,
+        typer.Option(
+            help="With --repo: runs once before the tests, in the task's own environment: installs what they "
+            "need, the test runner included (e.g. 'pip install -e . pytest'); '' for none."
+        ),
+    ] = DEFAULT_SETUP_COMMAND,
     name: Annotated[
         str | None, typer.Option(help="Sweep name (the S3 folder); default: the task file's or repo's name.")
     ] = None,
     concurrency: Annotated[int, typer.Option(min=1, help="Tasks at once.")] = 4,
-    sandbox: Annotated[str, typer.Option(help="'local' or 'runtime'.")] = "local",
+    sandbox: Annotated[
+        str | None,
+        typer.Option(help=f"Sandbox backend: 'local' (bubblewrap) or 'runtime'. {BACKEND_UNSET}"),
+    ] = None,
     model_block: Annotated[
         str | None,
         typer.Option(
@@ -197,6 +208,14 @@ def sweep_command(
             "are kept)."
         ),
     ] = False,
+    keep_graded_by_other_code: Annotated[
+        bool,
+        typer.Option(
+            help="Keep the grades another bugsweep (before an upgrade: another code digest) made under an otherwise "
+            "identical configuration, instead of running those tasks again; the sweep's summary says so. Without "
+            "it they run again and both grades are kept."
+        ),
+    ] = False,
     push_branches: Annotated[
         bool,
         typer.Option(
@@ -213,7 +232,7 @@ def sweep_command(
         ),
     ] = None,
     *,
-    limits: AgentLimits,
+    limits: AgentChoices,
 ) -> None:
     """Run many tasks at once, each graded and uploaded; tasks already graded under this configuration are skipped.
 
@@ -223,14 +242,17 @@ def sweep_command(
     Tasks come from a task file (as `bugsweep mine` writes it), or from a repository and branch: its tests are
     run, and each failing test file becomes a task. Results go to the artifact store, under
     SWEEP/TASK/MODEL/CONFIG/, CONFIG being the digest of the run's configuration (model, policy, limits, sandbox,
-    environment, bugsweep's version): a sweep under another configuration runs the tasks again and keeps both.
+    environment, bugsweep's version and code): a sweep under another configuration runs the tasks again and keeps
+    both; after an upgrade of bugsweep, it says how many were graded by another bugsweep and runs them again
+    (--keep-graded-by-other-code keeps those grades instead). Options left unset come from BUGSWEEP_* and LLM_*
+    (or the blocks), else the defaults, as for `bugsweep solve`.
     The sweep's folder gets predictions.jsonl, SWE-bench's predictions file (instance_id, model_name_or_path,
     model_patch: each task's patch.diff), in the store and in the local folder runs are written to.
     With --push-branches, a fix that could not be pushed leaves its grade as it is and fails the sweep (exit 2).
     """
     if (tasks is None) == (repo is None):
         _fail("give exactly one of --tasks FILE and --repo REPO")
-    if sandbox not in ("local", "runtime"):
+    if sandbox not in (None, "local", "runtime"):
         _fail(f"--sandbox must be 'local' or 'runtime', not {sandbox!r}")
     if on_workers and not os.environ.get("PREFECT_API_URL"):
         _fail("--on-workers needs the Prefect server the workers use: set PREFECT_API_URL")
@@ -247,7 +269,9 @@ def sweep_command(
             _fail(str(exc))
     else:
         assert repo is not None
-        source = RepoBranch(repo=repo, branch=branch, test_command=test_command, setup_command=setup_command)
+        source = RepoBranch(
+            repo=repo, branch=branch, test_command=test_command, setup_command=setup_command or None
+        )
     try:
         with prefect_server():
             model, store = _named_blocks(model_block, store_block)
@@ -262,6 +286,7 @@ def sweep_command(
                 concurrency=concurrency,
                 run_on="workers" if on_workers else "this-process",
                 redo_graded=redo,
+                keep_graded_by_other_code=keep_graded_by_other_code,
                 push_branches=push_branches,
                 branches=branches,
             )
@@ -463,7 +488,8 @@ def deploy_command(
         ),
     ] = None,
 ) -> None:
-    """Create the work pool, deploy `solve-bug` and `nightly-sweep` from prefect.yaml, and the crash automations.
+    """Create the work pool, deploy what prefect.yaml lists (solve-bug, nightly-sweep, nightly-benchmark), and the
+    crash automations.
 
     Run it in the project folder (the one holding prefect.yaml): process workers run the flows from there. Needs a
     running Prefect server (PREFECT_API_URL). `nightly-sweep` is deployed with its schedule paused, and says why,

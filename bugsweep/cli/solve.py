@@ -22,20 +22,21 @@ from rich.markup import escape
 from rich.syntax import Syntax
 
 from bugsweep.cli.options import with_limit_options
-from bugsweep.runconfig import AgentLimits  # at run time: with_limit_options reads the annotations
+from bugsweep.runconfig import (
+    BACKEND_UNSET,
+    AgentChoices,
+)  # at run time: with_limit_options reads the annotations
+from bugsweep.spec import DEFAULT_SETUP_COMMAND, DEFAULT_TEST_COMMAND
 
 if TYPE_CHECKING:
     from bugsweep.agent.loop import AgentEvent
 
 EXIT_RESOLVED, EXIT_NOT_RESOLVED, EXIT_COULD_NOT_RUN = 0, 1, 2
 
-#: Where an option left unset comes from, for solve and demo.
-FROM_ENVIRONMENT = "Unset: the BUGSWEEP_* variable of that name, else the default."
-
 DEMO_TASK = "tests/test_dates.py fails on leap years. Fix the code."
-DEMO_TEST_COMMAND = "python -m pytest -q"
+DEMO_TEST_COMMAND = DEFAULT_TEST_COMMAND
 #: The demo's tests run in its own environment, which gets pytest from the setup like any task's.
-DEMO_SETUP_COMMAND = "pip install pytest"
+DEMO_SETUP_COMMAND = DEFAULT_SETUP_COMMAND
 
 console = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -46,7 +47,7 @@ def register(app: typer.Typer) -> None:
     app.command("demo")(demo_command)
 
 
-@with_limit_options(FROM_ENVIRONMENT)
+@with_limit_options()
 def solve_command(
     repo: Annotated[str, typer.Option(help="Local path or git URL of the repository with the bug.")],
     task: Annotated[str, typer.Option(help="What is wrong, in words, as you would tell a colleague.")],
@@ -60,12 +61,12 @@ def solve_command(
         str | None, typer.Option(help="Commit, branch or tag to start from (default: as it is).")
     ] = None,
     setup_command: Annotated[
-        str | None,
+        str,
         typer.Option(
             help="Runs once before the tests, with network, in the task's own environment; installs what the "
-            "tests need, the test runner included (e.g. 'pip install -e . pytest')."
+            "tests need, the test runner included (e.g. 'pip install -e . pytest'); '' for none."
         ),
-    ] = None,
+    ] = DEFAULT_SETUP_COMMAND,
     python: Annotated[
         str | None,
         typer.Option(
@@ -78,8 +79,9 @@ def solve_command(
         typer.Option(help="Folder for grade.json, patch.diff, trajectory.json and the test logs."),
     ] = None,
     sandbox: Annotated[
-        str, typer.Option(help="Sandbox backend: 'local' (bubblewrap) or 'runtime'.")
-    ] = "local",
+        str | None,
+        typer.Option(help=f"Sandbox backend: 'local' (bubblewrap) or 'runtime'. {BACKEND_UNSET}"),
+    ] = None,
     push_branch: Annotated[
         bool,
         typer.Option(
@@ -96,7 +98,7 @@ def solve_command(
         ),
     ] = None,
     *,
-    limits: AgentLimits,
+    limits: AgentChoices,
 ) -> None:
     """Fix a bug in a sandbox and grade the fix: tests must fail before, pass after, with test files untouched.
 
@@ -115,7 +117,7 @@ def solve_command(
         base_commit=ref,
         problem_statement=task,
         test_command=test_command,
-        setup_command=setup_command,
+        setup_command=setup_command or None,
         python=python,
     )
     branches = branch_settings(push_url) if push_branch else None
@@ -136,13 +138,13 @@ def branch_settings(push_url: str | None) -> Any:
     return settings.model_copy(update={"push_url": push_url}) if push_url else settings
 
 
-@with_limit_options(FROM_ENVIRONMENT)
+@with_limit_options()
 def demo_command(
     out: Annotated[
         Path | None, typer.Option(help="Folder for the run's outputs (default: ./runs/demo-...).")
     ] = None,
     *,
-    limits: AgentLimits,
+    limits: AgentChoices,
 ) -> None:
     """Solve the bundled example: a calendar module whose leap-year rule is wrong, with a failing test.
 
@@ -196,13 +198,14 @@ def run_one(
     spec: Any,
     *,
     out: Path | None,
-    limits: AgentLimits,
-    backend: str,
+    limits: AgentChoices,
+    backend: str | None,
     show_patch: bool = False,
     out_prefix: str | None = None,
     branches: Any = None,
 ) -> int:
-    """Solve one task with progress output; returns the exit code. The limits given override BUGSWEEP_*.
+    """Solve one task with progress output; returns the exit code. The run is built as every front end builds it
+    (bugsweep.runbuilder: the limits given over BUGSWEEP_*/LLM_* over the defaults; no blocks are read).
     With `branches` (BranchSettings), a resolved fix is pushed as a branch; a failed push exits 2."""
     from pydantic import ValidationError
 
@@ -217,24 +220,17 @@ def run_one(
     )
     from bugsweep.errors import BugsweepError, ConfigError
     from bugsweep.pipeline import solve_task
-    from bugsweep.runconfig import RunConfig, resolve_policy
-    from bugsweep.sandbox import get_provider
-    from bugsweep.settings import AgentSettings, ModelSettings
+    from bugsweep.runbuilder import build_run
 
     out_dir = out or default_out_dir(out_prefix or spec.instance_id)
     try:
-        agent_settings = AgentSettings(**limits.model_dump(include=limits.model_fields_set))
-        model_settings = ModelSettings()
-    except ValidationError as exc:
-        return could_not_run(settings_problem(exc), "configuration")
-    try:
         with sigterm_as_interrupt():
-            provider = get_provider(backend)
-            agent_settings.policy = resolve_policy(
-                agent_settings.policy, embedded=not model_settings.base_url
-            )
-            config = RunConfig.of(model_settings, agent_settings, provider)
-            with model_endpoint(model_settings) as model_settings:
+            try:
+                run = build_run(limits, backend=backend)
+            except ValidationError as exc:
+                return could_not_run(settings_problem(exc), "configuration")
+            config, agent_settings, provider = run.config, run.agent, run.provider
+            with model_endpoint(run.model) as model_settings:
                 console.print(
                     f"[bold]model[/] {model_settings.model} at {model_settings.base_url}, "
                     f"policy {config.policy}, configuration {config.digest}"
