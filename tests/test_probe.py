@@ -1,7 +1,8 @@
 """The probe and the mirror's parts on their own: in real pytest and unittest processes on this host, started by
 bugsweep's own wrapper script with its instruction on stdin, the probe loaded by its `.pth` line from a
 site-packages (a virtual environment made for this module); and the pure parts (ids, the false assertion's place and
-style, the command forms, the summary lines, the verdict's rules). The sandboxed runs are in tests/test_mirror.py.
+style, the command forms, the summary lines, the verdict's rules). The sandboxed runs are in tests/test_mirror.py and
+tests/test_mirror_pair.py.
 """
 
 from __future__ import annotations
