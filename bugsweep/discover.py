@@ -18,6 +18,7 @@ from pydantic import BaseModel, Field
 from bugsweep.errors import SandboxError, TaskError, setup_failed
 from bugsweep.grading import run_tests
 from bugsweep.sandbox.base import RepoSource, SandboxProvider
+from bugsweep.sandbox.sources import SourceCache
 from bugsweep.spec import DEFAULT_SETUP_COMMAND, DEFAULT_TEST_COMMAND, TaskSpec, parse_tasks
 from bugsweep.storage import ArtifactStore, read_text
 from bugsweep.swebench import DEFAULT_REPOS_FROM, SweBenchRecords, specs_beside
@@ -81,9 +82,8 @@ def list_tasks(
 ) -> list[TaskSpec]:
     """The tasks `source` names. A task file in S3 is read with `store`'s credentials."""
     if isinstance(source, TaskFile):
-        tasks = parse_tasks(
-            read_text(source.path, store), source=source.path, records=swe_bench_records(source, store)
-        )
+        records = swe_bench_records(source, store, sources=getattr(provider, "sources", None))
+        tasks = parse_tasks(read_text(source.path, store), source=source.path, records=records)
         if source.added_within_days is None:
             return tasks
         from bugsweep.mining.growing import added_within
@@ -100,12 +100,22 @@ def list_tasks(
     )
 
 
-def swe_bench_records(source: TaskFile, store: ArtifactStore | None = None) -> SweBenchRecords:
-    """How the SWE-bench records of `source` become tasks (bugsweep.swebench)."""
+def swe_bench_records(
+    source: TaskFile, store: ArtifactStore | None = None, sources: SourceCache | None = None
+) -> SweBenchRecords:
+    """How the SWE-bench records of `source` become tasks (bugsweep.swebench), each record's base_commit checked
+    in a cached clone of its repository (`sources`: the local sandbox's clones; default: the configured cache)."""
+    if sources is None:
+        from bugsweep.settings import SandboxSettings
+
+        cache_dir = SandboxSettings().cache_dir
+        sources = SourceCache(Path(cache_dir) if cache_dir else None)
+    cache = sources
     return SweBenchRecords(
         specs=source.specs or specs_beside(source.path),
         repos_from=source.repos_from,
         read=lambda location: read_text(location, store, what="specs file"),
+        find_commit=lambda repo, commit: cache.resolve(RepoSource(repo, commit)),
     )
 
 

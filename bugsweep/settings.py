@@ -96,7 +96,8 @@ class SandboxSettings(BaseSettings, SandboxLimits):
     cache_dir: str | None = None
     """'local': where clones of git URLs and checkouts of refs are kept and reused; unset: ~/.cache/bugsweep."""
     state_dir: str | None = None
-    """'local': where each sandbox's overlay layers, /workspace and /tmp live; unset: $TMPDIR/bugsweep-sandboxes."""
+    """'local': where each sandbox's overlay layers, /workspace and /tmp live; unset: this user's own
+    $TMPDIR/bugsweep-sandboxes-UID (a sandbox a killed process left is removed only by a process of its user)."""
     env_dir: str | None = None
     """'local': where finished task environments (setup layers) and the shared download cache are kept and reused;
     unset: ~/.cache/bugsweep/environments."""

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import Field
 
 from bugsweep import runconfig
-from bugsweep.errors import ConfigError, InfraError
+from bugsweep.errors import BugsweepError, ConfigError, InfraError, first_line
 from bugsweep.grading import Grade
 from bugsweep.runbuilder import Run, backend_of, build_run, sandbox_provider
 from bugsweep.settings import AgentSettings, BranchSettings, ModelSettings
@@ -305,6 +305,20 @@ def refuse_endless_reruns() -> None:
             f"lost); it is not run again after {CRASH_RERUNS} rerun(s): look at the worker's machine, then start "
             "a new run"
         )
+
+
+def failed_state(exc: BugsweepError, message: str | None = None) -> State[Any]:
+    """The final state of a flow run that ends in an outcome bugsweep expects (a task file with a bad line, a
+    model or store that refuses, a sweep with tasks that could not run): Failed, its message the reason in one
+    line, its data the error. Returned by the flow instead of raising, so that no traceback is logged for it
+    (Prefect logs one for every exception a flow raises); a caller of the flow still gets the error raised."""
+    from prefect.states import Failed
+
+    why = (
+        message
+        or f"{'configuration' if isinstance(exc, ConfigError) else exc.kind} failure: {first_line(str(exc))}"
+    )
+    return Failed(message=why, data=exc)
 
 
 def current_flow_run_id() -> str | None:

@@ -23,7 +23,7 @@ from prefect_aws import S3Bucket
 from pydantic import Field, SecretStr
 
 from bugsweep.discover import TaskFile
-from bugsweep.errors import ConfigError, StorageError
+from bugsweep.errors import BugsweepError, ConfigError, StorageError
 from bugsweep.report import (
     ComparisonReport,
     RunRecord,
@@ -42,12 +42,13 @@ from flows.common import (
     RunSetup,
     SandboxName,
     current_flow_run_id,
+    failed_state,
     load_sandboxes,
     load_store,
 )
 from flows.solve_bug import Job, solve_many
 from flows.sweep import TaskSource
-from tasks import quiet_thread_timeout_warnings, steps
+from tasks import quiet_prefect_logs, steps
 from tasks.publish import artifact_key
 
 #: Report files, written next to the runs and uploaded with them.
@@ -153,25 +154,30 @@ def compare_models(
     limits: AgentChoices = AgentChoices(),
     concurrency: Annotated[int, Field(ge=1, le=256)] = 4,
     report_dir: str | None = None,
-) -> ComparisonReport:
+) -> Any:  # the ComparisonReport; a bad task file, a model that refuses: a Failed state, its error raised to a caller
     """Run every model on every task `runs` times, `concurrency` at once, and report resolve rates side by side.
 
     Each run is graded as in a sweep; a run that cannot be run (setup failed, an outage that outlasted the
     retries) is listed in the report and left out of the rates. The report goes to `report_dir` (default: the
     comparison's folder next to the runs) and to the artifact store under NAME/.
     """
-    quiet_thread_timeout_warnings()
+    quiet_prefect_logs()
     logger = get_run_logger()
-    if not models:
-        raise ConfigError("a comparison needs at least one task and one model")
-    artifacts, local_dir = load_store(store)
-    setups = run_setups(models, limits, load_sandboxes(sandbox), artifacts, local_dir, current_flow_run_id())
-    base = setups[0][1]
-    name = name or default_name(source)
-    list_tasks = steps.list_tasks.with_options(retry_delay_seconds=steps.retry_delays_s())
-    specs = list_tasks(source, base.provider, base.store, setup_network=base.setup_network)
-    if not specs:
-        raise ConfigError("a comparison needs at least one task and one model")
+    try:  # an outcome bugsweep expects (a bad task file, a model or store that refuses): one line, no traceback
+        if not models:
+            raise ConfigError("a comparison needs at least one task and one model")
+        artifacts, local_dir = load_store(store)
+        setups = run_setups(
+            models, limits, load_sandboxes(sandbox), artifacts, local_dir, current_flow_run_id()
+        )
+        base = setups[0][1]
+        name = name or default_name(source)
+        list_tasks = steps.list_tasks.with_options(retry_delay_seconds=steps.retry_delays_s())
+        specs = list_tasks(source, base.provider, base.store, setup_network=base.setup_network)
+        if not specs:
+            raise ConfigError("a comparison needs at least one task and one model")
+    except BugsweepError as exc:
+        return failed_state(exc)
     logger.info(
         "%d runs: %d model(s) x %d task(s) x %d run(s), %d at once",
         len(models) * len(specs) * runs, len(models), len(specs), runs, concurrency,
@@ -255,7 +261,7 @@ def compare(
     else:
         path = str(tasks_path) if str(tasks_path).startswith("s3://") else str(Path(tasks_path).resolve())
         source = TaskFile(path=path)
-    return compare_models(
+    report: Any = compare_models(  # the report (a Failed state raises its error here)
         source=source,
         models=models,
         runs=runs,
@@ -265,3 +271,4 @@ def compare(
         concurrency=concurrency,
         report_dir=str(report_dir) if report_dir else None,
     )
+    return report

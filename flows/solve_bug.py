@@ -36,6 +36,7 @@ from flows.common import (
     SandboxName,
     branches_field,
     current_flow_run_id,
+    failed_state,
     form_field,
     limits_field,
     load_run_config,
@@ -46,7 +47,7 @@ from flows.common import (
     sandbox_field,
     store_field,
 )
-from tasks import quiet_thread_timeout_warnings, steps
+from tasks import quiet_prefect_logs, steps
 from tasks.publish import RUN_FILE, complete_late, made_by
 
 if TYPE_CHECKING:
@@ -334,7 +335,9 @@ def solve_bug(
         "A task as a tasks file holds it (mined tasks: test patch, FAIL_TO_PASS, ...); when set, it is what runs, "
         "and Repository and What is wrong only name it. Sweeps send their tasks this way.",
     ),
-) -> Grade:
+) -> (
+    Any
+):  # the Grade; an outcome that is not a grade: a Failed state whose error a caller of the flow gets raised
     """Fix one bug in a sandbox and grade the fix; the run folder goes to s3://BUCKET/PREFIX/SWEEP/TASK/MODEL/CONFIG/
     (CONFIG: the digest of the run's configuration, bugsweep.runconfig).
 
@@ -345,22 +348,27 @@ def solve_bug(
     `push_branches`, a resolved fix is pushed as branch PREFIX/SWEEP/TASK (bugsweep.branches); a push that fails
     ends the run Failed too, with its grade stored as it was.
     """
-    quiet_thread_timeout_warnings()
-    refuse_endless_reruns()
-    task = task or one_off_task(repo, problem, test_command, setup_command, ref)
-    run = load_run_config(
-        model, sandbox, store, limits, flow_run_id=current_flow_run_id(), push_branches=push_branches,
-        branches=branches,
-    )  # fmt: skip
-    with model_endpoint(run) as run:
-        outcome = solve_one(task, run, sweep)
+    quiet_prefect_logs()
+    try:
+        refuse_endless_reruns()
+        task = task or one_off_task(repo, problem, test_command, setup_command, ref)
+        run = load_run_config(
+            model, sandbox, store, limits, flow_run_id=current_flow_run_id(), push_branches=push_branches,
+            branches=branches,
+        )  # fmt: skip
+        with model_endpoint(run) as run:
+            outcome = solve_one(task, run, sweep)
+    except (
+        BugsweepError
+    ) as exc:  # an outcome bugsweep expects: one line in the state, no traceback in the log
+        return failed_state(exc)
     report(outcome)
     if outcome.grade.error:
-        raise TaskNotRun(outcome.grade)
+        return failed_state(TaskNotRun(outcome.grade))
     if outcome.upload_error:
-        raise StorageError(outcome.upload_error)
+        return failed_state(StorageError(outcome.upload_error))
     if outcome.branch_error:
-        raise InfraError(outcome.branch_error)
+        return failed_state(InfraError(outcome.branch_error))
     return outcome.grade
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from prefect import flow, get_run_logger
+from prefect.states import Completed
 from prefect_aws import S3Bucket
 from pydantic import Field
 
@@ -24,7 +25,7 @@ from blocks import GitBranches, ModelEndpoint
 from bugsweep.agent.model import ChatModel
 from bugsweep.branches import BRANCH_FILE
 from bugsweep.discover import RepoBranch, TaskFile
-from bugsweep.errors import BugsweepError, ConfigError, InfraError, StorageError
+from bugsweep.errors import BugsweepError, ConfigError, InfraError, StorageError, first_line
 from bugsweep.grading import Grade
 from bugsweep.pipeline import failed_grade
 from bugsweep.runconfig import CODE_FIELDS, chosen
@@ -40,6 +41,7 @@ from flows.common import (
     block_ref,
     branches_field,
     current_flow_run_id,
+    failed_state,
     form_field,
     limits_field,
     load_run_config,
@@ -51,8 +53,8 @@ from flows.common import (
     store_field,
 )
 from flows.solve_bug import Job, TaskOutcome, configured, solve_many
-from tasks import quiet_thread_timeout_warnings, steps
-from tasks.publish import RUN_FILE, after_late_upload
+from tasks import quiet_prefect_logs, steps
+from tasks.publish import RUN_FILE, ReviewPage, after_late_upload
 
 #: A plain union (not a discriminated one): the Prefect UI draws it as a choice of two forms, not a JSON box.
 TaskSource = TaskFile | RepoBranch
@@ -101,8 +103,8 @@ def sweep(
     redo_graded: bool = form_field(
         False,
         "Run graded tasks again",
-        "Run tasks already graded for this model, commit and configuration again (other configurations' grades "
-        "are kept).",
+        "Run tasks already graded for this model, commit and configuration again, e.g. after a bad night (other "
+        "configurations' grades are kept).",
     ),
     keep_graded_by_other_code: bool = form_field(
         False,
@@ -113,7 +115,7 @@ def sweep(
     ),
     push_branches: bool = push_branches_field(),
     branches: GitBranches | None = branches_field(),
-) -> list[Grade]:
+) -> Any:  # the final State; a caller of the flow gets its grades (list[Grade]), or SweepFailed raised
     """Run every task of a task file (or every failing test file of a branch) and grade each.
 
     A task that cannot be run becomes a failed grade and never stops the others; the sweep then ends Failed,
@@ -126,47 +128,74 @@ def sweep(
     graded by another bugsweep: running again"), unless `keep_graded_by_other_code`, which keeps those grades and
     says so in the summary. Results an earlier run kept after a failed upload
     are uploaded first. The review page of every run in the sweep's folder (`bugsweep review`) is stored beside
-    them as SWEEP/review.html and linked from the summary and a link artifact.
-    With `push_branches`, each resolved fix of this run is pushed as branch
+    them as SWEEP/review.html and linked from the summary and a link artifact; a page that cannot be made is a
+    failed `review-page` step and a line of the final state. The final state's message says how many tasks were
+    resolved, not resolved, held for review and could not run, why each of the last could not, and how many were
+    skipped as graded before. With `push_branches`, each resolved fix of this run is pushed as branch
     PREFIX/SWEEP/TASK (bugsweep.branches; tasks skipped as graded before are not pushed again); a push that fails
     leaves the grade as it is and ends the sweep Failed, naming the task.
 
     Each parameter's title and help (what the run form shows) are in its declaration above.
     """
-    quiet_thread_timeout_warnings()
-    run = load_run_config(
-        model, sandbox, store, limits, flow_run_id=current_flow_run_id(), push_branches=push_branches,
-        branches=branches,
-    )  # fmt: skip
-    sweep_name = name or default_name(source)
-    if run.model.base_url:  # a wrong URL, key or model name fails now, not after a branch's setup
-        ChatModel(run.model).check()
-    upload_kept(run, sweep_name)
-    list_tasks = steps.list_tasks.with_options(retry_delay_seconds=steps.retry_delays_s())
-    specs = list_tasks(source, run.provider, run.store, setup_network=run.setup_network)
-    todo, graded = (specs, Graded()) if redo_graded else split_graded(specs, run, sweep_name)
-    if graded.by_other_code and keep_graded_by_other_code:
-        graded.keep_other_code()
-        todo = [spec for spec in todo if spec.instance_id not in graded.kept]
-    if run_on == "workers":
-        shared = worker_parameters(model, sandbox, store, limits, push_branches, branches)
-        outcomes = run_on_workers(todo, run, sweep_name, concurrency, deployment, shared)
-    else:
-        with model_endpoint(run) as run:
-            outcomes = solve_many([Job(spec, run, sweep_name) for spec in todo], concurrency)
+    quiet_prefect_logs()
+    try:
+        run = load_run_config(
+            model, sandbox, store, limits, flow_run_id=current_flow_run_id(), push_branches=push_branches,
+            branches=branches,
+        )  # fmt: skip
+        sweep_name = name or default_name(source)
+        if run.model.base_url:  # a wrong URL, key or model name fails now, not after a branch's setup
+            ChatModel(run.model).check()
+        upload_kept(run, sweep_name)
+        list_tasks = steps.list_tasks.with_options(retry_delay_seconds=steps.retry_delays_s())
+        specs = list_tasks(source, run.provider, run.store, setup_network=run.setup_network)
+        todo, graded = (specs, Graded()) if redo_graded else split_graded(specs, run, sweep_name)
+        if graded.by_other_code and keep_graded_by_other_code:
+            graded.keep_other_code()
+            todo = [spec for spec in todo if spec.instance_id not in graded.kept]
+        if run_on == "workers":
+            shared = worker_parameters(model, sandbox, store, limits, push_branches, branches)
+            outcomes = run_on_workers(todo, run, sweep_name, concurrency, deployment, shared)
+        else:
+            with model_endpoint(run) as run:
+                outcomes = solve_many([Job(spec, run, sweep_name) for spec in todo], concurrency)
+    except BugsweepError as exc:  # the night could not run (its tasks, its model, its store): one line
+        return failed_state(exc)
     rows = summary_rows(graded, outcomes)
-    review = steps.review_page(sweep_name, run.store) if rows else None
+    notes = ([skipped_note(graded.same)] if graded.same else []) + graded.notes()
+    try:
+        predictions = write_predictions(
+            run.store, key_part(sweep_name), run.model.model,
+            prediction_runs(specs, run, sweep_name, outcomes, graded), run.local_dir,
+        )  # fmt: skip
+        get_run_logger().info("predictions (SWE-bench's format): %s", predictions)
+    except StorageError as exc:  # the grades are stored; the file made from them is not
+        notes.append(f"No predictions file in the store: {first_line(str(exc))}")
+    review = None
+    if rows:
+        made = steps.review_page(sweep_name, run.store, return_state=True)
+        page = made.result(raise_on_failure=False)
+        if isinstance(page, ReviewPage):
+            review = page
+        else:  # the step failed (its state in the UI); the night says so too, and the grades stand
+            why = str(page) if isinstance(page, BaseException) else made.message or "its step failed"
+            notes.append(f"No review page: {first_line(why)}")
+            get_run_logger().warning("%s", notes[-1])
     others = other_configurations(run, sweep_name, specs, shown={key for key, _ in graded.kept.values()})
-    steps.summarize(sweep_name, rows + others, run.store.location, review, notes=graded.notes())
-    predictions = write_predictions(
-        run.store, key_part(sweep_name), run.model.model, prediction_runs(specs, run, sweep_name, outcomes, graded),
-        run.local_dir,
-    )  # fmt: skip
-    get_run_logger().info("predictions (SWE-bench's format): %s", predictions)
+    steps.summarize(sweep_name, rows + others, run.store.location, review, notes)
     grades = graded.grades() + [o.grade for o in outcomes]
+    message = "; ".join([f"sweep {sweep_name} {steps.sweep_outcome(rows)}", *notes])
     if not all(r["ran"] for r in rows):
-        raise SweepFailed(f"sweep {sweep_name} {steps.sweep_outcome(rows)}", grades)
-    return grades
+        return failed_state(SweepFailed(message, grades), message)
+    return Completed(message=message, data=grades)
+
+
+def skipped_note(graded: list[Grade]) -> str:
+    """What a rerun says about the tasks it did not run again."""
+    return (
+        f"{len(graded)} task(s) already graded under this configuration were not run again (redo_graded, "
+        "`bugsweep sweep --redo-graded`, runs them again)"
+    )
 
 
 class SweepFailed(BugsweepError):
@@ -256,8 +285,8 @@ def split_graded(specs: list[TaskSpec], run: RunSetup, sweep_name: str) -> tuple
             graded.same.append(earlier)
     logger = get_run_logger()
     if graded.same:
-        logger.info("skipping %d task(s) already graded for %s under configuration %s: %s", len(graded.same),
-                    run.model.model, run.config.digest, ", ".join(g.instance_id for g in graded.same))  # fmt: skip
+        logger.warning("%s: %s (model %s, configuration %s)", skipped_note(graded.same),
+                       ", ".join(g.instance_id for g in graded.same), run.model.model, run.config.digest)  # fmt: skip
     graded.by_other_code = graded_by_other_code(run, sweep_name, todo)
     if graded.by_other_code:
         logger.warning("%d graded by another bugsweep: running again", len(graded.by_other_code))

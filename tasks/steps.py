@@ -37,7 +37,7 @@ from bugsweep.pipeline import STEP_TIMEOUT_S
 from bugsweep.settings import AgentSettings, BranchSettings
 from bugsweep.spec import TaskSpec
 from bugsweep.storage import ArtifactStore, UploadResult, upload_run
-from tasks.publish import artifact_key, publish_patch, publish_review
+from tasks.publish import ReviewPage, artifact_key, publish_patch, publish_review
 
 if TYPE_CHECKING:
     from prefect.client.schemas.objects import TaskRun
@@ -239,16 +239,15 @@ def list_tasks(
 
 @task(name="summarize", cache_policy=NO_CACHE, persist_result=False)
 def summarize(
-    sweep: str,
-    rows: list[dict[str, Any]],
-    location: str,
-    review: str | None = None,
+    sweep: str, rows: list[dict[str, Any]], location: str, review: ReviewPage | None = None,
     notes: list[str] | None = None,
-) -> None:
+) -> None:  # fmt: skip
     """A markdown summary and a table artifact for the sweep: task, model, resolved, turns, tokens, cost, time;
-    `review`: the link to its review page; `notes`: what else the sweep decided, one line each."""
+    `review`: its review page; `notes`: what else the sweep decided or could not do, one line each (tasks skipped
+    as graded before, grades by another bugsweep, a review page not made)."""
     if not rows:
-        create_markdown_artifact(f"# Sweep `{sweep}`\n\nNo tasks.\n", key=artifact_key("sweep", sweep))
+        extra = "".join(f"\n- {note}.\n" for note in notes or [])
+        create_markdown_artifact(f"# Sweep `{sweep}`\n\nNo tasks.\n{extra}", key=artifact_key("sweep", sweep))
         return
     create_table_artifact(
         rows, key=artifact_key("sweep", sweep, "table"), description=f"Sweep {sweep}: every task."
@@ -259,8 +258,9 @@ def summarize(
 
 
 @task(name="review-page", cache_policy=NO_CACHE, persist_result=False, timeout_seconds=600.0)
-def review_page(sweep: str, store: ArtifactStore) -> str | None:
-    """The sweep's review page, stored beside its runs and linked (tasks/publish.py); returns its link."""
+def review_page(sweep: str, store: ArtifactStore) -> ReviewPage:
+    """The sweep's review page, stored beside its runs and linked (tasks/publish.py). Fails (a failed step in the
+    UI) when the page could not be made or stored; the sweep says so in its final state."""
     return publish_review(store, sweep)
 
 
@@ -338,15 +338,27 @@ def _md_code(text: str) -> str:
     return "`" + text.replace("`", "'") + "`"
 
 
+def counts(rows: list[dict[str, Any]]) -> str:
+    """'3 resolved, 1 not resolved, 1 held for review, 2 could not run' for a sweep's own rows."""
+    ran = [r for r in rows if r["ran"]]
+    resolved = sum(1 for r in ran if r["resolved"])
+    held = sum(1 for r in ran if not r["resolved"] and r.get("held_for_review"))
+    return (
+        f"{resolved} resolved, {len(ran) - resolved - held} not resolved, {held} held for review, "
+        f"{len(rows) - len(ran)} could not run"
+    )
+
+
 def sweep_outcome(rows: list[dict[str, Any]]) -> str:
     """The sentence that says how a sweep ended, for its summary, its final state and the command line: COMPLETED
-    only when every task was graded and stored."""
+    only when every task was graded and stored; each task that was not, and why."""
     not_run = [r for r in rows if not r["ran"]]
     if not not_run:
-        return f"COMPLETED: all {len(rows)} task(s) graded"
-    names = ", ".join(f"{r['task']} ({r['status']})" for r in not_run[:10])
-    more = f" and {len(not_run) - 10} more" if len(not_run) > 10 else ""
-    return f"FAILED: {len(not_run)} of {len(rows)} task(s) could not be run or stored: {names}{more}"
+        return f"COMPLETED: {len(rows)} task(s) graded: {counts(rows)}"
+    names = "; ".join(f"{r['task']}: {r['status']}{': ' + r['reason'] if r.get('reason') else ''}"
+                      for r in not_run[:5])  # fmt: skip
+    more = f"; and {len(not_run) - 5} more" if len(not_run) > 5 else ""
+    return f"FAILED: {len(not_run)} of {len(rows)} task(s) could not be run or stored ({counts(rows)}). {names}{more}"
 
 
 def _cell(row: dict[str, Any]) -> str:
@@ -356,15 +368,13 @@ def _cell(row: dict[str, Any]) -> str:
 
 
 def summary_markdown(
-    sweep: str,
-    rows: list[dict[str, Any]],
-    location: str,
-    review: str | None = None,
+    sweep: str, rows: list[dict[str, Any]], location: str, review: ReviewPage | None = None,
     notes: list[str] | None = None,
-) -> str:
+) -> str:  # fmt: skip
     """The sweep's own configuration's rows are counted; other configurations' grades of the same tasks are listed
-    below them, side by side, and counted per configuration. `review`: the link to the sweep's review page;
-    `notes`: lines said under the totals (grades made by another bugsweep: run again, or kept by choice)."""
+    below them, side by side, and counted per configuration. `review`: the sweep's review page; `notes`: lines
+    said under the totals (tasks skipped as graded before, grades made by another bugsweep: run again or kept by
+    choice, a review page that could not be made)."""
     own = [r for r in rows if r["status"] != OTHER_CONFIGURATION]
     resolved = sum(1 for r in own if r["resolved"])
     failed = [r for r in own if r["status"].startswith("failed")]
@@ -380,7 +390,7 @@ def summary_markdown(
         f"{tokens:,} tokens; ${cost:.4f}. Configuration: "
         + (", ".join(f"`{c or '-'}` (policy {p or '-'})" for c, p in configs) or "-")
         + f". Artifacts: `{location}`."
-        + (f" [Review page]({review}): every task's evidence, diff and timeline." if review else ""),
+        + (f" {review.markdown()} Every task's evidence, diff and timeline." if review else ""),
         *(["", *[f"- {note}." for note in notes]] if notes else []),
         "",
         "| task | model | policy | config | resolved | turns | tokens | cost (USD) | time (s) | status |",

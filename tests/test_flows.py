@@ -188,12 +188,14 @@ def test_solve_bug_resolves_and_puts_the_run_folder_in_s3(blocks, scripted_model
     link = Artifact.get(f"patch-nightly-calc-add-scripted-model-{grade.config_digest}")
     assert link is not None and link.type == "markdown"  # Prefect stores a link artifact as markdown
     assert f"/{store.bucket}/runs/{run_dir}/patch.diff" in str(link.data)
-    # a lasting address with no key in it, that the S3 server itself answers for (the bucket's keys are needed)
-    lasting = str(link.data).split("](")[1].rstrip(")")
-    assert "X-Amz" not in lasting and "Signature" not in lasting and "bugsweep-test" not in lasting
-    assert httpx.get(lasting, timeout=10).status_code in (200, 403)
+    # a presigned link: it opens the patch from the private bucket, without the bucket's keys, until it expires
+    presigned = str(link.data).split("](")[1].split(")")[0]
+    assert "bugsweep-test-secret" not in presigned and "opens until" in str(link.data)
+    opened = httpx.get(presigned, timeout=10)
+    assert opened.status_code == 200 and opened.text == patch
     diff = Artifact.get(f"diff-nightly-calc-add-scripted-model-{grade.config_digest}")
     assert diff is not None and "+    return a + b" in str(diff.data) and "resolved" in str(diff.data)
+    assert "Failing before: `tests/test_calc.py::test_add`. Passing after: all of them." in str(diff.data)
 
 
 def test_solve_bug_not_resolved_is_a_grade_not_a_failure(blocks, scripted_model, buggy_repo: Path) -> None:
@@ -300,6 +302,10 @@ def test_s3_down_for_a_whole_run_keeps_the_grade_and_the_next_run_uploads_it_wit
     assert "bugsweep upload" in str(info.value)
     (upload,) = step_runs(state, "upload")
     assert upload.run_count == 1, "the store's tries are the one retry layer: the upload step is not retried"
+    logs = run_logs(state.state_details.flow_run_id)
+    assert "Task run failed with exception: StorageError" in logs and "Traceback" not in logs, (
+        "a store that refuses: one line in the step's log, not a traceback"
+    )
     folder = Path(str(info.value).split("the artifacts are kept in ")[1].split(")")[0])
     assert {p.name for p in folder.iterdir()} == RUN_FILES | {PENDING_FILE}
     assert json.loads((folder / "grade.json").read_text())["resolved"] is True
@@ -386,7 +392,10 @@ def test_a_sweep_with_tasks_that_could_not_run_is_failed_and_says_why_and_a_reru
         and "exited with 3" in by_id["calc-broken-setup"].error
     )
     assert by_id["calc-no-runner"].failure_kind == "task" and "cannot run" in by_id["calc-no-runner"].error
-    assert "FAILED: 2 of 3 task(s) could not be run" in str(failed.value)
+    assert (
+        "FAILED: 2 of 3 task(s) could not be run or stored (1 resolved, 0 not resolved, 0 held for review, 2 could not run)"
+        in str(failed.value)
+    )
     store = made["_store"]
     assert store.exists(f"nightly/calc-a/scripted-model/{by_id['calc-a'].config_digest}/grade.json")
     table = Artifact.get("sweep-nightly-table")
@@ -410,6 +419,8 @@ def test_a_sweep_with_tasks_that_could_not_run_is_failed_and_says_why_and_a_reru
     }
     summary = str(Artifact.get("sweep-nightly").data)  # type: ignore[union-attr]
     assert "calc-a | scripted-model" in summary and "skipped (graded before)" in summary
+    assert "1 task(s) already graded under this configuration were not run again (redo_graded" in summary
+    assert "not run again (redo_graded" in str(again.value), "the final state says so too"
 
 
 def test_sweep_from_a_branch_makes_a_task_of_each_failing_test_file(
@@ -427,15 +438,39 @@ def test_sweep_from_a_branch_makes_a_task_of_each_failing_test_file(
     head = commit_all(repo, "more tests")
     server = scripted_model([fixer] * 10)
     made = blocks(server)
+    # something in the sweep's folder that is no bugsweep grade: its review page cannot be made
+    made["_store"].put_bytes("branch/stray/m/c0/grade.json", b"not a grade")
 
-    grades = sweep(source=RepoBranch(repo=str(repo), branch="main"), name="branch", **flow_kwargs(made))
+    state = sweep(
+        source=RepoBranch(repo=str(repo), branch="main"),
+        name="branch",
+        return_state=True,
+        **flow_kwargs(made),
+    )
+    grades = state.result()
 
     assert len(grades) == 1, "only tests/test_calc.py fails"
     (grade,) = grades
     assert grade.instance_id == f"calc2-tests-test-calc-py-{head[:10]}"
     assert grade.resolved and grade.FAIL_TO_PASS == ["tests/test_calc.py::test_add"]
     summary = str(Artifact.get("sweep-branch").data)  # type: ignore[union-attr]
-    assert "**COMPLETED: all 1 task(s) graded**" in summary and "Could not be run" not in summary
+    assert (
+        "**COMPLETED: 1 task(s) graded: 1 resolved, 0 not resolved, 0 held for review, 0 could not run**"
+        in summary
+    )
+    assert "Could not be run" not in summary
+    # the page that could not be made is on the run itself: a failed step, a line of the summary and of the state
+    assert "- No review page: " in summary and "stray/m/c0/grade.json is not a bugsweep grade" in summary
+    assert state.is_completed() and "; No review page: " in (state.message or ""), state.message
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    with get_client(sync_client=True) as client:
+        task_runs = client.read_task_runs(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[state.state_details.flow_run_id]))
+        )
+    (page_step,) = [r for r in task_runs if r.name.startswith("review-page")]
+    assert page_step.state is not None and page_step.state.is_failed()
 
 
 # -- retries: infrastructure only ---------------------------------------------------------------------------------
@@ -547,6 +582,10 @@ def test_a_model_url_that_refuses_connections_fails_the_run_at_once_naming_the_u
     steps = [r.name for r in runs if r.name.split("-")[0] in ("setup", "baseline", "solve", "regrade")]
     assert [n for n in steps if n != "solve-one"] == [], (
         "no step ran: the endpoint was checked before the setup"
+    )
+    assert state.message.startswith("config failure: ") and url in state.message, state.message
+    assert "Traceback" not in run_logs(state.state_details.flow_run_id), (
+        "an outcome bugsweep expects: one line"
     )
 
 
@@ -674,8 +713,9 @@ def test_bugsweep_sweep_command_runs_the_flow_and_a_task_that_cannot_run_fails_t
     assert result.exit_code == 2, result.output
     assert "1 of 2 resolved" in result.output
     assert (
-        "FAILED: 1 of 2 task(s)" in result.output and "calc-missing-repo (failed (config))" in result.output
+        "FAILED: 1 of 2 task(s)" in result.output and "calc-missing-repo: failed (config): " in result.output
     )
+    assert "Traceback" not in result.output, "an outcome bugsweep expects: one line, no traceback"
     assert "agent policy: plain" in result.output
     assert [k for k in made["_store"].list("cli/calc-cli/scripted-model") if k.endswith("/patch.diff")]
     summary = Artifact.get("sweep-cli")
@@ -687,6 +727,21 @@ def test_bugsweep_sweep_command_runs_the_flow_and_a_task_that_cannot_run_fails_t
             limit=1,
         )
     assert last.state is not None and last.state.is_failed()
+    assert last.state.message and last.state.message.startswith("sweep cli FAILED: 1 of 2 task(s)")
+    logs = run_logs(last.id)
+    assert "Traceback" not in logs and "Encountered exception" not in logs, logs[-3000:]
+
+
+def run_logs(flow_run_id: Any) -> str:
+    """Every log line of a flow run and its task runs, as the server holds them (the UI's Logs tab)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+    from prefect.logging.handlers import APILogWorker
+
+    APILogWorker.drain_all(timeout=10)
+    with get_client(sync_client=True) as client:
+        found = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])))
+    return "\n".join(entry.message for entry in found)
 
 
 def test_a_rerun_skips_only_real_grades_of_the_same_task(tmp_path: Path) -> None:

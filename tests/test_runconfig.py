@@ -4,7 +4,7 @@ Without Prefect: the digest (what changes it, what never enters it), and a check
 line, flow parameters, blocks, compare's model entries, the environment's settings) offers the same settings with
 the same rules, made from the one declaration.
 
-With Prefect (a test server, prefect_test_harness): the issue's two sweeps, a rerun and a --redo, and a comparison
+With Prefect (a test server, prefect_test_harness): the issue's two sweeps, a rerun and a --redo-graded, and a comparison
 of two configurations of one model, as a user runs them with `bugsweep sweep` and `bugsweep compare`. Real parts:
 the local sandbox (bubblewrap + overlayfs), real pytest on a real git repository, a local-folder artifact store.
 Stand-in: the model is the scripted OpenAI-compatible server (tests/support/scripted_model.py), which replays tool
@@ -262,7 +262,7 @@ COMMAND_TO_FLOW: dict[str, dict[str, str | None]] = {
     "sweep": {
         "tasks": "source", "repo": "source", "branch": "source", "test_command": "source", "setup_command": "source",
         "name": "name", "concurrency": "concurrency", "sandbox": "sandbox", "model_block": "model",
-        "store_block": "store", "on_workers": "run_on", "redo": "redo_graded", "push_branches": "push_branches",
+        "store_block": "store", "on_workers": "run_on", "redo_graded": "redo_graded", "push_branches": "push_branches",
         "keep_graded_by_other_code": "keep_graded_by_other_code",
         "branches_block": "branches", "specs": "source", "repos_from": "source", "added_within_days": "source",
     },
@@ -337,7 +337,7 @@ def test_a_setting_offered_by_a_command_and_its_flow_has_one_default() -> None:
             "test_command": RepoBranch.model_fields["test_command"].default,
             "setup_command": RepoBranch.model_fields["setup_command"].default,
             "branch": RepoBranch.model_fields["branch"].default, "repos_from": TaskFile.model_fields["repos_from"].default,
-            "redo": flow_default(sweep, "redo_graded"), "push_branches": flow_default(sweep, "push_branches"),
+            "redo_graded": flow_default(sweep, "redo_graded"), "push_branches": flow_default(sweep, "push_branches"),
             "keep_graded_by_other_code": flow_default(sweep, "keep_graded_by_other_code"),
         },
         "compare": {
@@ -458,7 +458,7 @@ def test_a_sweep_under_another_configuration_runs_again_and_keeps_both(
     """The issue's steps: `sweep --policy plain --max-turns 10`, then `--policy small-model --max-turns 30`. The
     second runs the task (it used to run nothing and return the first one's grade), both grades are kept under
     their configurations' digests, and the summary shows both. The same configuration again skips the task;
-    `--redo` runs it again and replaces only that configuration's grade. After a change of bugsweep's code
+    `--redo-graded` runs it again and replaces only that configuration's grade. After a change of bugsweep's code
     (stood in for by another code digest) the task runs again and both grades are kept; an edited test command
     runs it again; `--keep-graded-by-other-code` keeps what the other code graded and the summary says so."""
     from prefect.artifacts import Artifact
@@ -495,7 +495,7 @@ def test_a_sweep_under_another_configuration_runs_again_and_keeps_both(
     assert grades[plain] == plain_grade, "the first configuration's grade is untouched"
     assert "agent policy: small-model" in second and "agent policy: plain" not in second
     assert f"configuration {small}: scripted-model, policy small-model, 30 turns" in second
-    assert "all 1 task(s) graded" in second
+    assert "COMPLETED: 1 task(s) graded: " in second
     summary = Artifact.get("sweep-configs")
     assert summary is not None
     text = str(summary.data)
@@ -509,10 +509,14 @@ def test_a_sweep_under_another_configuration_runs_again_and_keeps_both(
     assert asked == 0, "the same configuration: the graded task is skipped"
     assert "skipped (graded before)" in str(Artifact.get("sweep-configs").data)  # type: ignore[union-attr]
     assert small in again
+    assert (
+        "1 task(s) already graded under this configuration were not run again (redo_graded, `bugsweep sweep "
+        "--redo-graded`, runs them again)" in " ".join(again.split())
+    )
 
-    redo, asked = sweep("--policy", "small-model", "--max-turns", "30", "--redo")
+    redo, asked = sweep("--policy", "small-model", "--max-turns", "30", "--redo-graded")
 
-    assert asked > 0, "--redo runs it again"
+    assert asked > 0, "--redo-graded runs it again"
     grades = stored()
     assert set(grades) == {plain, small} and grades[plain] == plain_grade, "only that configuration's grade"
     assert grades[small]["wall_s"] != 0 and small in redo

@@ -24,7 +24,9 @@ console = Console(highlight=False)
 err = Console(stderr=True, highlight=False)
 
 blocks_app = typer.Typer(
-    help="Prefect blocks: the model endpoint, sandboxes and artifact store.", no_args_is_help=True
+    rich_markup_mode=None,
+    help="Prefect blocks: the model endpoint, sandboxes and artifact store.",
+    no_args_is_help=True,
 )
 
 

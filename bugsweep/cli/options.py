@@ -115,9 +115,9 @@ AddedWithinOption = Annotated[
     float | None,
     typer.Option(
         min=0.001,
-        help="Only the tasks a growing benchmark added in the last N days (their added_at; the nightly-benchmark "
-        "deployment), so "
-        "that a model is judged on bugs it cannot have seen in training. Default: every task.",
+        help="Only the tasks a growing benchmark added in the last N days (their added_at, set by the "
+        "grow-benchmark flow), so that a model is judged on bugs it cannot have seen in training. Default: every "
+        "task.",
     ),
 ]
 

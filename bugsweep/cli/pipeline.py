@@ -201,11 +201,13 @@ def sweep_command(
     on_workers: Annotated[
         bool, typer.Option(help="Run each task as a run of the solve-bug deployment, on the pool's workers.")
     ] = False,
-    redo: Annotated[
+    redo_graded: Annotated[
         bool,
         typer.Option(
-            help="Run tasks again even if already graded under this configuration (other configurations' grades "
-            "are kept)."
+            "--redo-graded",
+            "--redo",
+            help="Run tasks again even if already graded under this configuration, e.g. after a bad night (other "
+            "configurations' grades are kept).",
         ),
     ] = False,
     keep_graded_by_other_code: Annotated[
@@ -276,7 +278,7 @@ def sweep_command(
         with prefect_server():
             model, store = _named_blocks(model_block, store_block)
             branches = _named_branches_block(branches_block)
-            grades = sweep(  # type: ignore[call-overload]  # sandbox: checked above
+            state: Any = sweep(  # sandbox: checked above; with return_state, the final State
                 source=source,
                 name=name or "",
                 model=model,
@@ -285,18 +287,22 @@ def sweep_command(
                 limits=limits,
                 concurrency=concurrency,
                 run_on="workers" if on_workers else "this-process",
-                redo_graded=redo,
+                redo_graded=redo_graded,
                 keep_graded_by_other_code=keep_graded_by_other_code,
                 push_branches=push_branches,
                 branches=branches,
+                return_state=True,
             )
-    except SweepFailed as exc:
-        _print_grades(exc.grades)
-        _fail(str(exc))
+            outcome = state.result(raise_on_failure=False)
     except BugsweepError as exc:
         _fail(str(exc))
-    _print_grades(grades)
-    console.print(f"sweep COMPLETED: all {len(grades)} task(s) graded")
+    if isinstance(outcome, SweepFailed):
+        _print_grades(outcome.grades)
+        _fail(state.message or str(outcome))
+    if isinstance(outcome, BaseException):  # the sweep could not run: its one line (a crash: the traceback)
+        raise outcome
+    _print_grades(outcome)
+    console.print(state.message or f"sweep COMPLETED: all {len(outcome)} task(s) graded", soft_wrap=True)
 
 
 def _named_blocks(model_block: str | None, store_block: str | None) -> tuple[Any, Any]:
@@ -538,18 +544,31 @@ def worker_command(
         list[str] | None, typer.Argument(help="More options for `prefect worker start` (after --).")
     ] = None,
 ) -> None:
-    """Remove the sandboxes dead processes left on this machine, then run `prefect worker start --pool POOL`.
+    """Remove the sandboxes this user's dead processes left on this machine, then run `prefect worker start --pool
+    POOL` in this process, removing them again every 30 s while it runs.
 
     A worker killed with its flow runs (out of memory, a lost node) leaves their local sandboxes behind (overlay
-    mounts, cgroups, folders); the next worker on the machine removes them before it takes new runs. The worker
-    looks for new runs every 2 s (PREFECT_WORKER_QUERY_SECONDS, Prefect's default 10 s), so a run started from the
-    UI starts sooner (bench/README.md).
+    mounts, cgroups, folders); a live worker of the same user on the machine removes them within about 30 s, and
+    a new one as it starts. Another user's sandboxes are never touched. The worker looks for new runs every 2 s
+    (PREFECT_WORKER_QUERY_SECONDS, Prefect's default 10 s), so a run started from the UI starts sooner
+    (bench/README.md).
     """
-    from bugsweep.cli.sandboxes import cleanup_local
+    from bugsweep.cli.sandboxes import cleanup_local, say_removed
+    from bugsweep.sandbox.local import LocalProvider
+    from bugsweep.settings import SandboxSettings
 
     cleanup_local()
+
+    def report(removed: list[str], known: dict[str, dict[str, object]]) -> None:
+        say_removed(removed, known)
+        sys.stdout.flush()
+
+    LocalProvider(SandboxSettings()).reaper(report=report).start()
     os.environ.setdefault("PREFECT_WORKER_QUERY_SECONDS", str(WORKER_QUERY_S))
-    command = [sys.executable, "-m", "prefect", "worker", "start", "--pool", pool, *(extra or [])]
-    console.print(f"starting: {' '.join(command[2:])}", soft_wrap=True)
+    args = ["worker", "start", "--pool", pool, *(extra or [])]
+    console.print(f"starting: prefect {' '.join(args)}", soft_wrap=True)
     sys.stdout.flush()
-    os.execv(sys.executable, command)
+    from prefect.cli import app as prefect_cli
+
+    sys.argv = ["prefect", *args]
+    prefect_cli()  # until the worker stops; its exit code is the command's
