@@ -10,8 +10,9 @@ clean room resolves ends the task. An attempt held for review, or not resolved, 
 The grade keeps every attempt (`Grade.attempts`, records of this module's `AttemptRecord`) and which one it keeps
 (`Grade.kept_attempt`). Its verdict is the kept attempt's, or the last attempt's when none was resolved; its turns,
 tokens, cost and the agent's time are the sum over the attempts (`combine`). A run of more than one attempt keeps
-each attempt's files in the run folder under `attempts/N/` (trajectory.json, patch.diff, tests_after.log) and the
-kept (else the last) attempt's at the folder's top, where the tools and the store expect them.
+each attempt's files in the run folder under `attempts/N/` (trajectory.json, patch.diff, tests_after.log,
+tests_mirror.log) and the kept (else the last) attempt's at the folder's top, where the tools and the store expect
+them.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from __future__ import annotations
 import shutil
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -33,7 +34,7 @@ if TYPE_CHECKING:
 #: Where a run of more than one attempt keeps each attempt's files: ATTEMPTS_DIR/N/ in the run folder.
 ATTEMPTS_DIR = "attempts"
 #: The files of one attempt, copied to the run folder's top for the attempt the run keeps (else the last).
-ATTEMPT_FILES = ("trajectory.json", "patch.diff", "tests_after.log")
+ATTEMPT_FILES = ("trajectory.json", "patch.diff", "tests_after.log", "tests_mirror.log")
 
 
 class AttemptRecord(BaseModel):
@@ -111,8 +112,8 @@ class AttemptOutcome:
     patch: str
     wall_s: float
     folder: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
-    """More of the regrade's runs to keep beside the attempt's files (run name -> TestRun)."""
+    mirror: TestRun | None = None
+    """The regrade's mirror run (bugsweep.grading.mirror), where it ran."""
 
     def record(self) -> AttemptRecord:
         from bugsweep.grading import verdict_word

@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from bugsweep import cleanroom
 from bugsweep.attempts import (
     ATTEMPTS_DIR,
     AttemptOutcome,
@@ -31,7 +30,6 @@ from bugsweep.attempts import (
 from bugsweep.errors import (
     InfraError,
     NotARealTask,
-    SandboxError,
     SandboxGone,
     TaskError,
     TestCommandCannotRun,
@@ -39,16 +37,10 @@ from bugsweep.errors import (
     failure_kind,
     setup_failed,
 )
-from bugsweep.grading import (
-    Grade,
-    TestRun,
-    commit_task_state,
-    grade,
-    importable_modules,
-    run_tests,
-    suspicious_signals,
-    why_cannot_run,
-)
+from bugsweep.grading import cleanroom
+from bugsweep.grading.regrade import regrade_change
+from bugsweep.grading.runs import TestRun, commit_task_state, run_tests, why_cannot_run
+from bugsweep.grading.verdict import Grade
 from bugsweep.runconfig import RunConfig
 from bugsweep.rundir import write_attempt_dir, write_run_dir
 from bugsweep.sandbox.base import (
@@ -61,8 +53,6 @@ from bugsweep.sandbox.base import (
 )
 from bugsweep.settings import AgentSettings, ModelSettings
 from bugsweep.spec import TaskSpec
-from bugsweep.testfiles import import_roots, protected_reason
-from bugsweep.tripwire import Canary, make_canary
 
 #: Seconds a setup or a test run (before or after the agent) may take: the core's own limit, over which the
 #: flows' steps add only a backstop (tasks.steps).
@@ -100,6 +90,8 @@ class PreparedTask:
     task_layer: SandboxSnapshot | None = None
     """The sandbox's task state after setup as a read-only layer (Sandbox.snapshot): the regrade's fresh sandbox is
     made on it, so nothing is installed again."""
+    mirror_run: TestRun | None = None
+    """The regrade's mirror run (bugsweep.grading.mirror), once it ran: its log goes beside the others."""
 
 
 def prepare(
@@ -254,15 +246,14 @@ def regrade(
     agent_settings: AgentSettings | None = None,
     timeout: float = STEP_TIMEOUT_S,
 ) -> tuple[Grade, TestRun | None, str]:
-    """Grade the agent's change in a clean room. Returns (grade, after-run, patch.diff).
+    """Grade the agent's change in a clean room (bugsweep.grading.regrade). Returns (grade, after-run, patch.diff).
 
-    1. The change is read from outside the agent's sandbox (bugsweep.cleanroom): its repository tree against the
-       task state's snapshot. Nothing of the agent's .git, $HOME, /tmp or caches is part of it.
-    2. Every change to the test infrastructure is dropped and named (bugsweep.testfiles.protected_reason).
-    3. The rest is written into a fresh sandbox in the task state (a clean $HOME and PATH, nothing else of the
-       agent's), where the tests run again; the verdict compares that run with the baseline.
-    A change that cannot be read or applied (too many or too big files, a path that cannot be written) is the
-    model's unresolved attempt, with the reason in the grade; the after-run is then None.
+    The change is read from outside the agent's sandbox (bugsweep.grading.cleanroom): its repository tree against
+    the task state's snapshot; nothing of the agent's .git, $HOME, /tmp or caches is part of it. It is graded in
+    fresh sandboxes in the task state (`fresh_sandbox`): protected changes dropped, the tests run as the mirror pair
+    where they can be, the verdict read from outside. A change that cannot be read or applied (too many or too big
+    files, a path that cannot be written) is the model's unresolved attempt, with the reason in the grade; the
+    after-run is then None. The mirror run is kept on `prepared.mirror_run` (tests_mirror.log).
     """
     settings = agent_settings or AgentSettings()
     spec = prepared.spec
@@ -271,49 +262,20 @@ def regrade(
     measured: list[Sandbox] = [prepared.sandbox]  # whose resource use the grade records
     try:
         changes, new = read_change(prepared)
-        with fresh_sandbox(prepared) as fresh:
-            measured.append(fresh)
-            fresh_tree = cleanroom.tree_access(fresh)
-            if fresh_tree is None:
-                raise InfraError(
-                    f"the {getattr(prepared.provider, 'name', '?')} sandbox gives no access to its files"
-                )
-            old = {c.path: fresh_tree.read(c.path, c.old, check=False) for c in changes if c.old}
-            task_paths = frozenset(prepared.snapshot.entries if prepared.snapshot else ())
-            importable = importable_modules(fresh)
-            roots = import_roots(task_paths, settings.protected_globs, spec.test_files)
-            dropped = {}
-            for change in changes:
-                why = protected_reason(
-                    change.path,
-                    patterns=settings.protected_globs,
-                    extra=spec.test_files,
-                    test_command=spec.test_command,
-                    old=old.get(change.path),
-                    new=new.get(change.path),
-                    task_paths=task_paths,
-                    importable=importable,
-                    import_roots=roots,
-                )
-                if why:
-                    dropped[change.path] = why
-            kept = [c for c in changes if c.path not in dropped]
-            patch = cleanroom.render_patch(changes, old, new)
-            canary = tripwire_canary(prepared, fresh_tree, before)
-            fresh_tree.apply(kept, new)
-            limit = settings.per_test_timeout_s
-            after = run_tests(
-                fresh, spec.test_command, timeout=timeout, canary=canary, per_test_timeout=limit
-            )
-        verdict = grade(
-            instance_id=spec.instance_id,
+        regraded = regrade_change(
+            spec,
+            task_paths=frozenset(prepared.snapshot.entries if prepared.snapshot else ()),
+            changes=changes,
+            new=new,
             before=before,
-            after=after,
-            dropped=dropped,
-            expected_fail_to_pass=spec.FAIL_TO_PASS,
-            expected_pass_to_pass=spec.PASS_TO_PASS,
-            suspicious=suspicious_signals({c.path: (old.get(c.path), new[c.path]) for c in kept if c.new}),
+            make_sandbox=lambda: fresh_sandbox(prepared),
+            protected_globs=settings.protected_globs,
+            per_test_timeout=settings.per_test_timeout_s,
+            timeout=timeout,
+            measured=measured,
         )
+        verdict, after, patch = regraded.grade, regraded.after, regraded.patch
+        prepared.mirror_run = regraded.mirror
     except cleanroom.ChangeRefused as exc:
         verdict = Grade(
             instance_id=spec.instance_id,
@@ -337,22 +299,6 @@ def regrade(
     record_resources(verdict, *measured)
     verdict.wall_s = time.monotonic() - prepared.started
     return verdict, after, patch
-
-
-def tripwire_canary(prepared: PreparedTask, tree: cleanroom.TreeAccess, before: TestRun) -> Canary | None:
-    """The canary for the regrade (bugsweep.tripwire), made from the task state's failing test file as the fresh
-    sandbox holds it, before the change is applied."""
-    entries = prepared.snapshot.entries if prepared.snapshot else {}
-
-    def read(rel: str) -> str | None:
-        entry = entries.get(rel)
-        try:
-            return tree.read(rel, entry, check=False).decode(errors="replace") if entry else None
-        except (cleanroom.ChangeRefused, OSError, SandboxError):
-            return None
-
-    failing, passing = sorted(before.ids("failed", "error")), sorted(before.ids("passed"))
-    return make_canary(failing, passing, frozenset(entries), read, test_command=prepared.spec.test_command)
 
 
 def read_change(prepared: PreparedTask) -> tuple[list[cleanroom.Change], dict[str, bytes]]:
@@ -589,8 +535,8 @@ def solve_task(
         chosen = kept(made) or made[-1]
         promote(out_dir, chosen.folder)
         write_run_dir(
-            out_dir, verdict, patch=chosen.patch, before=before, after=chosen.after, setup_log=prepared.setup_log,
-            spec=spec, environment=prepared.environment, config=config,
+            out_dir, verdict, patch=chosen.patch, before=before, after=chosen.after, mirror=chosen.mirror,
+            setup_log=prepared.setup_log, spec=spec, environment=prepared.environment, config=config,
         )  # fmt: skip
         return verdict
     except BaseException as exc:
@@ -677,7 +623,7 @@ def run_attempt(
         if own:
             task.sandbox.release()
     if many:
-        write_attempt_dir(out_dir, patch=patch, after=after)
+        write_attempt_dir(out_dir, patch=patch, after=after, mirror=task.mirror_run)
     return AttemptOutcome(
         planned=planned,
         grade=verdict,
@@ -685,6 +631,7 @@ def run_attempt(
         patch=patch,
         wall_s=time.monotonic() - started,
         folder=folder,
+        mirror=task.mirror_run,
     )
 
 
@@ -699,7 +646,7 @@ def attempt_sandbox(prepared: PreparedTask, attempt: int) -> PreparedTask:
     sandbox = prepared.provider.create_from(
         prepared.task_layer, labels={**prepared.labels, "role": "attempt", "attempt": str(attempt)}
     )
-    return dataclasses.replace(prepared, sandbox=sandbox, started=time.monotonic())
+    return dataclasses.replace(prepared, sandbox=sandbox, started=time.monotonic(), mirror_run=None)
 
 
 def step_name(kind: str, attempt: int | None) -> str:

@@ -15,7 +15,6 @@ The formulas are in stats.py.
 
 from __future__ import annotations
 
-import html
 import statistics
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
@@ -61,6 +60,13 @@ class RunRecord(BaseModel):
     """The grade's signals that tests cannot judge."""
     held_for_review: bool = False
     """The tests passed but `suspicious` signals hold the run for review: counted as not resolved, and listed."""
+    evidence: str = ""
+    """What the verdict rests on: a resolved run on 'exit code' alone (no per-test results, no mirror) is listed."""
+
+    @property
+    def exit_code_only(self) -> bool:
+        return self.resolved and self.evidence.startswith("exit code")
+
     max_attempts: int = 1
     """The attempts its configuration allowed at the task (bugsweep.attempts); `resolved` is pass@max_attempts."""
     kept_attempt: int | None = None
@@ -119,6 +125,8 @@ class ModelSummary(BaseModel):
     """The agent policies its runs were under (one, unless the comparison was set up otherwise)."""
     configs: list[str] = Field(default_factory=list)
     """The digests of the configurations its runs were under (bugsweep.runconfig; one per entry)."""
+    exit_code_only: int = 0
+    """Of `resolved`, the runs resolved on the exit code alone (no per-test evidence, no mirror run)."""
     attempts: int = 1
     """The attempts its runs allowed at a task: `resolved` and `rate` are pass@attempts."""
     resolved_first: int = 0
@@ -271,6 +279,7 @@ def build_report(records: Sequence[RunRecord], *, wall_s: float | None = None) -
                 stop_reasons=dict(sorted(reasons.items())),
                 policies=sorted({r.policy for r in mine if r.policy}),
                 configs=sorted({r.config_digest for r in mine if r.config_digest}),
+                exit_code_only=sum(r.exit_code_only for r in counted),
                 attempts=attempts,
                 resolved_first=sum(r.resolved_first for r in counted),
                 pass_at_1=sum(r.resolved_first for r in counted) / len(counted) if counted else 0.0,
@@ -348,7 +357,7 @@ def build_report(records: Sequence[RunRecord], *, wall_s: float | None = None) -
 # -- rendering -------------------------------------------------------------------------------------------------
 
 
-def _pct(x: float) -> str:
+def percent(x: float) -> str:
     return f"{100 * x:.0f}%"
 
 
@@ -375,10 +384,11 @@ def summary_rows(report: ComparisonReport) -> tuple[list[str], list[list[str]]]:
     rows = [
         [
             s.model,
-            f"{s.resolved}/{s.graded}",
-            _pct(s.rate),
-            f"{_pct(s.ci_low)}-{_pct(s.ci_high)}",
-            *([] if n == 1 else [f"{_pct(s.pass_at_1)} ({s.resolved_first}/{s.graded})"]),
+            f"{s.resolved}/{s.graded}"
+            + (f" ({s.exit_code_only} exit code only)" if s.exit_code_only else ""),
+            percent(s.rate),
+            f"{percent(s.ci_low)}-{percent(s.ci_high)}",
+            *([] if n == 1 else [f"{percent(s.pass_at_1)} ({s.resolved_first}/{s.graded})"]),
             f"{s.mean_turns:.1f}",
             str(s.prompt_tokens),
             str(s.completion_tokens),
@@ -456,9 +466,16 @@ ATTEMPTS_NOTE = (
     "runs resolved by any attempt, pass@1 those resolved by their first (the same runs)."
 )
 
-_RESOURCE_NOTE = (
+RESOURCE_NOTE = (
     "The heaviest run of each task over all models: the most memory its sandbox held at once (page cache "
     "included), CPU seconds of all its commands (setup, tests, agent), and the most disk its writable layers held."
+)
+
+
+RUN_COLUMNS = ["model", "task", "run"]
+EXIT_CODE_NOTE = (
+    "Counted as resolved, but the test command gave no per-test results (a runner other than pytest and unittest): "
+    "the exit code decided, without the mirror run's check of the test process."
 )
 
 
@@ -493,7 +510,18 @@ def render_markdown(report: ComparisonReport) -> str:
             "",
             _md_table(*resource_rows(report)),
             "",
-            _RESOURCE_NOTE,
+            RESOURCE_NOTE,
+            "",
+        ]
+    bare = [[r.model, r.instance_id, str(r.run)] for r in report.records if r.exit_code_only]
+    if bare:
+        parts += [
+            "",
+            "## Resolved on the exit code alone",
+            "",
+            EXIT_CODE_NOTE,
+            "",
+            _md_table(RUN_COLUMNS, bare),
             "",
         ]
     flagged = [r for r in report.records if r.suspicious]
@@ -505,7 +533,7 @@ def render_markdown(report: ComparisonReport) -> str:
             "their patches."
         )
         parts.append("")
-        rows = [[r.model, r.instance_id, str(r.run), _verdict(r), r.suspicious[0]] for r in flagged]
+        rows = [[r.model, r.instance_id, str(r.run), verdict_cell(r), r.suspicious[0]] for r in flagged]
         parts += [_md_table(["model", "task", "run", "verdict", "first signal"], rows), ""]
     return "\n".join(parts)
 
@@ -514,128 +542,11 @@ def render_json(report: ComparisonReport) -> str:
     return report.model_dump_json(indent=2)
 
 
-_CSS = """
-body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:2rem auto;max-width:70rem;color:#1b1f24;padding:0 1rem}
-table{border-collapse:collapse;margin:1rem 0;font-size:.9rem}
-th,td{border:1px solid #d0d7de;padding:.3rem .6rem;text-align:right}
-th:first-child,td:first-child{text-align:left}
-th{background:#f6f8fa}
-td.ok{background:#dafbe1}td.part{background:#fff8c5}td.no{background:#ffebe9}
-.note{color:#57606a;font-size:.85rem}
-"""
-
-
-def _html_table(header: list[str], rows: list[list[str]], classes: list[list[str]] | None = None) -> str:
-    out = ["<table><thead><tr>", *(f"<th>{html.escape(h)}</th>" for h in header), "</tr></thead><tbody>"]
-    for i, row in enumerate(rows):
-        out.append("<tr>")
-        for j, cell in enumerate(row):
-            cls = classes[i][j] if classes else ""
-            out.append(
-                f'<td class="{cls}">{html.escape(cell)}</td>' if cls else f"<td>{html.escape(cell)}</td>"
-            )
-        out.append("</tr>")
-    out.append("</tbody></table>")
-    return "".join(out)
-
-
-def render_chart_svg(report: ComparisonReport) -> str:
-    """Horizontal bars: each model's resolve rate with its 95% interval as a whisker. Inline SVG, no scripts."""
-    bar_h, gap, label_w, plot_w = 26, 14, 200, 520
-    height = 40 + len(report.models) * (bar_h + gap) + 30
-    width = label_w + plot_w + 190  # room for "100% (72%-100%)" right of the bars
-    parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img" '
-        f'aria-label="Resolve rate per model with 95% confidence interval" font-family="sans-serif" font-size="13">'
-    ]
-    x0 = label_w
-    top = 30
-    for pct in (0, 25, 50, 75, 100):
-        x = x0 + plot_w * pct / 100
-        parts.append(f'<line x1="{x:.1f}" y1="{top - 8}" x2="{x:.1f}" y2="{height - 30}" stroke="#d0d7de"/>')
-        parts.append(f'<text x="{x:.1f}" y="{height - 12}" text-anchor="middle" fill="#57606a">{pct}%</text>')
-    for i, s in enumerate(report.models):
-        y = top + i * (bar_h + gap)
-        parts.append(
-            f'<text x="{x0 - 10}" y="{y + bar_h * 0.68:.1f}" text-anchor="end">{html.escape(s.model[:28])}</text>'
-        )
-        parts.append(
-            f'<rect x="{x0}" y="{y}" width="{plot_w * s.rate:.1f}" height="{bar_h}" fill="#54aeff">'
-            f"<title>{html.escape(s.model)}: {s.resolved}/{s.graded} resolved</title></rect>"
-        )
-        lo, hi = x0 + plot_w * s.ci_low, x0 + plot_w * s.ci_high
-        mid = y + bar_h / 2
-        parts.append(
-            f'<line x1="{lo:.1f}" y1="{mid}" x2="{hi:.1f}" y2="{mid}" stroke="#1b1f24" stroke-width="2"/>'
-        )
-        for x in (lo, hi):
-            parts.append(
-                f'<line x1="{x:.1f}" y1="{y + 5}" x2="{x:.1f}" y2="{y + bar_h - 5}" stroke="#1b1f24" stroke-width="2"/>'
-            )
-        parts.append(
-            f'<text x="{x0 + plot_w + 8}" y="{y + bar_h * 0.68:.1f}">{_pct(s.rate)} ({_pct(s.ci_low)}-{_pct(s.ci_high)})</text>'
-        )
-    parts.append("</svg>")
-    return "".join(parts)
-
-
-def _rate_class(resolved: int, graded: int) -> str:
-    if graded == 0:
-        return ""
-    return "ok" if resolved == graded else "no" if resolved == 0 else "part"
-
-
 def render_html(report: ComparisonReport) -> str:
-    """One self-contained page: inline CSS and an inline SVG chart; nothing is loaded from anywhere."""
-    th, tr = task_rows(report)
-    models = [s.model for s in report.models]
-    classes = [
-        ["", *(_rate_class(row.cells[m].resolved, row.cells[m].graded) for m in models)]
-        for row in report.tasks
-    ]
-    body = [
-        "<h1>Model comparison</h1>",
-        f'<p class="note">{len(report.tasks)} tasks, {report.runs_per_task} run(s) per task and model, '
-        f"generated {html.escape(report.generated_at)}."
-        + (
-            f" Wall time {report.wall_s:.1f} s for runs that add up to {report.sum_run_wall_s:.1f} s."
-            if report.wall_s is not None
-            else ""
-        )
-        + "</p>",
-        f"<p><strong>{html.escape(policy_note(report))}</strong></p>",
-        "<h2>Resolve rate</h2>",
-        render_chart_svg(report),
-        _html_table(*summary_rows(report)),
-        '<p class="note">Rate: resolved over graded runs (runs that could not be run left out); 95% Wilson interval.</p>',
-    ]
-    if attempts_of(report) > 1:
-        body.append(f'<p class="note">{html.escape(ATTEMPTS_NOTE.format(n=attempts_of(report)))}</p>')
-    if report.pairs:
-        body += [
-            "<h2>Paired differences (per task)</h2>",
-            _html_table(*pair_rows(report)),
-            '<p class="note">Per task, the difference of the two resolve rates; mean over tasks, percentile '
-            "bootstrap CI over tasks, exact two-sided sign test over the tasks where the models differ.</p>",
-        ]
-    body += ["<h2>Per task (resolved/graded runs)</h2>", _html_table(th, tr, classes)]
-    if report.resources:
-        body += [
-            "<h2>Resource use per task</h2>",
-            _html_table(*resource_rows(report)),
-            f'<p class="note">{html.escape(_RESOURCE_NOTE)}</p>',
-        ]
-    flagged = [r for r in report.records if r.suspicious]
-    if flagged:
-        rows = [[r.model, r.instance_id, str(r.run), _verdict(r), r.suspicious[0]] for r in flagged]
-        body += [
-            "<h2>Held for review and other suspicious runs</h2>",
-            _html_table(["model", "task", "run", "verdict", "first signal"], rows),
-        ]
-    return (
-        '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>bugsweep model comparison</title>'
-        f"<style>{_CSS}</style></head><body>{''.join(body)}</body></html>\n"
-    )
+    """One self-contained page (bugsweep.report_html): inline CSS and an inline SVG chart."""
+    from bugsweep.report_html import render_page
+
+    return render_page(report)
 
 
 def artifact_table(report: ComparisonReport) -> list[dict[str, Any]]:
@@ -655,5 +566,7 @@ def write_report(report: ComparisonReport, out_dir: str | Path) -> dict[str, Pat
     return paths
 
 
-def _verdict(record: RunRecord) -> str:
-    return "held for review" if record.held_for_review else "yes" if record.resolved else "no"
+def verdict_cell(record: RunRecord) -> str:
+    if record.resolved:
+        return "yes (exit code only)" if record.exit_code_only else "yes"
+    return "held for review" if record.held_for_review else "no"

@@ -338,6 +338,7 @@ def summary_row(
         "artifacts": uploaded_to or "",
         "suspicious": "; ".join(verdict.suspicious[:3]),
         "held_for_review": verdict.held_for_review,
+        "evidence": verdict.evidence,
         "attempts": resolved_at(verdict),
     }
 
@@ -370,9 +371,14 @@ def sweep_outcome(rows: list[dict[str, Any]]) -> str:
 
 
 def _cell(row: dict[str, Any]) -> str:
-    """The resolved column: yes (with the attempt, where a task had more than one), held for review, or no."""
-    at = f" ({row['attempts']})" if row.get("attempts") and row["resolved"] else ""
-    return "yes" + at if row["resolved"] else "held for review" if row.get("held_for_review") else "no"
+    """The resolved column: yes (on the exit code only; at which attempt, where a task had more than one), held
+    for review, or no."""
+    if row["resolved"]:
+        at = f" ({row['attempts']})" if row.get("attempts") else ""
+        return (
+            "yes (exit code only)" if str(row.get("evidence") or "").startswith("exit code") else "yes"
+        ) + at
+    return "held for review" if row.get("held_for_review") else "no"
 
 
 def summary_markdown(

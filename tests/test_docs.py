@@ -168,7 +168,7 @@ def quoted_numbers() -> list[tuple[str, str]]:
     from bugsweep.agent.model import MAX_RETRY_AFTER_S
     from bugsweep.agent.small_model.whole_function import SAMPLE_TEMPERATURE
     from bugsweep.cli.pipeline import WORKER_QUERY_S
-    from bugsweep.grading import LOG_HEAD_BYTES
+    from bugsweep.grading.runs import LOG_HEAD_BYTES
     from bugsweep.runconfig import AgentLimits, SandboxLimits
     from bugsweep.settings import AgentSettings, ModelSettings, SandboxSettings
     from bugsweep.storage import StoreSettings

@@ -337,8 +337,10 @@ def _named_branches_block(name: str | None) -> Any:
 
 
 def _cell(grade: Any) -> str:
-    at = f" (attempt {grade.kept_attempt})" if grade.resolved and len(grade.attempts) > 1 else ""
-    return "yes" + at if grade.resolved else "held" if grade.held_for_review else "no"
+    if grade.resolved:
+        at = f" (attempt {grade.kept_attempt})" if len(grade.attempts) > 1 else ""
+        return ("yes (exit code only)" if str(grade.evidence).startswith("exit code") else "yes") + at
+    return "held" if grade.held_for_review else "no"
 
 
 def _print_grades(grades: list[Any]) -> None:
@@ -377,6 +379,9 @@ def _print_grades(grades: list[Any]) -> None:
     console.print(f"{sum(g.resolved for g in grades)} of {len(grades)} resolved")
     if held:
         console.print(f"held for review (tests pass, suspicious signals; counted as not resolved): {held}")
+    bare = ", ".join(g.instance_id for g in grades if g.resolved and str(g.evidence).startswith("exit code"))
+    if bare:
+        console.print(f"resolved on the exit code alone (no per-test evidence, no mirror run): {bare}")
     policies = sorted({g.policy for g in grades if g.policy})
     if policies:
         console.print(f"agent policy: {', '.join(policies)}")

@@ -383,10 +383,13 @@ def print_summary(verdict: Any, out_dir: Path, *, show_patch: bool = False) -> N
     def mark(ok: bool) -> str:
         return "[green]yes[/]" if ok else "[red]no[/]"
 
-    from bugsweep.grading import verdict_word
+    from bugsweep.grading import verdict_label
 
-    colour = {"resolved": "green", "held for review": "yellow"}.get(verdict_word(verdict), "red")
-    head = f"[bold {colour}]{verdict_word(verdict).upper()}[/]"
+    word = verdict_label(verdict)
+    colour = {"resolved": "green", "held for review": "yellow", "resolved (exit code only)": "yellow"}.get(
+        word, "red"
+    )
+    head = f"[bold {colour}]{word.upper()}[/]"
     from bugsweep.attempts import resolved_at
 
     console.print()
