@@ -260,13 +260,22 @@ def main() -> int:
     parser.add_argument(
         "--policy",
         default=None,
-        help="bugsweep's agent policy (default: BUGSWEEP_POLICY, else the embedded model's own, as `bugsweep demo`)",
+        help="bugsweep's agent policy (default: BUGSWEEP_POLICY, else the embedded model's own, as `bugsweep demo`); "
+        "comma-separated: each task runs under each policy in turn (plain,small-model), so a stopped run keeps "
+        "both sides of the tasks it finished",
+    )
+    parser.add_argument(
+        "--extra-setup",
+        default=None,
+        metavar="CMD",
+        help="appended to every task's setup command as `&& CMD` (a pin of the task environment, e.g. "
+        "\"pip install 'pytest<9.2' 'setuptools<75'\": the environment changed since mining)",
     )
     args = parser.parse_args()
     from bugsweep.embedded import DEFAULT_MODEL
 
     # Read by AgentSettings in run_bugsweep; recorded per run from grade.json.
-    os.environ["BUGSWEEP_POLICY"] = args.policy or os.environ.get("BUGSWEEP_POLICY") or DEFAULT_MODEL.policy
+    policies = (args.policy or os.environ.get("BUGSWEEP_POLICY") or DEFAULT_MODEL.policy).split(",")
     # Stopped with SIGTERM (a background job ignores SIGINT): unwind as for Ctrl-C, so sandboxes are released.
     signal.signal(signal.SIGTERM, _interrupt)
 
@@ -293,6 +302,8 @@ def main() -> int:
             "max_turns": args.max_turns,
             "attempts": args.attempts,
             "escalate_to": args.escalate_to,
+            "policies": policies,
+            "extra_setup": args.extra_setup,
             "cores": os.cpu_count(),
             "load_before": load(),
             "commit": subprocess.run(
@@ -301,7 +312,7 @@ def main() -> int:
             "runs": [],
         }
     run_root = Path(tempfile.gettempdir()) / f"bugsweep-real-bugs-{report['started']}"
-    done = {(r["task"], r["agent"]) for r in report["runs"]}
+    done = {(r["task"], r["agent"], r.get("asked_policy")) for r in report["runs"]}
     names = {"bugsweep": "bugsweep", "mini": "mini-swe-agent"}
 
     def save() -> None:
@@ -323,21 +334,27 @@ def main() -> int:
         report["model"] = model
         for spec in tasks:
             spec = with_test_patch(spec.model_copy(update={"repo": local_repo(spec.repo, args.mirrors)}))
-            for agent in agents:
-                if (spec.instance_id, names[agent]) in done:
+            if args.extra_setup:
+                spec = spec.model_copy(
+                    update={"setup_command": f"{spec.setup_command} && {args.extra_setup}"}
+                )
+            for agent, policy in [(a, p) for a in agents for p in (policies if a == "bugsweep" else [None])]:
+                if (spec.instance_id, names[agent], policy) in done:
                     continue
-                out_dir = run_root / spec.instance_id / agent
+                out_dir = run_root / spec.instance_id / (f"{agent}-{policy}" if policy else agent)
+                if policy:  # read by AgentSettings in run_bugsweep; recorded per run from grade.json
+                    os.environ["BUGSWEEP_POLICY"] = policy
                 if agent == "bugsweep":
                     row = run_bugsweep(
                         spec, base_url, model, out_dir, args.max_turns, args.attempts, escalate_to
                     )
                 else:
                     row = run_mini(spec, base_url, model, out_dir, args.max_turns)
-                row["task"], row["load"] = spec.instance_id, load()
+                row["task"], row["load"], row["asked_policy"] = spec.instance_id, load(), policy
                 report["runs"].append(row)
                 save()
                 print(
-                    f"{spec.instance_id:<28} {names[agent]:<15} "
+                    f"{spec.instance_id:<28} {names[agent]:<15} {policy or '':<12} "
                     f"{'RESOLVED' if row['resolved'] else 'not resolved':<13} "
                     f"{'at attempt ' + str(row['kept_attempt']) + ' ' if row.get('kept_attempt') else ''}"
                     f"stop={row.get('stop_reason')} "
@@ -347,7 +364,11 @@ def main() -> int:
                 )
     report["load_after"] = load()
     report["summary"] = {
-        names[a]: summarise([r for r in report["runs"] if r["agent"] == names[a]]) for a in agents
+        f"{names[a]} ({p})" if p else names[a]: summarise(
+            [r for r in report["runs"] if r["agent"] == names[a] and r.get("asked_policy") == p]
+        )
+        for a in agents
+        for p in (policies if a == "bugsweep" else [None])
     }
     save()
     print(
