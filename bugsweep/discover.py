@@ -1,7 +1,7 @@
 """Where a sweep's tasks come from: a task file (`TaskFile`), or a branch's failing tests (`RepoBranch`).
 
 A branch's failing tests: run the tests at the head of a branch, and each failing test file is a task. This is how a nightly sweep works on a repository without a prepared task file: whatever is red on `main`
-tonight is tomorrow morning's patches. Per-test results come from pytest's JUnit XML (bugsweep.grading), so the
+tonight is tomorrow morning's patches. Per-test results come from the probe in pytest (bugsweep.grading.runs), so the
 test command must be pytest; each task's test command is the given one with the failing file appended.
 """
 
@@ -151,7 +151,7 @@ def failing_test_files(
     ):  # pytest node ids only
         raise TaskError(
             f"{test_command!r} failed but reported no per-test results: finding failing test files needs pytest "
-            f"(its JUnit report). Last output:\n{tests.log.strip()[-800:]}"
+            f"(node ids from the probe in its process). Last output:\n{tests.log.strip()[-800:]}"
         )
     by_file: dict[str, list[str]] = defaultdict(list)
     for test_id in sorted(tests.ids("failed", "error")):

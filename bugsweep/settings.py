@@ -24,7 +24,7 @@ from bugsweep.runconfig import (
 
 __all__ = ["AgentSettings", "BranchSettings", "ModelSettings", "PolicyName", "SandboxSettings"]
 
-#: Test files, in .gitignore syntax (see bugsweep/testfiles.py): the issue's defaults plus tests/ folders at any depth.
+#: Test files, in .gitignore syntax (see bugsweep/grading/testfiles.py): the issue's defaults plus tests/ folders at any depth.
 DEFAULT_TEST_GLOBS = ["tests/**", "**/tests/**", "test_*.py", "*_test.py", "conftest.py"]
 
 

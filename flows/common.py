@@ -67,6 +67,17 @@ def model_field() -> Any:
     )
 
 
+def escalate_to_field() -> Any:
+    """The flows' `escalate_to` parameter: saved model endpoint blocks, in order, or none."""
+    return form_field(
+        [],
+        "Models to escalate to",
+        "Saved model endpoint blocks tried after the model, in order, each (with its attempts) only on a task the "
+        "ones before did not resolve: a cheaper model first, a stronger one for what it could not fix. Empty: the "
+        "model alone.",
+    )
+
+
 def sandbox_field() -> Any:
     """The flows' `sandbox` parameter: empty unless the run chooses one."""
     return form_field(
@@ -154,9 +165,11 @@ def load_run_config(
     *,
     push_branches: bool = False,
     branches: GitBranches | None = None,
+    escalate_to: list[ModelEndpoint] | None = None,
 ) -> RunSetup:
     """Read the chosen blocks (or the default-named ones) and build the run from them (bugsweep.runbuilder:
     `limits` given over the blocks over the environment over the defaults), with where its artifacts go.
+    `escalate_to`: saved model endpoint blocks a task escalates to, in order.
 
     No model block: the `bugsweep-model` block when it exists, else the LLM_* variables (else the embedded model).
     No store block: the `bugsweep-artifacts` S3Bucket block when it exists, else BUGSWEEP_STORE_URL (a folder or
@@ -164,7 +177,10 @@ def load_run_config(
     With `push_branches`: the git branches block chosen, else the `bugsweep-branches` block, else
     BUGSWEEP_BRANCH_*. The model's key and the git token never leave the settings objects.
     """
-    built = build_run(limits, endpoint=load_endpoint(model), provider=load_sandboxes(sandbox))
+    built = build_run(
+        limits, endpoint=load_endpoint(model), provider=load_sandboxes(sandbox),
+        escalate_to=[block.settings() for block in escalate_to or []],
+    )  # fmt: skip
     artifacts, local_dir = load_store(store)
     return RunSetup.of(
         built, artifacts, local_dir, labels=run_labels(flow_run_id),

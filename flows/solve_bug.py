@@ -19,6 +19,7 @@ from prefect_aws import S3Bucket
 
 from blocks import GitBranches, ModelEndpoint
 from bugsweep.agent import endpoint
+from bugsweep.attempts import resolved_at
 from bugsweep.branches import ADHOC
 from bugsweep.errors import BugsweepError, ConfigError, InfraError, StorageError
 from bugsweep.grading import Grade, verdict_word
@@ -34,6 +35,7 @@ from flows.common import (
     SandboxName,
     branches_field,
     current_flow_run_id,
+    escalate_to_field,
     failed_state,
     form_field,
     limits_field,
@@ -151,6 +153,7 @@ def solve_bug(
     ),
     push_branches: bool = push_branches_field(),
     branches: GitBranches | None = branches_field(),
+    escalate_to: list[ModelEndpoint] = escalate_to_field(),
     task: TaskSpec | None = form_field(
         None,
         "A whole task (advanced)",
@@ -177,7 +180,7 @@ def solve_bug(
         task = task or one_off_task(repo, problem, test_command, setup_command, ref)
         run = load_run_config(
             model, sandbox, store, limits, flow_run_id=current_flow_run_id(), push_branches=push_branches,
-            branches=branches,
+            branches=branches, escalate_to=escalate_to,
         )  # fmt: skip
         if run.model.base_url and started_by_sweep():  # the sweep reached it: a refusal now is a restart
             endpoint.mark_answered(run.model)
@@ -223,6 +226,8 @@ class TaskNotRun(BugsweepError):
 def report(outcome: TaskOutcome) -> None:
     g = outcome.grade
     status = verdict_word(g).upper() if g.resolved else verdict_word(g)
+    if resolved_at(g):
+        status += f" ({resolved_at(g)})"
     if outcome.reused:
         status += " (an earlier run's grade, kept after its upload failed; the agent did not run again)"
     print(

@@ -38,6 +38,7 @@ RUN_FILES = {
     "trajectory.json",
     "tests_before.log",
     "tests_after.log",
+    "tests_mirror.log",  # the regrade's mirror run (grade.json `mirror`)
     "task.json",
     "run.json",
     "setup.log",  # the tasks install pytest in their setup
@@ -544,8 +545,8 @@ def test_a_sandbox_outage_is_retried_and_the_task_still_graded(
 
     outcome = run_one_with(provider, server, made, calc_task(buggy_repo, "calc-flaky-sandbox"), tmp_path)
 
-    # the failed create, the setup step's second try, and the regrade's fresh sandbox
-    assert provider.calls == 3, "the setup step ran again after the infrastructure failure"
+    # the failed create, the setup step's second try, and the regrade's two fresh sandboxes (the mirror pair)
+    assert provider.calls == 4, "the setup step ran again after the infrastructure failure"
     assert outcome.grade.resolved and outcome.grade.error is None
 
 
@@ -830,10 +831,13 @@ def test_the_flow_and_the_cli_grade_a_task_the_same_through_the_same_function(
 
     assert but_the_address(flow_grade.config or {}) == but_the_address(cli_grade["config"])
     assert flow_grade.resolved and cli_grade["resolved"]
-    # the tripwire's canary has a name of its own in every regrade; what it saw is the same
-    measured.add("tripwire")
-    assert flow_grade.tripwire is not None
-    assert {**flow_grade.tripwire.model_dump(), "canary": None} == {**cli_grade["tripwire"], "canary": None}
+    assert flow_grade.mirror is not None and flow_grade.mirror.model_dump() == cli_grade["mirror"]
+    # each attempt's record: the same but for its clock
+    measured.add("attempts")
+    clock = {"wall_s", "agent_wall_s"}
+    assert [a.model_dump(exclude=clock) for a in flow_grade.attempts] == [
+        {k: v for k, v in a.items() if k not in clock} for a in cli_grade["attempts"]
+    ]
     assert flow_grade.model_dump(exclude=measured) == {
         k: v for k, v in cli_grade.items() if k not in measured
     }

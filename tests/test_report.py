@@ -256,3 +256,27 @@ def test_the_diff_artifact_of_an_unresolved_task_says_which_tests_failed_before(
         "[the whole patch](https://s3.example/b/x?X-Amz-Signature=1) (opens until 2026-12-11 09:00 UTC)"
         in linked
     )
+
+
+def test_a_grade_on_the_exit_code_alone_is_shown_apart() -> None:
+    """Without per-test results (another runner) the exit code decides and no mirror run checks the test process:
+    such a resolved run counts, and the comparison, the sweep's summary and the review page say what it rests on."""
+    from bugsweep.grading import TestRun, grade, verdict_label
+    from bugsweep.review.page import verdict_class
+    from tasks.steps import summary_markdown, summary_row
+
+    def run(code: int) -> TestRun:
+        return TestRun(command="./run-tests.sh", exit_code=code, timed_out=False, log="", duration_s=0.1)
+
+    bare = grade(instance_id="t1", before=run(1), after=run(0))
+    assert bare.resolved and bare.evidence == "exit code"
+    assert verdict_label(bare) == "resolved (exit code only)"
+    assert verdict_class(verdict_label(bare)) == "resolved-exit-code-only"
+    bare.model = "m"
+    report = build_report([RunRecord.from_grade(bare, model="m", run=0)])
+    assert report.models[0].exit_code_only == 1
+    text = render_markdown(report)
+    assert "| m | 1/1 (1 exit code only) |" in text and "## Resolved on the exit code alone" in text
+    assert "Resolved on the exit code alone" in render_html(report)
+    summary = summary_markdown("nightly", [summary_row(bare, uploaded_to="")], "s3://b/nightly")
+    assert "| t1 | m | - | - | yes (exit code only) |" in summary

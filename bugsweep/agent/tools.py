@@ -39,9 +39,9 @@ from bugsweep.agent.text import (
     snippet,
     split_lines,
 )
+from bugsweep.grading.testfiles import is_test_file
 from bugsweep.sandbox.base import Sandbox, tail
 from bugsweep.settings import AgentSettings
-from bugsweep.testfiles import is_test_file
 
 __all__ = ["ToolOutcome", "Toolbox", "closest_lines", "disk_is_full", "parse_arguments", "short"]
 
@@ -204,7 +204,7 @@ class Toolbox:
 
         Python trusts a .pyc whose recorded source mtime (whole seconds) and size match the file: an edit that
         keeps the size, made in the same second as the run that compiled it, was otherwise not seen by the next
-        test run (seen with a scripted model, `- b` to `+ b`). The grade never reads bytecode (cleanroom.py).
+        test run (seen with a scripted model, `- b` to `+ b`). The grade never reads bytecode (bugsweep/grading/cleanroom.py).
         """
         self.sandbox.files.write(real, data)
         if real.endswith(".py"):

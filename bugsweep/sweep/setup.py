@@ -32,6 +32,9 @@ class RunSetup:
     """Put on every sandbox (with the task's id): the flow run, so hooks and cleanups can find them."""
     branches: BranchSettings | None = None
     """Where resolved fixes are pushed as branches (with the token); None: no branches."""
+    escalate_to: list[ModelSettings] = field(default_factory=list)
+    """The models (with their keys) a task escalates to, in order, each only on what the ones before did not
+    resolve (`config.escalate_to` names them)."""
 
     @classmethod
     def of(
@@ -42,4 +45,5 @@ class RunSetup:
         return cls(
             model=built.model, agent=built.agent, provider=built.provider, store=store, local_dir=local_dir,
             config=built.config, setup_network=built.setup_network, labels=dict(labels or {}), branches=branches,
+            escalate_to=list(built.escalate_to),
         )  # fmt: skip

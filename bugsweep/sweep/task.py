@@ -123,6 +123,7 @@ def solve_one(
             spec, provider=run.provider, model_settings=run.model, agent_settings=run.agent, out_dir=out_dir,
             on_event=steps.on_event, on_sandbox=steps.on_sandbox, labels=sandbox_labels(run, spec),
             setup_network=run.setup_network, runner=steps.runner, raise_on_failure=False, config=run.config,
+            escalate_to=run.escalate_to,
         )  # fmt: skip
     except (
         Exception
