@@ -107,16 +107,18 @@ def main() -> None:
     env = {"LLM_BASE_URL": model.base_url, "LLM_MODEL": "scripted-model", "LLM_MAX_CONCURRENT_REQUESTS": "0",
            "BUGSWEEP_STORE_URL": str(root / "store")}  # fmt: skip
     repo = make_repo(root / "calc")
-    tasks_file = root / "night.jsonl"
-    dump_tasks([TaskSpec(instance_id=f"calc-{i}", repo=str(repo), problem_statement=f"({i}) add() subtracts.",
-                         test_command="python -m pytest -q", setup_command=PYTEST_SETUP)
-                for i in range(args.tasks)], tasks_file)  # fmt: skip
+    tasks_file, warm_up_file = root / "night.jsonl", root / "warm-up.jsonl"
+    tasks = [TaskSpec(instance_id=f"calc-{i}", repo=str(repo), problem_statement=f"({i}) add() subtracts.",
+                      test_command="python -m pytest -q", setup_command=PYTEST_SETUP)
+             for i in range(args.tasks)]  # fmt: skip
+    dump_tasks(tasks, tasks_file)
+    dump_tasks(tasks[:1], warm_up_file)
     walls: dict[int, list[float]] = {n: [] for n in args.workers}
     try:
         server.run([sys.executable, "-m", "bugsweep", "blocks", "create", "--no-check"], cwd=PROJECT, **env)
         server.run([sys.executable, "-m", "bugsweep", "deploy", "--pool", POOL], cwd=PROJECT, **env)
-        # warm-up: the task environment (pytest) built once, so no night pays for it
-        one_night(server, tasks_file, root, 1, args.limit, "warm-up")
+        # warm-up: one task, so the task environment (pytest) is built once and no night pays for it
+        one_night(server, warm_up_file, root, 1, args.limit, "warm-up")
         for r in range(args.rounds):
             for n in args.workers:
                 wall = one_night(server, tasks_file, root, n, args.limit, f"night-{n}w-{r}")
