@@ -149,7 +149,14 @@ def test_not_a_fix_says_why() -> None:
     assert (
         not_a_fix_reason("feat: add neg()\n\nCloses #467") == "a 'feat' commit whose subject does not say fix"
     )
-    assert not_a_fix_reason("Add neg()\n\nCloses #467") == (
+    assert (
+        not_a_fix_reason("Add neg()\n\nCloses #467")
+        == "no fix word in the message, and the subject says 'Add'"
+    )
+    assert not_a_fix_reason("Tidy neg()\n\nCloses #467") == (
+        "no fix word in the message, and the subject says 'Tidy'"
+    )
+    assert not_a_fix_reason("Neg for floats\n\nCloses #467") == (
         "only an issue reference, no fix keyword (fix, bug, error, crash, ...)"
     )
     assert not_a_fix_reason("Release 1.2") == "the subject starts with 'release'"

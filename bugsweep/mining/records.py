@@ -75,6 +75,8 @@ class Screened:
     source_files: list[str]
     why_fix: str = ""
     """Why the screen took it for a fix, in words a user reads ("the subject says 'fix'")."""
+    rule: str = ""
+    """The screen's rule that admitted it (bugsweep.mining.screening.Rule: "fix word in the subject", ...)."""
 
 
 class Rejection(BaseModel):
@@ -82,6 +84,8 @@ class Rejection(BaseModel):
     subject: str
     reason: RejectReason
     detail: str = ""
+    rule: str = ""
+    """For 'not a fix': the screen's rule that decided (bugsweep.mining.screening.Rule)."""
 
 
 class Unfinished(BaseModel):
