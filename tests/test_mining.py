@@ -19,6 +19,7 @@ from bugsweep.mining import (
     RejectReason,
     Screened,
     build_task,
+    deselection,
     detect_commands,
     judge,
     looks_like_fix,
@@ -297,6 +298,53 @@ def test_judge_per_test_outcomes() -> None:
     # without per-test results (not pytest), exit codes decide
     assert judge([_run(None)], [_run(None, 0)]).reason is None
     assert judge([_run(None)], [_run(None, 1)]).reason == RejectReason.TESTS_FAIL_AT_FIX
+
+
+def test_tests_failing_in_both_states_are_left_out_and_deselected() -> None:
+    """An unrelated test failing at the task state and at the fix is not the candidate's fault (issue 37): it is
+    FAIL_TO_FAIL, in neither list, deselected; a test the fix broke still rejects it."""
+    before = [_run({"t.py::a": "failed", "t.py::b": "passed", "t.py::old": "failed"})] * 2
+    after = [_run({"t.py::a": "passed", "t.py::b": "passed", "t.py::old": "failed"})] * 2
+    v = judge(before, after)
+    assert (v.reason, v.fail_to_pass, v.pass_to_pass) == (None, ["t.py::a"], ["t.py::b"])
+    assert v.fail_to_fail == ["t.py::old"] and v.deselect == ["t.py::old"]
+    broke = [_run({"t.py::a": "passed", "t.py::b": "failed", "t.py::old": "failed"})] * 2
+    v = judge(before, broke)
+    assert v.reason == RejectReason.TESTS_FAIL_AT_FIX and v.detail == "failing at the fix commit: t.py::b"
+
+
+def test_ids_that_differ_by_a_memory_address_are_one_test() -> None:
+    """pytest's ids of object parameters hold their address, new in every run: the same test, not flaky; named
+    in neither list (a grader matches ids exactly), and deselected, where they must be, by what precedes it."""
+
+    def ids(address: str, outcome: str) -> dict[str, str]:
+        return {"t.py::test_new": outcome, f"t.py::test_repr[<object object at {address}>]": "passed",
+                f"t.py::test_old[<Thing at {address}>]": "failed"}  # fmt: skip
+
+    before = [_run(ids("0x7f3a1c2b5e90", "failed")), _run(ids("0x7f11aa00cc10", "failed"))]
+    after = [_run(ids("0x7fee0077ab20", "passed"), 0), _run(ids("0x7f00badc0de0", "passed"), 0)]
+    v = judge(before, after)
+    assert (v.reason, v.flaky, v.fail_to_pass, v.pass_to_pass) == (None, [], ["t.py::test_new"], [])
+    assert v.unnamed == ["t.py::test_repr[<object object at 0x…>]"]
+    assert v.fail_to_fail == ["t.py::test_old[<Thing at 0x…>]"]
+    assert v.deselect == ["t.py::test_old["]  # every parameter of test_old: one argument, live in any run
+
+
+def test_deselection_takes_whole_groups_in_one_argument() -> None:
+    known = {
+        "a.py::T::x",
+        "a.py::T::y",
+        "a.py::U::x",
+        "a.py::f[1]",
+        "a.py::f[2]",
+        "a.py::g",
+        "b.py::h",
+        "b.py::k",
+    }
+    assert deselection({"a.py::T::x", "a.py::T::y", "a.py::f[1]", "a.py::f[2]", "b.py::h", "b.py::k"}, known) == [
+        "a.py::T::", "a.py::f[", "b.py::",
+    ]  # fmt: skip
+    assert deselection({"a.py::T::x", "a.py::g"}, known) == ["a.py::T::x", "a.py::g"]
 
 
 # -- the whole thing, in the real sandbox ------------------------------------------------------------------------

@@ -72,7 +72,7 @@ MAYBE_WORK_SUBJECT = re.compile(
 #: bug; a subject naming one without a fix word is other work.
 TOOLING_SUBJECT = (
     r"typos|lint\w*|linters?|flake8|pep\s?8|ruff|isort|pre-commit|pyupgrade|autotyping|codespell|mypy|pyright|"
-    r"type[- ]?check\w*|type[- ]?hints?|typing(?!\.)|annotations|ci|coverage|noqa|black\s+(formatting|style)|"
+    r"type[- ]?check(ers?|ing)|type[- ]?hints?|typing(?!\.)|annotations|ci|coverage|noqa|black\s+(formatting|style)|"
     r"(apply|run)\s+black"
 )
 TOOLING = (
@@ -360,15 +360,13 @@ def read_commit(message: str, subject: str | None = None, shape: ChangeShape | N
             f"({_listed(defined)})",
             Rule.FEATURE,
         )
-    tooling = TOOLING_WORD.search(rest)
-    if tooling and not (known is not None and _fix_shape(known)[0]):
+    if tooling := TOOLING_WORD.search(rest):
         return decide(False, f"the subject is about tooling ({tooling.group(0)!r}), not the code's behaviour",
                       Rule.OTHER_WORK)  # fmt: skip
-    if not tooling:
-        if conventional_fix:
-            return decide(True, "a 'fix' commit", Rule.SUBJECT_FIX_WORD)
-        if strong := _fix_word(rest, known, weak=False):
-            return decide(True, f"the subject says {strong!r}", Rule.SUBJECT_FIX_WORD)
+    if conventional_fix:
+        return decide(True, "a 'fix' commit", Rule.SUBJECT_FIX_WORD)
+    if strong := _fix_word(rest, known, weak=False):
+        return decide(True, f"the subject says {strong!r}", Rule.SUBJECT_FIX_WORD)
     if known is not None and (feature := _feature_shape(known)):
         return decide(False, f"a feature or refactor: {feature}", Rule.FEATURE_SHAPE)
     announced = _announced(rest)
