@@ -15,6 +15,7 @@ import pytest
 
 from bugsweep.grading import TestRun
 from bugsweep.mining import (
+    MiningEvent,
     Rejection,
     RejectReason,
     Screened,
@@ -443,6 +444,8 @@ def test_mine_command_writes_tasks_and_says_why_it_skipped(tmp_path: Path) -> No
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"kept     {shas['kept_with_flaky'][:10]} Fix missing sq() (issue #7)" in proc.stdout
+    assert "(1 changed test module(s), 2 run(s) per state)" in proc.stdout
+    assert "1 flaky left out; screen: the subject says 'Fix'" in proc.stdout  # why the screen took it
     assert "1 task(s) from 1 commits scanned, 1 validated" in proc.stdout
     assert "flaky at" in proc.stdout and "test_sq_flaky" in proc.stdout
     (task,) = load_tasks(out)
@@ -450,6 +453,11 @@ def test_mine_command_writes_tasks_and_says_why_it_skipped(tmp_path: Path) -> No
     assert task.instance_id.endswith("-" + shas["kept_with_flaky"][:10])
     report = json.loads((tmp_path / "mined.mining.json").read_text())
     assert report["scanned"] == 1 and report["flaky_tests"]
+    assert report["kept"] == [{
+        "commit": task.fix_commit, "subject": "Fix missing sq() (issue #7)", "screen_rule": "fix word in the subject",
+        "screen_reason": "the subject says 'Fix'", "test_command": task.test_command,
+    }]  # fmt: skip
+    assert (task.screen_rule, task.screen_reason) == ("fix word in the subject", "the subject says 'Fix'")
 
     # nothing to find: exit code 1, and the reasons are still shown
     proc = subprocess.run([*cmd[:-2], "--out", str(tmp_path / "none.jsonl"), "--since", "2099-01-01"],
@@ -499,6 +507,77 @@ def test_merged_pull_requests_are_candidates_with_merges(tmp_path: Path) -> None
     assert task.base_commit == git(repo, "rev-parse", "HEAD^1")
     assert task.FAIL_TO_PASS == ["tests/test_calc.py::test_add"]
     assert "calc.py" not in task.test_patch.replace("tests/test_calc.py", "")
+
+
+@needs_bwrap
+def test_mine_reads_stubs_leaves_out_tests_failing_in_both_states_and_says_why(tmp_path: Path) -> None:
+    """End to end (real sandbox, real pytest, one run per state, the whole suite as the test command): an
+    "Issue N: Update ..." fix is kept, with the unrelated test that fails at both states left out and deselected,
+    the test whose id holds a memory address neither flaky nor named, and the screen's rule and reason in the
+    task file and the report; an "Issue N: Add ..." feature that also changes the type stub is rejected unrun."""
+    from bugsweep.sandbox import get_provider
+
+    tests = (
+        "import pytest\nfrom calc import add, mul\n\n\ndef test_mul():\n    assert mul(2, 3) == 6\n\n\n"
+        "def test_unrelated_broken():\n    assert mul(0, 1) == 1, 'broken long ago'\n\n\n"
+        "@pytest.mark.parametrize('obj', [object()], ids=repr)\ndef test_any(obj):\n    assert obj is not None\n"
+    )
+    repo = make_repo(tmp_path / "repo", {
+        "calc.py": CALC, "calc.pyi": "def add(a: int, b: int) -> int: ...\n", "tests/test_calc.py": tests,
+        "pyproject.toml": PYPROJECT,
+    })  # fmt: skip
+    write_files(repo, {
+        "calc.py": CALC.replace("a - b", "a + b"),
+        "tests/test_calc.py": tests + "\n\ndef test_add():\n    assert add(2, 3) == 5\n",
+    })  # fmt: skip
+    fixed = commit_all(repo, "Issue 12: Update add() to sum")
+    write_files(repo, {
+        "calc.py": (repo / "calc.py").read_text() + "\n\ndef neg(a):\n    return -a\n",
+        "calc.pyi": (repo / "calc.pyi").read_text() + "def neg(a: int) -> int: ...\n",
+        "tests/test_neg.py": "from calc import neg\n\n\ndef test_neg():\n    assert neg(2) == -2\n",
+    })  # fmt: skip
+    feature = commit_all(repo, "Issue 13: Add neg()")
+
+    events: list[MiningEvent] = []
+    out = tmp_path / "tasks.jsonl"
+    result = mine(
+        str(repo), provider=get_provider("local"), runs=1, setup_command="pip install pytest",
+        test_command="python -m pytest -q tests", out=out, report=tmp_path / "tasks.mining.json",
+        on_progress=events.append,
+    )  # fmt: skip
+    (task,) = load_tasks(out)
+    assert task.fix_commit == fixed
+    assert task.FAIL_TO_PASS == ["tests/test_calc.py::test_add"]
+    assert task.PASS_TO_PASS == ["tests/test_calc.py::test_mul"]  # not test_any[<object object at 0x...>]
+    assert task.FAIL_TO_FAIL == ["tests/test_calc.py::test_unrelated_broken"]
+    assert (
+        task.test_command == "python -m pytest -q tests --deselect tests/test_calc.py::test_unrelated_broken"
+    )
+    assert task.screen_rule == "issue reference and a fix-shaped change"
+    assert task.screen_reason is not None and task.screen_reason.startswith(
+        "the subject opens with an issue reference and the change reads like a fix: it changes existing code (add"
+    )
+    (rejected,) = [r for r in result.rejected if r.commit == feature]
+    assert (rejected.reason, rejected.detail) == (
+        RejectReason.NOT_A_FIX,
+        "a feature: the subject says 'Add' and the change adds new public names (neg)",
+    )
+    report = json.loads((tmp_path / "tasks.mining.json").read_text())
+    (kept,) = report["kept"]
+    assert (kept["commit"], kept["screen_reason"], kept["test_command"]) == (
+        fixed,
+        task.screen_reason,
+        task.test_command,
+    )
+    assert report["failing_in_both"] == {fixed: ["tests/test_calc.py::test_unrelated_broken"]}
+    assert report["flaky_tests"] == {}
+    (validate,) = [e for e in events if e.kind == "validate"]
+    assert validate.message == "test command 'python -m pytest -q tests', 1 run(s) per state"
+    (kept_line,) = [e.message for e in events if e.kind == "kept"]
+    assert kept_line == (
+        "1 fail->pass, 1 pass->pass, 1 failing in both states left out, 1 with a memory address in their id not "
+        f"named; screen: {task.screen_reason}"
+    )
 
 
 # -- what is a fix, what went wrong, and stopping --------------------------------------------------------------
