@@ -263,6 +263,12 @@ def _assigned(body: list[ast.stmt]) -> dict[str, str]:
     return settings
 
 
+def _is_metadata(name: str) -> bool:
+    """Module metadata (`__version__`, `__version_info__`, `__author__`): no behaviour."""
+    short = name.rsplit(".", 1)[-1]
+    return short.startswith("__") and short.endswith("__")
+
+
 def _is_constant_name(name: str) -> bool:
     return name.isupper() or name.startswith("_")
 
@@ -484,17 +490,20 @@ def _read_sources(
         if path in sources:
             old_code, new_code = _attributes(_stripped(before)), _attributes(_stripped(after))
             shape.changed_functions += [
-                name for name, code in new_code.items() if name in old_code and old_code[name] != code
+                name
+                for name, code in new_code.items()
+                if name in old_code and old_code[name] != code and not _is_metadata(name)
             ]
     for key, node in after_defs.items():
         path, name = key.split(":", 1)
         old = before_defs.get(key)
         if old is None:
-            if (
-                _is_public(name)
-                and name.rsplit(".", 1)[-1] not in before_names
-                and name not in shape.added_names
-            ):
+            owner, _, short = name.rpartition(".")
+            if short in before_names:
+                # a new override in a class that existed: the behaviour of an existing name changes
+                if path in sources and f"{path}:{owner}" in before_defs:
+                    shape.changed_functions.append(name)
+            elif _is_public(name) and name not in shape.added_names:
                 shape.added_names.append(name)
             continue
         if (

@@ -40,7 +40,7 @@ ISSUE_PREFIX = re.compile(
 )
 #: Subjects that announce something new: with new public names in the change, a feature.
 FEATURE_SUBJECT = re.compile(
-    r"^\s*(add(s|ed|ing)?|implement(s|ed)?|introduce[sd]?|support(s|ed)?|allow(s|ed)?|expose[sd]?|new|"
+    r"^\s*(add(s|ed|ing)?(?!\s+(a\s+|an\s+|missing\s+)?(check|guard|validation)s?\b)|implement(s|ed)?|introduce[sd]?|support(s|ed)?|allow(s|ed)?|expose[sd]?|new|"
     r"provide[sd]?|enable[sd]?|make\s+\S+\s+configurable|internationali[sz]e[sd]?|locali[sz]e[sd]?|translate[sd]?)\b",
     re.IGNORECASE,
 )
@@ -56,13 +56,13 @@ OTHER_WORK_SUBJECT = re.compile(
     r"^\s*(optimi[sz]e[sd]?|speed\s+up|refactor\w*|clean\w*|minor|small|deprecate[sd]?|drop(s|ped)?|"
     r"rename[sd]?|re-?format\w*|format\w*|moderni[sz]e[sd]?|upgrade[sd]?|move[sd]?|document\w*|docs?\b|tidy|"
     r"migrate[sd]?|sync\w*|type\s+hints?|annotate|lint\w*|tests?\b|more\s+tests|also\s+test|cover(s|ed)?\b|"
-    r"run\b|apply\b|applied\b|enforce[sd]?|prepare\b|bump\w*|various|misc\w*)",
+    r"run\b|apply\b|applied\b|enforce[sd]?|prepare\b|bump\w*|various|misc\w*|relax\w*|repackag\w*)",
     re.IGNORECASE,
 )
 #: Subjects of work that may be a fix or not ("Update __eq__ for numeric_range", "Replace the fill value logic"):
 #: with an issue reference and a change shaped like a fix, a fix; otherwise like OTHER_WORK_SUBJECT.
 MAYBE_WORK_SUBJECT = re.compile(
-    r"^\s*(improve[sd]?|reduce[sd]?|remove[sd]?|update[sd]?|convert(s|ed)?|simplif(y|ies|ied)|replace[sd]?|"
+    r"^\s*(add(s|ed|ing)?\s+(a\s+|an\s+|missing\s+)?(check|guard|validation)s?|improve[sd]?|reduce[sd]?|remove[sd]?|update[sd]?|convert(s|ed)?|simplif(y|ies|ied)|replace[sd]?|"
     r"switch(es|ed)?|split|extract(s|ed)?)\b",
     re.IGNORECASE,
 )
@@ -72,7 +72,7 @@ MAYBE_WORK_SUBJECT = re.compile(
 #: bug; a subject naming one without a fix word is other work.
 TOOLING_SUBJECT = (
     r"typos|lint\w*|linters?|flake8|pep\s?8|ruff|isort|pre-commit|pyupgrade|autotyping|codespell|mypy|pyright|"
-    r"type[- ]?check(ers?|ing)|type[- ]?hints?|typing(?!\.)|annotations|ci|coverage|noqa|black\s+(formatting|style)|"
+    r"type[- ]?check(ers?|ing)|type[- ]?hints?|typing(?!\.)|type\s+annotations|ci|coverage|noqa|black\s+(formatting|style)|"
     r"(apply|run)\s+black"
 )
 TOOLING = (
@@ -90,8 +90,18 @@ TOOLING_FIX = re.compile(
 #: Words anywhere in a subject that announce work other than a fix ("a few more py3 improvements", "Make functions
 #: private and deprecate public aliases").
 OTHER_WORK_PHRASE = re.compile(
-    r"\b(improvements?|clean-?ups?|refactor\w*|polish\w*|deprecat\w+)\b", re.IGNORECASE
+    r"\b(improvements?|clean-?ups?|refactor\w*|polish\w*|deprecat\w+|(error|exception|warning)\s+messages?)\b",
+    re.IGNORECASE,
 )
+#: Speed and memory, in a subject or a message: work on how fast, not on what the code does.
+SPEED_PHRASE = re.compile(
+    r"\b(performance|faster|slower|speed(s|ed)?\s+up|speed-?ups?|optimi[sz]\w*|hot\s+path|overhead|"
+    r"benchmark\w*|memory\s+usage)\b",
+    re.IGNORECASE,
+)
+#: A fix word that is part of an issue reference ("Fixes #31", "fix #350", "fixes: #393", "closes gh-7"): in a
+#: message body it is how pull requests end, features included, and says nothing about a bug.
+ISSUE_REFERENCE = re.compile(r"\s*:?\s*(#|gh-?|issue\s*#?)\d+", re.IGNORECASE)
 #: A `module: ...` prefix of a subject ("statsutils: add mode()", "tbutils: round-trip ..."): what the commit does
 #: comes after it.
 MODULE_PREFIX = re.compile(r"^\s*(?P<module>[\w./-]+):\s+(?=\S)")
@@ -199,12 +209,17 @@ def _about_tooling(text: str, start: int) -> bool:
     return any(m.start() <= start < m.end() for m in TOOLING_FIX.finditer(text))
 
 
-def _fix_word(text: str, shape: ChangeShape | None, *, weak: bool = True) -> str | None:
-    """The first fix word of `text` not about tooling (FIX_PATTERN, or only STRONG_FIX without `weak`), or with
-    `weak` a real exception's name in it."""
+def _fix_word(
+    text: str, shape: ChangeShape | None, *, weak: bool = True, references: bool = True
+) -> str | None:
+    """The first fix word of `text` not about tooling (FIX_PATTERN, or only STRONG_FIX without `weak`; without
+    `references`, not one of an issue reference such as "Fixes #31"), or with `weak` a real exception's name."""
     for found in (FIX_PATTERN if weak else STRONG_FIX).finditer(text):
-        if not _about_tooling(text, found.start()):
-            return found.group(0)
+        if _about_tooling(text, found.start()):
+            continue
+        if not references and ISSUE_REFERENCE.match(text, found.end()):
+            continue
+        return found.group(0)
     if weak:
         for word in EXCEPTION_WORD.findall(text):
             if word in BUILTIN_EXCEPTIONS if shape is None else shape.is_exception(word):
@@ -257,6 +272,8 @@ def _announced(rest: str) -> str | None:
     ):
         return found.group(0).strip()
     if found := FEATURE_PHRASE.search(rest) or OTHER_WORK_PHRASE.search(rest) or TOOLING_FIX.search(rest):
+        return found.group(0).strip()
+    if found := SPEED_PHRASE.search(rest):
         return found.group(0).strip()
     return None
 
@@ -376,8 +393,11 @@ def read_commit(message: str, subject: str | None = None, shape: ChangeShape | N
             return decide(True, f"the subject opens with an issue reference and the change reads like a fix: {why}",
                           Rule.ISSUE_FIX_SHAPE)  # fmt: skip
     body = message.replace(first, "", 1)
+    if not announced and (speed := SPEED_PHRASE.search(body)):
+        announced = f"{speed.group(0)} (in the message)"
     if announced:
-        if strong := _fix_word(body, known, weak=False):
+        # "Fixes #31" at the end of a feature's message names the issue that asked for it
+        if strong := _fix_word(body, known, weak=False, references=bool(_maybe_work(rest))):
             return decide(True, f"the message says {strong!r}", Rule.MESSAGE_FIX_WORD)
         return decide(
             False, f"no fix word in the message, and the subject says {announced!r}", Rule.OTHER_WORK
