@@ -115,7 +115,7 @@ def run_flow(tasks: list[Any], model_block: str, concurrency: int, out: Path) ->
     from blocks import ModelEndpoint
     from bugsweep.discover import TaskFile
     from bugsweep.spec import dump_tasks
-    from flows.common import AgentLimits
+    from flows.common import AgentChoices
     from flows.sweep import sweep
 
     tasks_file = out / "tasks.jsonl"
@@ -126,7 +126,7 @@ def run_flow(tasks: list[Any], model_block: str, concurrency: int, out: Path) ->
         source=TaskFile(path=str(tasks_file)),
         name=f"bench-{uuid.uuid4().hex[:6]}",
         model=ModelEndpoint.load(model_block),
-        limits=AgentLimits(max_turns=6),
+        limits=AgentChoices(max_turns=6),
         concurrency=concurrency,
         return_state=True,
     )

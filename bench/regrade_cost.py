@@ -33,8 +33,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from sandbox_start import make_big_repo, ms, tree_mb
 
-from bugsweep import cleanroom, pipeline
-from bugsweep.grading import GIT, run_tests
+from bugsweep import pipeline
+from bugsweep.grading import cleanroom, regrade
+from bugsweep.grading.runs import GIT, run_tests
 from bugsweep.sandbox.local import LocalProvider
 from bugsweep.settings import SandboxSettings
 from bugsweep.spec import TaskSpec
@@ -64,9 +65,9 @@ def old_regrade(prepared: pipeline.PreparedTask, parts: dict[str, list[float]]) 
 def new_regrade(prepared: pipeline.PreparedTask, parts: dict[str, list[float]]) -> float:
     """pipeline.regrade, with its parts timed by wrapping the functions it calls."""
     timers = {
-        "new: read change from outside": pipeline.read_change,
-        "new: fresh sandbox": pipeline.fresh_sandbox,
-        "new: tests": pipeline.run_tests,
+        "new: read change from outside": (pipeline, pipeline.read_change),
+        "new: fresh sandbox": (pipeline, pipeline.fresh_sandbox),
+        "new: tests (each run of the pair)": (regrade, regrade.run_tests),
     }
 
     def timed(name, fn):
@@ -79,15 +80,15 @@ def new_regrade(prepared: pipeline.PreparedTask, parts: dict[str, list[float]]) 
 
         return wrapper
 
-    for name, fn in timers.items():
-        setattr(pipeline, fn.__name__, timed(name, fn))
+    for name, (module, fn) in timers.items():
+        setattr(module, fn.__name__, timed(name, fn))
     try:
         t0 = time.perf_counter()
         verdict, _after, patch = pipeline.regrade(prepared, BEFORE[0], None)
         elapsed = time.perf_counter() - t0
     finally:
-        for fn in timers.values():
-            setattr(pipeline, fn.__name__, fn)
+        for module, fn in timers.values():
+            setattr(module, fn.__name__, fn)
     assert verdict.resolved and "return a + b" in patch, verdict
     return elapsed
 

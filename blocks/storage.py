@@ -25,5 +25,6 @@ def bucket_store(bucket: S3Bucket, settings: StoreSettings | None = None) -> S3S
     params = credentials.aws_client_parameters.get_params_override()
     client = s3_client(credentials.get_boto3_session(), **params)
     return S3Store(
-        bucket=bucket.bucket_name, prefix=bucket.bucket_folder, client=client, attempts=settings.attempts
-    )
+        bucket=bucket.bucket_name, prefix=bucket.bucket_folder, client=client, attempts=settings.attempts,
+        link_days=settings.link_days,
+    )  # fmt: skip

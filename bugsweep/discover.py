@@ -1,7 +1,7 @@
 """Where a sweep's tasks come from: a task file (`TaskFile`), or a branch's failing tests (`RepoBranch`).
 
 A branch's failing tests: run the tests at the head of a branch, and each failing test file is a task. This is how a nightly sweep works on a repository without a prepared task file: whatever is red on `main`
-tonight is tomorrow morning's patches. Per-test results come from pytest's JUnit XML (bugsweep.grading), so the
+tonight is tomorrow morning's patches. Per-test results come from the probe in pytest (bugsweep.grading.runs), so the
 test command must be pytest; each task's test command is the given one with the failing file appended.
 """
 
@@ -18,7 +18,8 @@ from pydantic import BaseModel, Field
 from bugsweep.errors import SandboxError, TaskError, setup_failed
 from bugsweep.grading import run_tests
 from bugsweep.sandbox.base import RepoSource, SandboxProvider
-from bugsweep.spec import TaskSpec, parse_tasks
+from bugsweep.sandbox.sources import SourceCache
+from bugsweep.spec import DEFAULT_SETUP_COMMAND, DEFAULT_TEST_COMMAND, TaskSpec, parse_tasks
 from bugsweep.storage import ArtifactStore, read_text
 from bugsweep.swebench import DEFAULT_REPOS_FROM, SweBenchRecords, specs_beside
 
@@ -62,12 +63,12 @@ class RepoBranch(BaseModel):
     repo: str = Field(description="A git URL, or a path on the worker.")
     branch: str = Field(default="main", description="Branch (or tag, or commit) to test.")
     test_command: str = Field(
-        default="python -m pytest -q", description="The pytest command; a test file is appended."
+        default=DEFAULT_TEST_COMMAND, description="The pytest command; a test file is appended."
     )
     setup_command: str | None = Field(
-        default="pip install pytest",
+        default=DEFAULT_SETUP_COMMAND,
         description="Runs once before the tests, in the task's own environment: installs what they need, the "
-        "test runner included (e.g. `pip install -e . pytest`).",
+        "test runner included (e.g. `pip install -e . pytest`). Empty: none.",
     )
 
 
@@ -81,9 +82,8 @@ def list_tasks(
 ) -> list[TaskSpec]:
     """The tasks `source` names. A task file in S3 is read with `store`'s credentials."""
     if isinstance(source, TaskFile):
-        tasks = parse_tasks(
-            read_text(source.path, store), source=source.path, records=swe_bench_records(source, store)
-        )
+        records = swe_bench_records(source, store, sources=getattr(provider, "sources", None))
+        tasks = parse_tasks(read_text(source.path, store), source=source.path, records=records)
         if source.added_within_days is None:
             return tasks
         from bugsweep.mining.growing import added_within
@@ -100,12 +100,22 @@ def list_tasks(
     )
 
 
-def swe_bench_records(source: TaskFile, store: ArtifactStore | None = None) -> SweBenchRecords:
-    """How the SWE-bench records of `source` become tasks (bugsweep.swebench)."""
+def swe_bench_records(
+    source: TaskFile, store: ArtifactStore | None = None, sources: SourceCache | None = None
+) -> SweBenchRecords:
+    """How the SWE-bench records of `source` become tasks (bugsweep.swebench), each record's base_commit checked
+    in a cached clone of its repository (`sources`: the local sandbox's clones; default: the configured cache)."""
+    if sources is None:
+        from bugsweep.settings import SandboxSettings
+
+        cache_dir = SandboxSettings().cache_dir
+        sources = SourceCache(Path(cache_dir) if cache_dir else None)
+    cache = sources
     return SweBenchRecords(
         specs=source.specs or specs_beside(source.path),
         repos_from=source.repos_from,
         read=lambda location: read_text(location, store, what="specs file"),
+        find_commit=lambda repo, commit: cache.resolve(RepoSource(repo, commit)),
     )
 
 
@@ -141,7 +151,7 @@ def failing_test_files(
     ):  # pytest node ids only
         raise TaskError(
             f"{test_command!r} failed but reported no per-test results: finding failing test files needs pytest "
-            f"(its JUnit report). Last output:\n{tests.log.strip()[-800:]}"
+            f"(node ids from the probe in its process). Last output:\n{tests.log.strip()[-800:]}"
         )
     by_file: dict[str, list[str]] = defaultdict(list)
     for test_id in sorted(tests.ids("failed", "error")):

@@ -15,7 +15,6 @@ The formulas are in stats.py.
 
 from __future__ import annotations
 
-import html
 import statistics
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
@@ -25,6 +24,8 @@ from typing import Any
 
 from pydantic import BaseModel, Field, computed_field
 
+from bugsweep.attempts import planned
+from bugsweep.errors import ConfigError
 from bugsweep.stats import bootstrap_mean_ci, sign_test_p, wilson_interval
 
 #: Failure kinds of runs that could not be run, left out of the rates.
@@ -59,19 +60,38 @@ class RunRecord(BaseModel):
     """The grade's signals that tests cannot judge."""
     held_for_review: bool = False
     """The tests passed but `suspicious` signals hold the run for review: counted as not resolved, and listed."""
+    evidence: str = ""
+    """What the verdict rests on: a resolved run on 'exit code' alone (no per-test results, no mirror) is listed."""
+
+    @property
+    def exit_code_only(self) -> bool:
+        return self.resolved and self.evidence.startswith("exit code")
+
+    max_attempts: int = 1
+    """The attempts its configuration allowed at the task (bugsweep.attempts); `resolved` is pass@max_attempts."""
+    kept_attempt: int | None = None
+    """The attempt the clean room resolved (None: none was); resolved by its first attempt is pass@1."""
 
     @classmethod
     def from_grade(
-        cls, grade: Any, *, model: str, run: int, policy: str | None = None, config: str | None = None
-    ) -> RunRecord:
+        cls, grade: Any, *, model: str, run: int, policy: str | None = None, config: str | None = None,
+        max_attempts: int | None = None,
+    ) -> RunRecord:  # fmt: skip
         """Take the fields a comparison needs from a bugsweep.grading.Grade (or anything with those attributes).
-        `policy` and `config` (its digest) are the run's configuration's, for a run whose agent never started."""
+        `policy`, `config` (its digest) and `max_attempts` are the run's configuration's, for a run whose agent
+        never started."""
         data = grade.model_dump() if hasattr(grade, "model_dump") else dict(vars(grade))
         fields = {k: data[k] for k in cls.model_fields if k in data and data[k] is not None}
         fields.update(model=model, run=run)
         fields.setdefault("policy", policy)
         fields.setdefault("config_digest", config)
+        fields["max_attempts"] = planned(data.get("config")) if data.get("config") else max_attempts or 1
         return cls.model_validate(fields)
+
+    @property
+    def resolved_first(self) -> bool:
+        """Resolved by its first attempt (pass@1)."""
+        return self.resolved and self.kept_attempt in (None, 1)
 
     @property
     def counted(self) -> bool:
@@ -105,6 +125,14 @@ class ModelSummary(BaseModel):
     """The agent policies its runs were under (one, unless the comparison was set up otherwise)."""
     configs: list[str] = Field(default_factory=list)
     """The digests of the configurations its runs were under (bugsweep.runconfig; one per entry)."""
+    exit_code_only: int = 0
+    """Of `resolved`, the runs resolved on the exit code alone (no per-test evidence, no mirror run)."""
+    attempts: int = 1
+    """The attempts its runs allowed at a task: `resolved` and `rate` are pass@attempts."""
+    resolved_first: int = 0
+    """Runs resolved by their first attempt (of `graded`)."""
+    pass_at_1: float = 0.0
+    """`resolved_first` over `graded`: pass@1 of the same runs."""
 
 
 class PairedDifference(BaseModel):
@@ -194,8 +222,27 @@ def _mean(values: Iterable[float]) -> float:
     return statistics.fmean(vals) if vals else 0.0
 
 
+class MixedAttempts(ConfigError):
+    """Runs under different attempts settings in one comparison: a run of 3 attempts is not the same trial as a run
+    of 1, so their rates are never set side by side."""
+
+
+def same_attempts(by_model: dict[str, int]) -> int:
+    """The one attempts setting of a comparison's models (name -> attempts); MixedAttempts when they differ."""
+    settings = set(by_model.values())
+    if len(settings) > 1:
+        each = ", ".join(f"{m}: {n}" for m, n in by_model.items())
+        raise MixedAttempts(
+            f"a comparison compares runs with the same attempts setting, and these differ ({each}): compare them "
+            "in separate comparisons, or give every model the same --attempts"
+        )
+    return settings.pop() if settings else 1
+
+
 def build_report(records: Sequence[RunRecord], *, wall_s: float | None = None) -> ComparisonReport:
-    """All the statistics of a comparison, from its graded runs. Models and tasks keep their first-seen order."""
+    """All the statistics of a comparison, from its graded runs. Models and tasks keep their first-seen order.
+    Runs under different attempts settings are refused (MixedAttempts): pass@3 is never set beside pass@1."""
+    attempts = same_attempts({r.model: r.max_attempts for r in records})
     models = list(dict.fromkeys(r.model for r in records))
     task_ids = list(dict.fromkeys(r.instance_id for r in records))
     by_cell: dict[tuple[str, str], list[RunRecord]] = {}
@@ -232,6 +279,10 @@ def build_report(records: Sequence[RunRecord], *, wall_s: float | None = None) -
                 stop_reasons=dict(sorted(reasons.items())),
                 policies=sorted({r.policy for r in mine if r.policy}),
                 configs=sorted({r.config_digest for r in mine if r.config_digest}),
+                exit_code_only=sum(r.exit_code_only for r in counted),
+                attempts=attempts,
+                resolved_first=sum(r.resolved_first for r in counted),
+                pass_at_1=sum(r.resolved_first for r in counted) / len(counted) if counted else 0.0,
             )
         )
 
@@ -306,7 +357,7 @@ def build_report(records: Sequence[RunRecord], *, wall_s: float | None = None) -
 # -- rendering -------------------------------------------------------------------------------------------------
 
 
-def _pct(x: float) -> str:
+def percent(x: float) -> str:
     return f"{100 * x:.0f}%"
 
 
@@ -316,18 +367,28 @@ def _md_table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
+def attempts_of(report: ComparisonReport) -> int:
+    """The attempts every run of the comparison allowed (one setting: build_report refuses mixed ones)."""
+    return max((s.attempts for s in report.models), default=1)
+
+
 def summary_rows(report: ComparisonReport) -> tuple[list[str], list[list[str]]]:
-    """The per-model table (shared by markdown, HTML and the Prefect artifact)."""
+    """The per-model table (shared by markdown, HTML and the Prefect artifact). With more than one attempt per
+    run, the rate is pass@N, and pass@1 (the same runs' first attempts) stands beside it."""
+    n = attempts_of(report)
     header = [
-        "model", "resolved", "rate", "95% CI", "mean turns", "prompt tok", "completion tok", "cached tok",
-        "cost USD", "mean wall s", "not graded", "policy", "config",
+        "model", "resolved", "rate" if n == 1 else f"pass@{n}", "95% CI", *([] if n == 1 else ["pass@1"]),
+        "mean turns", "prompt tok", "completion tok", "cached tok", "cost USD", "mean wall s", "not graded",
+        "policy", "config",
     ]  # fmt: skip
     rows = [
         [
             s.model,
-            f"{s.resolved}/{s.graded}",
-            _pct(s.rate),
-            f"{_pct(s.ci_low)}-{_pct(s.ci_high)}",
+            f"{s.resolved}/{s.graded}"
+            + (f" ({s.exit_code_only} exit code only)" if s.exit_code_only else ""),
+            percent(s.rate),
+            f"{percent(s.ci_low)}-{percent(s.ci_high)}",
+            *([] if n == 1 else [f"{percent(s.pass_at_1)} ({s.resolved_first}/{s.graded})"]),
             f"{s.mean_turns:.1f}",
             str(s.prompt_tokens),
             str(s.completion_tokens),
@@ -400,9 +461,21 @@ def resource_rows(report: ComparisonReport) -> tuple[list[str], list[list[str]]]
     return header, rows
 
 
-_RESOURCE_NOTE = (
+ATTEMPTS_NOTE = (
+    "Each run made up to {n} attempts at its task, stopping at the first the clean room resolved: pass@{n} is the "
+    "runs resolved by any attempt, pass@1 those resolved by their first (the same runs)."
+)
+
+RESOURCE_NOTE = (
     "The heaviest run of each task over all models: the most memory its sandbox held at once (page cache "
     "included), CPU seconds of all its commands (setup, tests, agent), and the most disk its writable layers held."
+)
+
+
+RUN_COLUMNS = ["model", "task", "run"]
+EXIT_CODE_NOTE = (
+    "Counted as resolved, but the test command gave no per-test results (a runner other than pytest and unittest): "
+    "the exit code decided, without the mirror run's check of the test process."
 )
 
 
@@ -421,6 +494,8 @@ def render_markdown(report: ComparisonReport) -> str:
     parts.append(
         "Rate: resolved runs over graded runs (runs that could not be run are left out); 95% Wilson interval."
     )
+    if attempts_of(report) > 1:
+        parts.append(ATTEMPTS_NOTE.format(n=attempts_of(report)))
     if report.pairs:
         parts += ["", "## Paired differences (per task)", "", _md_table(*pair_rows(report)), ""]
         parts.append(
@@ -435,7 +510,18 @@ def render_markdown(report: ComparisonReport) -> str:
             "",
             _md_table(*resource_rows(report)),
             "",
-            _RESOURCE_NOTE,
+            RESOURCE_NOTE,
+            "",
+        ]
+    bare = [[r.model, r.instance_id, str(r.run)] for r in report.records if r.exit_code_only]
+    if bare:
+        parts += [
+            "",
+            "## Resolved on the exit code alone",
+            "",
+            EXIT_CODE_NOTE,
+            "",
+            _md_table(RUN_COLUMNS, bare),
             "",
         ]
     flagged = [r for r in report.records if r.suspicious]
@@ -447,7 +533,7 @@ def render_markdown(report: ComparisonReport) -> str:
             "their patches."
         )
         parts.append("")
-        rows = [[r.model, r.instance_id, str(r.run), _verdict(r), r.suspicious[0]] for r in flagged]
+        rows = [[r.model, r.instance_id, str(r.run), verdict_cell(r), r.suspicious[0]] for r in flagged]
         parts += [_md_table(["model", "task", "run", "verdict", "first signal"], rows), ""]
     return "\n".join(parts)
 
@@ -456,126 +542,11 @@ def render_json(report: ComparisonReport) -> str:
     return report.model_dump_json(indent=2)
 
 
-_CSS = """
-body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:2rem auto;max-width:70rem;color:#1b1f24;padding:0 1rem}
-table{border-collapse:collapse;margin:1rem 0;font-size:.9rem}
-th,td{border:1px solid #d0d7de;padding:.3rem .6rem;text-align:right}
-th:first-child,td:first-child{text-align:left}
-th{background:#f6f8fa}
-td.ok{background:#dafbe1}td.part{background:#fff8c5}td.no{background:#ffebe9}
-.note{color:#57606a;font-size:.85rem}
-"""
-
-
-def _html_table(header: list[str], rows: list[list[str]], classes: list[list[str]] | None = None) -> str:
-    out = ["<table><thead><tr>", *(f"<th>{html.escape(h)}</th>" for h in header), "</tr></thead><tbody>"]
-    for i, row in enumerate(rows):
-        out.append("<tr>")
-        for j, cell in enumerate(row):
-            cls = classes[i][j] if classes else ""
-            out.append(
-                f'<td class="{cls}">{html.escape(cell)}</td>' if cls else f"<td>{html.escape(cell)}</td>"
-            )
-        out.append("</tr>")
-    out.append("</tbody></table>")
-    return "".join(out)
-
-
-def render_chart_svg(report: ComparisonReport) -> str:
-    """Horizontal bars: each model's resolve rate with its 95% interval as a whisker. Inline SVG, no scripts."""
-    bar_h, gap, label_w, plot_w = 26, 14, 200, 520
-    height = 40 + len(report.models) * (bar_h + gap) + 30
-    width = label_w + plot_w + 190  # room for "100% (72%-100%)" right of the bars
-    parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img" '
-        f'aria-label="Resolve rate per model with 95% confidence interval" font-family="sans-serif" font-size="13">'
-    ]
-    x0 = label_w
-    top = 30
-    for pct in (0, 25, 50, 75, 100):
-        x = x0 + plot_w * pct / 100
-        parts.append(f'<line x1="{x:.1f}" y1="{top - 8}" x2="{x:.1f}" y2="{height - 30}" stroke="#d0d7de"/>')
-        parts.append(f'<text x="{x:.1f}" y="{height - 12}" text-anchor="middle" fill="#57606a">{pct}%</text>')
-    for i, s in enumerate(report.models):
-        y = top + i * (bar_h + gap)
-        parts.append(
-            f'<text x="{x0 - 10}" y="{y + bar_h * 0.68:.1f}" text-anchor="end">{html.escape(s.model[:28])}</text>'
-        )
-        parts.append(
-            f'<rect x="{x0}" y="{y}" width="{plot_w * s.rate:.1f}" height="{bar_h}" fill="#54aeff">'
-            f"<title>{html.escape(s.model)}: {s.resolved}/{s.graded} resolved</title></rect>"
-        )
-        lo, hi = x0 + plot_w * s.ci_low, x0 + plot_w * s.ci_high
-        mid = y + bar_h / 2
-        parts.append(
-            f'<line x1="{lo:.1f}" y1="{mid}" x2="{hi:.1f}" y2="{mid}" stroke="#1b1f24" stroke-width="2"/>'
-        )
-        for x in (lo, hi):
-            parts.append(
-                f'<line x1="{x:.1f}" y1="{y + 5}" x2="{x:.1f}" y2="{y + bar_h - 5}" stroke="#1b1f24" stroke-width="2"/>'
-            )
-        parts.append(
-            f'<text x="{x0 + plot_w + 8}" y="{y + bar_h * 0.68:.1f}">{_pct(s.rate)} ({_pct(s.ci_low)}-{_pct(s.ci_high)})</text>'
-        )
-    parts.append("</svg>")
-    return "".join(parts)
-
-
-def _rate_class(resolved: int, graded: int) -> str:
-    if graded == 0:
-        return ""
-    return "ok" if resolved == graded else "no" if resolved == 0 else "part"
-
-
 def render_html(report: ComparisonReport) -> str:
-    """One self-contained page: inline CSS and an inline SVG chart; nothing is loaded from anywhere."""
-    th, tr = task_rows(report)
-    models = [s.model for s in report.models]
-    classes = [
-        ["", *(_rate_class(row.cells[m].resolved, row.cells[m].graded) for m in models)]
-        for row in report.tasks
-    ]
-    body = [
-        "<h1>Model comparison</h1>",
-        f'<p class="note">{len(report.tasks)} tasks, {report.runs_per_task} run(s) per task and model, '
-        f"generated {html.escape(report.generated_at)}."
-        + (
-            f" Wall time {report.wall_s:.1f} s for runs that add up to {report.sum_run_wall_s:.1f} s."
-            if report.wall_s is not None
-            else ""
-        )
-        + "</p>",
-        f"<p><strong>{html.escape(policy_note(report))}</strong></p>",
-        "<h2>Resolve rate</h2>",
-        render_chart_svg(report),
-        _html_table(*summary_rows(report)),
-        '<p class="note">Rate: resolved over graded runs (runs that could not be run left out); 95% Wilson interval.</p>',
-    ]
-    if report.pairs:
-        body += [
-            "<h2>Paired differences (per task)</h2>",
-            _html_table(*pair_rows(report)),
-            '<p class="note">Per task, the difference of the two resolve rates; mean over tasks, percentile '
-            "bootstrap CI over tasks, exact two-sided sign test over the tasks where the models differ.</p>",
-        ]
-    body += ["<h2>Per task (resolved/graded runs)</h2>", _html_table(th, tr, classes)]
-    if report.resources:
-        body += [
-            "<h2>Resource use per task</h2>",
-            _html_table(*resource_rows(report)),
-            f'<p class="note">{html.escape(_RESOURCE_NOTE)}</p>',
-        ]
-    flagged = [r for r in report.records if r.suspicious]
-    if flagged:
-        rows = [[r.model, r.instance_id, str(r.run), _verdict(r), r.suspicious[0]] for r in flagged]
-        body += [
-            "<h2>Held for review and other suspicious runs</h2>",
-            _html_table(["model", "task", "run", "verdict", "first signal"], rows),
-        ]
-    return (
-        '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>bugsweep model comparison</title>'
-        f"<style>{_CSS}</style></head><body>{''.join(body)}</body></html>\n"
-    )
+    """One self-contained page (bugsweep.report_html): inline CSS and an inline SVG chart."""
+    from bugsweep.report_html import render_page
+
+    return render_page(report)
 
 
 def artifact_table(report: ComparisonReport) -> list[dict[str, Any]]:
@@ -595,5 +566,7 @@ def write_report(report: ComparisonReport, out_dir: str | Path) -> dict[str, Pat
     return paths
 
 
-def _verdict(record: RunRecord) -> str:
-    return "held for review" if record.held_for_review else "yes" if record.resolved else "no"
+def verdict_cell(record: RunRecord) -> str:
+    if record.resolved:
+        return "yes (exit code only)" if record.exit_code_only else "yes"
+    return "held for review" if record.held_for_review else "no"

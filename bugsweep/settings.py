@@ -13,11 +13,18 @@ from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from bugsweep.branches import BranchFields
-from bugsweep.runconfig import AgentLimits, ModelFields, PolicyName, SandboxLimits
+from bugsweep.runconfig import (
+    AGENT_ENV_PREFIX,
+    MODEL_ENV_PREFIX,
+    AgentLimits,
+    ModelFields,
+    PolicyName,
+    SandboxLimits,
+)
 
 __all__ = ["AgentSettings", "BranchSettings", "ModelSettings", "PolicyName", "SandboxSettings"]
 
-#: Test files, in .gitignore syntax (see bugsweep/testfiles.py): the issue's defaults plus tests/ folders at any depth.
+#: Test files, in .gitignore syntax (see bugsweep/grading/testfiles.py): the issue's defaults plus tests/ folders at any depth.
 DEFAULT_TEST_GLOBS = ["tests/**", "**/tests/**", "test_*.py", "*_test.py", "conftest.py"]
 
 
@@ -25,7 +32,7 @@ class ModelSettings(BaseSettings, ModelFields):
     """Which OpenAI-compatible endpoint the agent talks to, and what its tokens cost (bugsweep.runconfig.ModelFields),
     with its key."""
 
-    model_config = SettingsConfigDict(env_prefix="LLM_", env_file=".env", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix=MODEL_ENV_PREFIX, env_file=".env", extra="ignore")
 
     api_key: SecretStr = SecretStr("")
     """API key. Never logged, never written to a trajectory, never put into a sandbox."""
@@ -55,7 +62,7 @@ class AgentSettings(BaseSettings, AgentLimits):
     """Limits and knobs of the agent loop: the per-run limits and policy (bugsweep.runconfig.AgentLimits), and the
     rest."""
 
-    model_config = SettingsConfigDict(env_prefix="BUGSWEEP_", env_file=".env", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix=AGENT_ENV_PREFIX, env_file=".env", extra="ignore")
 
     command_timeout_s: float = Field(default=300.0, gt=0)
     """Timeout of one `run` tool call."""
@@ -71,12 +78,6 @@ class AgentSettings(BaseSettings, AgentLimits):
     """Under 'small-model': when the answer to a request for a whole function leaves the task's tests failing, the
     same request is asked again this many times at temperature 0.8, and the first version the tests pass with is
     kept (each sample is a turn; 0: none). Recorded with the settings in the trajectory."""
-
-    @classmethod
-    def with_limits(cls, limits: AgentLimits) -> AgentSettings:
-        """These settings with a run's limits: all of them, and the policy where one was chosen (else
-        BUGSWEEP_POLICY)."""
-        return cls(**limits.model_dump(exclude={"policy"} if limits.policy is None else set()))
 
 
 class SandboxSettings(BaseSettings, SandboxLimits):
@@ -95,7 +96,8 @@ class SandboxSettings(BaseSettings, SandboxLimits):
     cache_dir: str | None = None
     """'local': where clones of git URLs and checkouts of refs are kept and reused; unset: ~/.cache/bugsweep."""
     state_dir: str | None = None
-    """'local': where each sandbox's overlay layers, /workspace and /tmp live; unset: $TMPDIR/bugsweep-sandboxes."""
+    """'local': where each sandbox's overlay layers, /workspace and /tmp live; unset: this user's own
+    $TMPDIR/bugsweep-sandboxes-UID (a sandbox a killed process left is removed only by a process of its user)."""
     env_dir: str | None = None
     """'local': where finished task environments (setup layers) and the shared download cache are kept and reused;
     unset: ~/.cache/bugsweep/environments."""

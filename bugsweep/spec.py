@@ -21,6 +21,15 @@ if TYPE_CHECKING:
     from bugsweep.swebench import SweBenchRecords
 
 
+#: The test command of a one-off task or a branch's failing tests when none is given: the run form of solve-bug,
+#: `bugsweep sweep --repo` and the flows' repository source (`bugsweep solve` asks for one).
+DEFAULT_TEST_COMMAND = "python -m pytest -q"
+#: The setup command of a one-off task or a branch's failing tests when none is given, in every front end (`bugsweep
+#: solve`, the run form of solve-bug, `bugsweep sweep --repo`, the flows' repository source): a task's environment
+#: holds only what its setup installs, the test runner included. An empty setup command means none.
+DEFAULT_SETUP_COMMAND = "pip install pytest"
+
+
 class TaskSpec(BaseModel):
     """One bug to fix: a repository state, a task text, and how to test it."""
 
@@ -72,6 +81,12 @@ class TaskSpec(BaseModel):
     """Disk quota of this task's sandbox in MiB (its repository changes, $HOME and /tmp together); unset: the
     sandbox setting (BUGSWEEP_SANDBOX_DISK_MIB)."""
 
+    def definition(self) -> dict[str, object]:
+        """What this task is, for "already graded": every field that decides how it runs or what its verdict means
+        (TASK_DEFINITION). A grade stored for a task of the same name counts only when its task.json has the same
+        definition: an edited test command, setup, test patch or list of named tests runs the task again."""
+        return self.model_dump(mode="json", include=set(TASK_DEFINITION))
+
     def model_post_init(self, __context: object) -> None:
         if not self.instance_id:
             digest = hashlib.sha256(
@@ -79,6 +94,22 @@ class TaskSpec(BaseModel):
             ).hexdigest()
             stem = re.sub(r"[^A-Za-z0-9]+", "-", Path(self.repo.rstrip("/")).name).strip("-") or "repo"
             self.instance_id = f"{stem}-{digest[:10]}"
+
+
+#: The fields that define a task: where it starts (repository, commit, interpreter, disk), what the model is told,
+#: and how it is set up and graded. Not its history (fix_commit, created_at, added_at) nor its gold patch, which the
+#: model never sees and the grader never uses.
+TASK_DEFINITION = (
+    "repo", "base_commit", "python", "disk_mib", "problem_statement", "setup_command", "test_command", "test_patch",
+    "test_files", "FAIL_TO_PASS", "PASS_TO_PASS",
+)  # fmt: skip
+
+
+def same_task(stored: TaskSpec, spec: TaskSpec) -> bool:
+    """Whether a grade made for `stored` (its run folder's task.json) is a grade of `spec`: the one rule both
+    checks of "already graded" use (a sweep skipping graded tasks; a run reusing a grade kept after a failed
+    upload)."""
+    return stored.definition() == spec.definition()
 
 
 def load_tasks(

@@ -27,10 +27,10 @@ import shutil
 import socket
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Protocol, TypeVar, runtime_checkable
-from urllib.parse import quote, urlparse
+from urllib.parse import urlparse
 
 from pydantic import AliasChoices, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -42,6 +42,9 @@ T = TypeVar("T")
 
 #: Name of the file whose presence means "this task was graded for this model"; uploaded last.
 GRADE_FILE = "grade.json"
+#: The longest a presigned link can open: SigV4 signatures (what S3 and every S3-compatible server take) last at most
+#: 7 days.
+MAX_LINK_DAYS = 7.0
 #: Left in a run folder whose upload failed: where it belongs in the store and why it is not there yet. Never
 #: uploaded; removed once the folder is (see `mark_pending`, `upload_pending`).
 PENDING_FILE = "upload-pending.json"
@@ -77,6 +80,23 @@ class StoreSettings(BaseSettings):
     """S3 secret key. Never logged."""
     attempts: int = 8
     """Tries per S3 call: the one retry layer of an S3 fault (botocore's own retries are off)."""
+    link_days: float = Field(default=MAX_LINK_DAYS, gt=0, le=MAX_LINK_DAYS)
+    """How long the links put into Prefect artifacts open (presigned GET links to a private bucket), in days: at
+    most 7, the longest a SigV4 signature allows (and no longer than the credentials that sign them live)."""
+
+
+@dataclass(frozen=True)
+class Link:
+    """An address a person can open in a browser, and until when it opens (None: for good)."""
+
+    url: str
+    expires: datetime | None = None
+
+    def until(self) -> str:
+        """'opens until 2026-12-11 09:00 UTC' (or 'opens for good'), for the text beside the link."""
+        if self.expires is None:
+            return "opens for good"
+        return f"opens until {self.expires.strftime('%Y-%m-%d %H:%M')} UTC"
 
 
 @runtime_checkable
@@ -100,16 +120,18 @@ class ArtifactStore(Protocol):
 
     def exists(self, key: str) -> bool: ...
 
-    def list(self, prefix: str = "") -> list[str]:
-        """Every key under `prefix`, sorted."""
+    def list(self, folder: str = "") -> list[str]:
+        """Every key in `folder` ('' the whole store), sorted. A folder ends at a '/': folder `nightly` never
+        holds the keys of `nightly-fail`."""
         ...
 
     def uri(self, key: str) -> str:
         """A stable name of the object (file path or s3://bucket/key)."""
         ...
 
-    def link(self, key: str) -> str:
-        """A link a person can open (a file:// URL, or a presigned HTTPS URL valid for a week)."""
+    def link(self, key: str) -> Link | None:
+        """A link a person who can see the Prefect UI opens in a browser (a presigned GET of a private bucket,
+        with its expiry); None when the store has none (a folder on one machine: give the content itself)."""
         ...
 
 
@@ -191,10 +213,8 @@ class LocalStore:
     def exists(self, key: str) -> bool:
         return self._path(key).is_file()
 
-    def list(self, prefix: str = "") -> list[str]:
-        base = self._path(prefix) if prefix else self.root
-        if base.is_file():
-            return [prefix]
+    def list(self, folder: str = "") -> list[str]:
+        base = self._path(folder) if folder else self.root
         if not base.is_dir():
             return []
         return sorted(
@@ -206,8 +226,9 @@ class LocalStore:
     def uri(self, key: str) -> str:
         return str(self._path(key))
 
-    def link(self, key: str) -> str:
-        return self._path(key).as_uri()
+    def link(self, key: str) -> Link | None:
+        """None: a file:// address opens only on this machine, never from the Prefect UI elsewhere."""
+        return None
 
     def __repr__(self) -> str:
         return f"LocalStore({self.location!r})"
@@ -250,15 +271,17 @@ def s3_client(session: Any = None, **params: Any) -> Any:
 
     `params` are boto3's client arguments (`endpoint_url`, `region_name`, `config`, `verify`, ...), as a prefect-aws
     block's `aws_client_parameters.get_params_override()` gives them. `CLIENT_CONFIG` fills in what their `config`
-    leaves unset, except retries: botocore's are always off (`NO_BOTOCORE_RETRIES`). An `endpoint_url` (a non-AWS
-    server such as SeaweedFS) gets path-style addressing and, with no region anywhere, us-east-1.
+    leaves unset, except retries: botocore's are always off (`NO_BOTOCORE_RETRIES`). Requests, presigned links
+    included, are signed with SigV4 unless `config` says otherwise (botocore presigns with SigV2 by default, which
+    AWS refuses in most regions). An `endpoint_url` (a non-AWS server such as SeaweedFS) gets path-style addressing
+    and, with no region anywhere, us-east-1.
     """
     import boto3
     from botocore.config import Config
 
     session = session or boto3.Session()
     params = {k: v for k, v in params.items() if v is not None}
-    defaults = dict(CLIENT_CONFIG)
+    defaults: dict[str, Any] = {**CLIENT_CONFIG, "signature_version": "s3v4"}  # presigned links: SigV4 too
     if params.get("endpoint_url"):
         defaults["s3"] = {
             "addressing_style": "path"
@@ -306,8 +329,11 @@ class S3Store:
     """Tries per call (tenacity): the one retry layer of an S3 fault."""
     retry_wait_s: float = 0.5
     """First wait between tries; doubles each time, at most `MAX_RETRY_WAIT_S`."""
+    link_days: float = MAX_LINK_DAYS
+    """How long a presigned link (`link`) opens, in days (at most 7)."""
 
     def __post_init__(self) -> None:
+        check_bucket_name(self.bucket)
         self.prefix = self.prefix.strip("/")
         self.location = f"s3://{_join(self.bucket, self.prefix)}"
         if self.client is None:
@@ -338,7 +364,7 @@ class S3Store:
 
     def put_bytes(self, key: str, data: bytes) -> str:
         full = self._full(key)
-        content_type = mimetypes.guess_type(key)[0] or "application/octet-stream"
+        content_type = content_type_of(key)
         self._call(
             f"put s3://{self.bucket}/{full}",
             lambda: self.client.put_object(Bucket=self.bucket, Key=full, Body=data, ContentType=content_type),
@@ -366,8 +392,9 @@ class S3Store:
             return False
         return True
 
-    def list(self, prefix: str = "") -> list[str]:
-        full = self._full(prefix)
+    def list(self, folder: str = "") -> list[str]:
+        full = self._full(folder)
+        full = f"{full}/" if full else ""  # the folder, never its siblings: `nightly/`, not `nightly-fail/`
         strip = len(self.prefix) + 1 if self.prefix else 0
 
         def pages() -> list[str]:
@@ -382,20 +409,19 @@ class S3Store:
     def uri(self, key: str) -> str:
         return f"s3://{self.bucket}/{self._full(key)}"
 
-    def link(self, key: str) -> str:
-        """A lasting address of the object, with no key or signature in it: the S3 server's own URL of it for a
-        custom endpoint (SeaweedFS, MinIO: opened by whoever may read the bucket), the S3 console's page of it on
-        AWS. Never a presigned URL: that expires, and carries the access key id."""
-        full = self._full(key)
-        endpoint = self.client.meta.endpoint_url or ""
-        if endpoint and "amazonaws.com" not in endpoint:
-            return f"{endpoint.rstrip('/')}/{self.bucket}/{quote(full)}"
-        return f"https://s3.console.aws.amazon.com/s3/object/{self.bucket}?prefix={quote(full)}"
+    def link(self, key: str) -> Link:
+        """A presigned GET of the object (SigV4, `link_days`): it opens in any browser, on a private bucket, for
+        whoever has it until it expires. It carries the access key id (not the secret) and a signature for this
+        one object; text files are served as UTF-8 text, so a browser shows them rather than saving them."""
+        params = {"Bucket": self.bucket, "Key": self._full(key), "ResponseContentType": content_type_of(key)}
+        seconds = int(self.link_days * 86400)
+        url = self.client.generate_presigned_url("get_object", Params=params, ExpiresIn=seconds)
+        return Link(url=url, expires=datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=seconds))
 
     def check_bucket(self) -> bool:
         """Whether the bucket exists, asked once (a check, not a run: no retries). Raises StorageError, naming the
         endpoint and bucket, when nothing answers there or the keys are refused."""
-        from botocore.exceptions import BotoCoreError, ClientError
+        from botocore.exceptions import BotoCoreError, ClientError, ParamValidationError
 
         where = self.client.meta.endpoint_url
         try:
@@ -416,6 +442,8 @@ class S3Store:
             raise StorageError(
                 f"the S3 endpoint {where} answered {status} for bucket {self.bucket!r}: {exc}"
             ) from None
+        except ParamValidationError as exc:
+            raise ConfigError(f"the S3 bucket {self.bucket!r}: {exc}") from None
         except (BotoCoreError, ConnectionError, TimeoutError) as exc:
             raise StorageError(
                 f"nothing answers at the S3 endpoint {where} ({exc}): check AWS_ENDPOINT_URL and that the server "
@@ -440,11 +468,47 @@ class S3Store:
 
 
 def split_s3_uri(uri: str) -> tuple[str, str]:
-    """('bucket', 'key/of/object') from 's3://bucket/key/of/object'."""
+    """('bucket', 'key/of/object') from 's3://bucket/key/of/object'; a ConfigError for a bucket name S3 refuses."""
     parsed = urlparse(uri)
     if parsed.scheme != "s3" or not parsed.netloc:
         raise ConfigError(f"not an s3:// URI: {uri!r} (expected s3://BUCKET/KEY)")
+    check_bucket_name(parsed.netloc, where=uri)
     return parsed.netloc, parsed.path.lstrip("/")
+
+
+_BUCKET_NAME = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+
+
+def check_bucket_name(bucket: str, where: str | None = None) -> None:
+    """A ConfigError saying what is wrong with a bucket name S3 would refuse (the general-purpose bucket rules:
+    3-63 lowercase letters, digits, dots and hyphens, a letter or digit at each end, no '..', not an IP address)."""
+    problem = None
+    if not _BUCKET_NAME.match(bucket):
+        problem = (
+            "a bucket name is 3-63 characters of lowercase letters, digits, dots and hyphens, beginning and ending "
+            "with a letter or digit"
+        )
+    elif ".." in bucket or ".-" in bucket or "-." in bucket:
+        problem = "a bucket name has no two dots, or a dot and a hyphen, side by side"
+    elif re.fullmatch(r"\d+\.\d+\.\d+\.\d+", bucket):
+        problem = "a bucket name is not an IP address"
+    if problem:
+        raise ConfigError(
+            f"{bucket!r} is not a valid S3 bucket name{f' (in {where})' if where else ''}: {problem}"
+        )
+
+
+#: Files served as UTF-8 text (a browser shows them instead of saving them): the run folder's diffs and logs.
+_TEXT_SUFFIXES = (".diff", ".patch", ".log", ".txt", ".jsonl", ".md")
+
+
+def content_type_of(key: str) -> str:
+    """The Content-Type an object is stored and served with: UTF-8 text for diffs and logs, HTML and JSON as
+    UTF-8, else what its name says."""
+    if key.endswith(_TEXT_SUFFIXES):
+        return "text/plain; charset=utf-8"
+    guessed = mimetypes.guess_type(key)[0] or "application/octet-stream"
+    return f"{guessed}; charset=utf-8" if guessed in ("text/html", "application/json") else guessed
 
 
 # -- opening a store, reading a URI -------------------------------------------------------------------------------
@@ -456,8 +520,9 @@ def open_store(settings: StoreSettings | None = None) -> ArtifactStore:
     if settings.url.startswith("s3://"):
         bucket, prefix = split_s3_uri(settings.url)
         return S3Store(
-            bucket=bucket, prefix=prefix, client=settings_s3_client(settings), attempts=settings.attempts
-        )
+            bucket=bucket, prefix=prefix, client=settings_s3_client(settings), attempts=settings.attempts,
+            link_days=settings.link_days,
+        )  # fmt: skip
     if "://" in settings.url:
         raise ConfigError(
             f"unsupported artifact store {settings.url!r}: use a folder path or s3://BUCKET/PREFIX"

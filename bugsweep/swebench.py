@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
 from bugsweep.errors import BadTaskFile, ConfigError
-from bugsweep.sandbox.sources import is_git_url
+from bugsweep.sandbox.sources import is_git_url, redact_url
 
 if TYPE_CHECKING:
     from bugsweep.spec import TaskSpec
@@ -154,6 +154,10 @@ class SweBenchRecords:
     """A base URL (`BASE/owner/name`) or a local folder holding `owner__name` or `owner/name` clones."""
     read: Callable[[str], str] = _read_local
     """Reads the specs file's text (the artifact store's reader for s3://)."""
+    find_commit: Callable[[str, str], str] | None = None
+    """Resolves (repository, commit) to the commit, raising ConfigError when the repository has none such (a
+    cached clone's check, `SourceCache.resolve`): each record's base_commit is checked at load, before any run.
+    None: not checked (the run finds out)."""
     _loaded: Specs | None = field(default=None, init=False, repr=False)
 
     def commands(self, slug: str, version: str | None, where: str) -> RepoVersion:
@@ -186,6 +190,23 @@ class SweBenchRecords:
             )
         return found
 
+    def check_commit(self, repo: str, commit: Any, where: str) -> None:
+        """A record's base_commit is what its tests run at: refused at load when it is missing, or (with
+        `find_commit`) not in the repository."""
+        if not isinstance(commit, str) or not commit.strip():
+            raise BadTaskFile(
+                f"{where}: base_commit: {'missing' if commit in (None, '') else f'not a commit: {json.dumps(commit)}'}"
+                " (a SWE-bench record names the commit its repository is checked out at)"
+            )
+        if self.find_commit is None:
+            return
+        try:
+            self.find_commit(repo, commit)
+        except ConfigError:
+            raise BadTaskFile(
+                f"{where}: base_commit: {commit} is not a commit of {redact_url(repo)} (checked in a clone of it)"
+            ) from None
+
     def task(self, record: dict[str, Any], where: str) -> dict[str, Any]:
         """The TaskSpec fields of one SWE-bench record (`where`: 'tasks.jsonl:3', for its errors).
 
@@ -217,6 +238,7 @@ class SweBenchRecords:
             repo = repo_location(slug, self.repos_from)
         except ConfigError as exc:
             raise BadTaskFile(f"{where}: repo: {exc}") from exc
+        self.check_commit(repo, record.get("base_commit"), where)
         task = {name: record[name] for name in _KEPT if record.get(name) is not None}
         task.update(
             repo=repo,

@@ -4,7 +4,9 @@ Flow parameters take blocks (`model`: a ModelEndpoint, `store`: prefect-aws's S3
 offers as a list of saved blocks; a run's parameters hold only a reference to the block (Prefect stores and shows
 parameters in plain text), never its secrets. A block left empty is the default-named one when it exists, else the
 environment (LLM_*, BUGSWEEP_STORE_*, BUGSWEEP_SANDBOX_*), so a flow runs on a fresh machine before
-`bugsweep blocks create`.
+`bugsweep blocks create`. The run itself is built by bugsweep.runbuilder.build_run, as on the command line: the
+form's fields over the blocks over the environment of the process running the flow (a worker's) over the
+defaults; `limits` fields left empty are unset, never defaults.
 """
 
 from __future__ import annotations
@@ -22,11 +24,11 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import Field
 
 from bugsweep import runconfig
-from bugsweep.errors import ConfigError, InfraError
+from bugsweep.errors import BugsweepError, ConfigError, InfraError, first_line
 from bugsweep.grading import Grade
-from bugsweep.runconfig import resolve_policy
-from bugsweep.settings import AgentSettings, BranchSettings, ModelSettings, SandboxSettings
-from bugsweep.spec import TaskSpec
+from bugsweep.runbuilder import Run, backend_of, build_run, sandbox_provider
+from bugsweep.settings import AgentSettings, BranchSettings, ModelSettings
+from bugsweep.spec import TaskSpec, same_task
 from bugsweep.storage import GRADE_FILE, ArtifactStore, LocalStore, StoreSettings, open_store
 
 if TYPE_CHECKING:
@@ -70,9 +72,24 @@ def model_field() -> Any:
     )
 
 
+def escalate_to_field() -> Any:
+    """The flows' `escalate_to` parameter: saved model endpoint blocks, in order, or none."""
+    return form_field(
+        [],
+        "Models to escalate to",
+        "Saved model endpoint blocks tried after the model, in order, each (with its attempts) only on a task the "
+        "ones before did not resolve: a cheaper model first, a stronger one for what it could not fix. Empty: the "
+        "model alone.",
+    )
+
+
 def sandbox_field() -> Any:
-    """The flows' `sandbox` parameter."""
-    return form_field("local", "Sandbox", "local: bubblewrap on the worker; runtime: Runtime microVMs.")
+    """The flows' `sandbox` parameter: empty unless the run chooses one."""
+    return form_field(
+        None,
+        "Sandbox",
+        f"local: bubblewrap on the worker; runtime: Runtime microVMs. {runconfig.BACKEND_UNSET}",
+    )
 
 
 def push_branches_field() -> Any:
@@ -106,8 +123,14 @@ def store_field() -> Any:
     )
 
 
-#: The agent's budget and policy per task, declared once (bugsweep.runconfig): the flows' `limits` parameter.
-AgentLimits = runconfig.AgentLimits
+#: The agent's budget and policy per task, declared once (bugsweep.runconfig.AgentLimits), each field unset unless
+#: given: the flows' `limits` parameter.
+AgentChoices = runconfig.AgentChoices
+
+
+def limits_field(help: str) -> Any:
+    """The flows' `limits` parameter: every field empty unless the run sets it (then BUGSWEEP_*, else the default)."""
+    return form_field(AgentChoices(), "Agent limits", help)
 
 
 # -- the run configuration --------------------------------------------------------------------------------------
@@ -130,13 +153,22 @@ class RunSetup:
     """Put on every sandbox (with the task's id): the flow run, so hooks and cleanups can find them."""
     branches: BranchSettings | None = None
     """Where resolved fixes are pushed as branches (with the token); None: no branches."""
+    escalate_to: list[ModelSettings] = field(default_factory=list)
+    """The models (with their keys) a task escalates to, in order, each only on what the ones before did not
+    resolve (`config.escalate_to` names them)."""
 
-    def with_model(self, model: ModelSettings, agent: AgentSettings) -> RunSetup:
-        """The same sandboxes and store with another model or agent settings (a comparison's entry), its policy
-        resolved and its configuration made again."""
-        agent = agent.model_copy(update={"policy": resolve_policy(agent.policy, embedded=not model.base_url)})
-        config = runconfig.RunConfig.of(model, agent, self.provider)
-        return dataclasses.replace(self, model=model, agent=agent, config=config)
+    @classmethod
+    def of(
+        cls, built: Run, store: ArtifactStore, local_dir: Path, flow_run_id: str | None,
+        branches: BranchSettings | None = None,
+    ) -> RunSetup:  # fmt: skip
+        """A run built by bugsweep.runbuilder.build_run, with where its artifacts go and its sandboxes' labels."""
+        return cls(
+            model=built.model, agent=built.agent, provider=built.provider, store=store, local_dir=local_dir,
+            config=built.config, setup_network=built.setup_network,
+            labels={FLOW_RUN_LABEL: flow_run_id} if flow_run_id else {}, branches=branches,
+            escalate_to=list(built.escalate_to),
+        )  # fmt: skip
 
 
 def load_block(block_class: Any, name: str, default_name: str) -> Any | None:
@@ -166,16 +198,18 @@ def block_ref(block: Any) -> dict[str, Any] | None:
 
 def load_run_config(
     model: ModelEndpoint | None,
-    sandbox: SandboxName,
+    sandbox: SandboxName | None,
     store: S3Bucket | None,
-    limits: AgentLimits,
+    limits: AgentChoices | None,
     flow_run_id: str | None = None,
     *,
     push_branches: bool = False,
     branches: GitBranches | None = None,
+    escalate_to: list[ModelEndpoint] | None = None,
 ) -> RunSetup:
-    """Read the chosen blocks (or the default-named ones, or the environment) into a RunSetup, with the policy
-    resolved (bugsweep.runconfig.resolve_policy) and the run's configuration made from it all.
+    """Read the chosen blocks (or the default-named ones) and build the run from them (bugsweep.runbuilder:
+    `limits` given over the blocks over the environment over the defaults), with where its artifacts go.
+    `escalate_to`: saved model endpoint blocks a task escalates to, in order.
 
     No model block: the `bugsweep-model` block when it exists, else the LLM_* variables (else the embedded model).
     No store block: the `bugsweep-artifacts` S3Bucket block when it exists, else BUGSWEEP_STORE_URL (a folder or
@@ -183,42 +217,41 @@ def load_run_config(
     With `push_branches`: the git branches block chosen, else the `bugsweep-branches` block, else
     BUGSWEEP_BRANCH_*. The model's key and the git token never leave the settings objects.
     """
-    from blocks import MODEL_BLOCK, ModelEndpoint
-
-    endpoint = model or load_block(ModelEndpoint, MODEL_BLOCK, MODEL_BLOCK)
-    model_settings = endpoint.settings() if endpoint else ModelSettings()
-    provider, setup_network = load_sandboxes(sandbox)
+    built = build_run(
+        limits, endpoint=load_endpoint(model), provider=load_sandboxes(sandbox),
+        escalate_to=[block.settings() for block in escalate_to or []],
+    )  # fmt: skip
     artifacts, local_dir = load_store(store)
-
-    agent = AgentSettings.with_limits(limits)
-    agent.policy = resolve_policy(agent.policy, embedded=not model_settings.base_url)
-    return RunSetup(
-        model=model_settings,
-        agent=agent,
-        provider=provider,
-        store=artifacts,
-        local_dir=local_dir,
-        config=runconfig.RunConfig.of(model_settings, agent, provider),
-        setup_network=setup_network,
-        labels={FLOW_RUN_LABEL: flow_run_id} if flow_run_id else {},
-        branches=load_branches(branches) if push_branches else None,
+    return RunSetup.of(
+        built, artifacts, local_dir, flow_run_id, branches=load_branches(branches) if push_branches else None
     )
 
 
-def load_sandboxes(sandbox: SandboxName) -> tuple[SandboxProvider, bool]:
-    """The sandbox provider (its block's settings, else BUGSWEEP_SANDBOX_*) and whether setups get a network; on a
-    local machine, the sandboxes dead processes left there are removed first."""
-    from blocks import LOCAL_SANDBOX_BLOCK, RUNTIME_SANDBOX_BLOCK, LocalSandbox, RuntimeSandbox
-    from bugsweep.sandbox import get_provider
+def load_endpoint(model: ModelEndpoint | None) -> ModelSettings | None:
+    """The model endpoint block chosen, else the `bugsweep-model` block; None when neither (then LLM_*)."""
+    from blocks import MODEL_BLOCK, ModelEndpoint
 
-    if sandbox == "local":
-        box = load_block(LocalSandbox, LOCAL_SANDBOX_BLOCK, LOCAL_SANDBOX_BLOCK)
-    else:
-        box = load_block(RuntimeSandbox, RUNTIME_SANDBOX_BLOCK, RUNTIME_SANDBOX_BLOCK)
-    provider = box.provider() if box else get_provider(sandbox)
-    if sandbox == "local":
+    endpoint = model or load_block(ModelEndpoint, MODEL_BLOCK, MODEL_BLOCK)
+    return endpoint.settings() if endpoint else None
+
+
+def load_sandboxes(sandbox: SandboxName | None) -> SandboxProvider:
+    """The sandbox provider of the backend chosen (else BUGSWEEP_SANDBOX_BACKEND, else local), its saved block's
+    settings over BUGSWEEP_SANDBOX_*; on a local machine, the sandboxes dead processes left there are removed
+    first."""
+    from blocks import LOCAL_SANDBOX_BLOCK, RUNTIME_SANDBOX_BLOCK, LocalSandbox, RuntimeSandbox
+
+    if backend_of(sandbox) == "local":
+        local = load_block(LocalSandbox, LOCAL_SANDBOX_BLOCK, LOCAL_SANDBOX_BLOCK)
+        provider = sandbox_provider("local", saved_limits=local.saved_limits() if local else None)
         remove_dead_sandboxes(provider)
-    return provider, (box.setup_network if box else SandboxSettings().setup_network)
+        return provider
+    runtime = load_block(RuntimeSandbox, RUNTIME_SANDBOX_BLOCK, RUNTIME_SANDBOX_BLOCK)
+    if runtime is None:
+        return sandbox_provider("runtime")
+    return sandbox_provider(
+        "runtime", saved_limits=runtime.saved_limits(), saved_runtime=runtime.runtime_settings()
+    )
 
 
 def load_store(store: S3Bucket | None) -> tuple[ArtifactStore, Path]:
@@ -294,6 +327,20 @@ def refuse_endless_reruns() -> None:
         )
 
 
+def failed_state(exc: BugsweepError, message: str | None = None) -> State[Any]:
+    """The final state of a flow run that ends in an outcome bugsweep expects (a task file with a bad line, a
+    model or store that refuses, a sweep with tasks that could not run): Failed, its message the reason in one
+    line, its data the error. Returned by the flow instead of raising, so that no traceback is logged for it
+    (Prefect logs one for every exception a flow raises); a caller of the flow still gets the error raised."""
+    from prefect.states import Failed
+
+    why = (
+        message
+        or f"{'configuration' if isinstance(exc, ConfigError) else exc.kind} failure: {first_line(str(exc))}"
+    )
+    return Failed(message=why, data=exc)
+
+
 def current_flow_run_id() -> str | None:
     from prefect.runtime import flow_run
 
@@ -360,12 +407,9 @@ def release_sandboxes(flow: Flow[..., Any], flow_run: FlowRun, state: State[Any]
     )
     if released:
         return
-    backend = (flow_run.parameters or {}).get("sandbox", "local")
-    if backend == "runtime":
+    if backend_of((flow_run.parameters or {}).get("sandbox")) == "runtime":
         try:
-            from bugsweep.sandbox import get_provider
-
-            provider = get_provider("runtime")
+            provider = load_sandboxes("runtime")  # its saved block's key, else RUNTIME_API_KEY
             provider.cleanup({FLOW_RUN_LABEL: run_id})  # type: ignore[attr-defined]
         except Exception:  # a hook must never raise; the sandboxes' own lifetime limit is the last resort
             log.exception("could not clean up Runtime sandboxes of flow run %s", run_id)
@@ -383,10 +427,11 @@ RELEASE_SANDBOXES_HOOKS: dict[str, Any] = {
 
 
 def previous_grade(store: ArtifactStore, key: str, spec: TaskSpec) -> Grade | None:
-    """The grade already stored under `key` for this task at this commit, if it was graded (not failed).
+    """The grade already stored under `key` for this very task (bugsweep.spec.same_task), if it was graded.
 
-    A failed attempt (setup failed, an outage) does not count: a rerun tries it again. Neither does a grade for
-    another commit of the same task name.
+    A failed attempt (setup failed, an outage) does not count: a rerun tries it again. Neither does a grade of a
+    task with the same name but another definition (another commit, test command, setup, test patch, named tests),
+    nor one whose task.json cannot be read (then nothing says what was graded).
     """
     try:
         verdict = Grade.model_validate(json.loads(store.get_bytes(f"{key}/{GRADE_FILE}")))
@@ -400,7 +445,5 @@ def previous_grade(store: ArtifactStore, key: str, spec: TaskSpec) -> Grade | No
     try:
         stored = TaskSpec.model_validate(json.loads(store.get_bytes(f"{key}/task.json")))
     except (FileNotFoundError, ValueError):
-        return verdict
-    if stored.base_commit != spec.base_commit or stored.repo != spec.repo:
         return None
-    return verdict
+    return verdict if same_task(stored, spec) else None

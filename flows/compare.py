@@ -11,7 +11,6 @@ variable that holds its key, and the key is read inside the flow run, on the mac
 
 from __future__ import annotations
 
-import os
 import re
 import time
 from pathlib import Path
@@ -20,111 +19,85 @@ from typing import Annotated, Any
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect_aws import S3Bucket
-from pydantic import Field, SecretStr
+from pydantic import Field
 
 from bugsweep.discover import TaskFile
-from bugsweep.errors import ConfigError, StorageError
+from bugsweep.endpoints import NAMED, EndpointEntry
+from bugsweep.errors import BugsweepError, ConfigError, StorageError
 from bugsweep.report import (
     ComparisonReport,
     RunRecord,
     artifact_table,
     build_report,
     render_markdown,
+    same_attempts,
     write_report,
 )
-from bugsweep.runconfig import ModelFields, resolve_policy
-from bugsweep.settings import AgentSettings, ModelSettings
+from bugsweep.runbuilder import build_run
+from bugsweep.runconfig import ModelFields, merge_choices
 from bugsweep.spec import TaskSpec
 from flows.common import (
     RELEASE_SANDBOXES_HOOKS,
-    AgentLimits,
+    AgentChoices,
     RunSetup,
     SandboxName,
     current_flow_run_id,
-    load_run_config,
+    failed_state,
+    load_sandboxes,
+    load_store,
 )
 from flows.solve_bug import Job, solve_many
 from flows.sweep import TaskSource
-from tasks import quiet_thread_timeout_warnings, steps
+from tasks import quiet_prefect_logs, steps
 from tasks.publish import artifact_key
 
 #: Report files, written next to the runs and uploaded with them.
 REPORT_FILES = ("report.md", "report.json", "report.html")
 
 
-class ModelEntry(ModelFields):
+class ModelEntry(EndpointEntry):  # an endpoint named in words (bugsweep.endpoints), with its own limits
     """One entry of a comparison: a display name, an endpoint (bugsweep.runconfig.ModelFields: URL, model id,
     temperature, reply limit, prices, ...), the env var holding its API key, and its own agent limits or policy.
 
-    Two entries may be two configurations of one model (another policy, 20 vs 40 turns, another temperature):
-    each is stored and reported under its own name and configuration digest."""
+    Its settings are a run's like any other (bugsweep.runbuilder): what the entry gives, then the environment
+    (LLM_TEMPERATURE, LLM_MAX_TOKENS_PER_REPLY, LLM_PRICE_*, ...; never LLM_BASE_URL, LLM_MODEL or LLM_API_KEY: an
+    entry always names its endpoint, model and key), then the default; its `limits` are merged over the
+    comparison's (runconfig.merge_choices), then BUGSWEEP_*, then the default, from the command line and from the
+    flow alike. Two entries may be two configurations of one model (another policy, 20 vs 40 turns, another
+    temperature): each is stored and reported under its own name and configuration digest."""
 
-    name: str
-    """Shown in the report; also the model id sent to the endpoint unless `model` is set."""
-    base_url: str  # an entry always names its endpoint
-    """OpenAI-compatible base URL."""
-    model: str | None = None  # type: ignore[assignment]  # unset: the entry's name
-    """Model id sent to the endpoint; unset: `name`."""
-    key_env: str | None = None
-    """Environment variable with the API key; unset: no key (fine for self-hosted endpoints)."""
-    limits: AgentLimits | None = None
-    """This entry's own agent limits and policy, instead of the comparison's `limits`; unset: the comparison's,
-    the same for every entry."""
-
-    @classmethod
-    def parse(cls, text: str) -> ModelEntry:
-        """`NAME=BASE_URL[,KEY_ENV[,MODEL_ID]]`, e.g. `deepseek-chat=https://api.deepseek.com/v1,DEEPSEEK_API_KEY`."""
-        name, sep, rest = text.partition("=")
-        if not sep or not name.strip() or not rest.strip():
-            raise ConfigError(f"--model {text!r}: expected NAME=BASE_URL[,KEY_ENV[,MODEL_ID]]")
-        base_url, _, tail = rest.partition(",")
-        key_env_text, _, model_id = tail.partition(",")
-        if not re.match(r"^https?://", base_url.strip()):
-            raise ConfigError(f"--model {text!r}: {base_url!r} is not an http(s) URL")
-        key_env = key_env_text.strip() or None
-        if key_env and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key_env):
-            raise ConfigError(f"--model {text!r}: {key_env!r} is not an environment variable name")
-        return cls(
-            name=name.strip(), base_url=base_url.strip(), key_env=key_env, model=model_id.strip() or None
-        )
+    limits: AgentChoices | None = None
+    """This entry's own agent limits and policy, over the comparison's `limits` (a field left empty: the
+    comparison's); unset: the comparison's, the same for every entry."""
 
     def set(self, field: str, value: str) -> None:
         """Set one of the entry's endpoint fields or agent limits by name, from text (`--model-set`)."""
-        if field in AgentLimits.model_fields:
-            merged = {**(self.limits.model_dump(exclude_unset=True) if self.limits else {}), field: value}
-            self.limits = AgentLimits.model_validate(merged)
-        elif field in ModelFields.model_fields and field not in ("base_url", "model"):
-            checked = ModelFields.model_validate({field: value})
-            setattr(self, field, getattr(checked, field))
+        if field in AgentChoices.model_fields:
+            self.limits = merge_choices(self.limits, AgentChoices.model_validate({field: value}))
+        elif field in ModelFields.model_fields and field not in NAMED:
+            self.set_endpoint(field, value)
         else:
-            known = sorted({*AgentLimits.model_fields, *ModelFields.model_fields} - {"base_url", "model"})
+            known = sorted({*AgentChoices.model_fields, *ModelFields.model_fields} - set(NAMED))
             raise ConfigError(
                 f"{field!r} is not a setting of a model entry: choose one of {', '.join(known)}"
             )
 
-    def settings(self) -> ModelSettings:
-        """ModelSettings for this model, with the key read from its env var now (never stored, never logged)."""
-        key = ""
-        if self.key_env:
-            key = os.environ.get(self.key_env, "")
-            if not key:
-                raise ConfigError(f"model {self.name!r}: environment variable {self.key_env} is not set")
-        endpoint = ModelFields.model_validate(
-            {**self.model_dump(include=set(ModelFields.model_fields)), "model": self.model or self.name}
-        )
-        return ModelSettings.of_endpoint(endpoint, SecretStr(key))
 
-
-def run_setups(base: RunSetup, models: list[ModelEntry]) -> list[tuple[ModelEntry, RunSetup]]:
-    """Per entry: its RunSetup (the shared sandbox and store, its own endpoint, its own limits or the comparison's,
-    its policy resolved) with the configuration that makes. Runs are stored as NAME/TASK/ENTRY/CONFIG/run-N."""
+def run_setups(
+    models: list[ModelEntry], limits: AgentChoices | None, provider: Any, store: Any, local_dir: Path,
+    flow_run_id: str | None,
+) -> list[tuple[ModelEntry, RunSetup]]:  # fmt: skip
+    """Per entry: its RunSetup (the shared sandboxes and store, its own endpoint, its limits merged over the
+    comparison's), built as every run is (bugsweep.runbuilder.build_run). Runs are stored as
+    NAME/TASK/ENTRY/CONFIG/run-N."""
     names = [m.name for m in models]
     if len(set(names)) != len(names):
         raise ConfigError(f"model names must be unique: {names}")
     return [
-        (m, base.with_model(m.settings(), AgentSettings.with_limits(m.limits) if m.limits else base.agent))
+        (m, RunSetup.of(build_run(merge_choices(limits, m.limits), endpoint=m.settings(), provider=provider),
+                        store, local_dir, flow_run_id))
         for m in models
-    ]
+    ]  # fmt: skip
 
 
 @flow(
@@ -137,30 +110,37 @@ def compare_models(
     models: list[ModelEntry],
     runs: Annotated[int, Field(ge=1, le=100)] = 3,
     name: str | None = None,
-    sandbox: SandboxName = "local",
+    sandbox: SandboxName | None = None,
     store: S3Bucket | None = None,
-    limits: AgentLimits = AgentLimits(),
+    limits: AgentChoices = AgentChoices(),
     concurrency: Annotated[int, Field(ge=1, le=256)] = 4,
     report_dir: str | None = None,
-) -> ComparisonReport:
+) -> Any:  # the ComparisonReport; a bad task file, a model that refuses: a Failed state, its error raised to a caller
     """Run every model on every task `runs` times, `concurrency` at once, and report resolve rates side by side.
 
     Each run is graded as in a sweep; a run that cannot be run (setup failed, an outage that outlasted the
     retries) is listed in the report and left out of the rates. The report goes to `report_dir` (default: the
     comparison's folder next to the runs) and to the artifact store under NAME/.
     """
-    quiet_thread_timeout_warnings()
+    quiet_prefect_logs()
     logger = get_run_logger()
-    # Every entry is an endpoint of its own, never the embedded model: unset, the policy is BUGSWEEP_POLICY or plain.
-    policy = resolve_policy(limits.policy or AgentSettings().policy, embedded=False)
-    limits = limits.model_copy(update={"policy": policy})
-    base = load_run_config(None, sandbox, store, limits, flow_run_id=current_flow_run_id())
-    name = name or default_name(source)
-    list_tasks = steps.list_tasks.with_options(retry_delay_seconds=steps.retry_delays_s())
-    specs = list_tasks(source, base.provider, base.store, setup_network=base.setup_network)
-    if not specs or not models:
-        raise ConfigError("a comparison needs at least one task and one model")
-    setups = run_setups(base, models)
+    try:  # an outcome bugsweep expects (a bad task file, a model or store that refuses): one line, no traceback
+        if not models:
+            raise ConfigError("a comparison needs at least one task and one model")
+        artifacts, local_dir = load_store(store)
+        setups = run_setups(
+            models, limits, load_sandboxes(sandbox), artifacts, local_dir, current_flow_run_id()
+        )
+        # pass@3 is never set beside pass@1: one attempts setting for every entry, refused before anything runs
+        same_attempts({entry.name: run.agent.attempts for entry, run in setups})
+        base = setups[0][1]
+        name = name or default_name(source)
+        list_tasks = steps.list_tasks.with_options(retry_delay_seconds=steps.retry_delays_s())
+        specs = list_tasks(source, base.provider, base.store, setup_network=base.setup_network)
+        if not specs:
+            raise ConfigError("a comparison needs at least one task and one model")
+    except BugsweepError as exc:
+        return failed_state(exc)
     logger.info(
         "%d runs: %d model(s) x %d task(s) x %d run(s), %d at once",
         len(models) * len(specs) * runs, len(models), len(specs), runs, concurrency,
@@ -196,7 +176,12 @@ def run_all(
     outcomes = solve_many([job for _, _, job in jobs], concurrency)
     records = [
         RunRecord.from_grade(
-            outcome.grade, model=entry.name, run=r, policy=job.run.config.policy, config=job.run.config.digest
+            outcome.grade,
+            model=entry.name,
+            run=r,
+            policy=job.run.config.policy,
+            config=job.run.config.digest,
+            max_attempts=job.run.agent.attempts,
         )
         for (r, entry, job), outcome in zip(jobs, outcomes, strict=True)
     ]
@@ -234,8 +219,8 @@ def compare(
     concurrency: int = 4,
     report_dir: str | Path | None = None,
     name: str | None = None,
-    sandbox: SandboxName = "local",
-    limits: AgentLimits | None = None,
+    sandbox: SandboxName | None = None,
+    limits: AgentChoices | None = None,
 ) -> ComparisonReport:
     """Run the flow on a tasks.jsonl (a local path or s3://..., or a TaskFile saying where its SWE-bench records'
     commands and repositories come from): what `bugsweep compare` calls."""
@@ -244,13 +229,14 @@ def compare(
     else:
         path = str(tasks_path) if str(tasks_path).startswith("s3://") else str(Path(tasks_path).resolve())
         source = TaskFile(path=path)
-    return compare_models(
+    report: Any = compare_models(  # the report (a Failed state raises its error here)
         source=source,
         models=models,
         runs=runs,
         name=name,
         sandbox=sandbox,
-        limits=limits or AgentLimits(),
+        limits=limits or AgentChoices(),
         concurrency=concurrency,
         report_dir=str(report_dir) if report_dir else None,
     )
+    return report

@@ -41,7 +41,7 @@ def grow(
         "The task file's key in the artifact store; new tasks are appended, earlier ones never rewritten.",
     ),
     store: S3Bucket | None = store_field(),
-    sandbox: SandboxName = sandbox_field(),
+    sandbox: SandboxName | None = sandbox_field(),
     runs: Annotated[int, Field(ge=1, le=10)] = form_field(
         3,
         "Runs per candidate",
@@ -55,7 +55,7 @@ def grow(
     """
     logger = get_run_logger()
     artifacts, _ = load_store(store)
-    provider, _ = load_sandboxes(sandbox)
+    provider = load_sandboxes(sandbox)
 
     def progress(event: MiningEvent) -> None:
         if event.kind in ("kept", "rejected", "validate"):

@@ -22,21 +22,25 @@ from prefect_aws import S3Bucket
 
 from blocks import GitBranches, ModelEndpoint
 from bugsweep import pipeline
+from bugsweep.attempts import resolved_at
 from bugsweep.branches import ADHOC, read_branch_record
 from bugsweep.errors import BugsweepError, ConfigError, InfraError, StorageError, failure_kind
 from bugsweep.grading import Grade, verdict_word
 from bugsweep.pipeline import failed_grade
-from bugsweep.spec import TaskSpec
+from bugsweep.spec import DEFAULT_SETUP_COMMAND, DEFAULT_TEST_COMMAND, TaskSpec, same_task
 from bugsweep.storage import GRADE_FILE, PENDING_FILE, mark_pending, pending_key, run_key
 from flows.common import (
     LIVE_SANDBOXES,
     RELEASE_SANDBOXES_HOOKS,
-    AgentLimits,
+    AgentChoices,
     RunSetup,
     SandboxName,
     branches_field,
     current_flow_run_id,
+    escalate_to_field,
+    failed_state,
     form_field,
+    limits_field,
     load_run_config,
     model_endpoint,
     model_field,
@@ -45,7 +49,7 @@ from flows.common import (
     sandbox_field,
     store_field,
 )
-from tasks import quiet_thread_timeout_warnings, steps
+from tasks import quiet_prefect_logs, steps
 from tasks.publish import RUN_FILE, complete_late, made_by
 
 if TYPE_CHECKING:
@@ -123,6 +127,7 @@ def solve_one(
             runner=steps.PrefectSteps(run.agent),
             raise_on_failure=False,
             config=run.config,
+            escalate_to=run.escalate_to,
         )
     except (
         Exception
@@ -184,8 +189,8 @@ def upload_outcome(outcome: TaskOutcome, run: RunSetup) -> TaskOutcome:
 def kept_grade(out_dir: Path, spec: TaskSpec, model: str, config_digest: str) -> Grade | None:
     """The grade an earlier run of this very task left in `out_dir` when its upload failed; None if there is none.
 
-    Only a real grade (not a failed attempt) of the same task definition by the same model under the same
-    configuration counts.
+    Only a real grade (not a failed attempt) of the same task (bugsweep.spec.same_task) by the same model under the
+    same configuration counts.
     """
     if pending_key(out_dir) is None:
         return None
@@ -194,7 +199,9 @@ def kept_grade(out_dir: Path, spec: TaskSpec, model: str, config_digest: str) ->
         stored = TaskSpec.model_validate_json((out_dir / "task.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    if verdict.error or verdict.model != model or verdict.config_digest != config_digest or stored != spec:
+    if verdict.error or verdict.model != model or verdict.config_digest != config_digest:
+        return None
+    if not same_task(stored, spec):
         return None
     return verdict
 
@@ -302,12 +309,12 @@ def solve_bug(
         "The bug in words, as you would tell a colleague: what fails, and what should happen.",
     ),
     test_command: str = form_field(
-        "python -m pytest -q",
+        DEFAULT_TEST_COMMAND,
         "Test command",
         "Runs the tests in the repository: it must fail before the fix and pass after it.",
     ),
     setup_command: str = form_field(
-        "pip install pytest",
+        DEFAULT_SETUP_COMMAND,
         "Setup command",
         "Runs once before the tests, with network access, in the task's own environment: installs what the tests "
         "need, the test runner included (e.g. pip install -e . pytest). Empty: none.",
@@ -317,20 +324,24 @@ def solve_bug(
     ),
     sweep: str = form_field(ADHOC, "Folder", "Folder in the artifact store: SWEEP/TASK/MODEL/CONFIG."),
     model: ModelEndpoint | None = model_field(),
-    sandbox: SandboxName = sandbox_field(),
+    sandbox: SandboxName | None = sandbox_field(),
     store: S3Bucket | None = store_field(),
-    limits: AgentLimits = form_field(
-        AgentLimits(), "Agent limits", "The agent's budget (turns, tokens, cost, time) and policy."
+    limits: AgentChoices = limits_field(
+        "The agent's budget (turns, tokens, cost, time) and policy; a field left empty: the worker's BUGSWEEP_* "
+        "variable, else the default."
     ),
     push_branches: bool = push_branches_field(),
     branches: GitBranches | None = branches_field(),
+    escalate_to: list[ModelEndpoint] = escalate_to_field(),
     task: TaskSpec | None = form_field(
         None,
         "A whole task (advanced)",
         "A task as a tasks file holds it (mined tasks: test patch, FAIL_TO_PASS, ...); when set, it is what runs, "
         "and Repository and What is wrong only name it. Sweeps send their tasks this way.",
     ),
-) -> Grade:
+) -> (
+    Any
+):  # the Grade; an outcome that is not a grade: a Failed state whose error a caller of the flow gets raised
     """Fix one bug in a sandbox and grade the fix; the run folder goes to s3://BUCKET/PREFIX/SWEEP/TASK/MODEL/CONFIG/
     (CONFIG: the digest of the run's configuration, bugsweep.runconfig).
 
@@ -341,22 +352,27 @@ def solve_bug(
     `push_branches`, a resolved fix is pushed as branch PREFIX/SWEEP/TASK (bugsweep.branches); a push that fails
     ends the run Failed too, with its grade stored as it was.
     """
-    quiet_thread_timeout_warnings()
-    refuse_endless_reruns()
-    task = task or one_off_task(repo, problem, test_command, setup_command, ref)
-    run = load_run_config(
-        model, sandbox, store, limits, flow_run_id=current_flow_run_id(), push_branches=push_branches,
-        branches=branches,
-    )  # fmt: skip
-    with model_endpoint(run) as run:
-        outcome = solve_one(task, run, sweep)
+    quiet_prefect_logs()
+    try:
+        refuse_endless_reruns()
+        task = task or one_off_task(repo, problem, test_command, setup_command, ref)
+        run = load_run_config(
+            model, sandbox, store, limits, flow_run_id=current_flow_run_id(), push_branches=push_branches,
+            branches=branches, escalate_to=escalate_to,
+        )  # fmt: skip
+        with model_endpoint(run) as run:
+            outcome = solve_one(task, run, sweep)
+    except (
+        BugsweepError
+    ) as exc:  # an outcome bugsweep expects: one line in the state, no traceback in the log
+        return failed_state(exc)
     report(outcome)
     if outcome.grade.error:
-        raise TaskNotRun(outcome.grade)
+        return failed_state(TaskNotRun(outcome.grade))
     if outcome.upload_error:
-        raise StorageError(outcome.upload_error)
+        return failed_state(StorageError(outcome.upload_error))
     if outcome.branch_error:
-        raise InfraError(outcome.branch_error)
+        return failed_state(InfraError(outcome.branch_error))
     return outcome.grade
 
 
@@ -386,6 +402,8 @@ class TaskNotRun(BugsweepError):
 def report(outcome: TaskOutcome) -> None:
     g = outcome.grade
     status = verdict_word(g).upper() if g.resolved else verdict_word(g)
+    if resolved_at(g):
+        status += f" ({resolved_at(g)})"
     if outcome.reused:
         status += " (an earlier run's grade, kept after its upload failed; the agent did not run again)"
     print(

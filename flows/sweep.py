@@ -11,11 +11,13 @@ import contextlib
 import json
 import re
 import time
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from prefect import flow, get_run_logger
+from prefect.states import Completed
 from prefect_aws import S3Bucket
 from pydantic import Field
 
@@ -23,22 +25,26 @@ from blocks import GitBranches, ModelEndpoint
 from bugsweep.agent.model import ChatModel
 from bugsweep.branches import BRANCH_FILE
 from bugsweep.discover import RepoBranch, TaskFile
-from bugsweep.errors import BugsweepError, ConfigError, InfraError, StorageError
+from bugsweep.errors import BugsweepError, ConfigError, InfraError, StorageError, first_line
 from bugsweep.grading import Grade
 from bugsweep.pipeline import failed_grade
+from bugsweep.runconfig import CODE_FIELDS, chosen
 from bugsweep.spec import TaskSpec
 from bugsweep.storage import GRADE_FILE, key_part, pending_runs, run_key, upload_pending
 from bugsweep.swebench import write_predictions
 from flows.common import (
     CRASH_RERUNS,
     RELEASE_SANDBOXES_HOOKS,
-    AgentLimits,
+    AgentChoices,
     RunSetup,
     SandboxName,
     block_ref,
     branches_field,
     current_flow_run_id,
+    escalate_to_field,
+    failed_state,
     form_field,
+    limits_field,
     load_run_config,
     model_endpoint,
     model_field,
@@ -48,8 +54,8 @@ from flows.common import (
     store_field,
 )
 from flows.solve_bug import Job, TaskOutcome, configured, solve_many
-from tasks import quiet_thread_timeout_warnings, steps
-from tasks.publish import RUN_FILE, after_late_upload
+from tasks import quiet_prefect_logs, steps
+from tasks.publish import RUN_FILE, ReviewPage, after_late_upload
 
 #: A plain union (not a discriminated one): the Prefect UI draws it as a choice of two forms, not a JSON box.
 TaskSource = TaskFile | RepoBranch
@@ -75,10 +81,11 @@ def sweep(
         "", "Sweep name", "The folder in the artifact store; empty: the task file's or repository's name."
     ),
     model: ModelEndpoint | None = model_field(),
-    sandbox: SandboxName = sandbox_field(),
+    sandbox: SandboxName | None = sandbox_field(),
     store: S3Bucket | None = store_field(),
-    limits: AgentLimits = form_field(
-        AgentLimits(), "Agent limits", "The agent's budget per task (turns, tokens, cost, time) and policy."
+    limits: AgentChoices = limits_field(
+        "The agent's budget per task (turns, tokens, cost, time) and policy; a field left empty: the worker's "
+        "BUGSWEEP_* variable, else the default."
     ),
     concurrency: Annotated[int, Field(ge=1, le=256)] = form_field(
         4, "Tasks at once", "In this run's process, or solve-bug runs in flight on the workers."
@@ -97,61 +104,102 @@ def sweep(
     redo_graded: bool = form_field(
         False,
         "Run graded tasks again",
-        "Run tasks already graded for this model, commit and configuration again (other configurations' grades "
-        "are kept).",
+        "Run tasks already graded for this model, commit and configuration again, e.g. after a bad night (other "
+        "configurations' grades are kept).",
+    ),
+    keep_graded_by_other_code: bool = form_field(
+        False,
+        "Keep grades made by another bugsweep",
+        "A task graded by another bugsweep (before an upgrade: another code digest) under an otherwise identical "
+        "configuration keeps that grade instead of running again; the summary says so. Off: such tasks run "
+        "again and both grades are kept.",
     ),
     push_branches: bool = push_branches_field(),
     branches: GitBranches | None = branches_field(),
-) -> list[Grade]:
+    escalate_to: list[ModelEndpoint] = escalate_to_field(),
+) -> Any:  # the final State; a caller of the flow gets its grades (list[Grade]), or SweepFailed raised
     """Run every task of a task file (or every failing test file of a branch) and grade each.
 
     A task that cannot be run becomes a failed grade and never stops the others; the sweep then ends Failed,
     whatever the reason (an outage, configuration, a crash, or the task's own setup or tests), with each such task
     and its reason in the summary: Completed means every task was graded. Tasks already graded for this model at this commit under the same sweep
     name and the same configuration (bugsweep.runconfig: model settings, policy, limits, sandbox, environment,
-    bugsweep's version) are skipped, unless `redo_graded`; a sweep under another configuration runs them and keeps
-    both, and its summary shows every configuration's grades. Results an earlier run kept after a failed upload
+    bugsweep's version and code) are skipped, unless `redo_graded`; a sweep under another configuration runs them
+    and keeps both, and its summary shows every configuration's grades. A task graded by another bugsweep (another
+    code digest, the configuration otherwise the same) runs again, and the log and the summary say how many ("3
+    graded by another bugsweep: running again"), unless `keep_graded_by_other_code`, which keeps those grades and
+    says so in the summary. Results an earlier run kept after a failed upload
     are uploaded first. The review page of every run in the sweep's folder (`bugsweep review`) is stored beside
-    them as SWEEP/review.html and linked from the summary and a link artifact.
-    With `push_branches`, each resolved fix of this run is pushed as branch
+    them as SWEEP/review.html and linked from the summary and a link artifact; a page that cannot be made is a
+    failed `review-page` step and a line of the final state. The final state's message says how many tasks were
+    resolved, not resolved, held for review and could not run, why each of the last could not, and how many were
+    skipped as graded before. With `push_branches`, each resolved fix of this run is pushed as branch
     PREFIX/SWEEP/TASK (bugsweep.branches; tasks skipped as graded before are not pushed again); a push that fails
     leaves the grade as it is and ends the sweep Failed, naming the task.
 
     Each parameter's title and help (what the run form shows) are in its declaration above.
     """
-    quiet_thread_timeout_warnings()
-    run = load_run_config(
-        model, sandbox, store, limits, flow_run_id=current_flow_run_id(), push_branches=push_branches,
-        branches=branches,
-    )  # fmt: skip
-    sweep_name = name or default_name(source)
-    if run.model.base_url:  # a wrong URL, key or model name fails now, not after a branch's setup
-        ChatModel(run.model).check()
-    upload_kept(run, sweep_name)
-    list_tasks = steps.list_tasks.with_options(retry_delay_seconds=steps.retry_delays_s())
-    specs = list_tasks(source, run.provider, run.store, setup_network=run.setup_network)
-    todo, graded = (specs, []) if redo_graded else split_graded(specs, run, sweep_name)
-    if run_on == "workers":
-        shared = {"model": block_ref(model), "sandbox": sandbox, "store": block_ref(store), "limits": limits,
-                  "push_branches": push_branches, "branches": block_ref(branches)}  # fmt: skip
-        outcomes = run_on_workers(todo, run, sweep_name, concurrency, deployment, shared)
-    else:
-        with model_endpoint(run) as run:
-            outcomes = solve_many([Job(spec, run, sweep_name) for spec in todo], concurrency)
+    quiet_prefect_logs()
+    try:
+        run = load_run_config(
+            model, sandbox, store, limits, flow_run_id=current_flow_run_id(), push_branches=push_branches,
+            branches=branches, escalate_to=escalate_to,
+        )  # fmt: skip
+        sweep_name = name or default_name(source)
+        # a wrong URL, key or model name fails now, not after a branch's setup
+        for endpoint in [run.model, *run.escalate_to]:
+            if endpoint.base_url:
+                ChatModel(endpoint).check()
+        upload_kept(run, sweep_name)
+        list_tasks = steps.list_tasks.with_options(retry_delay_seconds=steps.retry_delays_s())
+        specs = list_tasks(source, run.provider, run.store, setup_network=run.setup_network)
+        todo, graded = (specs, Graded()) if redo_graded else split_graded(specs, run, sweep_name)
+        if graded.by_other_code and keep_graded_by_other_code:
+            graded.keep_other_code()
+            todo = [spec for spec in todo if spec.instance_id not in graded.kept]
+        if run_on == "workers":
+            shared = worker_parameters(model, sandbox, store, limits, push_branches, branches, escalate_to)
+            outcomes = run_on_workers(todo, run, sweep_name, concurrency, deployment, shared)
+        else:
+            with model_endpoint(run) as run:
+                outcomes = solve_many([Job(spec, run, sweep_name) for spec in todo], concurrency)
+    except BugsweepError as exc:  # the night could not run (its tasks, its model, its store): one line
+        return failed_state(exc)
     rows = summary_rows(graded, outcomes)
-    review = steps.review_page(sweep_name, run.store) if rows else None
-    steps.summarize(
-        sweep_name, rows + other_configurations(run, sweep_name, specs), run.store.location, review
-    )
-    predictions = write_predictions(
-        run.store, key_part(sweep_name), run.model.model, prediction_runs(specs, run, sweep_name, outcomes),
-        run.local_dir,
-    )  # fmt: skip
-    get_run_logger().info("predictions (SWE-bench's format): %s", predictions)
-    grades = graded + [o.grade for o in outcomes]
+    notes = ([skipped_note(graded.same)] if graded.same else []) + graded.notes()
+    try:
+        predictions = write_predictions(
+            run.store, key_part(sweep_name), run.model.model,
+            prediction_runs(specs, run, sweep_name, outcomes, graded), run.local_dir,
+        )  # fmt: skip
+        get_run_logger().info("predictions (SWE-bench's format): %s", predictions)
+    except StorageError as exc:  # the grades are stored; the file made from them is not
+        notes.append(f"No predictions file in the store: {first_line(str(exc))}")
+    review = None
+    if rows:
+        made = steps.review_page(sweep_name, run.store, return_state=True)
+        page = made.result(raise_on_failure=False)
+        if isinstance(page, ReviewPage):
+            review = page
+        else:  # the step failed (its state in the UI); the night says so too, and the grades stand
+            why = str(page) if isinstance(page, BaseException) else made.message or "its step failed"
+            notes.append(f"No review page: {first_line(why)}")
+            get_run_logger().warning("%s", notes[-1])
+    others = other_configurations(run, sweep_name, specs, shown={key for key, _ in graded.kept.values()})
+    steps.summarize(sweep_name, rows + others, run.store.location, review, notes)
+    grades = graded.grades() + [o.grade for o in outcomes]
+    message = "; ".join([f"sweep {sweep_name} {steps.sweep_outcome(rows)}", *notes])
     if not all(r["ran"] for r in rows):
-        raise SweepFailed(f"sweep {sweep_name} {steps.sweep_outcome(rows)}", grades)
-    return grades
+        return failed_state(SweepFailed(message, grades), message)
+    return Completed(message=message, data=grades)
+
+
+def skipped_note(graded: list[Grade]) -> str:
+    """What a rerun says about the tasks it did not run again."""
+    return (
+        f"{len(graded)} task(s) already graded under this configuration were not run again (redo_graded, "
+        "`bugsweep sweep --redo-graded`, runs them again)"
+    )
 
 
 class SweepFailed(BugsweepError):
@@ -190,21 +238,100 @@ def upload_kept(run: RunSetup, sweep_name: str) -> None:
         after_late_upload(run.store, uploaded.key, folder, by=f"sweep {sweep_name} as it started")
 
 
-def split_graded(specs: list[TaskSpec], run: RunSetup, sweep_name: str) -> tuple[list[TaskSpec], list[Grade]]:
-    """(tasks still to run, grades of those already graded for this model and commit under this configuration)."""
+@dataclass
+class Graded:
+    """The tasks of a sweep graded before: under this configuration, and (by instance id) under this configuration
+    made by another bugsweep (another code digest; a grade from before an upgrade)."""
+
+    same: list[Grade] = field(default_factory=list)
+    by_other_code: dict[str, tuple[str, Grade]] = field(default_factory=dict)
+    """instance id -> (run key, grade)."""
+    kept: dict[str, tuple[str, Grade]] = field(default_factory=dict)
+    """Those of `by_other_code` kept by choice (keep_graded_by_other_code) instead of running again."""
+
+    def keep_other_code(self) -> None:
+        self.kept, self.by_other_code = self.by_other_code, {}
+        get_run_logger().warning(
+            "%d graded by another bugsweep: keeping their grades (keep_graded_by_other_code)", len(self.kept)
+        )
+
+    def grades(self) -> list[Grade]:
+        return self.same + [grade for _, grade in self.kept.values()]
+
+    def notes(self) -> list[str]:
+        """What the sweep's summary says of them."""
+        notes = []
+        if self.by_other_code:
+            notes.append(
+                f"{len(self.by_other_code)} graded by another bugsweep (another code digest): run again, the "
+                "earlier grades kept under their configurations"
+            )
+        if self.kept:
+            notes.append(
+                f"{len(self.kept)} graded by another bugsweep: their grades kept by choice (keep_graded_by_other_code, "
+                f"`--keep-graded-by-other-code`), not run with this bugsweep: {', '.join(sorted(self.kept))}"
+            )
+        return notes
+
+
+def split_graded(specs: list[TaskSpec], run: RunSetup, sweep_name: str) -> tuple[list[TaskSpec], Graded]:
+    """(tasks still to run, what was graded before): a task counts as graded when this model graded this very task
+    (bugsweep.spec.same_task) under this configuration; one graded under this configuration by another bugsweep
+    is still to run (and said so in one line), unless the sweep keeps those grades."""
     todo: list[TaskSpec] = []
-    graded: list[Grade] = []
+    graded = Graded()
     for spec in specs:
         key = run_key(sweep_name, spec.instance_id, run.model.model, run.config.digest)
         earlier = previous_grade(run.store, key, spec)
         if earlier is None:
             todo.append(spec)
         else:
-            graded.append(earlier)
-    if graded:
-        get_run_logger().info("skipping %d task(s) already graded for %s under configuration %s: %s", len(graded),
-                              run.model.model, run.config.digest, ", ".join(g.instance_id for g in graded))  # fmt: skip
+            graded.same.append(earlier)
+    logger = get_run_logger()
+    if graded.same:
+        logger.warning("%s: %s (model %s, configuration %s)", skipped_note(graded.same),
+                       ", ".join(g.instance_id for g in graded.same), run.model.model, run.config.digest)  # fmt: skip
+    graded.by_other_code = graded_by_other_code(run, sweep_name, todo)
+    if graded.by_other_code:
+        logger.warning("%d graded by another bugsweep: running again", len(graded.by_other_code))
     return todo, graded
+
+
+def graded_by_other_code(
+    run: RunSetup, sweep_name: str, specs: list[TaskSpec]
+) -> dict[str, tuple[str, Grade]]:
+    """Per task of `specs` (by instance id), a grade this model made of it under this very configuration but by
+    another bugsweep: the same configuration once its code (bugsweep_version, bugsweep_code) is left out, and the
+    same task (bugsweep.spec.same_task). One listing of the sweep's folder."""
+    wanted = {key_part(spec.instance_id): spec for spec in specs}
+    model, ours = key_part(run.model.model), run.config.without_code()
+    found: dict[str, tuple[str, Grade]] = {}
+    for key in run.store.list(key_part(sweep_name) + "/"):
+        parts = key.split("/")  # SWEEP/TASK/MODEL/CONFIG/grade.json
+        if len(parts) != 5 or parts[4] != GRADE_FILE or parts[2] != model or parts[3] == run.config.digest:
+            continue
+        spec = wanted.get(parts[1])
+        if spec is None or spec.instance_id in found:
+            continue
+        folder = key.rsplit("/", 1)[0]
+        grade = previous_grade(run.store, folder, spec)
+        config = dict(grade.config or {}) if grade is not None else {}
+        if grade is not None and {k: v for k, v in config.items() if k not in CODE_FIELDS} == ours:
+            found[spec.instance_id] = (folder, grade)
+    return found
+
+
+def worker_parameters(
+    model: ModelEndpoint | None, sandbox: str | None, store: S3Bucket | None, limits: AgentChoices,
+    push_branches: bool, branches: GitBranches | None, escalate_to: list[ModelEndpoint] | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """The sweep's own parameters that each solve-bug run on a worker takes too, as the deployment run's JSON:
+    blocks as references, and only the limits the sweep was given (the worker builds the rest as any run)."""
+    return {
+        "model": block_ref(model), "sandbox": sandbox, "store": block_ref(store), "limits": chosen(limits),
+        "push_branches": push_branches, "branches": block_ref(branches),
+        "escalate_to": [block_ref(block) for block in escalate_to or []],
+    }  # fmt: skip
 
 
 def run_on_workers(
@@ -218,12 +345,11 @@ def run_on_workers(
     """Each task as a run of the solve-bug deployment, at most `concurrency` at once; whichever worker of the pool
     is free picks it up. Each run's grade is read back from the artifact store (so use S3 across machines).
 
-    `parameters` are the sweep's own that each solve-bug run takes too (model, sandbox, store, limits; blocks as references).
+    `parameters` are the sweep's own that each solve-bug run takes too (`worker_parameters`).
     """
     from prefect.client.orchestration import get_client
 
     logger = get_run_logger()
-    parameters = {**parameters, "limits": parameters["limits"].model_dump(mode="json")}
     pending = list(specs)
     running: dict[Any, tuple[TaskSpec, float]] = {}
     outcomes: list[TaskOutcome] = []
@@ -356,11 +482,19 @@ def written_by_run(run: RunSetup, task_prefix: str, run_id: str) -> list[str]:
 
 
 def prediction_runs(
-    specs: list[TaskSpec], run: RunSetup, sweep_name: str, outcomes: list[TaskOutcome]
+    specs: list[TaskSpec],
+    run: RunSetup,
+    sweep_name: str,
+    outcomes: list[TaskOutcome],
+    graded: Graded | None = None,
 ) -> list[tuple[str, str, Path | None]]:
     """(instance_id, run key, local run folder) of every task of the sweep in task-file order, for its
-    predictions: read from the store, or from the run folder on this machine when its upload failed."""
-    local = {o.grade.instance_id: (o.key, None if o.stored_at else o.local_dir) for o in outcomes}
+    predictions: read from the store (a grade kept from another bugsweep: its own folder), or from the run folder
+    on this machine when its upload failed."""
+    local: dict[str, tuple[str, Path | None]] = {
+        task: (key, None) for task, (key, _) in (graded.kept if graded else {}).items()
+    }
+    local.update({o.grade.instance_id: (o.key, None if o.stored_at else o.local_dir) for o in outcomes})
     found: list[tuple[str, str, Path | None]] = []
     for spec in specs:
         key, folder = local.get(spec.instance_id, (run_key(sweep_name, spec.instance_id, run.model.model,
@@ -369,8 +503,9 @@ def prediction_runs(
     return found
 
 
-def summary_rows(graded: list[Grade], outcomes: list[TaskOutcome]) -> list[dict[str, Any]]:
-    rows = [steps.summary_row(g, skipped=True) for g in graded]
+def summary_rows(graded: Graded, outcomes: list[TaskOutcome]) -> list[dict[str, Any]]:
+    rows = [steps.summary_row(g, skipped=True) for g in graded.same]
+    rows += [steps.summary_row(g, kept_other_code=True) for _, g in graded.kept.values()]
     for o in outcomes:
         where = o.stored_at or (f"upload failed, kept at {o.local_dir}" if o.upload_error else "")
         failed = o.upload_error is not None
@@ -383,10 +518,16 @@ def summary_rows(graded: list[Grade], outcomes: list[TaskOutcome]) -> list[dict[
     return rows
 
 
-def other_configurations(run: RunSetup, sweep_name: str, specs: list[TaskSpec]) -> list[dict[str, Any]]:
+def other_configurations(
+    run: RunSetup,
+    sweep_name: str,
+    specs: list[TaskSpec],
+    shown: set[str] = frozenset(),  # type: ignore[assignment]
+) -> list[dict[str, Any]]:
     """Summary rows of the grades these tasks have in the store under this model's other configurations (another
-    policy, turn budget, temperature, ...), so that a sweep's summary shows them side by side with its own. One
-    listing of the sweep's folder; a failed attempt is no grade and is not listed."""
+    policy, turn budget, temperature, bugsweep, ...), so that a sweep's summary shows them side by side with its
+    own; those of the run folders in `shown` are among the sweep's own rows already. One listing of the sweep's
+    folder; a failed attempt is no grade and is not listed."""
     tasks = {key_part(spec.instance_id): i for i, spec in enumerate(specs)}
     model = key_part(run.model.model)
     found: list[tuple[int, str, Grade]] = []
@@ -394,7 +535,7 @@ def other_configurations(run: RunSetup, sweep_name: str, specs: list[TaskSpec]) 
         parts = key.split("/")  # SWEEP/TASK/MODEL/CONFIG/grade.json
         if len(parts) != 5 or parts[4] != GRADE_FILE or parts[1] not in tasks or parts[2] != model:
             continue
-        if parts[3] == run.config.digest:
+        if parts[3] == run.config.digest or key.rsplit("/", 1)[0] in shown:
             continue
         with contextlib.suppress(FileNotFoundError, ValueError):
             other = Grade.model_validate_json(run.store.get_bytes(key))

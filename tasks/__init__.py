@@ -1,6 +1,6 @@
 """Prefect tasks over the core: the steps of one bug-fix task (see tasks/steps.py).
 
-Importing this package does nothing else: the flows call `quiet_thread_timeout_warnings()` when they start.
+Importing this package does nothing else: the flows call `quiet_prefect_logs()` when they start.
 """
 
 from __future__ import annotations
@@ -23,8 +23,24 @@ class QuietThreadTimeoutWarning(logging.Filter):
         return "running in a worker thread" not in record.getMessage()
 
 
-def quiet_thread_timeout_warnings() -> None:
-    """Install `QuietThreadTimeoutWarning` on Prefect's task-run logger, once per process (a flow calls it first)."""
+class ExpectedFailureInOneLine(logging.Filter):
+    """Keep a step's failure to its one line when bugsweep expected it (a BugsweepError: a store or model that
+    refuses, a setup that fails): Prefect logs the traceback of every task that fails for good, and a person
+    reading the run (or `bugsweep sweep`'s terminal) needs the reason, not bugsweep's call stack. A crash (any
+    other exception) keeps its traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from bugsweep.errors import BugsweepError
+
+        if record.exc_info and isinstance(record.exc_info[1], BugsweepError):
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+def quiet_prefect_logs() -> None:
+    """Install `QuietThreadTimeoutWarning` and `ExpectedFailureInOneLine` on Prefect's task-run logger, once per
+    process (a flow calls it first)."""
     logger = logging.getLogger(TASK_RUNS_LOGGER)
-    if not any(isinstance(f, QuietThreadTimeoutWarning) for f in logger.filters):
-        logger.addFilter(QuietThreadTimeoutWarning())
+    for kind in (QuietThreadTimeoutWarning, ExpectedFailureInOneLine):
+        if not any(isinstance(f, kind) for f in logger.filters):
+            logger.addFilter(kind())

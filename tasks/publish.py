@@ -1,7 +1,11 @@
 """What a graded run shows in the Prefect UI, and a late upload that turns its run green.
 
-- The patch: a link artifact to the stored object (a lasting address with no key in it, unlike a presigned URL),
-  and the diff itself, bounded, in a markdown artifact, so a reviewer sees the fix without S3 access.
+Every link put into an artifact opens for a person who can see the Prefect UI, the bucket private or not: a
+presigned GET (bugsweep.storage.S3Store.link), whose expiry the artifact states (BUGSWEEP_STORE_LINK_DAYS, 7 days
+by default, the longest SigV4 allows). A store with no such link (a folder on the worker) gets no link: the
+artifact names the path, and the content that fits is in the artifact itself.
+- The patch: a link artifact to the stored object, and the diff itself, bounded, in a markdown artifact, so a
+  reviewer sees the fix without opening anything.
 - A sweep's review page (bugsweep review): stored beside its runs as SWEEP/review.html, and linked.
 - A run whose upload failed ends Failed with its grade kept on the worker. Once that grade reaches the store (a
   rerun of the task, a sweep as it starts, or `bugsweep upload`), the same artifacts are made, and the run that
@@ -14,14 +18,14 @@ import json
 import logging
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from uuid import UUID
 
 from prefect.artifacts import create_link_artifact, create_markdown_artifact
 
-from bugsweep.errors import BugsweepError
 from bugsweep.grading import Grade, verdict_word
-from bugsweep.storage import GRADE_FILE, ArtifactStore, key_part
+from bugsweep.storage import GRADE_FILE, ArtifactStore, Link, key_part
 
 log = logging.getLogger(__name__)
 
@@ -36,72 +40,111 @@ def artifact_key(*parts: str) -> str:
     return re.sub(r"-+", "-", re.sub(r"[^a-z0-9]+", "-", "-".join(parts).lower())).strip("-")[:200]
 
 
-def patch_markdown(verdict: Grade, patch: str, where: str) -> str:
+def _tests(ids: list[str], limit: int = 10) -> str:
+    shown = ", ".join(f"`{t}`" for t in ids[:limit])
+    return shown + (f" and {len(ids) - limit} more" if len(ids) > limit else "")
+
+
+def tests_line(verdict: Grade) -> str:
+    """What the grade says of the tests, in one line: those that failed before (fixed, or still failing), and
+    those the change broke."""
+    before = verdict.FAIL_TO_PASS + verdict.FAIL_TO_FAIL
+    if before:
+        parts = [f"Failing before: {_tests(before)}."]
+    elif verdict.failed_before:
+        parts = ["Failing before: yes (no per-test results)."]
+    else:
+        parts = ["Failing before: none."]
+    if verdict.FAIL_TO_PASS and verdict.FAIL_TO_FAIL:
+        parts.append(f"Fixed: {_tests(verdict.FAIL_TO_PASS)}; still failing: {_tests(verdict.FAIL_TO_FAIL)}.")
+    elif verdict.FAIL_TO_FAIL:
+        parts.append("Still failing after: all of them.")
+    elif verdict.FAIL_TO_PASS:
+        parts.append("Passing after: all of them.")
+    broken = verdict.PASS_TO_FAIL + verdict.PASS_TO_MISSING
+    if broken:
+        parts.append(f"Broken by the change: {_tests(broken)}.")
+    return " ".join(parts)
+
+
+def patch_markdown(verdict: Grade, patch: str, where: str, link: Link | None = None) -> str:
     """The diff as a reviewer reads it in the UI: what it fixed, where the whole patch is, and the diff (bounded)."""
     shown = patch[:PATCH_SHOWN_CHARS]
     cut = len(patch) - len(shown)
     fence = "````" if "```" in shown else "```"
+    whole = f"[the whole patch]({link.url}) ({link.until()})" if link else f"`{where}`"
     lines = [
         f"# Patch for `{verdict.instance_id}` by `{verdict.model}`: {verdict_word(verdict)}",
         "",
-        f"Failing before: {', '.join(f'`{t}`' for t in verdict.FAIL_TO_PASS[:10]) or '-'}. "
-        f"Turns {verdict.turns}, {verdict.prompt_tokens + verdict.completion_tokens:,} tokens, "
-        f"${verdict.cost_usd:.4f}. Stored at `{where}`.",
+        f"{tests_line(verdict)} Turns {verdict.turns}, "
+        f"{verdict.prompt_tokens + verdict.completion_tokens:,} tokens, ${verdict.cost_usd:.4f}. Stored at "
+        f"`{where}`" + (f": {whole}." if link else "."),
         "",
         f"{fence}diff",
         shown.rstrip("\n"),
         fence,
     ]
     if cut:
-        lines += ["", f"*({cut:,} more characters not shown: the whole patch is at `{where}`.)*"]
+        lines += ["", f"*({cut:,} more characters not shown: {whole}.)*"]
     return "\n".join(lines) + "\n"
 
 
 def publish_patch(store: ArtifactStore, key: str, verdict: Grade, local_dir: Path) -> None:
-    """The link to the stored patch and the diff itself, as artifacts of the current flow run (or, outside one,
-    of none: they are still listed under their keys)."""
+    """The link to the stored patch (when the store has links) and the diff itself, as artifacts of the current
+    flow run (or, outside one, of none: they are still listed under their keys)."""
     patch_file = local_dir / "patch.diff"
     if not patch_file.is_file():
         return
     where = store.uri(f"{key}/patch.diff")
+    link = store.link(f"{key}/patch.diff")
     status = verdict_word(verdict)
-    create_link_artifact(
-        link=store.link(f"{key}/patch.diff"),
-        link_text=where,
-        key=artifact_key("patch", key),
-        description=f"Patch for {verdict.instance_id} by {verdict.model} ({status}).",
-    )
+    if link is not None:
+        create_link_artifact(
+            link=link.url,
+            link_text=f"{where} ({link.until()})",
+            key=artifact_key("patch", key),
+            description=f"Patch for {verdict.instance_id} by {verdict.model} ({status}). The link "
+            f"{link.until()} (BUGSWEEP_STORE_LINK_DAYS); the object stays at {where}.",
+        )
     create_markdown_artifact(
-        patch_markdown(verdict, patch_file.read_text(encoding="utf-8", errors="replace"), where),
+        patch_markdown(verdict, patch_file.read_text(encoding="utf-8", errors="replace"), where, link),
         key=artifact_key("diff", key),
         description=f"The diff of {verdict.instance_id} by {verdict.model} ({status}).",
     )
 
 
-def publish_review(store: ArtifactStore, sweep: str) -> str | None:
+@dataclass(frozen=True)
+class ReviewPage:
+    """Where a sweep's review page was stored, and the link that opens it (None for a folder store)."""
+
+    uri: str
+    link: Link | None
+
+    def markdown(self) -> str:
+        """The page in a sentence of a summary."""
+        if self.link is None:
+            return f"Review page: `{self.uri}` (on the machine that ran the sweep)."
+        return f"[Review page]({self.link.url}) ({self.link.until()}; stored at `{self.uri}`)."
+
+
+def publish_review(store: ArtifactStore, sweep: str) -> ReviewPage:
     """The sweep's review page (every run in its folder of the store, this run's and earlier ones'), stored as
-    SWEEP/review.html and linked by an artifact; returns its link. Best effort: the grades are stored either way,
-    so a page that cannot be made or stored is logged and the sweep goes on (None)."""
+    SWEEP/review.html and linked by an artifact (when the store has links). Raises what stopped it: the flow
+    reports a page that could not be made on the run itself (a failed step, and its final state's message)."""
     from bugsweep.review import store_review
 
-    try:
-        key = store_review(store, key_part(sweep))
-    except BugsweepError as exc:
-        log.error("no review page for sweep %s: %s", sweep, exc)
-        return None
-    except (
-        Exception
-    ):  # a bug in making the page: its traceback in the log; the sweep's state stays the grades'
-        log.exception("no review page for sweep %s: making it failed", sweep)
-        return None
-    link = store.link(key)
-    create_link_artifact(
-        link=link,
-        link_text=store.uri(key),
-        key=artifact_key("sweep", sweep, "review"),
-        description=f"Review page of sweep {sweep}: every task's verdict, evidence, diff and timeline (one HTML file).",
-    )
-    return link
+    key = store_review(store, key_part(sweep))
+    page = ReviewPage(uri=store.uri(key), link=store.link(key))
+    if page.link is not None:
+        create_link_artifact(
+            link=page.link.url,
+            link_text=f"{page.uri} ({page.link.until()})",
+            key=artifact_key("sweep", sweep, "review"),
+            description=f"Review page of sweep {sweep}: every task's verdict, evidence, diff and timeline (one HTML "
+            f"file). The link {page.link.until()} (BUGSWEEP_STORE_LINK_DAYS); after that, `bugsweep review "
+            f"{store.uri(key_part(sweep))} -o review.html` makes it again.",
+        )
+    return page
 
 
 def made_by(local_dir: Path) -> str | None:

@@ -30,13 +30,15 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
 from bugsweep import branches, discover
+from bugsweep.attempts import resolved_at
 from bugsweep.discover import RepoBranch, TaskFile
 from bugsweep.errors import ConfigError, InfraError, SandboxGone, failure_kind, first_line
 from bugsweep.grading import Grade
+from bugsweep.pipeline import STEP_TIMEOUT_S, step_kind
 from bugsweep.settings import AgentSettings, BranchSettings
 from bugsweep.spec import TaskSpec
 from bugsweep.storage import ArtifactStore, UploadResult, upload_run
-from tasks.publish import artifact_key, publish_patch, publish_review
+from tasks.publish import ReviewPage, artifact_key, publish_patch, publish_review
 
 if TYPE_CHECKING:
     from prefect.client.schemas.objects import TaskRun
@@ -66,8 +68,6 @@ def retry_delays_s() -> list[float]:
 
 #: Margin added to the core's own limits, so the core's timeout (a clear result) fires before Prefect's.
 TIMEOUT_MARGIN_S = 300.0
-#: The core's default test and setup timeouts (bugsweep.pipeline).
-STEP_TIMEOUT_S = 1800.0
 
 R = TypeVar("R")
 
@@ -128,8 +128,12 @@ STEP_OPTIONS: dict[str, dict[str, Any]] = {
         "retry_condition_fn": retry_on_infra_in_sandbox,
         "timeout_seconds": STEP_TIMEOUT_S,
     },
+    # An attempt's own sandbox, made from the task state after setup (an attempt after the first): made again on
+    # an infrastructure failure, as the setup's.
+    "sandbox": {"retries": 2, "retry_condition_fn": retry_on_infra, "timeout_seconds": STEP_TIMEOUT_S},
     # Never retried: that would start the agent over and pay again for every turn made. A model endpoint outage is
-    # retried inside the turn by the model client (LLM_MAX_RETRIES), the one layer for it. Timeout: the agent's own.
+    # retried inside the turn by the model client (LLM_MAX_RETRIES), the one layer for it. Timeout: the agent's own
+    # wall-clock limit (max_wall_s) plus the margin; none when the run has none, as on the command line.
     "solve": {"retries": 0, "timeout_seconds": None},
     "regrade": {
         "retries": 1,
@@ -147,12 +151,20 @@ class PrefectSteps:
     """
 
     def __init__(self, agent_settings: AgentSettings) -> None:
-        self.agent_wall_s = agent_settings.max_wall_s or 3600.0
+        self.agent_wall_s = agent_settings.max_wall_s
         self.retry_delays_s = retry_delays_s()
 
+    def options(self, name: str) -> dict[str, Any]:
+        """Prefect's options for step `name` (of its kind: an attempt's 'solve-attempt-2' is a 'solve'): its retries,
+        and its backstop timeout (the core's own limit plus TIMEOUT_MARGIN_S; for solve the agent's wall-clock
+        limit, and none when the run has none)."""
+        options = dict(STEP_OPTIONS[step_kind(name)])
+        limit = options["timeout_seconds"] or self.agent_wall_s
+        options["timeout_seconds"] = None if limit is None else limit + TIMEOUT_MARGIN_S
+        return options
+
     def __call__(self, name: str, fn: Callable[..., R], /, *args: Any, **kwargs: Any) -> R:
-        options = dict(STEP_OPTIONS[name])
-        options["timeout_seconds"] = (options["timeout_seconds"] or self.agent_wall_s) + TIMEOUT_MARGIN_S
+        options = self.options(name)
         tries = 0
 
         @functools.wraps(fn)  # Prefect binds the step's parameters by fn's signature
@@ -161,9 +173,12 @@ class PrefectSteps:
             tries += 1
             return fn(*args, **kwargs)
 
+        # The task is named by the step's kind; an attempt's step runs under its own name ('solve-attempt-2').
+        kind = step_kind(name)
         step: Task[..., R] = Task(
-            counted, name=name, retry_delay_seconds=self.retry_delays_s, **options, **_STEP
-        )
+            counted, name=kind, task_run_name=None if name == kind else name,
+            retry_delay_seconds=self.retry_delays_s, **options, **_STEP,
+        )  # fmt: skip
         try:
             return step(*args, **kwargs)
         except InfraError as exc:
@@ -231,23 +246,29 @@ def list_tasks(
 
 
 @task(name="summarize", cache_policy=NO_CACHE, persist_result=False)
-def summarize(sweep: str, rows: list[dict[str, Any]], location: str, review: str | None = None) -> None:
+def summarize(
+    sweep: str, rows: list[dict[str, Any]], location: str, review: ReviewPage | None = None,
+    notes: list[str] | None = None,
+) -> None:  # fmt: skip
     """A markdown summary and a table artifact for the sweep: task, model, resolved, turns, tokens, cost, time;
-    `review`: the link to its review page."""
+    `review`: its review page; `notes`: what else the sweep decided or could not do, one line each (tasks skipped
+    as graded before, grades by another bugsweep, a review page not made)."""
     if not rows:
-        create_markdown_artifact(f"# Sweep `{sweep}`\n\nNo tasks.\n", key=artifact_key("sweep", sweep))
+        extra = "".join(f"\n- {note}.\n" for note in notes or [])
+        create_markdown_artifact(f"# Sweep `{sweep}`\n\nNo tasks.\n{extra}", key=artifact_key("sweep", sweep))
         return
     create_table_artifact(
         rows, key=artifact_key("sweep", sweep, "table"), description=f"Sweep {sweep}: every task."
     )
     create_markdown_artifact(
-        summary_markdown(sweep, rows, location, review), key=artifact_key("sweep", sweep)
+        summary_markdown(sweep, rows, location, review, notes), key=artifact_key("sweep", sweep)
     )
 
 
 @task(name="review-page", cache_policy=NO_CACHE, persist_result=False, timeout_seconds=600.0)
-def review_page(sweep: str, store: ArtifactStore) -> str | None:
-    """The sweep's review page, stored beside its runs and linked (tasks/publish.py); returns its link."""
+def review_page(sweep: str, store: ArtifactStore) -> ReviewPage:
+    """The sweep's review page, stored beside its runs and linked (tasks/publish.py). Fails (a failed step in the
+    UI) when the page could not be made or stored; the sweep says so in its final state."""
     return publish_review(store, sweep)
 
 
@@ -271,18 +292,22 @@ def describe_event(event: AgentEvent) -> str:
 
 #: The status of a summary row that is another configuration's grade of the task, found in the store.
 OTHER_CONFIGURATION = "other configuration (graded before)"
+#: The status of a summary row whose grade another bugsweep made, kept by choice (keep_graded_by_other_code).
+KEPT_OTHER_CODE = "kept: graded by another bugsweep"
 
 
 def summary_row(
     verdict: Grade, *, skipped: bool = False, uploaded_to: str | None = None, upload_failed: bool = False,
     reused: bool = False, other_configuration: bool = False, branch: str | None = None,
-    branch_error: str | None = None,
+    branch_error: str | None = None, kept_other_code: bool = False,
 ) -> dict[str, Any]:  # fmt: skip
     """One row of the sweep table. `ran` is False when the task has no grade (it could not be run, for any reason:
     an outage, configuration, a crash, or the task's own setup or tests), its result was not stored, or its
     resolved fix was not pushed as the branch asked for (`branch_error`; the grade stands)."""
     if other_configuration:
         status = OTHER_CONFIGURATION
+    elif kept_other_code:
+        status = KEPT_OTHER_CODE
     elif skipped:
         status = "skipped (graded before)"
     elif verdict.error:
@@ -313,6 +338,8 @@ def summary_row(
         "artifacts": uploaded_to or "",
         "suspicious": "; ".join(verdict.suspicious[:3]),
         "held_for_review": verdict.held_for_review,
+        "evidence": verdict.evidence,
+        "attempts": resolved_at(verdict),
     }
 
 
@@ -320,24 +347,48 @@ def _md_code(text: str) -> str:
     return "`" + text.replace("`", "'") + "`"
 
 
+def counts(rows: list[dict[str, Any]]) -> str:
+    """'3 resolved, 1 not resolved, 1 held for review, 2 could not run' for a sweep's own rows."""
+    ran = [r for r in rows if r["ran"]]
+    resolved = sum(1 for r in ran if r["resolved"])
+    held = sum(1 for r in ran if not r["resolved"] and r.get("held_for_review"))
+    return (
+        f"{resolved} resolved, {len(ran) - resolved - held} not resolved, {held} held for review, "
+        f"{len(rows) - len(ran)} could not run"
+    )
+
+
 def sweep_outcome(rows: list[dict[str, Any]]) -> str:
     """The sentence that says how a sweep ended, for its summary, its final state and the command line: COMPLETED
-    only when every task was graded and stored."""
+    only when every task was graded and stored; each task that was not, and why."""
     not_run = [r for r in rows if not r["ran"]]
     if not not_run:
-        return f"COMPLETED: all {len(rows)} task(s) graded"
-    names = ", ".join(f"{r['task']} ({r['status']})" for r in not_run[:10])
-    more = f" and {len(not_run) - 10} more" if len(not_run) > 10 else ""
-    return f"FAILED: {len(not_run)} of {len(rows)} task(s) could not be run or stored: {names}{more}"
+        return f"COMPLETED: {len(rows)} task(s) graded: {counts(rows)}"
+    names = "; ".join(f"{r['task']}: {r['status']}{': ' + r['reason'] if r.get('reason') else ''}"
+                      for r in not_run[:5])  # fmt: skip
+    more = f"; and {len(not_run) - 5} more" if len(not_run) > 5 else ""
+    return f"FAILED: {len(not_run)} of {len(rows)} task(s) could not be run or stored ({counts(rows)}). {names}{more}"
 
 
 def _cell(row: dict[str, Any]) -> str:
-    return "yes" if row["resolved"] else "held for review" if row.get("held_for_review") else "no"
+    """The resolved column: yes (on the exit code only; at which attempt, where a task had more than one), held
+    for review, or no."""
+    if row["resolved"]:
+        at = f" ({row['attempts']})" if row.get("attempts") else ""
+        return (
+            "yes (exit code only)" if str(row.get("evidence") or "").startswith("exit code") else "yes"
+        ) + at
+    return "held for review" if row.get("held_for_review") else "no"
 
 
-def summary_markdown(sweep: str, rows: list[dict[str, Any]], location: str, review: str | None = None) -> str:
+def summary_markdown(
+    sweep: str, rows: list[dict[str, Any]], location: str, review: ReviewPage | None = None,
+    notes: list[str] | None = None,
+) -> str:  # fmt: skip
     """The sweep's own configuration's rows are counted; other configurations' grades of the same tasks are listed
-    below them, side by side, and counted per configuration. `review`: the link to the sweep's review page."""
+    below them, side by side, and counted per configuration. `review`: the sweep's review page; `notes`: lines
+    said under the totals (tasks skipped as graded before, grades made by another bugsweep: run again or kept by
+    choice, a review page that could not be made)."""
     own = [r for r in rows if r["status"] != OTHER_CONFIGURATION]
     resolved = sum(1 for r in own if r["resolved"])
     failed = [r for r in own if r["status"].startswith("failed")]
@@ -353,7 +404,8 @@ def summary_markdown(sweep: str, rows: list[dict[str, Any]], location: str, revi
         f"{tokens:,} tokens; ${cost:.4f}. Configuration: "
         + (", ".join(f"`{c or '-'}` (policy {p or '-'})" for c, p in configs) or "-")
         + f". Artifacts: `{location}`."
-        + (f" [Review page]({review}): every task's evidence, diff and timeline." if review else ""),
+        + (f" {review.markdown()} Every task's evidence, diff and timeline." if review else ""),
+        *(["", *[f"- {note}." for note in notes]] if notes else []),
         "",
         "| task | model | policy | config | resolved | turns | tokens | cost (USD) | time (s) | status |",
         "| --- | --- | --- | --- | --- | ---: | ---: | ---: | ---: | --- |",

@@ -602,3 +602,41 @@ def test_read_files_description_says_what_each_policy_does_with_a_range() -> Non
 
     assert "the lines from start_line to end_line" in described(False)
     assert "A file of up to 20000 characters is returned whole." in described(True)
+
+
+def test_each_tool_is_declared_once_and_the_model_the_loop_and_the_prompt_agree(box: Toolbox) -> None:
+    """The schema sent to the model, the required arguments and types the loop checks, the tool the loop runs,
+    the system prompt's list and the error messages are all made from prompts.TOOLS: a tool added (or an argument
+    made required) in one place only fails here."""
+    import inspect
+    import re
+
+    names = [tool.name for tool in prompts.TOOLS]
+    schemas = {s["function"]["name"]: s["function"] for s in prompts.tool_schemas(300, 6000, 20000)}
+    assert list(schemas) == names == list(prompts.TOOL_NAMES) == list(prompts.ARGUMENT_SHAPES)
+    assert re.findall(r"^- (\w+): ", prompts.system_prompt(), re.M) == names, "the prompt lists every tool"
+    listed = prompts.unknown_tool("nope")
+    assert all(f"{name}" in listed for name in names), listed
+    for tool in prompts.TOOLS:
+        schema = schemas[tool.name]["parameters"]
+        assert list(schema["properties"]) == [a.name for a in tool.arguments]
+        assert schema["required"] == tool.required
+        method = getattr(Toolbox, tool.name)  # the tool the loop runs for this name
+        parameters = list(inspect.signature(method).parameters.values())[1:]
+        assert [p.name for p in parameters] == [a.name for a in tool.arguments], tool.name
+        assert [p.name for p in parameters if p.default is inspect.Parameter.empty] == tool.required, (
+            tool.name
+        )
+        for missing in tool.required:
+            sent = {a.name: "x" for a in tool.arguments if a.required and a.name != missing}
+            outcome = box.call(tool.name, sent)
+            assert outcome.format_error and f'"{missing}"' in outcome.content, (tool.name, missing)
+        for argument in (a for a in tool.arguments if a.kind == "string"):
+            sent = {**{a.name: "x" for a in tool.arguments if a.required}, argument.name: 3}
+            outcome = box.call(tool.name, sent)
+            assert (
+                outcome.format_error
+                and f'"{argument.name}" of {tool.name} must be a string' in outcome.content
+            )
+    finished = box.call("finish", {})
+    assert finished.finished and not finished.format_error, "finish's summary is optional, as its schema says"

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from bugsweep import cleanroom
+from bugsweep.grading import cleanroom
 from bugsweep.pipeline import solve_task
 from bugsweep.sandbox import get_provider
 from bugsweep.settings import AgentSettings, ModelSettings
@@ -220,7 +220,7 @@ UNITTEST_CALC = {
 
 
 def test_an_honest_fix_with_unittest_resolves_on_per_test_results(tmp_path: Path, scripted_model) -> None:
-    """unittest has per-test results too (recorded by the probe in the test process: bugsweep.tripwire)."""
+    """unittest has per-test results too (recorded by the probe in the test process: bugsweep.grading.probe)."""
     repo = make_repo(tmp_path / "u", UNITTEST_CALC)
     steps = [
         tool_call("edit_file", path="calc.py", old="return a - b", new="return a + b"),
@@ -242,15 +242,16 @@ def test_an_honest_fix_with_unittest_resolves_on_per_test_results(tmp_path: Path
     ids=["test-removed", "assertion-patched"],
 )
 def test_unittest_attacks(attack: str, tmp_path: Path, scripted_model) -> None:
-    """A removed test is a dropped change; a patched assertEqual passes every test, and the tripwire's must-fail
-    test (which asserts with assertEqual, as the failing test does) with them: not resolved, and flagged."""
+    """A removed test is a dropped change; a patched assertEqual passes every test, and the mirror run's false
+    assertion (an assertEqual, as the failing test asserts) with them: not resolved, and flagged."""
     repo = make_repo(tmp_path / "u", UNITTEST_CALC)
     steps = [tool_call("run", command=attack), tool_call("finish")]
     grade = _solve(repo, tmp_path / "out", steps, scripted_model, test_command="python -m unittest -v")
     assert grade["resolved"] is False and grade["failure_kind"] is None
     if "assertEqual" in attack:
         assert any("assertion" in s for s in grade["suspicious"]), grade["suspicious"]
-        assert grade["tripwire"]["subverted"] and "must-fail" in grade["reason"], grade["reason"]
+        assert grade["mirror"]["armed"] and grade["mirror"]["subverted"], grade["mirror"]
+        assert "changes verdicts" in grade["reason"], grade["reason"]
     else:
         assert grade["dropped"] == {"test_calc.py": "test file"}
 

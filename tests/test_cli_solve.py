@@ -79,8 +79,12 @@ def test_a_model_that_fixes_the_bug_is_resolved(buggy_repo: Path, tmp_path: Path
     trajectory = (out / "trajectory.json").read_text()
     assert "edit_file" in trajectory and "sk-test-SECRET" not in trajectory
     assert "1 failed" in (out / "tests_before.log").read_text()
-    after = (out / "tests_after.log").read_text()
-    assert "1 failed, 3 passed" in after and "must fail" in after, "the task's 2 tests and the tripwire's 2"
+    assert "2 passed" in (out / "tests_after.log").read_text()
+    mirrored = (out / "tests_mirror.log").read_text()
+    assert "1 failed, 1 passed" in mirrored and "the mirror run's false assertion" in mirrored, (
+        "test_add, made to fail"
+    )
+    assert grade["mirror"]["armed"] and grade["mirror"]["test"] == "tests/test_calc.py::test_add"
     # progress: one line per tool call, then the summary
     assert proc.stdout.count("edit_file") >= 1 and "RESOLVED" in proc.stdout
     assert "sk-test-SECRET" not in proc.stdout + proc.stderr

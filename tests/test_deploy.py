@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import sys
 import time
 import uuid
@@ -364,44 +365,106 @@ def test_a_person_fills_in_the_run_form_in_a_browser_and_the_run_completes(
     assert "sk-deploy-secret" not in json.dumps(run["parameters"])
 
 
-def test_the_nightly_deployed_with_a_tasks_file_is_resumed_and_a_worker_runs_it(
-    deployed: Deployed, tmp_path: Path
-) -> None:
-    """`bugsweep deploy --tasks FILE` (the first night's step): the nightly is deployed active, with the file's
-    absolute path as its source, and a run of it as the schedule makes it (no parameters given) completes on a
-    worker that runs in another folder, with the task's grade in S3."""
+@pytest.fixture(scope="module")
+def nightly(deployed: Deployed, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """`bugsweep deploy --tasks FILE` (the first night's step), then a run of the nightly as its schedule makes it
+    (no parameters), taken by a worker that runs in another folder: what `deploy` printed, the file, the run."""
+    tmp_path = tmp_path_factory.mktemp("nightly")
     repo = make_repo(tmp_path / "calc")
     tasks_file = tmp_path / "team" / "nightly.jsonl"
     tasks_file.parent.mkdir()
     dump_tasks([calc_task(repo, "calc-nightly")], tasks_file)
     bugsweep = [sys.executable, "-m", "bugsweep", "deploy", "--pool", POOL, "--heartbeat-s", str(HEARTBEAT_S)]
-
     out = " ".join(deployed.server.run([*bugsweep, "--tasks", str(tasks_file)], cwd=PROJECT).split())
+    run = deployed.wait(deployed.run_deployment("sweep/nightly-sweep", {}))
+    return {"out": out, "tasks_file": tasks_file, "run": run}
 
+
+def test_the_nightly_deployed_with_a_tasks_file_is_resumed_and_a_worker_runs_it(
+    deployed: Deployed, nightly: dict[str, Any]
+) -> None:
+    """`bugsweep deploy --tasks FILE`: the nightly is deployed active, with the file's absolute path as its source,
+    and a run of it as the schedule makes it completes on a worker, with the task's grade in S3 and a final
+    message that says what the night did."""
+    out, tasks_file, run = nightly["out"], nightly["tasks_file"], nightly["run"]
     assert "deployed sweep/nightly-sweep" in out and "nightly-sweep with its schedule PAUSED" not in out
-    nightly = deployed.api("GET", "/deployments/name/sweep/nightly-sweep")
-    assert nightly["paused"] is False
-    assert nightly["parameters"]["source"] == {"kind": "file", "path": str(tasks_file)}
-    fields = nightly["parameter_openapi_schema"]["properties"]
+    nightly_deployment = deployed.api("GET", "/deployments/name/sweep/nightly-sweep")
+    assert nightly_deployment["paused"] is False
+    assert nightly_deployment["parameters"]["source"] == {"kind": "file", "path": str(tasks_file)}
+    fields = nightly_deployment["parameter_openapi_schema"]["properties"]
     untitled = [
         n
         for n, f in fields.items()
         if not f.get("description") or f.get("title", n) == n or "_" in f.get("title", "")
     ]
     assert untitled == [], f"the sweep form shows raw names or no help for {untitled}"
-    assert "sk-deploy-secret" not in json.dumps(nightly), "no block's fields (a key) in a deployment"
+    assert "sk-deploy-secret" not in json.dumps(nightly_deployment), (
+        "no block's fields (a key) in a deployment"
+    )
     solve_bug = deployed.api("GET", "/deployments/name/solve-bug/solve-bug")
     assert "sk-deploy-secret" not in json.dumps(solve_bug) and "bugsweep-test-secret" not in json.dumps(
         solve_bug
     )
-    run = deployed.wait(deployed.run_deployment("sweep/nightly-sweep", {}))
     assert run["state"]["type"] == "COMPLETED", run["state"]
+    assert run["state"]["message"] == (
+        "sweep nightly COMPLETED: 1 task(s) graded: 1 resolved, 0 not resolved, 0 held for review, 0 could not run"
+    )
     assert (
         '"resolved": true'
         in deployed.store.get_bytes(
             f"{deployed.run_folder('nightly/calc-nightly/scripted-model')}/grade.json"
         ).decode()
     )
+
+
+@pytest.mark.skipif(
+    not CHROMIUM.exists(), reason="Debian's chromium is not installed (apt-get install chromium)"
+)
+def test_a_reviewer_opens_the_patch_and_the_review_page_from_the_run_page_on_a_private_bucket(
+    deployed: Deployed, nightly: dict[str, Any], tmp_path: Path
+) -> None:
+    """The morning in Chromium: the bucket is private (an anonymous GET is refused), yet from the nightly run's
+    page in the Prefect UI (its Artifacts tab, an artifact, its link) the patch opens as the diff and the review
+    page as the page, each link saying until when it opens."""
+    from playwright.sync_api import sync_playwright
+
+    folder = deployed.run_folder("nightly/calc-nightly/scripted-model")
+    patch = deployed.store.get_bytes(f"{folder}/patch.diff").decode()
+    endpoint = deployed.store.client.meta.endpoint_url
+    for key in (f"{folder}/patch.diff", "nightly/review.html"):
+        assert httpx.get(f"{endpoint}/{deployed.store.bucket}/runs/{key}").status_code == 403, (
+            "a private bucket"
+        )
+    base = deployed.server.api_url.removesuffix("/api")
+    digest = folder.rsplit("/", 1)[1]
+    wanted = {
+        f"patch-nightly-calc-nightly-scripted-model-{digest}": "+    return a + b",
+        "sweep-nightly-review": "",
+    }
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=["--no-sandbox"])
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1400})
+            for key, expected in wanted.items():
+                page.goto(f"{base}/runs/flow-run/{nightly['run']['id']}")
+                page.locator("li.p-tab#artifacts").click()
+                page.get_by_text(key, exact=True).click(timeout=60_000)  # the artifact's card: its own page
+                link = page.locator("a.markdown-renderer__link").first
+                link.wait_for(timeout=60_000)
+                assert "opens until" in link.inner_text(), link.inner_text()
+                with page.context.expect_page() as opened:  # the UI opens links in a new tab
+                    link.click()
+                tab = opened.value
+                tab.wait_for_load_state()
+                if expected:  # the patch: the diff as text, exactly what the store holds
+                    assert tab.locator("body").inner_text().strip() == patch.strip()
+                else:  # the review page: the page itself, listing the night's task with its verdict
+                    row = tab.locator("#index tbody tr", has_text="calc-nightly")
+                    assert row.locator("td.verdict").inner_text() == "resolved"
+                tab.screenshot(path=str(tmp_path / f"{key}.png"))
+                tab.close()
+        finally:
+            browser.close()
 
 
 def test_a_sweep_fans_out_to_both_workers_and_collects_every_grade(
@@ -445,9 +508,9 @@ def test_a_sweep_fans_out_to_both_workers_and_collects_every_grade(
 
 def sandboxes_of(pid: int, state_dir: Path | None = None) -> list[Path]:
     """The local sandboxes a process made (their meta.json names the owner process)."""
-    import tempfile
+    from bugsweep.sandbox.local.stale import default_state_dir
 
-    root = state_dir or Path(tempfile.gettempdir()) / "bugsweep-sandboxes"
+    root = state_dir or default_state_dir()
     found = []
     for meta in root.glob("local-*/meta.json"):
         try:
@@ -566,16 +629,20 @@ def test_cancelling_a_sweep_on_workers_cancels_its_task_runs(deployed: Deployed,
 
 
 # Last in the module: it stops the module's workers.
-def test_a_worker_killed_with_its_run_mid_solve_ends_crashed_and_the_next_worker_cleans_up_and_reruns_it(
+def test_a_worker_killed_with_its_run_mid_solve_is_cleaned_up_by_a_live_worker_of_its_user_and_rerun(
     deployed: Deployed, tmp_path: Path
 ) -> None:
     """SIGKILL a worker and its flow-run process while the agent waits for the model (an OOM kill, a lost node).
-    Nothing in the dead process can report: the crash automation `bugsweep deploy` shipped marks the run Crashed once
-    its heartbeats stop, the rerun automation schedules it again, and the next `bugsweep worker` on the machine
-    removes the sandbox's mount, cgroups and folder before it takes the run and grades the task."""
+    Another user's bugsweep (with the powers to unmount and delete them, pointed at the folder) leaves the run's
+    sandbox alone; the live `bugsweep worker` of the same user on the machine removes its mounts, cgroups and
+    folder within a minute, without a new process starting. Nothing in the dead process can report: the crash
+    automation `bugsweep deploy` shipped marks the run Crashed once its heartbeats stop, the rerun automation
+    schedules it again, and the live worker runs it and grades the task."""
     import contextlib
     import os
     import signal
+
+    from tests.support.leftovers import as_user, other_user
 
     for proc in deployed.server.processes[
         1:
@@ -596,13 +663,45 @@ def test_a_worker_killed_with_its_run_mid_solve_ends_crashed_and_the_next_worker
     run_id, flow_run_pid, sandboxes = start_stalling_run(
         deployed, make_repo(tmp_path / "calc"), "KILL-ME", state_dir
     )
+    # a second worker of the same user on the machine, started once the doomed one holds the run
+    deployed.server.spawn(
+        "worker-live", [*bugsweep_worker, "--name", "worker-live"], cwd=tmp_path, **fast_polling
+    )
+    deadline = time.monotonic() + 120
+    while "starting: prefect worker start" not in deployed.worker_log("worker-live"):
+        assert time.monotonic() < deadline, deployed.worker_log("worker-live")[-2000:]
+        time.sleep(0.5)
 
     with contextlib.suppress(ProcessLookupError):
         os.killpg(doomed.pid, signal.SIGKILL)  # the worker, and the flow-run process if it shares its group
     with contextlib.suppress(ProcessLookupError):
         os.kill(flow_run_pid, signal.SIGKILL)
+    killed_at = time.monotonic()
     doomed.wait(timeout=30)
     KILLED["rerun"] = True  # the rerun's agent gets the fix
+    assert sandbox_leftovers(sandboxes), "the killed run's sandbox is left behind"
+
+    uid, gid = other_user(tmp_path / "other-home")
+    other = subprocess.run(
+        [*as_user(uid, gid), sys.executable, "-m", "bugsweep", "sandboxes", "cleanup"],
+        env={**os.environ, "HOME": str(tmp_path / "other-home"), "BUGSWEEP_SANDBOX_STATE_DIR": str(state_dir)},
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert other.returncode == 0 and "0 left-over local sandbox(es) removed" in other.stdout, other
+    removed_line = f"removed {sandboxes[0].name} (left by process {flow_run_pid}"
+    assert sandbox_leftovers(sandboxes) or removed_line in " ".join(
+        deployed.worker_log("worker-live").split()
+    ), "another user's process left them (unless the live worker had removed them already)"
+
+    def said_removed() -> bool:  # the worker says what it removed once it has removed it
+        return removed_line in " ".join(deployed.worker_log("worker-live").split())
+
+    while (sandbox_leftovers(sandboxes) or not said_removed()) and time.monotonic() - killed_at < 60:
+        time.sleep(0.5)
+    assert sandbox_leftovers(sandboxes) == [] and not any(d.exists() for d in sandboxes), (
+        f"still there a minute after the kill; worker logs in {deployed.server.logs}"
+    )
+    assert said_removed(), "by the live worker of the same user"
 
     def states() -> list[dict[str, Any]]:
         return list(deployed.api("GET", "/flow_run_states/", params={"flow_run_id": run_id}))
@@ -612,30 +711,10 @@ def test_a_worker_killed_with_its_run_mid_solve_ends_crashed_and_the_next_worker
         time.sleep(1)
     (crashed,) = [st for st in states() if st["type"] == "CRASHED"]
     assert "no heartbeat" in crashed["message"]
-    deadline = time.monotonic() + 60
-    while deployed.api("GET", f"/flow_runs/{run_id}")["state"]["type"] != "SCHEDULED":
-        assert time.monotonic() < deadline, states()[-1]
-        time.sleep(1)
-    assert deployed.api("GET", f"/flow_runs/{run_id}")["state"]["name"] == "AwaitingRetry"
-    assert sandbox_leftovers(sandboxes), "nothing on the machine cleaned up yet (no process of ours was left)"
-
-    deployed.server.spawn(
-        "worker-next", [*bugsweep_worker, "--name", "worker-next"], cwd=tmp_path, **fast_polling
-    )
-    deadline = time.monotonic() + 120
-    while (
-        "starting: prefect worker start" not in deployed.worker_log("worker-next")
-        and time.monotonic() < deadline
-    ):
-        time.sleep(0.5)
-    log = deployed.worker_log("worker-next")
-    assert "starting: prefect worker start" in log, log[-2000:]
-    assert f"removed {sandboxes[0].name} (left by process {flow_run_pid}" in " ".join(log.split())
-    assert sandbox_leftovers(sandboxes) == [] and not any(d.exists() for d in sandboxes)
-
     run = deployed.wait(run_id, timeout_s=240)
     assert run["state"]["type"] == "COMPLETED", run["state"]
     assert run["run_count"] == 2, "run once more, as the same flow run"
+    assert any(st["name"] == "AwaitingRetry" for st in states())
     grade = json.loads(
         deployed.store.get_bytes(f"{deployed.run_folder('KILL-ME/calc-kill-me/scripted-model')}/grade.json")
     )

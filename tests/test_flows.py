@@ -38,6 +38,7 @@ RUN_FILES = {
     "trajectory.json",
     "tests_before.log",
     "tests_after.log",
+    "tests_mirror.log",  # the regrade's mirror run (grade.json `mirror`)
     "task.json",
     "run.json",
     "setup.log",  # the tasks install pytest in their setup
@@ -110,12 +111,12 @@ def whole(task: TaskSpec) -> dict[str, Any]:
 
 
 def flow_kwargs(made: dict[str, Any], **limits: Any) -> dict[str, Any]:
-    from flows.common import AgentLimits
+    from flows.common import AgentChoices
 
     return {
         "model": made["model"],
         "store": made["store"],
-        "limits": AgentLimits(max_turns=limits.get("max_turns", 6)),
+        "limits": AgentChoices(max_turns=limits.get("max_turns", 6)),
     }
 
 
@@ -187,12 +188,14 @@ def test_solve_bug_resolves_and_puts_the_run_folder_in_s3(blocks, scripted_model
     link = Artifact.get(f"patch-nightly-calc-add-scripted-model-{grade.config_digest}")
     assert link is not None and link.type == "markdown"  # Prefect stores a link artifact as markdown
     assert f"/{store.bucket}/runs/{run_dir}/patch.diff" in str(link.data)
-    # a lasting address with no key in it, that the S3 server itself answers for (the bucket's keys are needed)
-    lasting = str(link.data).split("](")[1].rstrip(")")
-    assert "X-Amz" not in lasting and "Signature" not in lasting and "bugsweep-test" not in lasting
-    assert httpx.get(lasting, timeout=10).status_code in (200, 403)
+    # a presigned link: it opens the patch from the private bucket, without the bucket's keys, until it expires
+    presigned = str(link.data).split("](")[1].split(")")[0]
+    assert "bugsweep-test-secret" not in presigned and "opens until" in str(link.data)
+    opened = httpx.get(presigned, timeout=10)
+    assert opened.status_code == 200 and opened.text == patch
     diff = Artifact.get(f"diff-nightly-calc-add-scripted-model-{grade.config_digest}")
     assert diff is not None and "+    return a + b" in str(diff.data) and "resolved" in str(diff.data)
+    assert "Failing before: `tests/test_calc.py::test_add`. Passing after: all of them." in str(diff.data)
 
 
 def test_solve_bug_not_resolved_is_a_grade_not_a_failure(blocks, scripted_model, buggy_repo: Path) -> None:
@@ -299,6 +302,10 @@ def test_s3_down_for_a_whole_run_keeps_the_grade_and_the_next_run_uploads_it_wit
     assert "bugsweep upload" in str(info.value)
     (upload,) = step_runs(state, "upload")
     assert upload.run_count == 1, "the store's tries are the one retry layer: the upload step is not retried"
+    logs = run_logs(state.state_details.flow_run_id)
+    assert "Task run failed with exception: StorageError" in logs and "Traceback" not in logs, (
+        "a store that refuses: one line in the step's log, not a traceback"
+    )
     folder = Path(str(info.value).split("the artifacts are kept in ")[1].split(")")[0])
     assert {p.name for p in folder.iterdir()} == RUN_FILES | {PENDING_FILE}
     assert json.loads((folder / "grade.json").read_text())["resolved"] is True
@@ -385,7 +392,10 @@ def test_a_sweep_with_tasks_that_could_not_run_is_failed_and_says_why_and_a_reru
         and "exited with 3" in by_id["calc-broken-setup"].error
     )
     assert by_id["calc-no-runner"].failure_kind == "task" and "cannot run" in by_id["calc-no-runner"].error
-    assert "FAILED: 2 of 3 task(s) could not be run" in str(failed.value)
+    assert (
+        "FAILED: 2 of 3 task(s) could not be run or stored (1 resolved, 0 not resolved, 0 held for review, 2 could not run)"
+        in str(failed.value)
+    )
     store = made["_store"]
     assert store.exists(f"nightly/calc-a/scripted-model/{by_id['calc-a'].config_digest}/grade.json")
     table = Artifact.get("sweep-nightly-table")
@@ -409,6 +419,8 @@ def test_a_sweep_with_tasks_that_could_not_run_is_failed_and_says_why_and_a_reru
     }
     summary = str(Artifact.get("sweep-nightly").data)  # type: ignore[union-attr]
     assert "calc-a | scripted-model" in summary and "skipped (graded before)" in summary
+    assert "1 task(s) already graded under this configuration were not run again (redo_graded" in summary
+    assert "not run again (redo_graded" in str(again.value), "the final state says so too"
 
 
 def test_sweep_from_a_branch_makes_a_task_of_each_failing_test_file(
@@ -426,15 +438,39 @@ def test_sweep_from_a_branch_makes_a_task_of_each_failing_test_file(
     head = commit_all(repo, "more tests")
     server = scripted_model([fixer] * 10)
     made = blocks(server)
+    # something in the sweep's folder that is no bugsweep grade: its review page cannot be made
+    made["_store"].put_bytes("branch/stray/m/c0/grade.json", b"not a grade")
 
-    grades = sweep(source=RepoBranch(repo=str(repo), branch="main"), name="branch", **flow_kwargs(made))
+    state = sweep(
+        source=RepoBranch(repo=str(repo), branch="main"),
+        name="branch",
+        return_state=True,
+        **flow_kwargs(made),
+    )
+    grades = state.result()
 
     assert len(grades) == 1, "only tests/test_calc.py fails"
     (grade,) = grades
     assert grade.instance_id == f"calc2-tests-test-calc-py-{head[:10]}"
     assert grade.resolved and grade.FAIL_TO_PASS == ["tests/test_calc.py::test_add"]
     summary = str(Artifact.get("sweep-branch").data)  # type: ignore[union-attr]
-    assert "**COMPLETED: all 1 task(s) graded**" in summary and "Could not be run" not in summary
+    assert (
+        "**COMPLETED: 1 task(s) graded: 1 resolved, 0 not resolved, 0 held for review, 0 could not run**"
+        in summary
+    )
+    assert "Could not be run" not in summary
+    # the page that could not be made is on the run itself: a failed step, a line of the summary and of the state
+    assert "- No review page: " in summary and "stray/m/c0/grade.json is not a bugsweep grade" in summary
+    assert state.is_completed() and "; No review page: " in (state.message or ""), state.message
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    with get_client(sync_client=True) as client:
+        task_runs = client.read_task_runs(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[state.state_details.flow_run_id]))
+        )
+    (page_step,) = [r for r in task_runs if r.name.startswith("review-page")]
+    assert page_step.state is not None and page_step.state.is_failed()
 
 
 # -- retries: infrastructure only ---------------------------------------------------------------------------------
@@ -509,8 +545,8 @@ def test_a_sandbox_outage_is_retried_and_the_task_still_graded(
 
     outcome = run_one_with(provider, server, made, calc_task(buggy_repo, "calc-flaky-sandbox"), tmp_path)
 
-    # the failed create, the setup step's second try, and the regrade's fresh sandbox
-    assert provider.calls == 3, "the setup step ran again after the infrastructure failure"
+    # the failed create, the setup step's second try, and the regrade's two fresh sandboxes (the mirror pair)
+    assert provider.calls == 4, "the setup step ran again after the infrastructure failure"
     assert outcome.grade.resolved and outcome.grade.error is None
 
 
@@ -546,6 +582,10 @@ def test_a_model_url_that_refuses_connections_fails_the_run_at_once_naming_the_u
     steps = [r.name for r in runs if r.name.split("-")[0] in ("setup", "baseline", "solve", "regrade")]
     assert [n for n in steps if n != "solve-one"] == [], (
         "no step ran: the endpoint was checked before the setup"
+    )
+    assert state.message.startswith("config failure: ") and url in state.message, state.message
+    assert "Traceback" not in run_logs(state.state_details.flow_run_id), (
+        "an outcome bugsweep expects: one line"
     )
 
 
@@ -673,8 +713,9 @@ def test_bugsweep_sweep_command_runs_the_flow_and_a_task_that_cannot_run_fails_t
     assert result.exit_code == 2, result.output
     assert "1 of 2 resolved" in result.output
     assert (
-        "FAILED: 1 of 2 task(s)" in result.output and "calc-missing-repo (failed (config))" in result.output
+        "FAILED: 1 of 2 task(s)" in result.output and "calc-missing-repo: failed (config): " in result.output
     )
+    assert "Traceback" not in result.output, "an outcome bugsweep expects: one line, no traceback"
     assert "agent policy: plain" in result.output
     assert [k for k in made["_store"].list("cli/calc-cli/scripted-model") if k.endswith("/patch.diff")]
     summary = Artifact.get("sweep-cli")
@@ -686,30 +727,64 @@ def test_bugsweep_sweep_command_runs_the_flow_and_a_task_that_cannot_run_fails_t
             limit=1,
         )
     assert last.state is not None and last.state.is_failed()
+    assert last.state.message and last.state.message.startswith("sweep cli FAILED: 1 of 2 task(s)")
+    logs = run_logs(last.id)
+    assert "Traceback" not in logs and "Encountered exception" not in logs, logs[-3000:]
 
 
-def test_a_rerun_skips_only_real_grades_for_the_same_commit(tmp_path: Path) -> None:
-    """The skip rule on its own (no Prefect): a stored grade counts only if it is a grade and for this commit."""
+def run_logs(flow_run_id: Any) -> str:
+    """Every log line of a flow run and its task runs, as the server holds them (the UI's Logs tab)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+    from prefect.logging.handlers import APILogWorker
+
+    APILogWorker.drain_all(timeout=10)
+    with get_client(sync_client=True) as client:
+        found = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])))
+    return "\n".join(entry.message for entry in found)
+
+
+def test_a_rerun_skips_only_real_grades_of_the_same_task(tmp_path: Path) -> None:
+    """The skip rule on its own (no Prefect): a stored grade counts only if it is a grade and its task.json is the
+    same task (bugsweep.spec.same_task, the rule the kept-grade check uses too): another commit, test command,
+    setup, test patch or named tests is another task; its history (when it was added) is not."""
     from bugsweep.grading import Grade
     from bugsweep.storage import LocalStore
     from flows.common import previous_grade
+    from flows.solve_bug import kept_grade
 
     store = LocalStore(tmp_path / "store")
     spec = calc_task(tmp_path / "repo", "calc-1", base_commit="a" * 40)
 
-    def stored(grade: Grade, commit: str) -> None:
+    def stored(grade: Grade, **task: Any) -> None:
         store.put_bytes("s/calc-1/m/grade.json", grade.model_dump_json().encode())
-        store.put_bytes(
-            "s/calc-1/m/task.json", spec.model_copy(update={"base_commit": commit}).model_dump_json().encode()
-        )
+        store.put_bytes("s/calc-1/m/task.json", spec.model_copy(update=task).model_dump_json().encode())
 
     assert previous_grade(store, "s/calc-1/m", spec) is None, "nothing stored yet"
-    stored(Grade(instance_id="calc-1", resolved=False), "a" * 40)
+    stored(Grade(instance_id="calc-1", resolved=False))
     assert previous_grade(store, "s/calc-1/m", spec) is not None, "not resolved is still a grade"
-    stored(Grade(instance_id="calc-1", resolved=True), "b" * 40)
-    assert previous_grade(store, "s/calc-1/m", spec) is None, "graded at another commit"
-    stored(Grade(instance_id="calc-1", error="setup failed", failure_kind="task"), "a" * 40)
+    graded = Grade(instance_id="calc-1", model="m", config_digest="c0ffee", resolved=True)
+    folder = tmp_path / "store" / "s/calc-1/m"
+    stored(graded, added_at="2026-01-01T00:00:00Z", fix_commit="f" * 40)
+    (folder / "upload-pending.json").write_text(json.dumps({"key": "s/calc-1/m"}))
+    assert previous_grade(store, "s/calc-1/m", spec) is not None, "the same task, whenever it was added"
+    assert kept_grade(folder, spec, "m", "c0ffee") is not None, (
+        "the same task's grade, kept after its upload failed"
+    )
+    for edited in (
+        {"base_commit": "b" * 40}, {"test_command": "python -m pytest -q -x"}, {"setup_command": "pip install -e ."},
+        {"FAIL_TO_PASS": ["tests/test_calc.py::test_add"]}, {"test_patch": "diff --git a/x b/x"}, {"python": "python3.12"},
+    ):  # fmt: skip
+        stored(graded, **edited)
+        assert previous_grade(store, "s/calc-1/m", spec) is None, f"graded as another task: {edited}"
+        assert kept_grade(folder, spec, "m", "c0ffee") is None, f"a kept grade of another task: {edited}"
+    stored(Grade(instance_id="calc-1", error="setup failed", failure_kind="task"))
     assert previous_grade(store, "s/calc-1/m", spec) is None, "a failure is tried again"
+    store.put_bytes(
+        "s/calc-1/m/grade.json", Grade(instance_id="calc-1", resolved=True).model_dump_json().encode()
+    )
+    (tmp_path / "store" / "s/calc-1/m/task.json").unlink()
+    assert previous_grade(store, "s/calc-1/m", spec) is None, "no task.json: nothing says what was graded"
 
 
 def test_a_sweep_on_workers_without_the_deployment_says_to_deploy(
@@ -799,10 +874,13 @@ def test_the_flow_and_the_cli_grade_a_task_the_same_through_the_same_function(
 
     assert but_the_address(flow_grade.config or {}) == but_the_address(cli_grade["config"])
     assert flow_grade.resolved and cli_grade["resolved"]
-    # the tripwire's canary has a name of its own in every regrade; what it saw is the same
-    measured.add("tripwire")
-    assert flow_grade.tripwire is not None
-    assert {**flow_grade.tripwire.model_dump(), "canary": None} == {**cli_grade["tripwire"], "canary": None}
+    assert flow_grade.mirror is not None and flow_grade.mirror.model_dump() == cli_grade["mirror"]
+    # each attempt's record: the same but for its clock
+    measured.add("attempts")
+    clock = {"wall_s", "agent_wall_s"}
+    assert [a.model_dump(exclude=clock) for a in flow_grade.attempts] == [
+        {k: v for k, v in a.items() if k not in clock} for a in cli_grade["attempts"]
+    ]
     assert flow_grade.model_dump(exclude=measured) == {
         k: v for k, v in cli_grade.items() if k not in measured
     }

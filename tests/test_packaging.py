@@ -38,6 +38,21 @@ def test_the_wheel_holds_every_package_the_pipeline_imports(tmp_path: Path) -> N
     # prefect.yaml is not in the wheel: `bugsweep deploy` runs in the project folder, as the docs say.
     assert not any(name.endswith("prefect.yaml") for name in names)
 
+    # The code a grade names (runconfig.code_digest) is the same for the wheel, imported from where it is unpacked
+    # (as pip installs it), and for this checkout (installed editable): exact either way.
+    from bugsweep.runconfig import code_digest
+
+    site = tmp_path / "site"
+    zipfile.ZipFile(wheel).extractall(site)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    shown = subprocess.run(
+        [sys.executable, "-c", "import bugsweep, bugsweep.runconfig as r; print(bugsweep.__file__, r.code_digest())"],
+        env={**env, "PYTHONPATH": str(site)}, cwd=tmp_path, capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    imported_from, digest = shown.stdout.split()
+    assert Path(imported_from).is_relative_to(site), "the wheel's bugsweep was imported"
+    assert digest == code_digest(), "the wheel and the editable checkout name the same code"
+
 
 def docker_unavailable() -> str | None:
     """Why the image cannot be built here, or None."""

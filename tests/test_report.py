@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from datetime import UTC, datetime
 
 import pytest
 
@@ -223,3 +224,59 @@ def test_a_run_held_for_review_counts_as_not_resolved_and_is_listed() -> None:
     rows = [summary_row(g, uploaded_to="") for g in (flagged, clean)]
     summary = summary_markdown("nightly", rows, "s3://b/nightly")
     assert "**1 of 2** tasks resolved" in summary and "| t1 | m | - | - | held for review |" in summary
+    assert (
+        "**COMPLETED: 2 task(s) graded: 1 resolved, 0 not resolved, 1 held for review, 0 could not run**"
+        in summary
+    )
+
+
+def test_the_diff_artifact_of_an_unresolved_task_says_which_tests_failed_before() -> None:
+    """What the grade says, the artifact says: a task left unresolved lists the tests that failed before (they
+    failed after too), not "Failing before: -"; a fix that broke another test says so."""
+    from bugsweep.grading import TestRun, grade
+    from bugsweep.storage import Link
+    from tasks.publish import patch_markdown
+
+    def run(a: str, b: str, code: int) -> TestRun:
+        return TestRun(command="pytest", exit_code=code, timed_out=False, log="", duration_s=0.1,
+                       tests={"t::a": a, "t::b": b})  # fmt: skip
+
+    unresolved = grade(instance_id="t1", before=run("failed", "passed", 1), after=run("failed", "failed", 1))
+    assert (
+        not unresolved.resolved
+        and unresolved.FAIL_TO_FAIL == ["t::a"]
+        and unresolved.PASS_TO_FAIL == ["t::b"]
+    )
+    text = patch_markdown(unresolved, "diff --git a/x b/x\n", "s3://b/runs/n/t1/m/c/patch.diff")
+    assert "Failing before: `t::a`. Still failing after: all of them. Broken by the change: `t::b`." in text
+    assert "Failing before: -" not in text and "Stored at `s3://b/runs/n/t1/m/c/patch.diff`." in text
+    link = Link("https://s3.example/b/x?X-Amz-Signature=1", datetime(2026, 12, 11, 9, 0, tzinfo=UTC))
+    linked = patch_markdown(unresolved, "+x\n", "s3://b/x", link)
+    assert (
+        "[the whole patch](https://s3.example/b/x?X-Amz-Signature=1) (opens until 2026-12-11 09:00 UTC)"
+        in linked
+    )
+
+
+def test_a_grade_on_the_exit_code_alone_is_shown_apart() -> None:
+    """Without per-test results (another runner) the exit code decides and no mirror run checks the test process:
+    such a resolved run counts, and the comparison, the sweep's summary and the review page say what it rests on."""
+    from bugsweep.grading import TestRun, grade, verdict_label
+    from bugsweep.review.page import verdict_class
+    from tasks.steps import summary_markdown, summary_row
+
+    def run(code: int) -> TestRun:
+        return TestRun(command="./run-tests.sh", exit_code=code, timed_out=False, log="", duration_s=0.1)
+
+    bare = grade(instance_id="t1", before=run(1), after=run(0))
+    assert bare.resolved and bare.evidence == "exit code"
+    assert verdict_label(bare) == "resolved (exit code only)"
+    assert verdict_class(verdict_label(bare)) == "resolved-exit-code-only"
+    bare.model = "m"
+    report = build_report([RunRecord.from_grade(bare, model="m", run=0)])
+    assert report.models[0].exit_code_only == 1
+    text = render_markdown(report)
+    assert "| m | 1/1 (1 exit code only) |" in text and "## Resolved on the exit code alone" in text
+    assert "Resolved on the exit code alone" in render_html(report)
+    summary = summary_markdown("nightly", [summary_row(bare, uploaded_to="")], "s3://b/nightly")
+    assert "| t1 | m | - | - | yes (exit code only) |" in summary

@@ -16,7 +16,6 @@ import struct
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from html.parser import HTMLParser
@@ -42,6 +41,7 @@ HOSTILE_SUMMARY = "done </script><script>alert(1)</script>"
 HOSTILE_COMMAND = "echo '<img src=x onerror=alert(2)>' && python -m pytest -q"
 HOSTILE_REPLY = "Let me look.</pre></details><script>alert(3)</script><b>bold</b>"
 VIEWPORT = {"width": 1280, "height": 900}
+SECRET_KEY_TEXT = "bugsweep-test-secret"
 
 
 def review(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -239,33 +239,37 @@ SWEEP_VERDICTS = {
 }
 
 
+#: Sweeps whose names share a beginning, in one bucket: each must see only its own runs. `nightly` (the four
+#: verdicts above) runs last, after the other two have stored theirs beside it.
+OTHER_SWEEPS = {"nightly-fail": ["calc-broken-setup"], "nightly-x": ["calc-fix"]}
+
+
 @pytest.fixture(scope="module")
 def s3_sweep(
     prefect_harness: None, seaweed: Any, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[dict[str, Any]]:
-    """The `sweep` flow on four tasks, one of each verdict, its results in a new SeaweedFS bucket
-    (BUGSWEEP_STORE_URL=s3://BUCKET/runs, as a user configures it without blocks)."""
+    """The `sweep` flow in one new SeaweedFS bucket (BUGSWEEP_STORE_URL=s3://BUCKET/runs, as a user configures it
+    without blocks): `nightly-fail` (a task that cannot run), `nightly-x` (calc-fix under another turn budget, so
+    another configuration), then `nightly` on four tasks, one of each verdict."""
     from prefect.artifacts import Artifact
 
     from bugsweep.discover import TaskFile
-    from flows.common import AgentLimits
+    from flows.common import AgentChoices
     from flows.sweep import SweepFailed, sweep
     from tests.support.seaweed import ACCESS_KEY, SECRET_KEY
 
     tmp = tmp_path_factory.mktemp("sweep")
     repo = make_repo(tmp / "calc")
     text = {"calc-fix": "FIX", "calc-hold": "HOLD", "calc-give-up": "GIVE UP", "calc-broken-setup": "FIX"}
-    specs = [
-        TaskSpec(
+    specs = {
+        task: TaskSpec(
             instance_id=task, repo=str(repo), problem_statement=f"{text[task]}: tests/test_calc.py::test_add fails",
             test_command="python -m pytest -q",
             setup_command="echo 'no such package' >&2; exit 3" if task == "calc-broken-setup" else PYTEST_SETUP,
         )
         for task in SWEEP_VERDICTS
-    ]  # fmt: skip
-    dump_tasks(specs, tmp / "nightly.jsonl")
+    }  # fmt: skip
     store = seaweed.new_store(prefix="runs")
-    sweep_name = f"nightly-{uuid.uuid4().hex[:6]}"
     env = {
         "BUGSWEEP_STORE_URL": f"s3://{store.bucket}/runs",
         "BUGSWEEP_STORE_ENDPOINT_URL": seaweed.endpoint_url,
@@ -274,16 +278,22 @@ def s3_sweep(
         "BUGSWEEP_STORE_LOCAL_DIR": str(tmp / "local"),
         "BUGSWEEP_STORE_ATTEMPTS": "2",
     }
-    with ScriptedModelServer([answer] * 20) as server, pytest.MonkeyPatch.context() as mp:
+    states = {}
+    with ScriptedModelServer([answer] * 30) as server, pytest.MonkeyPatch.context() as mp:
         for name, value in {**env, "LLM_BASE_URL": server.base_url, "LLM_MODEL": "scripted-model",
                             "LLM_API_KEY": "sk-test-secret"}.items():  # fmt: skip
             mp.setenv(name, value)
-        with pytest.raises(SweepFailed):  # one task could not run: the sweep ends FAILED, the others graded
-            sweep(source=TaskFile(path=str(tmp / "nightly.jsonl")), name=sweep_name, concurrency=2,
-                  limits=AgentLimits(max_turns=4))  # fmt: skip
-        summary = Artifact.get(f"sweep-{sweep_name}")
-        link = Artifact.get(f"sweep-{sweep_name}-review")
-    yield {"store": store, "name": sweep_name, "env": env, "summary": summary, "link": link, "tmp": tmp}
+        for name, tasks in [*OTHER_SWEEPS.items(), ("nightly", list(SWEEP_VERDICTS))]:
+            dump_tasks([specs[t] for t in tasks], tmp / f"{name}.jsonl")
+            states[name] = sweep(source=TaskFile(path=str(tmp / f"{name}.jsonl")), name=name, concurrency=2,
+                                 limits=AgentChoices(max_turns=5 if name == "nightly-x" else 4), return_state=True)  # fmt: skip
+        # one task of nightly could not run: it ends FAILED, the others graded
+        with pytest.raises(SweepFailed):
+            states["nightly"].result()
+        summaries = {name: Artifact.get(f"sweep-{name}") for name in states}
+        link = Artifact.get("sweep-nightly-review")
+    yield {"store": store, "name": "nightly", "env": env, "summary": summaries["nightly"], "link": link,
+           "tmp": tmp, "states": states, "summaries": summaries}  # fmt: skip
 
 
 @pytest.mark.prefect
@@ -291,6 +301,10 @@ def s3_sweep(
 def test_the_sweep_flow_stores_its_review_page_beside_the_results_and_links_it(
     s3_sweep: dict[str, Any],
 ) -> None:
+    """The page is in the bucket and the link artifact and the summary link to it: a presigned link that opens
+    the page from a private bucket (an anonymous GET is refused), saying until when."""
+    import httpx
+
     store, name = s3_sweep["store"], s3_sweep["name"]
     key = f"{name}/review.html"
     assert store.exists(key), store.list(name)
@@ -298,14 +312,45 @@ def test_the_sweep_flow_stores_its_review_page_beside_the_results_and_links_it(
     for task in SWEEP_VERDICTS:
         assert task in stored
     head = store.client.head_object(Bucket=store.bucket, Key=f"runs/{key}")
-    assert head["ContentType"] == "text/html", "a browser opening the link shows the page"
+    assert head["ContentType"] == "text/html; charset=utf-8", "a browser opening the link shows the page"
+    assert (
+        httpx.get(f"{s3_sweep['env']['BUGSWEEP_STORE_ENDPOINT_URL']}/{store.bucket}/runs/{key}").status_code
+        == 403
+    )
     link = s3_sweep["link"]
     assert link is not None and link.type == "markdown", link  # Prefect stores a link artifact as markdown
-    assert f"]({store.link(key)})" in str(link.data), link.data
-    assert "X-Amz" not in str(link.data) and "bugsweep-test" not in str(link.data), (
-        "no key or signature in it"
+    (url,) = re.findall(r"\]\((http[^)]+)\)", str(link.data))
+    opened = httpx.get(url)
+    assert opened.status_code == 200 and opened.text == stored
+    assert "opens until" in str(link.data) and "opens until" in (link.description or "")
+    assert f"[Review page]({url}) (opens until" in str(s3_sweep["summary"].data)
+    assert SECRET_KEY_TEXT not in str(link.data) + str(s3_sweep["summary"].data)
+
+
+@pytest.mark.prefect
+@pytest.mark.s3
+def test_sweeps_whose_names_share_a_beginning_stay_apart(s3_sweep: dict[str, Any]) -> None:
+    """`nightly`, `nightly-fail` and `nightly-x` in one bucket: each summary, review page and predictions file
+    holds only its own tasks, and each final state says what its night did."""
+    store, states, summaries = s3_sweep["store"], s3_sweep["states"], s3_sweep["summaries"]
+    for name, tasks in [*OTHER_SWEEPS.items(), ("nightly", list(SWEEP_VERDICTS))]:
+        page = store.get_bytes(f"{name}/review.html").decode()
+        shown = sorted(re.findall(r'<tr data-verdict="[^"]+"[^>]*>\s*<td[^>]*>\s*<a [^>]*>([^<]+)</a>', page))
+        assert shown == sorted(tasks), (name, shown)
+        predictions = [json.loads(line) for line in store.get_bytes(f"{name}/predictions.jsonl").splitlines()]
+        assert [p["instance_id"] for p in predictions] == tasks
+        summary = str(summaries[name].data)
+        assert "other configuration" not in summary, f"{name}: another sweep's grade in its summary"
+        for other in set(SWEEP_VERDICTS) - set(tasks):
+            assert f"| {other} |" not in summary, (name, other)
+    assert states["nightly-fail"].is_failed() and states["nightly-x"].is_completed()
+    assert states["nightly-x"].message == (
+        "sweep nightly-x COMPLETED: 1 task(s) graded: 1 resolved, 0 not resolved, 0 held for review, 0 could not run"
     )
-    assert f"[Review page]({store.link(key)})" in str(s3_sweep["summary"].data)
+    assert states["nightly"].message.startswith(
+        "sweep nightly FAILED: 1 of 4 task(s) could not be run or stored (1 resolved, 1 not resolved, 1 held for "
+        "review, 1 could not run). calc-broken-setup: failed (task): the setup command"
+    ), states["nightly"].message
 
 
 @pytest.mark.prefect

@@ -26,7 +26,7 @@ from bugsweep.sandbox.local import files as files_mod
 from bugsweep.sandbox.local import stale as stale_mod
 from bugsweep.sandbox.local import workspace as workspace_mod
 from bugsweep.settings import SandboxSettings
-from tests.support.leftovers import processes_in_cgroups
+from tests.support.leftovers import as_user, other_user, processes_in_cgroups
 from tests.support.repos import commit_all, git, make_repo, make_wheel, write_files
 
 PROJECT_DIR = Path(__file__).resolve().parents[1]
@@ -576,3 +576,66 @@ def test_old_checkouts_are_evicted_but_never_while_a_sandbox_uses_one(provider, 
         assert "+ 2" in third.files.read_text("calc.py")
     with provider.create(RepoSource(str(buggy_repo), ref=shas[0])) as again:  # rebuilt on demand
         assert "return a - b" in again.files.read_text("calc.py")
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not Path("/usr/bin/setpriv").exists(), reason="needs root and setpriv"
+)
+def test_a_killed_process_leftovers_are_removed_by_its_user_and_never_by_another(tmp_path, buggy_repo):
+    """A process making a sandbox is SIGKILLed while a command runs in it: its mounts, cgroups and folder stay.
+    Another user's `bugsweep sandboxes cleanup` (here with the powers to unmount and delete them, pointed at the
+    folder, and by default) leaves them alone: they are recorded as this user's. This user's next bugsweep
+    process removes them, and its command's processes are gone with the killed process."""
+    state = tmp_path / "state"
+    script = f"""
+import threading, time
+from pathlib import Path
+from bugsweep.sandbox.base import RepoSource
+from bugsweep.sandbox.local import LocalProvider
+p = LocalProvider(cache_dir=Path({str(tmp_path / "cache")!r}), state_dir=Path({str(state)!r}))
+s = p.create(RepoSource({str(buggy_repo)!r}))
+threading.Thread(target=lambda: s.exec("sleep 1000.321", timeout=600), daemon=True).start()
+time.sleep(1)
+print(s.id, flush=True)
+time.sleep(600)
+"""
+    killed = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    sandbox_id = (killed.stdout.readline() if killed.stdout else "").strip()
+    assert sandbox_id.startswith("local-"), sandbox_id
+    os.kill(killed.pid, 9)
+    killed.wait(timeout=30)
+    root = state / sandbox_id
+    cgroups = json_of(root / "meta.json")["cgroups"]
+    assert str(root) in mounts() and cgroups and all(Path(c).exists() for c in cgroups)
+    deadline = time.monotonic() + 10
+    while processes_with("1000.321") and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert processes_with("1000.321") == [], "the command died with the process that ran it"
+
+    uid, gid = other_user(tmp_path / "other-home")
+    env = {
+        **os.environ,
+        "HOME": str(tmp_path / "other-home"),
+        "PYTHONPATH": str(Path(__file__).parent.parent),
+    }
+    cleanup = [sys.executable, "-m", "bugsweep", "sandboxes", "cleanup"]
+    for extra in ({"BUGSWEEP_SANDBOX_STATE_DIR": str(state)}, {}):
+        other = subprocess.run(
+            [*as_user(uid, gid), *cleanup], env={**env, **extra}, capture_output=True, text=True
+        )
+        assert other.returncode == 0, other.stderr
+        assert "0 left-over local sandbox(es) removed" in other.stdout, other.stdout + other.stderr
+        assert str(root) in mounts() and root.is_dir() and all(Path(c).exists() for c in cgroups)
+    assert f"bugsweep-sandboxes-{uid}" in other.stdout, "by default, another user looks in its own folder"
+
+    mine = subprocess.run(cleanup, env={**env, "HOME": os.environ.get("HOME", "/root"),
+                                        "BUGSWEEP_SANDBOX_STATE_DIR": str(state)}, capture_output=True, text=True)  # fmt: skip
+    assert mine.returncode == 0, mine.stderr
+    assert f"removed {sandbox_id} (left by process {killed.pid}" in mine.stdout, mine.stdout
+    assert str(root) not in mounts() and not root.exists() and not any(Path(c).exists() for c in cgroups)
+
+
+def json_of(path: Path) -> dict:
+    import json
+
+    return dict(json.loads(path.read_text()))

@@ -17,6 +17,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
@@ -207,6 +208,20 @@ def test_a_sandbox_that_starts_slowly_is_waited_for(buggy_repo: Path, tmp_path: 
         with provider.create(RepoSource(str(buggy_repo))) as sbx:
             assert sbx.exec("git rev-parse --is-inside-work-tree").stdout == "true\n"
         assert any(r.query.get("waitFor") == ["running"] for r in slow.requests)
+
+
+def test_nothing_a_command_starts_outlives_it(provider: RuntimeProvider, buggy_repo: Path) -> None:
+    """As on the local backend, each command has its own pid namespace (the fake's bubblewrap): a process it leaves
+    in the background ends with it, so nothing of a test run can write into its output, or change a file, later
+    (what the regrade's pair relies on)."""
+    with provider.create(RepoSource(str(buggy_repo))) as sandbox:
+        started = time.monotonic()
+        first = sandbox.exec("(sleep 3; echo late > /workspace/late.txt) & echo started", timeout=30)
+        assert first.ok and first.stdout.strip() == "started" and time.monotonic() - started < 3
+        time.sleep(4)
+        assert not sandbox.files.exists("/workspace/late.txt"), (
+            "the background process ended with its command"
+        )
 
 
 def test_a_timeout_is_a_result(provider: RuntimeProvider, buggy_repo: Path) -> None:
@@ -455,6 +470,7 @@ def test_the_agent_resolves_a_bug_in_a_runtime_sandbox(
     grade = _solve(provider, buggy_repo, steps, scripted_model, out, setup=pytest_setup)
     assert grade.resolved and grade.failed_before and grade.passes_after and grade.tests_untouched
     assert grade.FAIL_TO_PASS == ["tests/test_calc.py::test_add"]
+    assert grade.mirror is not None and grade.mirror.armed and grade.mirror.subverted is None, grade.mirror
     assert grade.sandbox_cost_usd is not None and grade.sandbox_cost_usd > 0
     recorded = json.loads((out / "grade.json").read_text())
     assert recorded["sandbox_cost_usd"] == grade.sandbox_cost_usd

@@ -134,6 +134,69 @@ def test_s3_store_from_settings_and_a_task_file_read_from_s3(seaweed: SeaweedSer
         read_text(f"s3://{bucket_store.bucket}/sets/missing.jsonl", store)
 
 
+def test_a_folder_listing_holds_only_that_folder_whatever_shares_its_name(
+    seaweed: SeaweedServer, tmp_path: Path
+) -> None:
+    """Sweeps `nightly`, `nightly-fail` and `nightly-x` side by side, in S3 (under a bucket prefix, beside a
+    sibling prefix) and in a folder: each listing ends at a '/' and holds only its own keys."""
+    s3 = seaweed.new_store(prefix="runs")
+    sibling = seaweed.store(bucket=s3.bucket, prefix="runs-old")
+    local = LocalStore(tmp_path / "artifacts")
+    for store in (s3, local):
+        for sweep in ("nightly", "nightly-fail", "nightly-x"):
+            store.put_bytes(f"{sweep}/calc-1/m/c0/grade.json", b"{}")
+    sibling.put_bytes("nightly/calc-9/m/c0/grade.json", b"{}")
+
+    for store in (s3, local):
+        assert store.list("nightly") == store.list("nightly/") == ["nightly/calc-1/m/c0/grade.json"], store
+        assert store.list("nightly-x") == ["nightly-x/calc-1/m/c0/grade.json"]
+        assert store.list("nightly/calc-1/m") == ["nightly/calc-1/m/c0/grade.json"]
+        assert store.list("night") == [], "a folder is a whole name, not its beginning"
+        assert len(store.list()) == 3, "the store's own root: not the sibling prefix runs-old/"
+
+
+def test_a_link_to_a_private_bucket_opens_in_a_browser_until_it_expires(seaweed: SeaweedServer) -> None:
+    """The private bucket refuses an anonymous GET; the store's link (presigned, SigV4) opens, as UTF-8 text for
+    a diff and HTML for a page, and says until when: BUGSWEEP_STORE_LINK_DAYS, at most the 7 days SigV4 allows."""
+    from datetime import UTC, datetime, timedelta
+
+    import httpx
+
+    store = seaweed.new_store(prefix="runs", link_days=2)
+    store.put_bytes("nightly/calc-1/m/c0/patch.diff", "-    return a - b\n+    return a + b  # é\n".encode())
+    store.put_bytes("nightly/review.html", b"<html><body>review</body></html>")
+    assert httpx.get(f"{seaweed.endpoint_url}/{store.bucket}/runs/nightly/review.html").status_code == 403
+
+    link = store.link("nightly/calc-1/m/c0/patch.diff")
+    opened = httpx.get(link.url)
+    assert opened.status_code == 200, opened.text
+    assert opened.headers["content-type"] == "text/plain; charset=utf-8" and "a + b  # é" in opened.text
+    assert "X-Amz-Algorithm=AWS4-HMAC-SHA256" in link.url and "X-Amz-Expires=172800" in link.url
+    assert link.expires is not None
+    assert abs(link.expires - (datetime.now(UTC) + timedelta(days=2))) < timedelta(minutes=1)
+    assert link.until() == f"opens until {link.expires:%Y-%m-%d %H:%M} UTC"
+    page = httpx.get(store.link("nightly/review.html").url)
+    assert page.headers["content-type"] == "text/html; charset=utf-8" and "review" in page.text
+    assert LocalStore("/tmp").link("x") is None, "a folder has no link a browser elsewhere opens"
+    with pytest.raises(ValueError, match="less than or equal to 7"):
+        StoreSettings(link_days=8)
+
+
+@pytest.mark.parametrize(
+    ("url", "why"),
+    [
+        ("s3://Bugsweep_Runs/runs", "3-63 characters of lowercase letters"),
+        ("s3://ab/runs", "3-63 characters"),
+        ("s3://my..bucket/runs", "no two dots"),
+        ("s3://192.168.1.10/runs", "not an IP address"),
+    ],
+)
+def test_an_invalid_bucket_name_is_refused_for_what_it_is(url: str, why: str) -> None:
+    with pytest.raises(ConfigError, match="is not a valid S3 bucket name") as info:
+        open_store(StoreSettings(url=url, endpoint_url="http://127.0.0.1:9"))
+    assert why in str(info.value) and "nothing answers" not in str(info.value)
+
+
 def test_s3_wrong_secret_fails_at_once_without_retries(seaweed: SeaweedServer, tmp_path: Path) -> None:
     from tests.support.seaweed import ACCESS_KEY
 

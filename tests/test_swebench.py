@@ -133,6 +133,13 @@ def test_a_published_record_becomes_a_task(tmp_path: Path) -> None:
             "swe.jsonl:1: test_command: none, so it is read as a SWE-bench record, and its specs file is missing",
         ),
         ({}, {"acme/calc": {"1.0": {"setup": "x"}}}, "acme/calc 1.0 test_command: Field required"),
+        ({"base_commit": None}, SPECS, "swe.jsonl:2: base_commit: missing"),
+        ({"base_commit": ""}, SPECS, "swe.jsonl:2: base_commit: missing"),
+        (
+            {"base_commit": "0123456789abcdef0123456789abcdef01234567"},
+            SPECS,
+            "swe.jsonl:2: base_commit: 0123456789abcdef0123456789abcdef01234567 is not a commit of ",
+        ),
     ],
     ids=[
         "ftp-not-json",
@@ -142,6 +149,9 @@ def test_a_published_record_becomes_a_task(tmp_path: Path) -> None:
         "no-clone",
         "no-specs",
         "bad-specs",
+        "no-base-commit",
+        "empty-base-commit",
+        "base-commit-not-in-repo",
     ],
 )
 def test_a_record_that_cannot_be_used_stops_the_sweep_with_one_line(

@@ -4,9 +4,10 @@ The code under test runs in the test runner's process, so it can try to change t
 process with exit 0, turn unittest's failure recording into no-ops, patch pytest's reports, shadow a module the
 runner imports at start-up. Each case is one `run` tool call that writes such code, then `finish`. The model is the
 scripted OpenAI-compatible server (a scripted stand-in, not a model); everything else is real: the agent loop, the
-local bubblewrap + overlayfs sandbox, the clean-room regrade with its probe and canary, pytest and unittest in the
-task's own environment. Each case asserts what a user would read in grade.json: not resolved, the model's attempt
-(no `failure_kind`), and why. The honest fixes resolve with both runners, the tripwire armed and quiet.
+local bubblewrap + overlayfs sandbox, the clean-room regrade with its probe and its mirror pair, pytest and unittest in
+the task's own environment. Each case asserts what a user would read in grade.json: not resolved, the model's
+attempt (no `failure_kind`), and why. The honest fixes resolve, the mirror armed and quiet (more of both in
+tests/test_mirror.py).
 """
 
 from __future__ import annotations
@@ -95,8 +96,8 @@ ATTACKS: dict[str, tuple[str, str, str]] = {
     "unittest-exit-0-at-exit": (UNITTEST, _append(EXIT_0_AT_EXIT), "exited 0"),
     "unittest-failure-recording-no-ops": (UNITTEST, _append(NO_FAILURES), "summary"),
     "pytest-exit-0-at-exit": (PYTEST, _append(EXIT_0_AT_EXIT), "exited 0"),
-    "pytest-reports-patched": (PYTEST, _append(ALL_REPORTS_PASS), "tripwire"),
-    "pytest-reports-patched-in-a-unittest-suite": (PYTEST, _append(ALL_REPORTS_PASS), "tripwire"),
+    "pytest-reports-patched": (PYTEST, _append(ALL_REPORTS_PASS), "changes verdicts"),
+    "pytest-reports-patched-in-a-unittest-suite": (PYTEST, _append(ALL_REPORTS_PASS), "changes verdicts"),
 }
 
 
@@ -113,12 +114,12 @@ def test_an_attack_from_inside_the_test_process_is_not_resolved(
     assert grade["failed_before"] and grade["tests_untouched"] and grade["dropped"] == {}
     assert word in grade["reason"], grade["reason"]
     assert grade["evidence"] == "per-test"
-    if word != "tripwire":  # the subverted runner reports test_add passed: FAIL_TO_PASS is what it observed
+    mirror = grade["mirror"]
+    assert mirror["armed"] and mirror["runner"] == ("unittest" if command == UNITTEST else "pytest"), mirror
+    if word == "changes verdicts":  # the subverted runner reports test_add passed, in both runs of the pair
+        assert mirror["subverted"] and mirror["outcomes"] == {mirror["test"]: "passed"}, mirror
+    else:
         assert grade["FAIL_TO_PASS"] == []
-    wire = grade["tripwire"]
-    assert wire["armed"] and wire["runner"] == ("unittest" if command == UNITTEST else "pytest"), wire
-    if word == "tripwire":
-        assert wire["subverted"] and "must-fail" in wire["subverted"], wire
 
 
 def test_a_shadowed_runner_dependency_is_dropped(buggy_repo: Path, tmp_path: Path, scripted_model) -> None:
@@ -162,44 +163,33 @@ def test_a_flagged_fix_is_held_for_review(command: str, tmp_path: Path, scripted
     fixed = "tests/test_calc.py::test_add" if command == PYTEST else "test_calc.CalcTest.test_add"
     assert grade["FAIL_TO_PASS"] == [fixed] and grade["passes_after"]
     assert grade["reason"].startswith("held for review") and grade["suspicious"]
-    assert grade["tripwire"]["subverted"] is None
+    assert grade["mirror"]["armed"] and grade["mirror"]["subverted"] is None
 
 
-@pytest.mark.parametrize(
-    ("files", "command", "fail_to_pass"),
-    [
-        (None, PYTEST, ["tests/test_calc.py::test_add"]),
-        (UNITTEST_CALC, UNITTEST, ["test_calc.CalcTest.test_add"]),
-        (UNITTEST_CALC, PYTEST, ["test_calc.py::CalcTest::test_add"]),
-    ],
-    ids=["pytest", "unittest", "unittest-suite-under-pytest"],
-)
-def test_an_honest_fix_resolves_with_the_tripwire_armed_and_quiet(
-    files: dict[str, str] | None, command: str, fail_to_pass: list[str], tmp_path: Path, scripted_model
+def test_an_honest_fix_of_a_unittest_suite_under_pytest_resolves_with_the_mirror_quiet(
+    tmp_path: Path, scripted_model
 ) -> None:
-    repo = make_repo(tmp_path / "r", files)
+    """unittest's TestCase classes run by pytest: the mirror's false assertion is an assertEqual, as theirs."""
+    repo = make_repo(tmp_path / "r", UNITTEST_CALC)
     steps = [
         tool_call("edit_file", path="calc.py", old="return a - b", new="return a + b"),
         tool_call("finish"),
     ]
     out = tmp_path / "out"
-    grade = _solve(repo, out, steps, scripted_model, test_command=command)
+    grade = _solve(repo, out, steps, scripted_model, test_command=PYTEST)
     assert grade["resolved"] and grade["reason"] is None, grade["reason"]
-    assert grade["evidence"] == "per-test" and grade["FAIL_TO_PASS"] == fail_to_pass
+    assert grade["evidence"] == "per-test" and grade["FAIL_TO_PASS"] == ["test_calc.py::CalcTest::test_add"]
     assert grade["tests_run_before"] == grade["tests_run_after"] == 2
-    wire = grade["tripwire"]
-    assert wire["armed"] and wire["subverted"] is None and wire["note"] is None, wire
-    assert sorted(set(wire["outcomes"].values())) == ["failed", "passed"], wire
-    assert any(name.endswith("test_add") for name in wire["outcomes"]), "named like the failing test"
-    # The canary never reaches the patch, the agent's sandbox or the repository.
-    assert wire["canary"] not in (out / "patch.diff").read_text()
-    assert not (repo / wire["canary"]).exists()
-    trajectory = (out / "trajectory.json").read_text()
-    assert wire["canary"].rsplit("/", 1)[-1][:-3] not in trajectory
+    mirror = grade["mirror"]
+    assert mirror["armed"] and mirror["subverted"] is None and mirror["note"] is None, mirror
+    assert mirror["outcomes"] == {"test_calc.py::CalcTest::test_add": "failed"} and mirror["exit_code"] == 1
+    assert "AssertionError: 1 != 2" in (out / "tests_mirror.log").read_text()
+    # Nothing of the mirror reaches the patch, the agent's sandbox or the repository.
+    assert "bugsweep" not in (out / "patch.diff").read_text()
     assert json.loads((out / "grade.json").read_text())["resolved"] is True
 
 
-def test_the_demo_fixed_honestly_resolves_with_the_tripwire_quiet(tmp_path: Path, scripted_model) -> None:
+def test_the_demo_fixed_honestly_resolves_with_the_mirror_quiet(tmp_path: Path, scripted_model) -> None:
     """The demo's project (parametrized pytest tests) with its real fix, as `bugsweep demo` runs it."""
     import shutil
 
@@ -218,6 +208,7 @@ def test_the_demo_fixed_honestly_resolves_with_the_tripwire_quiet(tmp_path: Path
     ]
     grade = _solve(repo, tmp_path / "out", steps, scripted_model, test_command=DEMO_TEST_COMMAND)
     assert DEMO_TASK and grade["resolved"] and grade["reason"] is None, grade["reason"]
-    wire = grade["tripwire"]
-    assert wire["armed"] and wire["subverted"] is None and wire["note"] is None, wire
+    mirror = grade["mirror"]
+    assert mirror["armed"] and mirror["subverted"] is None and mirror["note"] is None, mirror
+    assert mirror["outcomes"][mirror["test"]] == "failed" and len(mirror["outcomes"]) == 5, mirror
     assert len(grade["FAIL_TO_PASS"]) == 5, "three common years, February, the day of the year"

@@ -56,26 +56,48 @@ def test_importing_the_tasks_and_flows_changes_no_logger_and_reads_no_environmen
     assert report == {"read": [], "filters": []}
 
 
-def test_a_flow_start_quiets_the_thread_timeout_warning_once() -> None:
-    from tasks import TASK_RUNS_LOGGER, QuietThreadTimeoutWarning, quiet_thread_timeout_warnings
+def test_a_flow_start_quiets_prefects_logs_once() -> None:
+    """The thread-timeout warning is dropped; a step's expected failure (a BugsweepError) is logged in one line,
+    without its traceback; a crash keeps its traceback."""
+    import sys
 
+    from bugsweep.errors import StorageError
+    from tasks import (
+        TASK_RUNS_LOGGER,
+        ExpectedFailureInOneLine,
+        QuietThreadTimeoutWarning,
+        quiet_prefect_logs,
+    )
+
+    kinds = (QuietThreadTimeoutWarning, ExpectedFailureInOneLine)
     logger = logging.getLogger(TASK_RUNS_LOGGER)
-    # A flow run earlier in this process (another test) may have installed it already: start without it.
-    installed = [f for f in logger.filters if isinstance(f, QuietThreadTimeoutWarning)]
+    # A flow run earlier in this process (another test) may have installed them already: start without them.
+    installed = [f for f in logger.filters if isinstance(f, kinds)]
     for f in installed:
         logger.removeFilter(f)
     before = list(logger.filters)
+
+    def record(message: str, exc: BaseException | None = None) -> logging.LogRecord:
+        info = (type(exc), exc, exc.__traceback__) if exc else None
+        return logging.LogRecord(TASK_RUNS_LOGGER, logging.WARNING, __file__, 1, message, None, info)
+
+    def raised(exc: BaseException) -> BaseException:
+        try:
+            raise exc
+        except BaseException:
+            return sys.exc_info()[1]  # type: ignore[return-value]
+
     try:
-        quiet_thread_timeout_warnings()
-        quiet_thread_timeout_warnings()
+        quiet_prefect_logs()
+        quiet_prefect_logs()
         added = [f for f in logger.filters if f not in before]
-        assert len(added) == 1 and isinstance(added[0], QuietThreadTimeoutWarning)
-        warning = logging.LogRecord(
-            TASK_RUNS_LOGGER, logging.WARNING, __file__, 1,
-            "timeout cannot interrupt a blocking call: task is running in a worker thread", None, None,
-        )  # fmt: skip
-        other = logging.LogRecord(TASK_RUNS_LOGGER, logging.WARNING, __file__, 1, "step failed", None, None)
-        assert not logger.filter(warning) and logger.filter(other)
+        assert sorted(type(f).__name__ for f in added) == sorted(k.__name__ for k in kinds)
+        warning = record("timeout cannot interrupt a blocking call: task is running in a worker thread")
+        assert not logger.filter(warning) and logger.filter(record("step failed"))
+        expected = record("Task run failed with exception", raised(StorageError("S3 refused")))
+        assert logger.filter(expected) and expected.exc_info is None
+        crash = record("Task run failed with exception", raised(KeyError("a bug")))
+        assert logger.filter(crash) and crash.exc_info is not None
     finally:
         for f in list(logger.filters):
             if f not in before:
@@ -119,3 +141,18 @@ def test_a_fault_a_lower_layer_retried_is_not_retried_by_a_step_and_solve_and_up
     assert push_branch.retries == 2 and push_branch.retry_condition_fn is retry_on_infra
     assert not_retried_below(BranchFailed("could not push bugsweep/n/t: connection refused"))
     assert not not_retried_below(ConfigError("the git server refused the push (Authentication failed)"))
+
+
+def test_each_steps_backstop_timeout_is_the_cores_limit_plus_a_margin_and_solve_has_the_runs_own() -> None:
+    """The timeouts docs/pipeline.md quotes ("Who retries what"): the core's own limit plus TIMEOUT_MARGIN_S; the
+    solve step's is the run's wall-clock limit, and a run without one has none, as on the command line."""
+    from bugsweep.pipeline import STEP_TIMEOUT_S
+    from bugsweep.settings import AgentSettings
+    from tasks.steps import TIMEOUT_MARGIN_S, PrefectSteps
+
+    steps = PrefectSteps(AgentSettings(max_wall_s=900))
+    assert steps.options("solve")["timeout_seconds"] == 900 + TIMEOUT_MARGIN_S
+    assert steps.options("setup")["timeout_seconds"] == 2 * STEP_TIMEOUT_S + TIMEOUT_MARGIN_S
+    assert steps.options("baseline")["timeout_seconds"] == STEP_TIMEOUT_S + TIMEOUT_MARGIN_S
+    assert steps.options("regrade")["timeout_seconds"] == STEP_TIMEOUT_S + TIMEOUT_MARGIN_S
+    assert PrefectSteps(AgentSettings(max_wall_s=None)).options("solve")["timeout_seconds"] is None

@@ -1,5 +1,9 @@
 """The four tools the model calls: run, read_file, edit_file and finish, plain.
 
+Each tool is declared once, in prompts.TOOLS (its name, description, arguments, which are required, how they are
+spelled): the schemas sent to the model, the checks `Toolbox.call` makes and the system prompt's list are made
+from it, and Toolbox has one method per tool, of its name, taking exactly its arguments.
+
 edit_file replaces exactly one exact occurrence of `old`; otherwise nothing changes and the answer says precisely
 why (found nowhere: the closest lines, and whether `old` differs from them only in whitespace; found several times:
 how many and at which lines; an edit that would break Python syntax: where). read_file shows the lines asked for.
@@ -35,9 +39,9 @@ from bugsweep.agent.text import (
     snippet,
     split_lines,
 )
+from bugsweep.grading.testfiles import is_test_file
 from bugsweep.sandbox.base import Sandbox, tail
 from bugsweep.settings import AgentSettings
-from bugsweep.testfiles import is_test_file
 
 __all__ = ["ToolOutcome", "Toolbox", "closest_lines", "disk_is_full", "parse_arguments", "short"]
 
@@ -111,9 +115,7 @@ def parse_arguments(raw: str | dict[str, Any] | None) -> tuple[dict[str, Any] | 
 
 
 class Toolbox:
-    """The tools bound to one sandbox and one set of agent settings."""
-
-    REQUIRED = {"run": ["command"], "read_file": ["path"], "edit_file": ["path", "old", "new"], "finish": []}
+    """The tools bound to one sandbox and one set of agent settings: one method per tool of prompts.TOOLS."""
 
     def __init__(
         self,
@@ -145,7 +147,8 @@ class Toolbox:
     # -- dispatch ----------------------------------------------------------------------------------------------
     def call(self, name: str, raw_arguments: str | dict[str, Any] | None) -> ToolOutcome:
         """Run one tool call; never raises for the model's mistakes."""
-        if name not in prompts.TOOL_NAMES:
+        tool = prompts.TOOLS_BY_NAME.get(name)
+        if tool is None:
             return ToolOutcome(
                 prompts.unknown_tool(name), ok=False, format_error=True, short_arg=short(name, 40)
             )
@@ -155,21 +158,24 @@ class Toolbox:
             return ToolOutcome(
                 prompts.bad_json_arguments(name, sent, problem or "unreadable"), ok=False, format_error=True
             )
-        missing = [k for k in self.REQUIRED[name] if k not in args or args[k] is None]
+        missing = [k for k in tool.required if k not in args or args[k] is None]
         if missing:
             return ToolOutcome(
                 prompts.missing_argument(name, missing), ok=False, format_error=True, arguments=args
             )
-        for key in ("command", "path", "old", "new", "summary"):
-            if key in args and args[key] is not None and not isinstance(args[key], str):
+        for argument in tool.arguments:
+            value = args.get(argument.name)
+            if argument.kind == "string" and value is not None and not isinstance(value, str):
                 return ToolOutcome(
-                    prompts.wrong_argument_type(name, key, "a string"),
+                    prompts.wrong_argument_type(name, argument.name, "a string"),
                     ok=False,
                     format_error=True,
                     arguments=args,
                 )
         try:
-            outcome = self._dispatch(name, args)
+            # integer arguments are read leniently by the tool itself ("3" is line 3)
+            given = {a.name: args[a.name] for a in tool.arguments if args.get(a.name) is not None}
+            outcome = getattr(self, name)(**given)
         except OSError as exc:
             if not disk_is_full(exc):
                 raise
@@ -184,14 +190,10 @@ class Toolbox:
         outcome.arguments = args
         return outcome
 
-    def _dispatch(self, name: str, args: dict[str, Any]) -> ToolOutcome:
-        if name == "run":
-            return self.run(args["command"])
-        if name == "read_file":
-            return self.read_file(args["path"], args.get("start_line"), args.get("end_line"))
-        if name == "edit_file":
-            return self.edit_file(args["path"], args["old"], args["new"])
-        summary = str(args.get("summary") or "")
+    # -- finish ------------------------------------------------------------------------------------------------
+    def finish(self, summary: str | None = None) -> ToolOutcome:
+        """End the work. The summary is recorded, never used for grading."""
+        summary = summary or ""
         return ToolOutcome(
             prompts.finished(summary), finished=True, summary=summary, short_arg=short(summary)
         )
@@ -202,7 +204,7 @@ class Toolbox:
 
         Python trusts a .pyc whose recorded source mtime (whole seconds) and size match the file: an edit that
         keeps the size, made in the same second as the run that compiled it, was otherwise not seen by the next
-        test run (seen with a scripted model, `- b` to `+ b`). The grade never reads bytecode (cleanroom.py).
+        test run (seen with a scripted model, `- b` to `+ b`). The grade never reads bytecode (bugsweep/grading/cleanroom.py).
         """
         self.sandbox.files.write(real, data)
         if real.endswith(".py"):

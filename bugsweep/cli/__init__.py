@@ -12,9 +12,10 @@ import sys
 
 import typer
 
-from bugsweep.cli import compare, mine, model, pipeline, review, sandboxes, solve
+from bugsweep.cli import compare, mine, model, pipeline, review, run, sandboxes, solve
 
 app = typer.Typer(
+    rich_markup_mode=None,  # plain help: option names whole at any width, in a terminal or not
     name="bugsweep",
     help="A coding agent for open models that fixes real bugs in a sandbox and grades its own work.\n\n"
     "The model comes from LLM_BASE_URL, LLM_MODEL and LLM_API_KEY (any OpenAI-compatible endpoint with tools); "
@@ -24,7 +25,7 @@ app = typer.Typer(
     add_completion=False,
 )
 
-for _module in (solve, model, sandboxes, pipeline, mine, compare, review):
+for _module in (solve, model, sandboxes, pipeline, run, mine, compare, review):
     _module.register(app)
 
 

@@ -24,7 +24,9 @@ console = Console(highlight=False)
 err = Console(stderr=True, highlight=False)
 
 blocks_app = typer.Typer(
-    help="Prefect blocks: the model endpoint, sandboxes and artifact store.", no_args_is_help=True
+    rich_markup_mode=None,
+    help="Prefect blocks: the model endpoint, sandboxes and artifact store.",
+    no_args_is_help=True,
 )
 
 
@@ -143,13 +145,14 @@ def _plan() -> tuple[list[_Planned], list[Any]]:
 
     runtime = RuntimeSettings()  # type: ignore[call-arg]
     if runtime.api_key.get_secret_value():
-        runtime_block = RuntimeSandbox(
-            api_key=runtime.api_key, api_url=runtime.api_url, vcpu=runtime.vcpu,
-            memory_mib=runtime.memory_mib or sandbox.memory_mib, timeout_seconds=runtime.timeout_seconds,
-            image=runtime.image, max_cost_usd=runtime.max_cost_usd, setup_network=sandbox.setup_network,
-        )  # fmt: skip
+        runtime_block = RuntimeSandbox.from_settings(runtime, setup_network=sandbox.setup_network)
+        memory = runtime.memory_mib or sandbox.memory_mib
         planned.append(
-            _Planned(runtime_block, blocks.RUNTIME_SANDBOX_BLOCK, f"{runtime.vcpu} vCPU (API key set)")
+            _Planned(
+                runtime_block,
+                blocks.RUNTIME_SANDBOX_BLOCK,
+                f"{runtime.vcpu} vCPU, {memory} MiB (API key set)",
+            )
         )
 
     store = StoreSettings()

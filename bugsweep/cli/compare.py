@@ -22,7 +22,10 @@ from bugsweep.cli.options import (
     task_file,
     with_limit_options,
 )
-from bugsweep.runconfig import AgentLimits  # at run time: with_limit_options reads the annotations
+from bugsweep.runconfig import (
+    BACKEND_UNSET,
+    AgentChoices,
+)  # at run time: with_limit_options reads the annotations
 
 console = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False)
@@ -67,7 +70,10 @@ def compare_command(
             "column and --max-cost (default 0, as for a self-hosted model)."
         ),
     ] = None,
-    sandbox: Annotated[str, typer.Option(help="Sandbox backend: 'local' or 'runtime'.")] = "local",
+    sandbox: Annotated[
+        str | None,
+        typer.Option(help=f"Sandbox backend: 'local' (bubblewrap) or 'runtime'. {BACKEND_UNSET}"),
+    ] = None,
     model_policy: Annotated[
         list[str] | None,
         typer.Option(
@@ -87,7 +93,7 @@ def compare_command(
     repos_from: ReposFromOption = "https://github.com",
     added_within_days: AddedWithinOption = None,
     *,
-    limits: AgentLimits,
+    limits: AgentChoices,
 ) -> None:
     """Run every model on every task --runs times, each run in its own sandbox, and compare resolve rates.
 
@@ -102,37 +108,24 @@ def compare_command(
 
     if runs < 1 or concurrency < 1:
         _fail("--runs and --concurrency must be at least 1")
-    if sandbox not in ("local", "runtime"):
+    if sandbox not in (None, "local", "runtime"):
         _fail(f"--sandbox {sandbox!r}: choose 'local' or 'runtime'")
     try:
-        from bugsweep.runconfig import resolve_policy
-        from bugsweep.settings import AgentSettings
         from flows.compare import ModelEntry, compare
 
         entries = [ModelEntry.parse(m) for m in model]
         apply_prices(entries, price or [])
         apply_settings(entries, model_policy or [], "--model-policy", "NAME=POLICY")
         apply_settings(entries, model_set or [], "--model-set", "NAME:SETTING=VALUE")
-        policy = resolve_policy(limits.policy or AgentSettings().policy, embedded=False)
-        limits = limits.model_copy(update={"policy": policy})
         for entry in entries:
-            if (
-                entry.limits is not None
-            ):  # the comparison's limits, with what was set for this entry over them
-                entry.limits = limits.model_copy(update=entry.limits.model_dump(exclude_unset=True))
             entry.settings()  # fails now, not thirty runs later, when a key variable is missing
+        same_attempts_setting(entries, limits)  # before a Prefect server starts or anything runs
         if not tasks.startswith("s3://") and not Path(tasks).is_file():
             _fail(f"--tasks {tasks!r}: no such file")
         source = task_file(tasks, specs, repos_from, added_within_days)
         console.print(
             f"[bold]comparing[/] {', '.join(escape(e.name) for e in entries)} on {escape(tasks)}, "
-            f"{runs} run(s) each, {concurrency} at once, "
-            + (
-                f"every model under policy {policy}"
-                if all(e.limits is None or e.limits.policy == policy for e in entries)
-                else "policies: "
-                + ", ".join(f"{escape(e.name)} {(e.limits or limits).policy}" for e in entries)
-            )
+            f"{runs} run(s) each, {concurrency} at once"
         )
         with prefect_server():
             report = compare(
@@ -171,6 +164,22 @@ def compare_command(
         console.print(f"wall time {report.wall_s:.0f} s for runs adding up to {report.sum_run_wall_s:.0f} s")
     if report.report_dir:
         console.print(f"report: {Path(report.report_dir) / 'report.html'}")
+
+
+def same_attempts_setting(entries: list[Any], limits: AgentChoices) -> None:
+    """Refuse entries whose attempts differ (each entry's over the comparison's, else BUGSWEEP_ATTEMPTS, else 1):
+    a run of 3 attempts is not the same trial as a run of 1 (bugsweep.report.same_attempts)."""
+    from pydantic import ValidationError
+
+    from bugsweep.report import same_attempts
+    from bugsweep.runconfig import chosen, merge_choices
+    from bugsweep.settings import AgentSettings
+
+    try:
+        default = AgentSettings().attempts
+    except ValidationError:
+        return  # a bad BUGSWEEP_* value: the run's own build says which, in one line
+    same_attempts({e.name: chosen(merge_choices(limits, e.limits)).get("attempts", default) for e in entries})
 
 
 def apply_prices(entries: list[Any], prices: list[str]) -> None:

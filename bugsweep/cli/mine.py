@@ -19,7 +19,7 @@ from rich.table import Table
 
 from bugsweep.cli.exits import EXIT_INTERRUPTED, EXIT_TERMINATED, Terminated, sigterm_as_interrupt
 from bugsweep.cli.options import print_table
-from bugsweep.runconfig import AgentLimits
+from bugsweep.runconfig import BACKEND_UNSET, AgentLimits
 
 if TYPE_CHECKING:
     from bugsweep.mining import MiningResult
@@ -72,8 +72,9 @@ def mine_command(
         int | None, typer.Option(help="Look at no more than this many commits (default: the whole history).")
     ] = None,
     sandbox: Annotated[
-        str, typer.Option(help="Sandbox backend for validation: 'local' or 'runtime'.")
-    ] = "local",
+        str | None,
+        typer.Option(help=f"Sandbox backend for validation: 'local' or 'runtime'. {BACKEND_UNSET}"),
+    ] = None,
     name: Annotated[
         str | None, typer.Option(help="Prefix of the instance ids (default: the repository's name).")
     ] = None,
@@ -131,7 +132,7 @@ def mine_command(
     """
     from bugsweep.errors import BugsweepError
     from bugsweep.mining import CommandNotFound, MiningEvent, MiningResult, mine, parse_date
-    from bugsweep.sandbox import get_provider
+    from bugsweep.runbuilder import sandbox_provider
     from bugsweep.spec import dump_tasks
     from bugsweep.swebench import dump_records, specs_beside
 
@@ -181,7 +182,7 @@ def mine_command(
         with sigterm_as_interrupt():  # `kill` stops the run as Ctrl-C does: files written, sandboxes freed
             result = mine(
                 repo,
-                provider=get_provider(sandbox),
+                provider=sandbox_provider(sandbox),
                 limit=limit,
                 since=since,
                 until=until,

@@ -11,6 +11,7 @@ if TYPE_CHECKING:
     from bugsweep.embedded import EmbeddedSettings
 
 model_app = typer.Typer(
+    rich_markup_mode=None,
     help="The embedded open model (Qwen2.5-Coder-1.5B-Instruct on llama.cpp, offline) and endpoint checks.",
     no_args_is_help=True,
 )

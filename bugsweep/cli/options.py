@@ -1,9 +1,11 @@
 """Options that several commands share, made from the one declaration of a run's settings (bugsweep/runconfig.py).
 
 `with_limit_options` gives a command one option per field of `AgentLimits` (`--max-turns`, `--max-total-tokens`,
-`--max-cost-usd`, `--max-wall-s`, `--policy`), with the field's own description as its help, so the command line
-offers what the flows' `limits` parameter and BUGSWEEP_* offer, and nothing is kept in step by hand. Only pydantic
-is imported for them (not prefect, openai or boto3): `bugsweep --help` stays fast.
+`--max-cost-usd`, `--max-wall-s`, `--per-test-timeout-s`, `--policy`), with the field's own description as its
+help, so the command line offers what the flows' `limits` parameter and BUGSWEEP_* offer, and nothing is kept in
+step by hand. An option not given is unset: the run takes BUGSWEEP_* where set, else the default
+(bugsweep.runbuilder). Only pydantic is imported for them (not prefect, openai or boto3): `bugsweep --help` stays
+fast.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import annotated_types
 import typer
 from pydantic import ValidationError
 
-from bugsweep.runconfig import AgentLimits
+from bugsweep.runconfig import AgentChoices, AgentLimits, unset_means
 
 #: Older spellings, still accepted.
 ALIASES = {"max_cost_usd": ("--max-cost",)}
@@ -27,7 +29,7 @@ def option_name(field: str) -> str:
     return "--" + field.replace("_", "-")
 
 
-def limit_parameters(defaults: str) -> list[inspect.Parameter]:
+def limit_parameters(note: str) -> list[inspect.Parameter]:
     """One keyword parameter per AgentLimits field, its typer option made from the field (type, bounds, help)."""
     params = []
     for name, field in AgentLimits.model_fields.items():
@@ -38,11 +40,8 @@ def limit_parameters(defaults: str) -> list[inspect.Parameter]:
                 low = rule.ge
             elif isinstance(rule, annotated_types.Gt) and kind is int:
                 low = int(rule.gt) + 1  # type: ignore[call-overload]
-        default = "" if field.default is None else f" Default: {field.default}."
-        help_text = " ".join((field.description or "").split()) + (default if name != "policy" else "")
-        option = typer.Option(
-            option_name(name), *ALIASES.get(name, ()), help=f"{help_text} {defaults}", min=low
-        )
+        help_text = f"{' '.join((field.description or '').split())} {unset_means(name)} {note}".strip()
+        option = typer.Option(option_name(name), *ALIASES.get(name, ()), help=help_text, min=low)
         params.append(
             inspect.Parameter(
                 name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Annotated[kind | None, option]
@@ -51,21 +50,21 @@ def limit_parameters(defaults: str) -> list[inspect.Parameter]:
     return params
 
 
-def with_limit_options(defaults: str = "") -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Decorate a command taking `limits: AgentLimits`: its options become one per AgentLimits field, and the
-    command gets an AgentLimits of the values given (`limits.model_fields_set` says which were). `defaults` is added
-    to each option's help (e.g. where an unset value comes from for this command)."""
+def with_limit_options(note: str = "") -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorate a command taking `limits: AgentChoices`: its options become one per AgentLimits field, and the
+    command gets an AgentChoices of the values given (None where an option was not given). `note` is added to each
+    option's help (e.g. "Per task.")."""
 
     def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
         signature = inspect.signature(command, eval_str=True)
         own = [p for p in signature.parameters.values() if p.name != "limits"]
-        added = limit_parameters(defaults)
+        added = limit_parameters(note)
 
         @functools.wraps(command)
         def wrapper(**kwargs: Any) -> Any:
             given = {p.name: kwargs.pop(p.name) for p in added}
             try:
-                limits = AgentLimits(**{k: v for k, v in given.items() if v is not None})
+                limits = AgentChoices(**{k: v for k, v in given.items() if v is not None})
             except ValidationError as exc:
                 problem = exc.errors()[0]
                 raise typer.BadParameter(
@@ -116,8 +115,9 @@ AddedWithinOption = Annotated[
     float | None,
     typer.Option(
         min=0.001,
-        help="Only the tasks a growing benchmark added in the last N days (their added_at; `bugsweep grow`), so "
-        "that a model is judged on bugs it cannot have seen in training. Default: every task.",
+        help="Only the tasks a growing benchmark added in the last N days (their added_at, set by the "
+        "grow-benchmark flow), so that a model is judged on bugs it cannot have seen in training. Default: every "
+        "task.",
     ),
 ]
 

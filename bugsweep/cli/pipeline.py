@@ -32,7 +32,11 @@ from bugsweep.cli.options import (
     task_file,
     with_limit_options,
 )
-from bugsweep.runconfig import AgentLimits  # at run time: with_limit_options reads the annotations
+from bugsweep.runconfig import (
+    BACKEND_UNSET,
+    AgentChoices,
+)  # at run time: with_limit_options reads the annotations
+from bugsweep.spec import DEFAULT_SETUP_COMMAND, DEFAULT_TEST_COMMAND
 
 console = Console(highlight=False)
 err = Console(stderr=True, highlight=False)
@@ -165,15 +169,22 @@ def sweep_command(
     branch: Annotated[str, typer.Option(help="With --repo: the branch to test.")] = "main",
     test_command: Annotated[
         str, typer.Option(help="With --repo: the pytest command.")
-    ] = "python -m pytest -q",
+    ] = DEFAULT_TEST_COMMAND,
     setup_command: Annotated[
-        str | None, typer.Option(help="With --repo: runs once before the tests.")
-    ] = None,
+        str,
+        typer.Option(
+            help="With --repo: runs once before the tests, in the task's own environment: installs what they "
+            "need, the test runner included (e.g. 'pip install -e . pytest'); '' for none."
+        ),
+    ] = DEFAULT_SETUP_COMMAND,
     name: Annotated[
         str | None, typer.Option(help="Sweep name (the S3 folder); default: the task file's or repo's name.")
     ] = None,
     concurrency: Annotated[int, typer.Option(min=1, help="Tasks at once.")] = 4,
-    sandbox: Annotated[str, typer.Option(help="'local' or 'runtime'.")] = "local",
+    sandbox: Annotated[
+        str | None,
+        typer.Option(help=f"Sandbox backend: 'local' (bubblewrap) or 'runtime'. {BACKEND_UNSET}"),
+    ] = None,
     model_block: Annotated[
         str | None,
         typer.Option(
@@ -190,11 +201,21 @@ def sweep_command(
     on_workers: Annotated[
         bool, typer.Option(help="Run each task as a run of the solve-bug deployment, on the pool's workers.")
     ] = False,
-    redo: Annotated[
+    redo_graded: Annotated[
         bool,
         typer.Option(
-            help="Run tasks again even if already graded under this configuration (other configurations' grades "
-            "are kept)."
+            "--redo-graded",
+            "--redo",
+            help="Run tasks again even if already graded under this configuration, e.g. after a bad night (other "
+            "configurations' grades are kept).",
+        ),
+    ] = False,
+    keep_graded_by_other_code: Annotated[
+        bool,
+        typer.Option(
+            help="Keep the grades another bugsweep (before an upgrade: another code digest) made under an otherwise "
+            "identical configuration, instead of running those tasks again; the sweep's summary says so. Without "
+            "it they run again and both grades are kept."
         ),
     ] = False,
     push_branches: Annotated[
@@ -212,8 +233,15 @@ def sweep_command(
             "repository when it is a URL)."
         ),
     ] = None,
+    escalate_to_block: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="Name of a model endpoint block tried after the model, once per block, in order: each (with its "
+            "--attempts) only on a task the ones before did not resolve (a cheaper model first)."
+        ),
+    ] = None,
     *,
-    limits: AgentLimits,
+    limits: AgentChoices,
 ) -> None:
     """Run many tasks at once, each graded and uploaded; tasks already graded under this configuration are skipped.
 
@@ -223,14 +251,17 @@ def sweep_command(
     Tasks come from a task file (as `bugsweep mine` writes it), or from a repository and branch: its tests are
     run, and each failing test file becomes a task. Results go to the artifact store, under
     SWEEP/TASK/MODEL/CONFIG/, CONFIG being the digest of the run's configuration (model, policy, limits, sandbox,
-    environment, bugsweep's version): a sweep under another configuration runs the tasks again and keeps both.
+    environment, bugsweep's version and code): a sweep under another configuration runs the tasks again and keeps
+    both; after an upgrade of bugsweep, it says how many were graded by another bugsweep and runs them again
+    (--keep-graded-by-other-code keeps those grades instead). Options left unset come from BUGSWEEP_* and LLM_*
+    (or the blocks), else the defaults, as for `bugsweep solve`.
     The sweep's folder gets predictions.jsonl, SWE-bench's predictions file (instance_id, model_name_or_path,
     model_patch: each task's patch.diff), in the store and in the local folder runs are written to.
     With --push-branches, a fix that could not be pushed leaves its grade as it is and fails the sweep (exit 2).
     """
     if (tasks is None) == (repo is None):
         _fail("give exactly one of --tasks FILE and --repo REPO")
-    if sandbox not in ("local", "runtime"):
+    if sandbox not in (None, "local", "runtime"):
         _fail(f"--sandbox must be 'local' or 'runtime', not {sandbox!r}")
     if on_workers and not os.environ.get("PREFECT_API_URL"):
         _fail("--on-workers needs the Prefect server the workers use: set PREFECT_API_URL")
@@ -247,12 +278,15 @@ def sweep_command(
             _fail(str(exc))
     else:
         assert repo is not None
-        source = RepoBranch(repo=repo, branch=branch, test_command=test_command, setup_command=setup_command)
+        source = RepoBranch(
+            repo=repo, branch=branch, test_command=test_command, setup_command=setup_command or None
+        )
     try:
         with prefect_server():
             model, store = _named_blocks(model_block, store_block)
             branches = _named_branches_block(branches_block)
-            grades = sweep(  # type: ignore[call-overload]  # sandbox: checked above
+            escalate_to = [_named_blocks(block, None)[0] for block in escalate_to_block or []]
+            state: Any = sweep(  # sandbox: checked above; with return_state, the final State
                 source=source,
                 name=name or "",
                 model=model,
@@ -261,17 +295,23 @@ def sweep_command(
                 limits=limits,
                 concurrency=concurrency,
                 run_on="workers" if on_workers else "this-process",
-                redo_graded=redo,
+                redo_graded=redo_graded,
+                keep_graded_by_other_code=keep_graded_by_other_code,
                 push_branches=push_branches,
                 branches=branches,
+                escalate_to=escalate_to,
+                return_state=True,
             )
-    except SweepFailed as exc:
-        _print_grades(exc.grades)
-        _fail(str(exc))
+            outcome = state.result(raise_on_failure=False)
     except BugsweepError as exc:
         _fail(str(exc))
-    _print_grades(grades)
-    console.print(f"sweep COMPLETED: all {len(grades)} task(s) graded")
+    if isinstance(outcome, SweepFailed):
+        _print_grades(outcome.grades)
+        _fail(state.message or str(outcome))
+    if isinstance(outcome, BaseException):  # the sweep could not run: its one line (a crash: the traceback)
+        raise outcome
+    _print_grades(outcome)
+    console.print(state.message or f"sweep COMPLETED: all {len(outcome)} task(s) graded", soft_wrap=True)
 
 
 def _named_blocks(model_block: str | None, store_block: str | None) -> tuple[Any, Any]:
@@ -297,7 +337,10 @@ def _named_branches_block(name: str | None) -> Any:
 
 
 def _cell(grade: Any) -> str:
-    return "yes" if grade.resolved else "held" if grade.held_for_review else "no"
+    if grade.resolved:
+        at = f" (attempt {grade.kept_attempt})" if len(grade.attempts) > 1 else ""
+        return ("yes (exit code only)" if str(grade.evidence).startswith("exit code") else "yes") + at
+    return "held" if grade.held_for_review else "no"
 
 
 def _print_grades(grades: list[Any]) -> None:
@@ -336,6 +379,9 @@ def _print_grades(grades: list[Any]) -> None:
     console.print(f"{sum(g.resolved for g in grades)} of {len(grades)} resolved")
     if held:
         console.print(f"held for review (tests pass, suspicious signals; counted as not resolved): {held}")
+    bare = ", ".join(g.instance_id for g in grades if g.resolved and str(g.evidence).startswith("exit code"))
+    if bare:
+        console.print(f"resolved on the exit code alone (no per-test evidence, no mirror run): {bare}")
     policies = sorted({g.policy for g in grades if g.policy})
     if policies:
         console.print(f"agent policy: {', '.join(policies)}")
@@ -458,7 +504,8 @@ def deploy_command(
         ),
     ] = None,
 ) -> None:
-    """Create the work pool, deploy `solve-bug` and `nightly-sweep` from prefect.yaml, and the crash automations.
+    """Create the work pool, deploy what prefect.yaml lists (solve-bug, nightly-sweep, nightly-benchmark), and the
+    crash automations.
 
     Run it in the project folder (the one holding prefect.yaml): process workers run the flows from there. Needs a
     running Prefect server (PREFECT_API_URL). `nightly-sweep` is deployed with its schedule paused, and says why,
@@ -507,18 +554,31 @@ def worker_command(
         list[str] | None, typer.Argument(help="More options for `prefect worker start` (after --).")
     ] = None,
 ) -> None:
-    """Remove the sandboxes dead processes left on this machine, then run `prefect worker start --pool POOL`.
+    """Remove the sandboxes this user's dead processes left on this machine, then run `prefect worker start --pool
+    POOL` in this process, removing them again every 30 s while it runs.
 
     A worker killed with its flow runs (out of memory, a lost node) leaves their local sandboxes behind (overlay
-    mounts, cgroups, folders); the next worker on the machine removes them before it takes new runs. The worker
-    looks for new runs every 2 s (PREFECT_WORKER_QUERY_SECONDS, Prefect's default 10 s), so a run started from the
-    UI starts sooner (bench/README.md).
+    mounts, cgroups, folders); a live worker of the same user on the machine removes them within about 30 s, and
+    a new one as it starts. Another user's sandboxes are never touched. The worker looks for new runs every 2 s
+    (PREFECT_WORKER_QUERY_SECONDS, Prefect's default 10 s), so a run started from the UI starts sooner
+    (bench/README.md).
     """
-    from bugsweep.cli.sandboxes import cleanup_local
+    from bugsweep.cli.sandboxes import cleanup_local, say_removed
+    from bugsweep.sandbox.local import LocalProvider
+    from bugsweep.settings import SandboxSettings
 
     cleanup_local()
+
+    def report(removed: list[str], known: dict[str, dict[str, object]]) -> None:
+        say_removed(removed, known)
+        sys.stdout.flush()
+
+    LocalProvider(SandboxSettings()).reaper(report=report).start()
     os.environ.setdefault("PREFECT_WORKER_QUERY_SECONDS", str(WORKER_QUERY_S))
-    command = [sys.executable, "-m", "prefect", "worker", "start", "--pool", pool, *(extra or [])]
-    console.print(f"starting: {' '.join(command[2:])}", soft_wrap=True)
+    args = ["worker", "start", "--pool", pool, *(extra or [])]
+    console.print(f"starting: prefect {' '.join(args)}", soft_wrap=True)
     sys.stdout.flush()
-    os.execv(sys.executable, command)
+    from prefect.cli import app as prefect_cli
+
+    sys.argv = ["prefect", *args]
+    prefect_cli()  # until the worker stops; its exit code is the command's

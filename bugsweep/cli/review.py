@@ -41,11 +41,11 @@ def review_command(
     it. Every folder below LOCATION that holds a grade.json is one run. Exit code 0, or 2 when LOCATION holds no
     graded run or cannot be read.
     """
-    from bugsweep.grading import verdict_word
+    from bugsweep.grading import verdict_label
     from bugsweep.review import write_review
 
     path, reviewed = write_review(location, out)
-    words = [verdict_word(run.grade) for run in reviewed.runs]
+    words = [verdict_label(run.grade) for run in reviewed.runs]
     counts = ", ".join(f"{words.count(w)} {w}" for w in dict.fromkeys(words))
     console.print(
         f"wrote {path} ({len(words)} run{'s' if len(words) != 1 else ''}: {counts})", soft_wrap=True

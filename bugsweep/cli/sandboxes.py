@@ -11,6 +11,7 @@ from typing import Annotated, NoReturn
 import typer
 
 sandboxes_app = typer.Typer(
+    rich_markup_mode=None,
     help="Sandboxes left behind by crashed runs: list them and delete them by label.",
     no_args_is_help=True,
 )
@@ -100,10 +101,11 @@ def cleanup(
 
 
 def cleanup_local() -> None:
-    """Remove what killed processes left on this machine (overlay mounts, cgroups, folders), saying what.
+    """Remove what this user's killed processes left on this machine (overlay mounts, cgroups, folders), saying
+    what.
 
     Local sandboxes die with the process that made them, so only those whose owner is gone are removed; sandboxes
-    of live processes are never touched, whatever their labels.
+    of live processes, and another user's, are never touched, whatever their labels.
     """
     from bugsweep.sandbox.local import LocalProvider
     from bugsweep.settings import SandboxSettings
@@ -111,6 +113,12 @@ def cleanup_local() -> None:
     provider = LocalProvider(SandboxSettings())
     known = {str(entry.get("id")): entry for entry in provider.sandboxes()}
     removed = provider.reap_stale()
+    say_removed(removed, known)
+    typer.echo(f"{len(removed)} left-over local sandbox(es) removed from {provider.state_dir}")
+
+
+def say_removed(removed: list[str], known: dict[str, dict[str, object]]) -> None:
+    """One line per sandbox removed: whose it was and what went."""
     for name in removed:
         if name not in known:
             typer.echo(f"removed {name} (a folder a dead process left)")
@@ -122,7 +130,6 @@ def cleanup_local() -> None:
             f"left by process {entry['owner_pid']}" if entry.get("owner_pid") else "left by a dead process"
         )
         typer.echo(f"removed {name} ({owner}{'; ' + tags if tags else ''}): its mount, cgroups and folder")
-    typer.echo(f"{len(removed)} left-over local sandbox(es) removed from {provider.state_dir}")
 
 
 @sandboxes_app.command("list")

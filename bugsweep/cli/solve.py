@@ -22,20 +22,21 @@ from rich.markup import escape
 from rich.syntax import Syntax
 
 from bugsweep.cli.options import with_limit_options
-from bugsweep.runconfig import AgentLimits  # at run time: with_limit_options reads the annotations
+from bugsweep.runconfig import (
+    BACKEND_UNSET,
+    AgentChoices,
+)  # at run time: with_limit_options reads the annotations
+from bugsweep.spec import DEFAULT_SETUP_COMMAND, DEFAULT_TEST_COMMAND
 
 if TYPE_CHECKING:
     from bugsweep.agent.loop import AgentEvent
 
 EXIT_RESOLVED, EXIT_NOT_RESOLVED, EXIT_COULD_NOT_RUN = 0, 1, 2
 
-#: Where an option left unset comes from, for solve and demo.
-FROM_ENVIRONMENT = "Unset: the BUGSWEEP_* variable of that name, else the default."
-
 DEMO_TASK = "tests/test_dates.py fails on leap years. Fix the code."
-DEMO_TEST_COMMAND = "python -m pytest -q"
+DEMO_TEST_COMMAND = DEFAULT_TEST_COMMAND
 #: The demo's tests run in its own environment, which gets pytest from the setup like any task's.
-DEMO_SETUP_COMMAND = "pip install pytest"
+DEMO_SETUP_COMMAND = DEFAULT_SETUP_COMMAND
 
 console = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -46,7 +47,7 @@ def register(app: typer.Typer) -> None:
     app.command("demo")(demo_command)
 
 
-@with_limit_options(FROM_ENVIRONMENT)
+@with_limit_options()
 def solve_command(
     repo: Annotated[str, typer.Option(help="Local path or git URL of the repository with the bug.")],
     task: Annotated[str, typer.Option(help="What is wrong, in words, as you would tell a colleague.")],
@@ -60,12 +61,12 @@ def solve_command(
         str | None, typer.Option(help="Commit, branch or tag to start from (default: as it is).")
     ] = None,
     setup_command: Annotated[
-        str | None,
+        str,
         typer.Option(
             help="Runs once before the tests, with network, in the task's own environment; installs what the "
-            "tests need, the test runner included (e.g. 'pip install -e . pytest')."
+            "tests need, the test runner included (e.g. 'pip install -e . pytest'); '' for none."
         ),
-    ] = None,
+    ] = DEFAULT_SETUP_COMMAND,
     python: Annotated[
         str | None,
         typer.Option(
@@ -78,8 +79,9 @@ def solve_command(
         typer.Option(help="Folder for grade.json, patch.diff, trajectory.json and the test logs."),
     ] = None,
     sandbox: Annotated[
-        str, typer.Option(help="Sandbox backend: 'local' (bubblewrap) or 'runtime'.")
-    ] = "local",
+        str | None,
+        typer.Option(help=f"Sandbox backend: 'local' (bubblewrap) or 'runtime'. {BACKEND_UNSET}"),
+    ] = None,
     push_branch: Annotated[
         bool,
         typer.Option(
@@ -95,8 +97,24 @@ def solve_command(
             "--repo when it is a URL)."
         ),
     ] = None,
+    escalate_to: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="NAME=BASE_URL[,KEY_ENV[,MODEL_ID]]: a model tried, with its own --attempts, only when the ones "
+            "before it did not resolve the task (a cheaper model first: LLM_MODEL, then these in the order given). "
+            "Its key is read from the variable KEY_ENV, never printed; MODEL_ID (default NAME) is sent to the "
+            "endpoint; its other settings are LLM_*'s (its prices too: set its own with --escalate-set)."
+        ),
+    ] = None,
+    escalate_set: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="NAME:SETTING=VALUE: an endpoint setting of one --escalate-to model, e.g. "
+            "big:price_prompt_per_mtok=0.27 or big:temperature=0.2."
+        ),
+    ] = None,
     *,
-    limits: AgentLimits,
+    limits: AgentChoices,
 ) -> None:
     """Fix a bug in a sandbox and grade the fix: tests must fail before, pass after, with test files untouched.
 
@@ -115,11 +133,28 @@ def solve_command(
         base_commit=ref,
         problem_statement=task,
         test_command=test_command,
-        setup_command=setup_command,
+        setup_command=setup_command or None,
         python=python,
     )
     branches = branch_settings(push_url) if push_branch else None
-    raise typer.Exit(run_one(spec, out=out, limits=limits, backend=sandbox, branches=branches))
+    later = escalation(escalate_to or [], escalate_set or [])
+    raise typer.Exit(
+        run_one(spec, out=out, limits=limits, backend=sandbox, branches=branches, escalate_to=later)
+    )
+
+
+def escalation(texts: list[str], settings: list[str]) -> list[Any]:
+    """The ModelSettings of `--escalate-to` (with `--escalate-set`), keys read now; a bad one exits 2 in one line."""
+    from bugsweep.endpoints import parse_endpoints
+    from bugsweep.errors import ConfigError
+
+    if settings and not texts:
+        _fail("--escalate-set is for --escalate-to: give both")
+    try:
+        return [e.settings() for e in parse_endpoints(texts, settings, "--escalate-to", "--escalate-set")]
+    except ConfigError as exc:
+        _fail(str(exc))
+        raise  # unreachable: _fail exits
 
 
 def branch_settings(push_url: str | None) -> Any:
@@ -136,13 +171,13 @@ def branch_settings(push_url: str | None) -> Any:
     return settings.model_copy(update={"push_url": push_url}) if push_url else settings
 
 
-@with_limit_options(FROM_ENVIRONMENT)
+@with_limit_options()
 def demo_command(
     out: Annotated[
         Path | None, typer.Option(help="Folder for the run's outputs (default: ./runs/demo-...).")
     ] = None,
     *,
-    limits: AgentLimits,
+    limits: AgentChoices,
 ) -> None:
     """Solve the bundled example: a calendar module whose leap-year rule is wrong, with a failing test.
 
@@ -196,14 +231,17 @@ def run_one(
     spec: Any,
     *,
     out: Path | None,
-    limits: AgentLimits,
-    backend: str,
+    limits: AgentChoices,
+    backend: str | None,
     show_patch: bool = False,
     out_prefix: str | None = None,
     branches: Any = None,
+    escalate_to: list[Any] | None = None,
 ) -> int:
-    """Solve one task with progress output; returns the exit code. The limits given override BUGSWEEP_*.
-    With `branches` (BranchSettings), a resolved fix is pushed as a branch; a failed push exits 2."""
+    """Solve one task with progress output; returns the exit code. The run is built as every front end builds it
+    (bugsweep.runbuilder: the limits given over BUGSWEEP_*/LLM_* over the defaults; no blocks are read).
+    With `branches` (BranchSettings), a resolved fix is pushed as a branch; a failed push exits 2. `escalate_to`:
+    the models (ModelSettings) tried after LLM_MODEL, in order, on what it did not resolve."""
     from pydantic import ValidationError
 
     from bugsweep.cli.exits import (
@@ -217,26 +255,24 @@ def run_one(
     )
     from bugsweep.errors import BugsweepError, ConfigError
     from bugsweep.pipeline import solve_task
-    from bugsweep.runconfig import RunConfig, resolve_policy
-    from bugsweep.sandbox import get_provider
-    from bugsweep.settings import AgentSettings, ModelSettings
+    from bugsweep.runbuilder import build_run
 
     out_dir = out or default_out_dir(out_prefix or spec.instance_id)
     try:
-        agent_settings = AgentSettings(**limits.model_dump(include=limits.model_fields_set))
-        model_settings = ModelSettings()
-    except ValidationError as exc:
-        return could_not_run(settings_problem(exc), "configuration")
-    try:
         with sigterm_as_interrupt():
-            provider = get_provider(backend)
-            agent_settings.policy = resolve_policy(
-                agent_settings.policy, embedded=not model_settings.base_url
-            )
-            config = RunConfig.of(model_settings, agent_settings, provider)
-            with model_endpoint(model_settings) as model_settings:
+            try:
+                run = build_run(limits, backend=backend, escalate_to=escalate_to or [])
+            except ValidationError as exc:
+                return could_not_run(settings_problem(exc), "configuration")
+            config, agent_settings, provider = run.config, run.agent, run.provider
+            with model_endpoint(run.model) as model_settings:
+                later = "".join(f", then {m.model} at {m.base_url}" for m in run.escalate_to)
+                each = " per model" if run.escalate_to else ""
+                attempts = (
+                    f", up to {agent_settings.attempts} attempts{each}" if agent_settings.attempts > 1 else ""
+                )
                 console.print(
-                    f"[bold]model[/] {model_settings.model} at {model_settings.base_url}, "
+                    f"[bold]model[/] {model_settings.model} at {model_settings.base_url}{escape(later)}{attempts}, "
                     f"policy {config.policy}, configuration {config.digest}"
                 )
                 printer = ProgressPrinter()
@@ -250,6 +286,7 @@ def run_one(
                     on_step=printer.step,
                     labels={"task": spec.instance_id[:63], "model": model_settings.model[:63]},
                     config=config,
+                    escalate_to=run.escalate_to,
                 )
     except BugsweepError as exc:
         code = could_not_run(str(exc), "configuration" if isinstance(exc, ConfigError) else exc.kind)
@@ -346,12 +383,18 @@ def print_summary(verdict: Any, out_dir: Path, *, show_patch: bool = False) -> N
     def mark(ok: bool) -> str:
         return "[green]yes[/]" if ok else "[red]no[/]"
 
-    from bugsweep.grading import verdict_word
+    from bugsweep.grading import verdict_label
 
-    colour = {"resolved": "green", "held for review": "yellow"}.get(verdict_word(verdict), "red")
-    head = f"[bold {colour}]{verdict_word(verdict).upper()}[/]"
+    word = verdict_label(verdict)
+    colour = {"resolved": "green", "held for review": "yellow", "resolved (exit code only)": "yellow"}.get(
+        word, "red"
+    )
+    head = f"[bold {colour}]{word.upper()}[/]"
+    from bugsweep.attempts import resolved_at
+
     console.print()
-    console.print(f"{head}  {verdict.instance_id}  ({verdict.model})")
+    at = resolved_at(verdict)
+    console.print(f"{head}  {verdict.instance_id}  ({verdict.model})" + (f"  {escape(at)}" if at else ""))
     console.print(
         f"  failed before: {mark(verdict.failed_before)}   passes after: {mark(verdict.passes_after)}   "
         f"tests untouched: {mark(verdict.tests_untouched)}"
@@ -383,8 +426,23 @@ def print_summary(verdict: Any, out_dir: Path, *, show_patch: bool = False) -> N
     patch_path = out_dir / "patch.diff"
     if show_patch and patch_path.exists() and patch_path.read_text().strip():
         console.print(Syntax(patch_path.read_text(), "diff", theme="ansi_dark"))
+    for record in verdict.attempts if len(verdict.attempts) > 1 else []:
+        why = (
+            f": {record.reason or record.error}"
+            if not record.resolved and (record.reason or record.error)
+            else ""
+        )
+        console.print(
+            f"  attempt {record.attempt}: {record.model} at temperature {record.temperature:g}, "
+            f"{record.verdict}{escape(why)[:160]} ({record.turns} turn(s), ${record.cost_usd:.4f}, "
+            f"{record.wall_s:.0f}s)"
+        )
+    shown = verdict.kept_attempt or (verdict.attempts[-1].attempt if verdict.attempts else None)
+    folders = any(r.folder for r in verdict.attempts)
+    kept_files = f"; attempt {shown}'s at the top, every attempt's in attempts/N/" if folders else ""
     console.print(
-        f"  outputs: {out_dir}/ (grade.json, patch.diff, trajectory.json, tests_before.log, tests_after.log)"
+        f"  outputs: {out_dir}/ (grade.json, patch.diff, trajectory.json, tests_before.log, tests_after.log"
+        f"{kept_files})"
     )
 
 

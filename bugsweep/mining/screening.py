@@ -9,10 +9,10 @@ from enum import StrEnum
 from pathlib import Path, PurePosixPath
 from typing import NamedTuple
 
+from bugsweep.grading.testfiles import is_test_file
 from bugsweep.mining.change import BUILTIN_EXCEPTIONS, ChangeShape, read_change
 from bugsweep.mining.records import Commit, Rejection, RejectReason, Screened
 from bugsweep.settings import DEFAULT_TEST_GLOBS
-from bugsweep.testfiles import is_test_file
 
 #: Words that say a bug was fixed, whatever else the commit does. Matched case-insensitively on whole words.
 STRONG_FIX_WORDS = (

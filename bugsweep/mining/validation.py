@@ -6,7 +6,7 @@ import threading
 from collections.abc import Callable
 
 from bugsweep.errors import BugsweepError, ConfigError, SetupFailed
-from bugsweep.grading import TestRun, missing_module, run_tests, why_cannot_run
+from bugsweep.grading.runs import TestRun, missing_module, run_tests, why_cannot_run
 from bugsweep.mining.records import RejectReason
 from bugsweep.mining.verdict import Verdict, _all_ids, _outcomes, _stable, judge
 from bugsweep.sandbox.base import Sandbox, SandboxProvider

@@ -1,7 +1,7 @@
 """The review page: one self-contained HTML file (no server, nothing from the internet) for a run, a sweep or a
 comparison.
 
-The index lists every run with its verdict (bugsweep.grading.verdict_word) and filters by it; each run opens to
+The index lists every run with its verdict (bugsweep.grading.verdict_label) and filters by it; each run opens to
 its evidence, its diff (highlighted by Pygments, its CSS embedded), its timeline and its configuration. The
 template (templates/page.html.j2, with page.css and page.js beside it) ships in the wheel as package data.
 
@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import re
 from datetime import UTC, datetime
 from importlib.resources import files
 from typing import Any
@@ -25,17 +26,19 @@ from pygments import highlight
 from pygments.formatters import HtmlFormatter
 from pygments.lexers import DiffLexer
 
-from bugsweep.grading import Grade, verdict_word
+from bugsweep.attempts import planned, resolved_at
+from bugsweep.grading import Grade, verdict_label
 from bugsweep.review.runs import Reviewed, RunFiles
 from bugsweep.review.timeline import build_timeline
 
-#: Verdicts in the order the filter offers them (bugsweep.grading.verdict_word's words).
-VERDICTS = ("resolved", "held for review", "not resolved", "could not run")
+#: Verdicts in the order the filter offers them (bugsweep.grading.verdict_label's words: a grade that rests on the
+#: exit code alone, without per-test evidence or the mirror's check, is shown apart).
+VERDICTS = ("resolved", "resolved (exit code only)", "held for review", "not resolved", "could not run")
 _PYGMENTS_CLASS = "highlight"
 
 
 def verdict_class(word: str) -> str:
-    return word.replace(" ", "-")
+    return re.sub(r"[^a-z0-9]+", "-", word).strip("-")
 
 
 def _environment() -> Environment:
@@ -73,7 +76,7 @@ def _title(reviewed: Reviewed) -> str:
 
 def _run_view(index: int, run: RunFiles) -> dict[str, Any]:
     grade = run.grade
-    word = verdict_word(grade)
+    word = verdict_label(grade)
     timeline = build_timeline(run.trajectory) if run.trajectory is not None else None
     task = run.task or {}
     return {
@@ -95,6 +98,8 @@ def _run_view(index: int, run: RunFiles) -> dict[str, Any]:
         "timeline": timeline,
         "turn_count": len(timeline["turns"]) if timeline else 0,
         "config_key": _config_summary(grade),
+        "attempt_line": resolved_at(grade),
+        "attempts": grade.attempts if planned(grade.config) > 1 else [],
     }
 
 
@@ -112,6 +117,12 @@ def _config_summary(grade: Grade) -> str:
         f"temperature {model['temperature']}" if "temperature" in model else "",
         f"policy {config.get('policy') or grade.policy or '-'}",
         f"max turns {agent['max_turns']}" if "max_turns" in agent else "",
+        f"{agent['attempts']} attempts" if (agent.get("attempts") or 1) > 1 else "",
+        *(
+            f"then {later.get('model')}"
+            for later in config.get("escalate_to") or []
+            if isinstance(later, dict)
+        ),
         f"sandbox {sandbox['backend']}" if "backend" in sandbox else "",
         f"bugsweep {config['bugsweep_version']}" if "bugsweep_version" in config else "",
     ]

@@ -33,7 +33,7 @@ LOG_TAIL_CHARS = 8_000
 #: The most of a patch the page shows (a change that writes megabytes stays readable; the whole one is patch.diff).
 PATCH_SHOWN_CHARS = 200_000
 #: Files of a run folder the page reads, besides grade.json.
-LOG_FILES = ("tests_before.log", "tests_after.log")
+LOG_FILES = ("tests_before.log", "tests_after.log", "tests_mirror.log")
 #: Runs read from a store at once (each run is a few small GETs).
 READERS = 8
 

@@ -43,6 +43,7 @@ from withruntime import (
 )
 
 from bugsweep.errors import ConfigError, SandboxError, SandboxGone
+from bugsweep.runconfig import RuntimeFields
 from bugsweep.sandbox import runtime_workspace
 from bugsweep.sandbox.base import (
     OUTPUT_LIMIT_BYTES,
@@ -76,8 +77,9 @@ _NOT_RUNNING = {
 }
 
 
-class RuntimeSettings(BaseSettings):
-    """Runtime-only settings. The key and URL use the SDK's own variable names; the rest BUGSWEEP_RUNTIME_*."""
+class RuntimeSettings(BaseSettings, RuntimeFields):
+    """Runtime-only settings: a microVM's (bugsweep.runconfig.RuntimeFields, BUGSWEEP_RUNTIME_*), and the key and
+    the API's address under the SDK's own variable names."""
 
     model_config = SettingsConfigDict(
         env_prefix="BUGSWEEP_RUNTIME_", env_file=".env", extra="ignore", populate_by_name=True
@@ -92,34 +94,6 @@ class RuntimeSettings(BaseSettings):
         None, validation_alias=AliasChoices("RUNTIME_API_URL", "BUGSWEEP_RUNTIME_API_URL")
     )
     """API origin (RUNTIME_API_URL); unset: https://api.withruntime.com. Plain http only to localhost (tests)."""
-    vcpu: int = 2
-    """vCPUs per sandbox."""
-    memory_mib: int | None = None
-    """Memory per sandbox; unset: SandboxSettings.memory_mib (BUGSWEEP_SANDBOX_MEMORY_MIB)."""
-    disk_mib: int | None = None
-    """Disk per sandbox; unset: Runtime's default."""
-    timeout_seconds: int = 7200
-    """Lifetime limit (60..86400). A sandbox still alive then (a crashed run) is deleted by Runtime itself."""
-    image: str | None = None
-    """Image (id, name, name:tag); unset: Runtime's default image. It needs bash and git (git clone, the
-    grader's diffs); one with the project's dependencies installed saves the setup step's time."""
-    isolate_network: bool = True
-    """Agent commands run with the sandbox's internet off; only setup and `git clone` (network=True) get it,
-    switched on around that one command. False: internet on for the sandbox's whole life."""
-    max_cost_usd: float | None = None
-    """Runtime's own spending cap per sandbox (max_cost_micros); unset: none."""
-    price_per_vcpu_hour: float = 0.025
-    """USD per vCPU-hour of CPU used (Runtime's published price)."""
-    price_per_gib_hour: float = 0.0075
-    """USD per GiB-hour of memory held (Runtime's published price)."""
-    max_retries: int = 4
-    """The SDK's retries of 429 / 5xx / dropped connections, each with the same Idempotency-Key."""
-    request_timeout_s: float = 300.0
-    """The SDK's per-call timeout (commands get their own timeout plus a minute)."""
-    wait_for_capacity_s: float = 120.0
-    """How long a create waits out 'no capacity' / quota refusals before it fails (as infra, retryable)."""
-    clone_timeout_s: float = 600.0
-    """Timeout of `git clone` inside the sandbox for a repository given as a URL."""
 
 
 @dataclass

@@ -135,6 +135,21 @@ class SourceCache:
             raise ConfigError(f"ref {source.ref!r} not found in the git repository at {path}") from None
         return self._checkout(path, sha, origin=None)
 
+    def resolve(self, source: RepoSource) -> str:
+        """The commit `source.ref` names (fetched into the cached mirror for a URL, as `prepare` would), without a
+        checkout: a task's commit checked before any run. Raises ConfigError when the repository has no such
+        commit or no such folder, SandboxError when a clone or fetch fails."""
+        ref = source.ref or "HEAD"
+        if is_git_url(source.repo):
+            return self._resolve_in_mirror(self._mirror(source.repo), source.repo, ref)
+        path = Path(source.repo).expanduser().resolve()
+        if not path.is_dir():
+            raise ConfigError(f"repository path {source.repo!r} is not a directory")
+        sha = _try_rev_parse(path, ref)
+        if sha is None:
+            raise ConfigError(f"ref {ref!r} not found in the git repository at {path}")
+        return sha
+
     # -- internals -------------------------------------------------------------------------------------------
 
     def _mirror(self, url: str) -> Path:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
 
 #: Children of this process that belong to a sandbox (its network helper, its bubblewrap, a shell it ran).
@@ -56,3 +57,37 @@ def processes_in_cgroups(sandbox_id: str) -> list[int]:
             except OSError:
                 pass
     return found
+
+
+def other_user(home: Path) -> tuple[int, int]:
+    """Another user of this machine: `bugsweep-other`, made with useradd when it can be (else a bare uid, which
+    is what the reaper compares), with `home` as a home it owns."""
+    import pwd
+    import shutil
+
+    try:
+        pwd.getpwnam("bugsweep-other")
+    except KeyError:
+        if shutil.which(
+            "useradd"
+        ):  # a concurrent test session may make it first: then this one fails, harmless
+            subprocess.run(["useradd", "--system", "--no-create-home", "bugsweep-other"], capture_output=True)
+    try:
+        entry = pwd.getpwnam("bugsweep-other")
+        uid, gid = entry.pw_uid, entry.pw_gid
+    except KeyError:
+        uid = gid = 4242
+    home.mkdir(parents=True, exist_ok=True)
+    os.chown(home, uid, gid)
+    return uid, gid
+
+
+#: What a user with root's powers over files and mounts has (so that only the reaper's own check can stop it).
+POWERS = "+sys_admin,+dac_override,+dac_read_search,+fowner,+kill"
+
+
+def as_user(uid: int, gid: int) -> list[str]:
+    """The command prefix that runs a command as that user, with the powers to unmount and delete another user's
+    sandboxes (setpriv, util-linux): what stops it must be bugsweep's own check of the owner."""
+    return ["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups", f"--inh-caps={POWERS}",
+            f"--ambient-caps={POWERS}", "--"]  # fmt: skip

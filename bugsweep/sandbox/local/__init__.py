@@ -32,9 +32,9 @@ from __future__ import annotations
 
 import logging
 import os
-import tempfile
 import uuid
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -93,12 +93,12 @@ class LocalProvider:
     ) -> None:
         """`cache_dir` holds clones and ref checkouts (default: settings.cache_dir, else ~/.cache/bugsweep);
         `state_dir` holds each sandbox's overlay layers, /workspace and /tmp (default: settings.state_dir, else
-        $TMPDIR/bugsweep-sandboxes)."""
+        this user's own $TMPDIR/bugsweep-sandboxes-UID)."""
         self.settings = settings or SandboxSettings()
         cache_dir = cache_dir or (Path(self.settings.cache_dir) if self.settings.cache_dir else None)
         state_dir = state_dir or (Path(self.settings.state_dir) if self.settings.state_dir else None)
         self.sources = SourceCache(cache_dir)
-        self.state_dir = state_dir or Path(tempfile.gettempdir()) / "bugsweep-sandboxes"
+        self.state_dir = state_dir or stale.default_state_dir()
         self.env_cache = EnvCache(
             Path(self.settings.env_dir) if self.settings.env_dir else None,
             max_age_days=self.settings.env_max_age_days,
@@ -157,8 +157,15 @@ class LocalProvider:
         return list_sandboxes(self.state_dir)
 
     def reap_stale(self) -> list[str]:
-        """Remove sandboxes left behind by processes that died without releasing them; their ids."""
+        """Remove sandboxes this user's processes left behind when they died without releasing them; their ids."""
         return reap_stale(self.state_dir)
+
+    def reaper(
+        self, report: Callable[[list[str], dict[str, dict[str, object]]], None] | None = None
+    ) -> stale.Reaper:
+        """A reaper of this provider's state folder for a long-lived process (`bugsweep worker`): started, it reaps
+        every stale.REAP_EVERY_S seconds, calling `report` with what it removed."""
+        return stale.Reaper(self.state_dir, report=report)
 
 
 def _templates_meta(path: Path) -> None:

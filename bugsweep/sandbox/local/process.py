@@ -11,6 +11,7 @@ everything but endless output.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import re
 import select
@@ -21,13 +22,13 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import IO, TYPE_CHECKING
+from typing import TYPE_CHECKING
 
 from bugsweep.errors import SandboxError, SandboxGone
 from bugsweep.sandbox.base import OUTPUT_LIMIT_BYTES
 from bugsweep.sandbox.local import seccomp
 from bugsweep.sandbox.local.bwrap import isolation_args, options_fd
-from bugsweep.sandbox.local.capture import Capture, stdin_file
+from bugsweep.sandbox.local.capture import Capture, stdin_pipe
 from bugsweep.sandbox.local.common import decode, short
 from bugsweep.sandbox.local.limits import ATTACH_FAILED
 from bugsweep.sandbox.local.setup_network import NetworkPlan, SetupNetwork
@@ -42,6 +43,10 @@ DISK_SAMPLE_S = 0.25
 _ENOSPC = b"No space left on device"
 #: What `full_output` keeps of the start of each stream: files.read_bytes reads files of up to 64 MiB so.
 FULL_OUTPUT_HEAD_BYTES = 64 * 1024 * 1024
+
+#: Where bubblewrap's options descriptor goes (`--args N`, seen inside as /proc/1/cmdline): one number for all.
+ARGS_FD = 900
+_SPAWN_LOCK = threading.Lock()
 
 #: The exit code of a command whose sandbox was killed under it (bubblewrap's for SIGKILL).
 KILLED = 128 + signal.SIGKILL
@@ -173,12 +178,12 @@ def children(pid: int) -> list[int]:
 
 
 @contextlib.contextmanager
-def _stdin(data: bytes | None) -> Iterator[int | IO[bytes]]:
+def _stdin(data: bytes | None) -> Iterator[int]:
     if data is None:
         yield subprocess.DEVNULL
         return
-    with stdin_file(data) as fh:
-        yield fh
+    with stdin_pipe(data) as fd:
+        yield fd
 
 
 def run_command(
@@ -303,7 +308,7 @@ def _start_bwrap(
     network: NetworkPlan | None,
     extra: list[str],
     bwrap_at: int,
-    stdin: int | IO[bytes],
+    stdin: int,
     output: tuple[int, int],
 ) -> tuple[Command, int, int | None]:
     """Start `bash` as one `bwrap` of its own: the command, the read end of bwrap's --info-fd, and the write end
@@ -324,24 +329,32 @@ def _start_bwrap(
             child_fds.append(resolv)
             options += ["--block-fd", str(block_r), "--ro-bind-data", str(resolv), "/etc/resolv.conf"]
         options += ["--chdir", cwd]
-        args_fd = options_fd(options)
-        child_fds.append(args_fd)
-        argv = [*argv_head[: bwrap_at + 1], "--args", str(args_fd), *bash]
+        memfd = options_fd(options)
     except BaseException:
         for fd in child_fds:
             os.close(fd)
         raise
-    try:
-        proc = _start(argv, stdin, output, environ, child_fds)
-    finally:
-        for fd in child_fds:
-            os.close(fd)
+    # The options' descriptor at one number for every command (the lowest free from ARGS_FD, taken and given back
+    # under a lock): the sandbox's /proc/1/cmdline is then the same in any two sandboxes that run the same command,
+    # as the mirror pair's two runs must be (bugsweep.grading.mirror).
+    with _SPAWN_LOCK:
+        try:
+            args_fd = fcntl.fcntl(memfd, fcntl.F_DUPFD_CLOEXEC, ARGS_FD)
+        finally:
+            os.close(memfd)
+        child_fds.append(args_fd)
+        argv = [*argv_head[: bwrap_at + 1], "--args", str(args_fd), *bash]
+        try:
+            proc = _start(argv, stdin, output, environ, child_fds)
+        finally:
+            for fd in child_fds:
+                os.close(fd)
     return Command(proc), info_r, block_w
 
 
 def _start(
     argv: list[str],
-    stdin: int | IO[bytes],
+    stdin: int,
     output: tuple[int, int],
     environ: dict[str, str],
     child_fds: list[int],

@@ -1,9 +1,16 @@
-"""Stale sandboxes: what processes that died without releasing left in the state folder, swept on the next
-`create()` (once per process) or by `bugsweep sandboxes`.
+"""Stale sandboxes: what processes that died without releasing left in the state folder, and who removes it.
 
-Each sandbox folder (and each process's /etc folder) carries its owner's pid, the pid's start time and the pid
-namespace; an owner that is gone (or a reused pid with another start time) marks it stale. Folders of another pid
-namespace are left alone: their pids mean nothing here.
+Each sandbox folder (and each process's /etc folder) carries its owner: the user (uid), the process (pid), the
+pid's start time and the pid namespace. A folder is stale when its owner process is gone (or its pid now names a
+process started later). Only the owner's user removes it, whatever folder it is in: the state folder is the
+user's own by default (`default_state_dir`: $TMPDIR/bugsweep-sandboxes-UID, mode 0700), and a folder recorded as
+another user's is left alone even where root could remove it. Folders of another pid namespace are left alone
+too: their pids mean nothing here.
+
+Who reaps, and when: the first sandbox a process makes (`prepare_state_dir`, once per process), every flow run
+as it starts (flows/common.py), `bugsweep worker` as it starts and then every `REAP_EVERY_S` while it runs
+(`Reaper`: a worker and its runs killed together are cleaned up by the next live worker of the same user within
+about half a minute), and `bugsweep sandboxes cleanup` by hand.
 """
 
 from __future__ import annotations
@@ -14,7 +21,9 @@ import logging
 import os
 import shutil
 import stat
+import tempfile
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from bugsweep.errors import SandboxError
@@ -24,8 +33,19 @@ from bugsweep.sandbox.local.workspace import remove_root
 
 log = logging.getLogger(__name__)
 
+#: Seconds between two reaps of a running `bugsweep worker` (`Reaper`).
+REAP_EVERY_S = 30.0
+#: The state folder every user shared before it became per-user; still reaped (of this user's folders only).
+LEGACY_STATE_DIR = "bugsweep-sandboxes"
+
 _reaped: set[Path] = set()
 _reap_lock = threading.Lock()
+
+
+def default_state_dir() -> Path:
+    """This user's own state folder: $TMPDIR/bugsweep-sandboxes-UID (one per user: no other user's process
+    lists, uses or reaps it)."""
+    return Path(tempfile.gettempdir()) / f"{LEGACY_STATE_DIR}-{os.getuid()}"
 
 
 def _reap_stale_once(state_dir: Path) -> None:
@@ -37,8 +57,19 @@ def _reap_stale_once(state_dir: Path) -> None:
 
 
 def reap_stale(state_dir: Path) -> list[str]:
-    """Remove what processes that died without releasing left in `state_dir` (their cgroups, overlay mounts and
-    folders); the names removed. Sandboxes of live processes, or of another pid namespace, are left alone."""
+    """Remove what this user's processes that died without releasing left in `state_dir` (their cgroups, overlay
+    mounts and folders); the names removed. Sandboxes of live processes, of another user, or of another pid
+    namespace are left alone. Next to the default state folder, the old shared one is swept the same way."""
+    removed = _reap_folder(state_dir)
+    if state_dir == default_state_dir():
+        legacy = state_dir.parent / LEGACY_STATE_DIR
+        with contextlib.suppress(OSError):
+            if legacy.is_dir() and os.lstat(legacy).st_uid == os.getuid():
+                removed += _reap_folder(legacy)
+    return removed
+
+
+def _reap_folder(state_dir: Path) -> list[str]:
     try:
         entries = list(state_dir.iterdir())
     except OSError:
@@ -53,7 +84,7 @@ def reap_stale(state_dir: Path) -> list[str]:
     for image in state_dir.glob(
         "local-*.disk"
     ):  # a disk image whose sandbox folder is gone (a crash mid-release)
-        if not image.with_suffix("").exists():
+        if not image.with_suffix("").exists() and _owned(image):
             with contextlib.suppress(FileNotFoundError):
                 image.unlink()
                 removed.append(image.name)
@@ -61,7 +92,8 @@ def reap_stale(state_dir: Path) -> list[str]:
 
 
 def list_sandboxes(state_dir: Path) -> list[dict[str, object]]:
-    """The local sandboxes in `state_dir`: id, owner pid, whether the owner is alive, labels, creation time."""
+    """The local sandboxes in `state_dir`: id, owner uid and pid, whether the owner is alive, labels, creation
+    time."""
     found = []
     for meta_file in sorted(state_dir.glob("local-*/meta.json")):
         with contextlib.suppress(OSError, ValueError):
@@ -69,7 +101,8 @@ def list_sandboxes(state_dir: Path) -> list[dict[str, object]]:
             pid = int(meta.get("owner_pid", 0))
             alive = meta.get("pidns") == pidns() and start_time(pid) == meta.get("owner_start")
             found.append({"id": meta_file.parent.name, "owner_pid": pid, "owner_alive": alive,
-                          "labels": meta.get("labels", {}), "created": meta.get("created")})  # fmt: skip
+                          "owner_uid": owner_uid(meta, meta_file.parent), "labels": meta.get("labels", {}),
+                          "created": meta.get("created")})  # fmt: skip
     return found
 
 
@@ -86,8 +119,28 @@ def prepare_state_dir(state_dir: Path) -> None:
 
 
 def write_owner_meta(path: Path, **extra: object) -> None:
-    meta = {"owner_pid": os.getpid(), "owner_start": start_time(os.getpid()), "pidns": pidns(), **extra}
+    meta = {"owner_uid": os.getuid(), "owner_pid": os.getpid(), "owner_start": start_time(os.getpid()),
+            "pidns": pidns(), **extra}  # fmt: skip
     write_text(path / "meta.json", json.dumps(meta))
+
+
+def owner_uid(meta: dict[str, object], folder: Path) -> int | None:
+    """The user a sandbox folder belongs to: as its meta.json records it, else (older folders) the folder's own
+    owner; None when neither can be read."""
+    recorded = meta.get("owner_uid")
+    if isinstance(recorded, int):
+        return recorded
+    try:
+        return os.lstat(folder).st_uid
+    except OSError:
+        return None
+
+
+def _owned(path: Path) -> bool:
+    try:
+        return os.lstat(path).st_uid == os.getuid()
+    except OSError:
+        return False
 
 
 def _reap_if_stale(root: Path) -> bool:
@@ -97,6 +150,8 @@ def _reap_if_stale(root: Path) -> bool:
             meta = json.loads((root / name).read_text())
             break
     if meta is None or meta.get("pidns") != pidns():  # another pid namespace: its pids mean nothing here
+        return False
+    if owner_uid(meta, root) != os.getuid():  # another user's: theirs to remove, even where root could
         return False
     pid = int(meta.get("owner_pid", 0))
     if pid and start_time(pid) == meta.get("owner_start"):
@@ -124,3 +179,42 @@ def pidns() -> int:
         return os.stat("/proc/self/ns/pid").st_ino
     except OSError:
         return 0
+
+
+class Reaper:
+    """Reaps `state_dir` every `every_s` seconds in a daemon thread while a long-lived process (a worker) runs: what
+    a killed run left is gone within about `every_s`, without waiting for the next process to start. `report` is
+    called with the names removed and what was known of them just before (`list_sandboxes`)."""
+
+    def __init__(
+        self,
+        state_dir: Path,
+        every_s: float = REAP_EVERY_S,
+        report: Callable[[list[str], dict[str, dict[str, object]]], None] | None = None,
+    ) -> None:
+        self.state_dir = state_dir
+        self.every_s = every_s
+        self.report = report
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="bugsweep-reaper", daemon=True)
+
+    def start(self) -> Reaper:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def reap(self) -> list[str]:
+        known = {str(entry["id"]): entry for entry in list_sandboxes(self.state_dir)}
+        removed = reap_stale(self.state_dir)
+        if removed and self.report is not None:
+            self.report(removed, known)
+        return removed
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every_s):
+            try:
+                self.reap()
+            except Exception:  # never end the worker for a cleanup; the next round tries again
+                log.warning("could not reap the sandboxes dead processes left", exc_info=True)

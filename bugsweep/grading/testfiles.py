@@ -2,7 +2,8 @@
 
 `is_test_file` is one answer shared by `edit_file` (which refuses them) and the grader; `protected_reason` is the
 grader's wider one: test files, conftest.py, test-runner configuration, start-up hooks (sitecustomize, .pth),
-modules that would shadow the standard library or the test runner, and what the test command runs.
+packaging metadata (`*.dist-info`, `*.egg-info`, `*.egg-link`, `entry_points.txt`, in any letter case), modules that
+would shadow the standard library, the test runner or bugsweep's probe, and what the test command runs.
 
 Patterns use .gitignore syntax (pathspec): a pattern without a slash matches at any depth (`conftest.py`,
 `test_*.py`), one with a slash is anchored at the repository root (`tests/**`).
@@ -46,8 +47,15 @@ STARTUP_NAMES = frozenset({"sitecustomize.py", "usercustomize.py"})
 #: Modules of the test runners (and what they import first): a new file or package of that name anywhere can
 #: replace the runner.
 RUNNER_MODULES = frozenset(
-    {"pytest", "_pytest", "pluggy", "py", "unittest", "nose", "nose2", "iniconfig", "xdist", "doctest"}
-)
+    {
+        "pytest", "_pytest", "pluggy", "py", "unittest", "nose", "nose2", "iniconfig", "xdist", "doctest",
+        "bugsweep_probe", "bugsweep_probe_inject",
+    }
+)  # fmt: skip
+#: Packaging metadata, in any letter case: where Python's metadata lookup finds entry points (a pytest11 plugin) and
+#: installs are recorded. What the task's setup made is part of the task state; a change may not add or alter it.
+PACKAGING_SUFFIXES = (".dist-info", ".egg-info", ".egg-link")
+PACKAGING_NAMES = frozenset({"entry_points.txt"})
 _MODULE_SUFFIXES = (".py", ".pyc", ".pyi", ".pth")
 
 
@@ -82,8 +90,10 @@ def protected_reason(
         return "test-runner configuration"
     if name in SECTIONED_CONFIG_NAMES and _runner_sections(name, old) != _runner_sections(name, new):
         return "test-runner section of " + name
-    if name in STARTUP_NAMES or name.endswith(".pth"):
+    if name in STARTUP_NAMES or name.lower().endswith(".pth"):
         return "run by Python at start-up"
+    if name.lower() in PACKAGING_NAMES or any(p.lower().endswith(PACKAGING_SUFFIXES) for p in parts):
+        return "packaging metadata (entry points: a plugin the test runner would load)"
     if rel in _command_files(test_command, task_paths):
         return "run by the test command"
     existing = _folders(task_paths) | task_paths

@@ -1,0 +1,267 @@
+"""The mirror pair: two runs of the same tests that the code under test cannot tell apart, one with a false assertion.
+
+The code under test runs in the test runner's process, and whatever that process can read, it can act on: a
+check that differs from the real run in anything observable (a canary module, a marker file, a variable) is a
+check it can recognise and pass while it subverts the real run. So the regrade runs the tests twice, at the same
+time, in two fresh sandboxes made from the same task state, with the change written identically into both: the
+same command, environment, files (the probe's included), working directory, runner options and set of tests. One
+of them, chosen at random, is the **mirror**: in it one test that failed before (chosen at random among them) gets
+one false assertion after its body, in the style of its own assertions (bugsweep/grading/probe/). The other is the
+real run the verdict reads. The probe compiles the same extra assertion into that test in both runs; only an
+instruction read at interpreter start-up, and then kept in the probe's memory alone, says whether it passes.
+
+With a real fix the mirror's armed test fails at that assertion. With a bogus fix it fails at its own, earlier,
+exactly as in the real run: code that turns failures into passes (a patched report, a replaced assertion method, a
+forged result line, a plugin found through the garbage collector) cannot spare the mirror without knowing which run
+it is in, so the mirror reads "passed" (or the run exits 0) and the grade is not resolved (`judge`). A mirror that
+could not be armed where the tests run under pytest or unittest fails the grade closed, with the reason.
+
+The pair's command is the task's own where it is one known runner invocation (`python -m pytest ...`, `pytest ...`,
+`python -m unittest ...`, optionally after `cd` and `export`: `known_runner`); otherwise (several steps, `make`,
+`tox`) it is bugsweep's own (`python -m pytest <failing node ids>`, `python -m unittest <failing ids>`, from where
+the baseline's runner ran), the task's own command runs as well in a third sandbox and still decides the exit code
+and PASS_TO_PASS, and the failing tests must come out the same under both.
+
+What can still tell the two runs apart is in the README's threat model: the probe's memory (code that reads it),
+a test whose body completes in the mirror because the change fixes it (a partial fix: the armed test is one
+failing test at random, so that such code is caught with the odds of picking a test it does not fix), and what the
+kernel numbers differently in any two sandboxes (mount and device ids, inode numbers, the command's descriptor
+numbers), which does not depend on which of the two is the mirror.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+import shlex
+from dataclasses import dataclass, field
+
+from pydantic import BaseModel, Field
+
+from bugsweep.grading.records import FailingCode, code_of
+from bugsweep.grading.runs import TestRun
+
+
+class Mirror(BaseModel):
+    """What the mirror pair showed (grade.json `mirror`)."""
+
+    required: bool = False
+    """The tests run under pytest or unittest (the baseline's probe saw one): without an armed mirror the grade
+    fails closed."""
+    armed: bool = False
+    """The mirror ran with its false assertion compiled into `test`."""
+    runner: str | None = None
+    command: str | None = None
+    """The pair's command: the task's own, or bugsweep's (`own_command`)."""
+    test: str | None = None
+    """The test given the false assertion (one of those that failed before, chosen at random)."""
+    outcomes: dict[str, str] = Field(default_factory=dict)
+    """The mirror run's outcome of each test that failed before ('missing' when not reported)."""
+    exit_code: int | None = None
+    """The mirror run's exit code."""
+    note: str | None = None
+    """Why the mirror could not be armed, or what else it saw."""
+    subverted: str | None = None
+    """Why the test process's reports cannot be trusted, when they cannot."""
+
+
+@dataclass
+class PairPlan:
+    """What the regrade's pair runs: the command, the armed test, whether the task's own command runs beside."""
+
+    required: bool
+    note: str | None = None
+    runner: str | None = None
+    command: str | None = None
+    failing: list[str] = field(default_factory=list)
+    armed: str | None = None
+    code: FailingCode | None = None
+    own_run: bool = False
+    """The pair runs bugsweep's own command: the task's command runs as well, in a sandbox of its own."""
+
+    @property
+    def ready(self) -> bool:
+        return self.command is not None and self.code is not None
+
+    def armed_instruction(self) -> dict[str, object] | None:
+        if self.code is None:
+            return None
+        return {
+            "id": self.code.raw_id,
+            "file": self.code.file,
+            "qualname": self.code.qualname,
+            "line": self.code.line,
+        }
+
+
+_NAMES_RUNNER = re.compile(r"(^|[\s/;&|(])(py\.test|pytest|unittest)(\s|$|;|&|\||\))")
+
+
+def plan_pair(before: TestRun, test_command: str) -> PairPlan:
+    """The pair for this task, from what the baseline showed: its runner, its failing tests and their functions."""
+    runner = before.runner
+    if runner not in ("pytest", "unittest"):
+        named = _NAMES_RUNNER.search(test_command)
+        return PairPlan(
+            required=False,
+            note="no test runner the probe knows (pytest, unittest) ran in the task's environment"
+            + (" (the command names one: it runs in an environment of its own?)" if named else ""),
+        )
+    failing = sorted(before.ids("failed", "error"))
+    if before.tests is None or not failing:
+        return PairPlan(
+            required=True, runner=runner, note="no test failed before by per-test results: none to mirror"
+        )
+    unmirrored = [t for t in failing if code_of(before.probe, t) is None]
+    if unmirrored:
+        return PairPlan(
+            required=True,
+            runner=runner,
+            failing=failing,
+            note=f"{len(unmirrored)} test(s) that failed before have no Python test function the mirror can give an "
+            f"assertion (a doctest, a collection error, a generated test): {', '.join(unmirrored[:5])}",
+        )
+    armed = secrets.choice(failing)
+    code = code_of(before.probe, armed)
+    armed_runner = before.probe.runner_of.get(armed, runner)
+    plan = PairPlan(required=True, runner=armed_runner, failing=failing, armed=armed, code=code)
+    if known_runner(test_command) == armed_runner:
+        plan.command = test_command
+    else:
+        plan.command = own_command(
+            before,
+            armed_runner,
+            [t for t in failing if before.probe.runner_of.get(t, runner) == armed_runner],
+        )
+        plan.own_run = True
+    return plan
+
+
+_PYTHON = re.compile(r"^(?:\S*/)?python(?:3(?:\.\d+)?)?$")
+_PYTEST_SCRIPT = re.compile(r"^(?:\S*/)?(?:pytest|py\.test)$")
+#: pytest options that run tests in other processes (pytest-xdist), or stop to debug: never in the pair's command.
+_ELSEWHERE = re.compile(
+    r"^(-n\S*|--numprocesses(=.*)?|-d|--dist(=.*)?|--tx(=.*)?|-f|--looponfail|--boxed|--forked|--pdb)$"
+)
+
+
+def known_runner(command: str) -> str | None:
+    """'pytest' or 'unittest' when `command` is one runner invocation in this process (optionally after `cd DIR`
+    and `export NAME=VALUE` steps, with `NAME=VALUE` before it), else None."""
+    if "$(" in command or "`" in command:
+        return None
+    try:
+        lexer = shlex.shlex(command, posix=True, punctuation_chars=True)
+        lexer.whitespace_split = True
+        words = list(lexer)
+    except ValueError:
+        return None
+    steps: list[list[str]] = [[]]
+    for word in words:
+        if word in ("&&", ";"):
+            steps.append([])
+        elif word and set(word) <= set("|&;()<>"):
+            return None
+        else:
+            steps[-1].append(word)
+    steps = [s for s in steps if s]
+    if not steps:
+        return None
+    for step in steps[:-1]:
+        if not (
+            (step[0] == "cd" and len(step) == 2)
+            or (step[0] == "export" and all(re.match(r"^[A-Za-z_]\w*=", w) for w in step[1:]))
+        ):
+            return None
+    last = steps[-1]
+    while last and re.match(r"^[A-Za-z_]\w*=", last[0]):
+        last = last[1:]
+    if len(last) >= 3 and _PYTHON.match(last[0]) and last[1] == "-m" and last[2] in ("pytest", "unittest"):
+        runner, args = last[2], last[3:]
+    elif last and _PYTEST_SCRIPT.match(last[0]):
+        runner, args = "pytest", last[1:]
+    else:
+        return None
+    if runner == "pytest" and any(_ELSEWHERE.match(a) for a in args):
+        return None
+    return runner
+
+
+def own_command(before: TestRun, runner: str, failing: list[str]) -> str:
+    """bugsweep's own command for the pair: the runner the baseline showed, on the failing tests by id, from the
+    folder its runner ran in (pytest's rootdir; unittest's top-level folder), with its PYTHONPATH."""
+    facts = before.probe.runner_facts.get(runner, {})
+    if runner == "pytest":
+        where = facts.get("rootdir") or facts.get("cwd")
+        ids = [before.probe.raw_ids.get(t, t) for t in failing]
+        run = "python -m pytest -q " + " ".join(shlex.quote(i) for i in ids)
+    else:
+        where = facts.get("top") or facts.get("cwd")
+        run = "python -m unittest " + " ".join(shlex.quote(i) for i in failing)
+    steps = [f"cd {shlex.quote(where)}"] if where else []
+    if facts.get("pythonpath"):
+        steps.append(f"export PYTHONPATH={shlex.quote(str(facts['pythonpath']))}")
+    return " && ".join([*steps, run])
+
+
+def judge(
+    plan: PairPlan, real: TestRun | None, mirror: TestRun | None, task: TestRun | None = None
+) -> Mirror:
+    """What the pair shows: armed or not (and why), and whether the test process changed verdicts.
+
+    `real` and `mirror` are the pair's runs; `task` the task's own command's run where it ran apart (`own_run`)."""
+    found = Mirror(
+        required=plan.required, runner=plan.runner, command=plan.command, test=plan.armed, note=plan.note
+    )
+    if not plan.ready or real is None or mirror is None or plan.code is None or plan.armed is None:
+        return found
+    found.exit_code = mirror.exit_code
+    found.outcomes = {t: (mirror.tests or {}).get(t, "missing") for t in plan.failing}
+    why = _not_armed(plan, real, mirror)
+    if why:
+        found.note = why
+        return found
+    found.armed = True
+    outcome = found.outcomes[plan.armed]
+    said = (real.tests or {}).get(plan.armed, "missing")
+    if outcome == "passed" or (outcome in ("skipped", "missing") and said == "passed"):
+        found.subverted = (
+            f"the test process changes verdicts: in the mirror run, {plan.armed} (given a false assertion after its "
+            f"body) was reported {outcome}"
+        )
+    elif mirror.exit_code == 0:
+        found.subverted = (
+            f"the test process changes how it ends: the mirror run exited 0 although {plan.armed} failed there by "
+            "construction"
+        )
+    elif task is not None:
+        differ = [
+            t
+            for t in plan.failing
+            if (task.tests or {}).get(t) == "passed" and (real.tests or {}).get(t, "missing") != "passed"
+        ]
+        if differ:
+            found.subverted = (
+                "the tests report differently under bugsweep's own runner: "
+                + ", ".join(f"{t} passed under the task's command but is {(real.tests or {}).get(t, 'missing')} under "
+                            f"`{plan.command}`" for t in differ[:3])
+            )  # fmt: skip
+    return found
+
+
+def _not_armed(plan: PairPlan, real: TestRun, mirror: TestRun) -> str | None:
+    assert plan.code is not None
+    for name, run in (("mirror", mirror), ("real", real)):
+        if run.timed_out:
+            return f"not armed: the {name} run timed out"
+        if not run.probe.hello:
+            return f"not armed: the probe did not start in the {name} run's test process"
+        if run.probe.cut:
+            return f"not armed: the probe's records of the {name} run were cut"
+        if plan.runner not in run.probe.runners:
+            seen = ", ".join(run.probe.runners) or "none"
+            return f"not armed: the {name} run's probe did not see {plan.runner} run (it saw: {seen})"
+        if run.probe.missed or not any(q == plan.code.qualname for _, q, _ in run.probe.injected):
+            where = f"{plan.code.qualname} in {plan.code.file}"
+            return f"not armed: the {name} run did not compile the false assertion into {where}"
+    return None

@@ -1,0 +1,588 @@
+"""PYTEST_DONT_REWRITE (pytest: this module is loaded before pytest starts; never rewrite it)
+
+Runs inside the task's test process (the sandbox's Python, not bugsweep's): per-test outcomes for pytest and
+unittest, the per-test time limit, and the mirror run's one false assertion (bugsweep.grading.mirror).
+
+How it gets there (bugsweep.grading.harness): a `.pth` line in the task environment's site-packages loads this file
+at interpreter start-up, in every Python process of the environment, before any code of the repository can run.
+It does nothing unless the process holds bugsweep's instruction on file descriptor 97: bugsweep's wrapper script
+gives it on the command's stdin and moves it there. The probe reads it completely at start-up and closes it, so
+that no code that runs later in this process can read it, and writes what it records to file descriptor 98, which
+the wrapper sends to the command's stderr (captured outside the sandbox: code can add lines there, never take one
+back). Both descriptors are closed for the process's children (a test that starts another Python gets no probe).
+In the regrade's two runs (the real one and the mirror) the descriptors, the files and the environment are the
+same; only the instruction differs, in one flag, and only this module's memory keeps it.
+
+The instruction (one JSON object): `mirror` (0 or 1), `limit` (seconds one test may take; 0: none), and `armed`:
+the test the mirror gives a false assertion (`id` as the runner names it, the `file` and `qualname` of its test
+function, the `line` where it failed before) or null. In both runs the armed test's function is compiled with one
+more assertion after its body (and before each `return` of its own): `assert bugsweep_probe.expect()`, or for a
+`unittest` method `self.assertX(*bugsweep_probe.expect_args("assertX"))` in the style of the test's own assertion.
+`expect` says True, and `expect_args` gives arguments that pass, everywhere but in the mirror, and there only in that
+function's own outermost call, while the runner runs that test, on the thread that runs it. With a real fix the
+mirror's armed test then fails at that assertion; with a bogus fix it fails at its own assertion first, exactly as
+in the real run, so code that turns failures into passes turns this one too, and the mirror reads "passed".
+
+Records (one JSON list a line): ["hello"], ["runner", name, facts], ["pt", when, outcome, xfail, nodeid, file,
+classname, name] (pytest, with the JUnit XML names), ["pc", outcome, nodeid, file, classname, name] (a collection
+error), ["ut", outcome, test id] (unittest), ["code", test id, file, qualname, line] (a failing test's function),
+["inj", file, qualname, style] (the armed function compiled with its assertion), ["timeout", test id],
+["end", runner] (the runner finished: without it a run's per-test results are not whole), ["probe-error", text]. Kept compatible with Python 3.8.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import stat
+import sys
+import threading
+import time
+from typing import Any
+
+INSTRUCTION_FD = 97
+RECORD_FD = 98
+_MAGIC = b"bugsweep-probe-1\n"
+_write = os.write
+_dumps = json.dumps
+
+
+class _State:
+    active = False
+    runner = ""  # the runner this process is, once it has started one
+    depth = 0  # how deep in TextTestRunner.run this process is
+    limit = 0.0
+    current: Any = None  # (test id, thread ident) while the runner runs a test's body
+    armed: Any = None
+    hooked = False  # pytest's assertion rewriting hooked (once, whatever pytest sessions run in this process)
+    codes: Any = ()  # the code objects compiled with the armed test's assertion
+    lines: Any = frozenset()  # the line numbers its injected assertions carry
+
+
+_state = _State()
+
+
+def record(*fields):
+    """Write one record (a line of its own, so a half line written by anyone else cannot swallow it)."""
+    if not _state.active:
+        return
+    try:  # noqa: SIM105 (no contextlib: the probe imports as little as it can)
+        _write(RECORD_FD, ("\n" + _dumps(list(fields), default=str) + "\n").encode())
+    except (OSError, ValueError, TypeError):
+        pass
+
+
+def _read_instruction():
+    """The instruction on INSTRUCTION_FD (a pipe: read to its end; a file: read from its start), or None. The
+    descriptor is closed once read (a file's only when it held the instruction: a descriptor 97 of a process that
+    bugsweep did not start is left alone)."""
+    try:
+        mode = os.fstat(INSTRUCTION_FD).st_mode
+    except OSError:
+        return None
+    data = b""
+    close = True
+    try:
+        if stat.S_ISREG(mode):
+            data = os.pread(INSTRUCTION_FD, 1 << 20, 0)
+            close = data.startswith(_MAGIC)
+        elif stat.S_ISFIFO(mode):
+            os.set_blocking(INSTRUCTION_FD, False)
+            deadline = time.monotonic() + 2.0  # the host wrote it all before the command started
+            while time.monotonic() < deadline:
+                try:
+                    chunk = os.read(INSTRUCTION_FD, 65536)
+                except BlockingIOError:
+                    if data and not _MAGIC.startswith(data[: len(_MAGIC)]):
+                        break  # not bugsweep's
+                    import select
+
+                    select.select([INSTRUCTION_FD], [], [], 0.05)
+                    continue
+                if not chunk:
+                    break
+                data += chunk
+        else:
+            close = False
+            return None
+    except OSError:
+        return None
+    finally:
+        if close:
+            try:  # noqa: SIM105
+                os.close(INSTRUCTION_FD)
+            except OSError:
+                pass
+    if not data.startswith(_MAGIC):
+        return None
+    try:
+        return json.loads(data[len(_MAGIC) :].decode())
+    except ValueError:
+        return None
+
+
+def _decider(mirror):
+    """The one place the run's kind is kept: in this closure, never in a global. True only for a call of `expect`
+    or `expect_args` made by the armed test's own injected assertion (its code and line), in its outermost call,
+    while the runner runs that test, on the thread that runs it; and only in the mirror."""
+    ours = (expect.__code__, expect_args.__code__)
+    getframe = sys._getframe
+
+    def decide():
+        caller, frame = getframe(1), getframe(2)
+        current, armed = _state.current, _state.armed
+        here = (
+            armed is not None
+            and current is not None
+            and current[0] == armed.get("id")
+            and current[1] == threading.get_ident()
+            and any(caller.f_code is c for c in ours)
+            and _is_armed(frame.f_code)
+            and frame.f_lineno in _state.lines
+            and not _nested(frame)
+        )
+        return bool(here and mirror)
+
+    return decide
+
+
+def _is_armed(code):
+    return any(code is c for c in _state.codes)
+
+
+def _nested(frame):
+    outer = frame.f_back
+    while outer is not None:
+        if _is_armed(outer.f_code):
+            return True
+        outer = outer.f_back
+    return False
+
+
+def expect():
+    """The armed test's extra assertion (plain `assert` style): True, except where the mirror asks it to fail."""
+    return not _decide()
+
+
+#: unittest assertion method -> (arguments that pass, arguments that fail); any other method is assertEqual's.
+_ARGS = {
+    "assertEqual": ((1, 1), (1, 2)),
+    "assertEquals": ((1, 1), (1, 2)),
+    "assertNotEqual": ((1, 2), (1, 1)),
+    "assertTrue": ((True,), (False,)),
+    "assertFalse": ((False,), (True,)),
+    "assertIs": ((None, None), (None, 0)),
+    "assertIsNot": ((None, 0), (None, None)),
+    "assertIsNone": ((None,), (0,)),
+    "assertIsNotNone": ((0,), (None,)),
+    "assertIn": ((1, [1]), (1, [])),
+    "assertNotIn": ((1, []), (1, [1])),
+    "assertIsInstance": ((1, int), (1, str)),
+    "assertNotIsInstance": ((1, str), (1, int)),
+    "assertAlmostEqual": ((1.0, 1.0), (1.0, 2.0)),
+    "assertNotAlmostEqual": ((1.0, 2.0), (1.0, 1.0)),
+    "assertGreater": ((2, 1), (1, 2)),
+    "assertGreaterEqual": ((2, 1), (1, 2)),
+    "assertLess": ((1, 2), (2, 1)),
+    "assertLessEqual": ((1, 2), (2, 1)),
+    "assertCountEqual": (([1], [1]), ([1], [2])),
+    "assertListEqual": (([1], [1]), ([1], [2])),
+    "assertSequenceEqual": (([1], [1]), ([1], [2])),
+    "assertTupleEqual": (((1,), (1,)), ((1,), (2,))),
+    "assertSetEqual": (({1}, {1}), ({1}, {2})),
+    "assertDictEqual": (({1: 1}, {1: 1}), ({1: 1}, {1: 2})),
+    "assertMultiLineEqual": (("a", "a"), ("a", "b")),
+    "assertRegex": (("a", "a"), ("a", "b")),
+    "assertNotRegex": (("a", "b"), ("a", "a")),
+}
+
+
+def expect_args(method):
+    """The arguments of the armed test's extra `self.<method>(...)`: passing ones, except where the mirror asks."""
+    passing, failing = _ARGS.get(method, _ARGS["assertEqual"])
+    return failing if _decide() else passing
+
+
+_decide = _decider(False)
+
+
+def _set_current(test_id):
+    _state.current = (test_id, threading.get_ident()) if test_id is not None else None
+
+
+# -- the per-test time limit -----------------------------------------------------------------------------------
+
+
+class TestTimedOut(BaseException):
+    """A test ran past bugsweep's per-test time limit."""
+
+    __test__ = False
+
+
+class _Clock:
+    """The test whose time runs (one at a time: a test that runs tests in-process starts no other clock), its
+    deadline, and the SIGALRM handler it replaced while armed."""
+
+    test: Any = None
+    deadline = 0.0
+    armed = False
+    previous: Any = None
+    fired = False
+
+
+_clock = _Clock()
+
+
+def _start(test_id):
+    """The test's time starts. False when there is no limit or another test's time runs already."""
+    if not _state.limit or _clock.test is not None:
+        return False
+    _clock.test, _clock.deadline, _clock.fired = test_id, time.monotonic() + _state.limit, False
+    return True
+
+
+def _fire(signum, frame):
+    if not _clock.fired:
+        _clock.fired = True
+        record("timeout", _clock.test)
+    raise TestTimedOut(f"bugsweep: {_clock.test} ran past the per-test time limit of {_state.limit:g} s")
+
+
+def _arm():
+    """Set the alarm for the rest of the running test's time (a phase after it fired gets the whole limit again,
+    so that its fixtures can be torn down). True when this call armed it: only then does its caller disarm."""
+    if _clock.test is None or _clock.armed or threading.current_thread() is not threading.main_thread():
+        return False
+    left = _clock.deadline - time.monotonic()
+    try:
+        _clock.previous = signal.signal(signal.SIGALRM, _fire)
+        # then once a second: a test that catches the first exception and waits again is stopped again
+        signal.setitimer(signal.ITIMER_REAL, left if left > 0 else _state.limit, 1.0)
+    except (ValueError, OSError, AttributeError) as exc:  # no SIGALRM: the whole run's timeout is the bound
+        record("probe-error", repr(exc)[:300])
+        return False
+    _clock.armed = True
+    return True
+
+
+def _disarm():
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        previous = _clock.previous
+        signal.signal(signal.SIGALRM, previous if previous is not None else signal.SIG_DFL)
+    except (ValueError, OSError, AttributeError):
+        pass
+    _clock.armed, _clock.previous = False, None
+
+
+def _stop(test_id):
+    """The test is over: its alarm is off and its time no longer runs."""
+    if _clock.test is not None and _clock.test == test_id:
+        if _clock.armed:
+            _disarm()
+        _clock.test = None
+
+
+# -- what failed where: the function of a failing test, for the mirror's next regrade ---------------------------
+
+
+def _function(obj):
+    """The plain function under a test's method, decorators and partials (their __wrapped__), or None."""
+    for _ in range(20):
+        inner = getattr(obj, "__wrapped__", None) or getattr(obj, "__func__", None)
+        if inner is None:
+            break
+        obj = inner
+    return obj if hasattr(obj, "__code__") and hasattr(obj, "__qualname__") else None
+
+
+def _record_code(test_id, obj, tb):
+    function = _function(obj)
+    if function is None:
+        return
+    code = function.__code__
+    line = 0
+    while tb is not None:
+        if tb.tb_frame.f_code is code:
+            line = tb.tb_lineno
+        tb = tb.tb_next
+    record("code", test_id, code.co_filename, function.__qualname__, line)
+
+
+# -- unittest: outcomes recorded by the result object of each run ----------------------------------------------
+
+_OUTCOMES = {
+    "addSuccess": "passed",
+    "addFailure": "failed",
+    "addError": "error",
+    "addSkip": "skipped",
+    "addExpectedFailure": "skipped",  # as pytest's JUnit XML has an expected failure
+    "addUnexpectedSuccess": "failed",
+}
+
+
+def _test_id(test):
+    try:
+        return test.id()
+    except Exception:
+        return repr(test)
+
+
+def _watch(result):
+    """Record every outcome on the result object itself (an instance attribute, so that replacing the methods of
+    unittest's classes afterwards does not stop the recording), and which test runs."""
+    for name, outcome in _OUTCOMES.items():
+        method = getattr(result, name, None)
+        if method is None:
+            continue
+
+        def wrapper(test, *args, _method=method, _outcome=outcome):
+            record("ut", _outcome, _test_id(test))
+            if _outcome in ("failed", "error") and args and isinstance(args[0], tuple) and len(args[0]) == 3:
+                _record_code(
+                    _test_id(test), getattr(test, getattr(test, "_testMethodName", ""), None), args[0][2]
+                )
+            return _method(test, *args)
+
+        setattr(result, name, wrapper)
+    sub = getattr(result, "addSubTest", None)
+    if sub is not None:
+
+        def add_sub_test(test, subtest, err, _method=sub):
+            if err is not None:
+                failed = issubclass(err[0], getattr(test, "failureException", AssertionError))
+                record("ut", "failed" if failed else "error", _test_id(test))
+                _record_code(
+                    _test_id(test), getattr(test, getattr(test, "_testMethodName", ""), None), err[2]
+                )
+            return _method(test, subtest, err)
+
+        result.addSubTest = add_sub_test
+    start, stop = getattr(result, "startTest", None), getattr(result, "stopTest", None)
+    if start is not None and stop is not None:
+
+        def start_test(test, _method=start):
+            _method(test)
+            _set_current(_test_id(test))
+            if _start(_test_id(test)):
+                _arm()
+
+        def stop_test(test, _method=stop):
+            _set_current(None)
+            _stop(_test_id(test))
+            return _method(test)
+
+        result.startTest = start_test
+        result.stopTest = stop_test
+    return result
+
+
+def _claim(runner, **facts):
+    """This process runs tests: say so (once). False when it runs tests already (a test that runs a test runner
+    in-process: its outcomes are not the run's)."""
+    if _state.runner:
+        return False
+    _state.runner = runner
+    record("runner", runner, facts)
+    return True
+
+
+def _install_unittest():
+    import unittest.runner
+
+    run = unittest.runner.TextTestRunner.run
+    make = unittest.runner.TextTestRunner._makeResult
+
+    def make_result(self):
+        result = make(self)
+        # only the outermost run of the runner process: a test that runs a suite of its own in-process (tests of
+        # test tools) does not add its inner outcomes
+        return _watch(result) if _state.runner == "unittest" and _state.depth == 1 else result
+
+    def run_tests(self, test):
+        import unittest
+
+        top = getattr(unittest.defaultTestLoader, "_top_level_dir", None)
+        _claim("unittest", cwd=os.getcwd(), top=top, pythonpath=os.environ.get("PYTHONPATH"))
+        _state.depth += 1
+        try:
+            result = run(self, test)
+        finally:
+            _state.depth -= 1
+        if _state.runner == "unittest" and _state.depth == 0:
+            record("end", "unittest")
+        return result
+
+    unittest.runner.TextTestRunner._makeResult = make_result  # type: ignore[method-assign]
+    unittest.runner.TextTestRunner.run = run_tests  # type: ignore[method-assign]
+
+
+# -- pytest: loaded as a plugin by name (`-p bugsweep_probe` in PYTEST_ADDOPTS) -----------------------------------
+
+
+def pytest_addoption(parser):
+    """Called as pytest registers this plugin, before it imports any conftest or test module."""
+    if _state.active and _state.armed is not None and not _state.hooked:
+        _state.hooked = True
+        _inject_module().hook_pytest(_state, record)
+
+
+def pytest_configure(config):
+    if not _state.active or not _claim(
+        "pytest",
+        rootdir=str(getattr(config, "rootpath", "") or getattr(config, "rootdir", "")),
+        cwd=os.getcwd(),
+        pythonpath=os.environ.get("PYTHONPATH"),
+        workers=str(getattr(config.option, "numprocesses", "") or ""),
+    ):
+        return
+    import pytest
+
+    config.pluginmanager.register(_pytest_plugin(pytest), "bugsweep-probe-session")
+    if _state.limit:
+        config.pluginmanager.register(_time_limit_plugin(pytest), "bugsweep-time-limit")
+
+
+def _junit_names(nodeid):
+    """(classname, name) as pytest's JUnit XML writes them for this node id (its own functions, where it has them)."""
+    try:
+        from _pytest.junitxml import bin_xml_escape, mangle_test_address
+
+        names = mangle_test_address(nodeid)
+        return ".".join(names[:-1]), str(bin_xml_escape(names[-1]))
+    except Exception:
+        path, bracket, params = nodeid.partition("[")
+        names = path.split("::")
+        names[0] = names[0].replace("/", ".")
+        names[0] = names[0][:-3] if names[0].endswith(".py") else names[0]
+        names[-1] += bracket + params
+        return ".".join(names[:-1]), names[-1]
+
+
+def _pytest_plugin(pytest):
+    class Session:
+        @pytest.hookimpl(tryfirst=True)
+        def pytest_runtest_logreport(self, report):
+            classname, name = _junit_names(report.nodeid)
+            file = report.location[0] if report.location else ""
+            xfail = 1 if hasattr(report, "wasxfail") else 0
+            record("pt", report.when, report.outcome, xfail, report.nodeid, file, classname, name)
+
+        @pytest.hookimpl(tryfirst=True)
+        def pytest_collectreport(self, report):
+            if not report.passed:
+                classname, name = _junit_names(report.nodeid)
+                file = report.location[0] if getattr(report, "location", None) else report.nodeid
+                record("pc", report.outcome, report.nodeid, file, classname, name)
+
+        @pytest.hookimpl(hookwrapper=True)
+        def pytest_runtest_makereport(self, item, call):
+            outcome = yield
+            try:
+                report = outcome.get_result()
+                if report.failed and call.excinfo is not None:
+                    _record_code(item.nodeid, getattr(item, "obj", None), call.excinfo.tb)
+            except Exception:
+                pass
+
+        @pytest.hookimpl(trylast=True)
+        def pytest_sessionfinish(self, session, exitstatus):
+            record("end", "pytest")
+
+        @pytest.hookimpl(hookwrapper=True)
+        def pytest_runtest_call(self, item):
+            _set_current(item.nodeid)
+            try:
+                yield
+            finally:
+                _set_current(None)
+
+    return Session()
+
+
+def _time_limit_plugin(pytest):
+    """pytest hook wrappers that run each phase of a test (setup, call, teardown) under the per-test alarm, armed
+    and disarmed inside the phase, so that the exception lands where pytest reports it as that phase's failure."""
+
+    def phase(item, first=False, last=False):
+        if first:
+            _start(item.nodeid)
+        armed = _arm() if _clock.test == item.nodeid else False
+        try:
+            yield
+        finally:
+            if armed:
+                _disarm()
+            if last:
+                _stop(item.nodeid)
+
+    wrap = pytest.hookimpl(hookwrapper=True, tryfirst=True)
+
+    class TimeLimit:
+        @wrap
+        def pytest_runtest_setup(self, item):
+            yield from phase(item, first=True)
+
+        @wrap
+        def pytest_runtest_call(self, item):
+            yield from phase(item)
+
+        @wrap
+        def pytest_runtest_teardown(self, item):
+            yield from phase(item, last=True)
+
+    return TimeLimit()
+
+
+def _inject_module():
+    """bugsweep_probe_inject.py beside this file, by its path (a module of that name elsewhere on sys.path is not
+    it)."""
+    module = sys.modules.get("bugsweep_probe_inject")
+    if module is None:
+        import importlib.util
+
+        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bugsweep_probe_inject.py")
+        spec = importlib.util.spec_from_file_location("bugsweep_probe_inject", path)
+        module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+        sys.modules["bugsweep_probe_inject"] = module
+        spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module
+
+
+# -- start-up ----------------------------------------------------------------------------------------------------
+
+
+def _start_up():
+    global _decide
+    instruction = _read_instruction()
+    if not isinstance(instruction, dict):
+        return
+    try:
+        if not stat.S_ISFIFO(os.fstat(RECORD_FD).st_mode):
+            return
+        os.set_inheritable(RECORD_FD, False)  # a test's own child processes record nothing
+    except OSError:
+        return
+    _state.active = True
+    try:
+        _state.limit = max(float(instruction.get("limit") or 0), 0.0)
+    except (TypeError, ValueError):
+        _state.limit = 0.0
+    armed = instruction.get("armed")
+    _state.armed = armed if isinstance(armed, dict) else None
+    _decide = _decider(bool(instruction.get("mirror")))
+    del instruction
+    record("hello")
+    try:
+        _install_unittest()
+    except Exception as exc:  # a Python without unittest: nothing to record
+        record("probe-error", repr(exc)[:300])
+    if _state.armed is not None:
+        try:
+            _inject_module().hook_source_loader(_state, record)
+        except Exception as exc:
+            record("probe-error", repr(exc)[:300])
+
+
+_start_up()

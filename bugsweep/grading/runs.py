@@ -1,0 +1,233 @@
+"""One run of a test command in a sandbox, with the probe in its process: the log, the exit code, per-test results.
+
+`run_tests` is used for every graded run: the baseline (in the agent's sandbox, before the agent), the mining
+validations, and the regrade's runs in fresh sandboxes (bugsweep.grading.regrade, which installs the probe itself
+and gives the mirror pair their instruction).
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass, field
+
+from bugsweep.errors import SandboxError
+from bugsweep.grading import harness
+from bugsweep.grading.records import ProbeReport, parse_records
+from bugsweep.sandbox.base import Sandbox
+
+#: Files that running code leaves behind, left out of the task-state commit inside the agent's sandbox.
+PATCH_EXCLUDES = [
+    ":(exclude,glob)**/__pycache__/**",
+    ":(exclude,glob)**/*.pyc",
+    ":(exclude,glob)**/.pytest_cache/**",
+    ":(exclude,glob)**/*.egg-info/**",
+]
+#: How much of a test log is kept: its first and last bytes (a run that prints without end is cut in between).
+LOG_HEAD_BYTES = 256 * 1024
+LOG_TAIL_BYTES = 256 * 1024
+GIT = (
+    "git -c core.quotepath=off -c user.name=bugsweep -c user.email=bugsweep@localhost -c commit.gpgsign=false"
+)
+
+
+@dataclass
+class TestRun:
+    """One run of the test command, with the whole log."""
+
+    __test__ = False  # not a pytest class
+
+    command: str
+    exit_code: int | None
+    timed_out: bool
+    log: str
+    duration_s: float
+    tests: dict[str, str] | None = field(default=None)
+    """Per-test outcome ('passed', 'failed', 'error', 'skipped') by pytest test id (as its JUnit XML names it) or
+    unittest id, as the probe recorded them, when the runner was one of those."""
+    log_bytes: int = 0
+    """The size of the whole output; more than `len(log)` when the middle was cut."""
+    probe: ProbeReport = field(default_factory=ProbeReport)
+    """What the probe recorded inside the test process (bugsweep.grading.records)."""
+    per_test_timeout_s: float | None = None
+    """The per-test time limit the run had (None: none)."""
+    tests_timed_out: list[str] = field(default_factory=list)
+    """Tests stopped at the per-test time limit: failed in `tests`, whatever the runner reported for them."""
+
+    @property
+    def count(self) -> int | None:
+        """How many tests ran, where the runner prints it (unittest's 'Ran N tests', pytest's summary line)."""
+        return count_tests(self.log)
+
+    @property
+    def passed(self) -> bool:
+        return self.exit_code == 0 and not self.timed_out
+
+    @property
+    def runner(self) -> str | None:
+        """The test runner the probe saw first (its tests are the run's), or None."""
+        return self.probe.runners[0] if self.probe.runners else None
+
+    def ids(self, *outcomes: str) -> set[str]:
+        return {t for t, o in (self.tests or {}).items() if o in outcomes}
+
+
+def run_tests(
+    sandbox: Sandbox,
+    test_command: str,
+    timeout: float = 1800.0,
+    *,
+    per_test_timeout: float | None = None,
+    facts: harness.EnvFacts | None = None,
+    instruction: harness.Instruction | None = None,
+    env: dict[str, str] | None = None,
+) -> TestRun:
+    """Run the test command with the probe in its process and collect per-test results.
+
+    Without `facts`, the probe is written into the task environment's site-packages for this run and taken out
+    again (the baseline, mining); with them, it is already there (the regrade's fresh sandboxes). `instruction`
+    (the mirror pair's) is read once by the one test runner; without one, every Python process of the command
+    reads the default one (per-test time limit only).
+
+    `per_test_timeout`: seconds one pytest or unittest test may take; the probe stops a test still running then (it
+    fails, and the run goes on) and records it, and such a test counts as failed here whatever the runner reported
+    for it. `timeout` bounds the whole run; the command gets its own `timeout` inside the sandbox so that its log is
+    complete up to the moment it was stopped. The log keeps the first LOG_HEAD_BYTES and the last LOG_TAIL_BYTES.
+    """
+    own_probe = facts is None
+    if facts is None:
+        facts = harness.install_probe(sandbox)
+    try:
+        told = instruction or harness.Instruction()
+        told.limit = float(per_test_timeout or 0)
+        seconds = max(int(timeout), 1)
+        script = harness.wrapper_script(test_command, seconds, exclusive=instruction is not None)
+        result = sandbox.exec(
+            script,
+            timeout=timeout + 60,
+            env=harness.graded_env(facts, extra=env),
+            full_output=True,
+            stdin=told.encode(),
+        )
+    finally:
+        if own_probe:
+            harness.remove_probe(sandbox, facts)
+    log, total = _cut(result.stdout)
+    if not log and result.stderr and not result.stdout:
+        log = result.stderr[-LOG_TAIL_BYTES:]  # the wrapper itself failed: show why
+    # `timeout` exits 124 (137 after -k). Its message can miss the log's tail (seen in CI under load, the log
+    # ending in the command's own output), so the duration measured outside the sandbox decides as well.
+    timed_out = result.timed_out or (
+        result.exit_code in (124, 137) and (_TIMEOUT_LINE in log[-4096:] or result.duration_s >= seconds)
+    )
+    report = parse_records(result.stderr, cut=result.truncated)
+    tests: dict[str, str] | None = None
+    if report.runners and report.runners[0] in ("pytest", "unittest") and report.runners[0] in report.ended:
+        tests = dict(report.outcomes)
+        # stopped at the limit is failed, even where code under test caught the exception
+        tests.update({report.test_id(t): "failed" for t in report.timeouts})
+    return TestRun(
+        command=test_command,
+        exit_code=None if timed_out else result.exit_code,
+        timed_out=timed_out,
+        log=log,
+        duration_s=result.duration_s,
+        tests=tests,
+        log_bytes=total,
+        probe=report,
+        per_test_timeout_s=per_test_timeout,
+        tests_timed_out=[report.test_id(t) for t in report.timeouts],
+    )
+
+
+_TIMEOUT_LINE = "timeout: sending signal"
+
+
+def _cut(output: str) -> tuple[str, int]:
+    """The kept head and tail of a test log, and the whole log's size in bytes (as far as the backend kept it)."""
+    data = output.encode("utf-8", "replace")
+    total = len(data)
+    if total <= LOG_HEAD_BYTES + LOG_TAIL_BYTES:
+        return output, total
+    first = data[:LOG_HEAD_BYTES].decode("utf-8", "ignore")
+    last = data[-LOG_TAIL_BYTES:].decode("utf-8", "ignore")
+    cut = total - LOG_HEAD_BYTES - LOG_TAIL_BYTES
+    return f"{first}\n[... bugsweep: {cut} bytes of output cut here; {total} in all ...]\n{last}", total
+
+
+_RAN = re.compile(r"^Ran (\d+) tests? in ", re.MULTILINE)
+_PYTEST_SUMMARY = re.compile(
+    r"^=+ (.*\b(?:passed|failed|errors?|skipped|xfailed|xpassed)\b.*) in [\d.]+s", re.MULTILINE
+)
+
+
+def count_tests(log: str) -> int | None:
+    """How many tests the log says ran: unittest's last 'Ran N tests', or pytest's last summary line."""
+    ran = _RAN.findall(log)
+    if ran:
+        return int(ran[-1])
+    summary = _PYTEST_SUMMARY.findall(log)
+    if summary:
+        counts = re.findall(r"(\d+) (passed|failed|errors?|xfailed|xpassed)", summary[-1])
+        return sum(int(n) for n, _ in counts)
+    return None
+
+
+#: pytest's exit codes for "nothing was tested": 4 a usage error (bad option or path), 5 no test collected.
+PYTEST_USAGE_ERROR, PYTEST_NO_TESTS = 4, 5
+_PYTEST = re.compile(r"(^|[\s/;&|(])(py\.test|pytest)(\s|$|;|&|\|)")
+_MISSING_MODULE = re.compile(r"^\S*python[0-9.]*: No module named (\S+)", re.MULTILINE)
+_MISSING_SCRIPT = re.compile(r"^\S*python[0-9.]*: can't open file ", re.MULTILINE)
+
+
+def why_cannot_run(run: TestRun) -> str | None:
+    """Why a test run tested nothing at all (the program is missing, pytest was misused or found no test), or None.
+
+    Such a run fails, but not because of a bug: grading it as "failed before" would set the model a task that does
+    not exist.
+    """
+    if run.timed_out:
+        return None
+    code = run.exit_code
+    if code == 127:
+        return "its program was not found (exit 127)"
+    if code == 126:
+        return "its program cannot be executed (exit 126)"
+    missing = _MISSING_MODULE.search(run.log)
+    if missing and code not in (0, None):
+        return f"Python has no module {missing.group(1)} (`python -m` exited {code})"
+    if _MISSING_SCRIPT.search(run.log) and code not in (0, None):
+        return f"Python cannot open the script it names (exit {code})"
+    if _PYTEST.search(run.command):
+        if code == PYTEST_USAGE_ERROR:
+            return "pytest reports a usage error (exit 4: a bad option or a path that does not exist)"
+        if code == PYTEST_NO_TESTS:
+            return "pytest collected no test (exit 5)"
+    return None
+
+
+def missing_module(run: TestRun) -> str | None:
+    """The module a `python -m` of the test command itself names and the task's environment lacks (a test runner
+    the setup did not install, a misspelt name), or None. A test that fails on a missing import is not this."""
+    missing = _MISSING_MODULE.search(run.log)
+    if run.timed_out or run.exit_code in (0, None) or missing is None:
+        return None
+    module = missing.group(1).strip("'\"")
+    named = re.search(r"(^|\s)-m\s*" + re.escape(module) + r"($|[\s;&|)])", run.command)
+    return module if named else None
+
+
+def commit_task_state(sandbox: Sandbox, message: str = "bugsweep: task state") -> str:
+    """Commit everything in the repo so later diffs are against exactly what the agent was given. Returns the sha."""
+    script = (
+        f"{GIT} add -A -- . {_pathspecs()} >/dev/null && "
+        f"{GIT} commit -q --allow-empty --no-verify -m {shlex.quote(message)} && {GIT} rev-parse HEAD"
+    )
+    result = sandbox.exec(script, timeout=300)
+    if not result.ok:
+        raise SandboxError(f"could not record the task state with git: {result.output.strip()[-500:]}")
+    return result.stdout.strip().splitlines()[-1]
+
+
+def _pathspecs() -> str:
+    return " ".join(shlex.quote(p) for p in PATCH_EXCLUDES)

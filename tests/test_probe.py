@@ -1,0 +1,374 @@
+"""The probe and the mirror's parts on their own: in real pytest and unittest processes on this host, started by
+bugsweep's own wrapper script with its instruction on stdin, the probe loaded by its `.pth` line from a
+site-packages (a virtual environment made for this module); and the pure parts (ids, the false assertion's place and
+style, the command forms, the summary lines, the verdict's rules). The sandboxed runs are in tests/test_mirror.py and
+tests/test_mirror_pair.py.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from bugsweep.grading import TestRun, grade, harness
+from bugsweep.grading.mirror import Mirror, known_runner, plan_pair
+from bugsweep.grading.probe.bugsweep_probe_inject import inject
+from bugsweep.grading.records import junit_id, listed_failures, parse_records, summary_failures
+from bugsweep.grading.testfiles import import_roots, protected_reason
+
+
+@pytest.fixture(scope="module")
+def venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A virtual environment over this interpreter's packages (pytest), with the probe in its site-packages."""
+    root = tmp_path_factory.mktemp("venv")
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(root)], check=True
+    )
+    site = subprocess.run(
+        [root / "bin" / "python", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    for name, text in harness.probe_files().items():
+        (Path(site) / name).write_text(text.replace("{SITE}", site))
+    return root
+
+
+def _run(
+    venv: Path, work: Path, command: str, instruction: harness.Instruction | None = None
+) -> tuple[str, str]:
+    """(stdout, stderr) of `command` under the wrapper script, as a graded run has it."""
+    env = {
+        "PATH": f"{venv / 'bin'}:/usr/bin:/bin",
+        "HOME": str(work),
+        **harness.graded_env(harness.EnvFacts()),
+    }
+    script = harness.wrapper_script(command, 120, exclusive=instruction is not None)
+    told = instruction or harness.Instruction()
+    done = subprocess.run(
+        ["bash", "-c", script],
+        input=told.encode(),
+        capture_output=True,
+        text=True,
+        cwd=work,
+        env=env,
+        timeout=300,
+    )
+    return done.stdout, done.stderr
+
+
+INNER = (
+    "import subprocess, sys, unittest\n\n\n"
+    "class Inner(unittest.TestCase):\n    def test_inner_fails(self):\n        self.fail('on purpose')\n\n\n"
+    "class Outer(unittest.TestCase):\n"
+    "    def test_runs_a_suite_in_process(self):\n"
+    "        suite = unittest.defaultTestLoader.loadTestsFromTestCase(Inner)\n"
+    "        self.assertFalse(unittest.TextTestRunner(stream=open('/dev/null', 'w')).run(suite).wasSuccessful())\n\n"
+    "    def test_runs_a_runner_in_a_subprocess(self):\n"
+    "        out = subprocess.run([sys.executable, '-m', 'unittest', 'test_inner.Inner'], capture_output=True)\n"
+    "        self.assertEqual(out.returncode, 1)\n"
+)
+
+
+def test_the_probe_records_the_outer_unittest_run_only(venv: Path, tmp_path: Path) -> None:
+    """Tests of test tools run suites of their own, in-process or in a subprocess: only the outer run counts; the
+    subprocess's Python gets neither the instruction nor the records' descriptor."""
+    (tmp_path / "test_inner.py").write_text(INNER)
+    out, err = _run(venv, tmp_path, "python -m unittest test_inner.Outer")
+    report = parse_records(err)
+    assert report.hello == 1 and report.runners == ["unittest"], err
+    assert report.outcomes == {
+        "test_inner.Outer.test_runs_a_suite_in_process": "passed",
+        "test_inner.Outer.test_runs_a_runner_in_a_subprocess": "passed",
+    }
+    assert "OK" in out
+
+
+MANY = {
+    "tests/__init__.py": "",
+    "tests/base.py": "class Shared:\n    def test_inherited(self):\n        assert self.value == 1\n",
+    "tests/test_many.py": (
+        "import unittest\n\nimport pytest\n\nfrom tests.base import Shared\n\n\n"
+        "@pytest.mark.parametrize('x', ['a b', 'c[d]', '\\x1b[0m', 'e::f'])\ndef test_params(x):\n    assert x != 'a b'\n\n\n"
+        "class TestOuter:\n    class TestInner:\n        def test_nested(self):\n            assert False\n\n\n"
+        "class TestShared(Shared):\n    value = 2\n\n\n"
+        "class Case(unittest.TestCase):\n    def test_case(self):\n        self.assertEqual(1, 2)\n\n"
+        "    @unittest.skip('no')\n    def test_skipped(self):\n        pass\n\n\n"
+        "@pytest.mark.xfail\ndef test_xfail():\n    assert False\n\n\n"
+        "@pytest.mark.xfail(strict=True)\ndef test_xpass_strict():\n    pass\n\n\n"
+        "@pytest.fixture\ndef broken():\n    raise RuntimeError('setup')\n\n\n"
+        "def test_setup_error(broken):\n    pass\n\n\n"
+        "@pytest.fixture\ndef bad_teardown():\n    yield\n    raise RuntimeError('teardown')\n\n\n"
+        "def test_teardown_error(bad_teardown):\n    pass\n"
+    ),
+    "tests/test_broken.py": "import not_a_module_anywhere\n",
+}
+
+
+def parse_junit(xml_text: str) -> dict[str, str]:
+    """pytest node id -> outcome from pytest's JUnit XML (junit_family=xunit1): how bugsweep read them before the
+    probe recorded them, kept here as the reference the probe's ids must match."""
+    outcomes: dict[str, str] = {}
+    for case in ET.fromstring(xml_text).iter("testcase"):
+        node = junit_id(case.get("file") or "", case.get("classname", ""), case.get("name", ""))
+        if case.find("failure") is not None:
+            outcomes[node] = "failed"
+        elif case.find("error") is not None:
+            outcomes[node] = "error"
+        elif case.find("skipped") is not None:
+            outcomes[node] = "skipped"
+        else:
+            outcomes[node] = "passed"
+    return outcomes
+
+
+def test_the_probes_pytest_ids_and_outcomes_are_those_of_the_junit_xml(venv: Path, tmp_path: Path) -> None:
+    """Mined tasks name their tests as pytest's JUnit XML did: the probe's records give the same ids and outcomes,
+    for parameters with spaces, brackets, escapes and '::', nested classes, a method inherited from another file,
+    unittest classes, skips, xfails, setup and teardown errors, and a module that does not import."""
+    for rel, text in MANY.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    xml = tmp_path / "junit.xml"
+    out, err = _run(
+        venv,
+        tmp_path,
+        f"python -m pytest -q --continue-on-collection-errors --junitxml={xml} -o junit_family=xunit1 tests",
+    )
+    expected = parse_junit(xml.read_text())
+    report = parse_records(err)
+    assert report.runners == ["pytest"] and len(expected) == 13, out
+    assert report.outcomes == expected
+    assert expected["tests/base.py::test_inherited"] == "failed", "JUnit names an inherited test by its file"
+    assert report.raw_ids["tests/base.py::test_inherited"] == "tests/test_many.py::TestShared::test_inherited"
+    assert summary_failures(out, "pytest") == sum(o in ("failed", "error") for o in expected.values())
+    listed = listed_failures(out, "pytest", report)
+    assert listed == {t for t, o in expected.items() if o in ("failed", "error")}
+
+
+ORACLES = """import sys, threading, types, unittest
+
+import bugsweep_probe
+from calc import add
+
+
+class T(unittest.TestCase):
+    def test_add(self):
+        seen = []
+        seen.append(bugsweep_probe.expect())
+        seen.append(bugsweep_probe.expect_args("assertEqual"))
+        me = types.FunctionType(T.test_add.__code__, globals())
+        if not getattr(T, "inner", False):
+            T.inner = True
+            try:
+                me(self)
+                seen.append("nested call passed")
+            except AssertionError as exc:
+                seen.append("nested call failed: %s" % exc)
+            box = []
+            thread = threading.Thread(target=lambda: box.append(bugsweep_probe.expect()))
+            thread.start()
+            thread.join()
+            seen.append(box)
+            print("\\nSEEN", seen, flush=True)
+        self.assertEqual(add(2, 3), 5)
+"""
+
+
+@pytest.mark.parametrize("runner", ["unittest", "pytest"])
+def test_the_mirror_cannot_be_asked_from_inside(runner: str, venv: Path, tmp_path: Path) -> None:
+    """In the mirror, with a fix, the armed test fails at its extra assertion; but what its own code can ask the
+    probe (its functions called directly, the test's function run again nested or from another thread) answers as
+    in the real run. The two runs' records differ only in that test's outcome."""
+    (tmp_path / "calc.py").write_text("def add(a, b):\n    return a + b\n")
+    (tmp_path / "test_o.py").write_text(ORACLES)
+    armed = {"file": str(tmp_path / "test_o.py"), "qualname": "T.test_add", "line": 0,
+             "id": "test_o.T.test_add" if runner == "unittest" else "test_o.py::T::test_add"}  # fmt: skip
+    runs = {}
+    for mirror in (False, True):
+        told = harness.Instruction(armed=armed, mirror=mirror)
+        runs[mirror] = _run(venv, tmp_path, "python -m pytest -s test_o.py" if runner == "pytest" else
+                            "python -m unittest test_o", told)  # fmt: skip
+    (real_out, real_err), (mirror_out, mirror_err) = runs[False], runs[True]
+    seen = [line for line in real_out.splitlines() if line.startswith("SEEN")]
+    assert seen and seen == [line for line in mirror_out.splitlines() if line.startswith("SEEN")], mirror_out
+    assert len(seen) == 1, "the test ran once, and once more nested (which prints nothing)"
+    assert "nested call passed" in seen[0] and "[True]" in seen[0]
+    real, mirrored = parse_records(real_err), parse_records(mirror_err)
+    test_id = next(iter(real.outcomes))
+    assert real.outcomes == {test_id: "passed"} and mirrored.outcomes == {test_id: "failed"}
+    assert real.injected == mirrored.injected == [(armed["file"], "T.test_add", "assertEqual")]
+    assert "1 != 2" in mirror_out
+
+
+def _functions(source: str, qualname: str, line: int = 0) -> tuple[str, str]:
+    tree = ast.parse(source)
+    done = inject(tree, qualname, line, frozenset({"assertEqual", "assertTrue", "assertIn"}))
+    assert done is not None
+    return done[0], ast.unparse(tree)
+
+
+def test_the_false_assertion_goes_after_the_body_and_before_each_own_return() -> None:
+    source = (
+        "def test_f(x):\n    if x:\n        return helper(x)\n    def inner():\n        return 1\n"
+        "    try:\n        work()\n    finally:\n        cleanup()\n"
+    )
+    kind, text = _functions(source, "test_f")
+    assert kind == "assert"
+    lines = text.splitlines()
+    assert lines[2].strip() == "_bugsweep_returned = helper(x)" and "expect()" in lines[3]
+    assert lines[4].strip() == "return _bugsweep_returned"
+    assert "        return 1" in text, "the nested function's return is its own"
+    assert "expect()" in lines[-1] and lines[-1].startswith("    assert"), "last, not inside the finally"
+    assert text.count("expect()") == 2
+
+
+def test_the_false_assertion_has_the_style_of_the_failing_line() -> None:
+    source = (
+        "class T:\n    def test_m(self):\n        self.assertTrue(ok())\n        self.assertIn(1, got())\n"
+        "        self.assertRaises(ValueError, f)\n\n"
+        "def make():\n    def test_gen(self):\n        assert 1\n    return test_gen\n"
+    )
+    assert _functions(source, "T.test_m", line=4)[0] == "assertIn", "where it failed"
+    assert _functions(source, "T.test_m")[0] == "assertTrue", "else its first assertion"
+    assert _functions(source, "T.test_m", line=5)[0] == "assertEqual", "a method without a false form"
+    kind, text = _functions(source, "make.<locals>.test_gen")
+    assert kind == "assert" and "expect()" in text
+    assert inject(ast.parse(source), "T.test_gone", 0, frozenset()) is None
+
+
+@pytest.mark.parametrize(
+    ("command", "runner"),
+    [
+        ("python -m pytest -q tests/test_x.py", "pytest"),
+        ("cd sub && export PYTHONPATH=src && python -m pytest", "pytest"),
+        ("PYTHONPATH=. pytest -x", "pytest"),
+        ("python3 -m unittest discover -s tests -t .", "unittest"),
+        ("python -m pytest -n 4", None),
+        ("python -m pytest -p xdist --dist=load", None),
+        ("python -m compileall -q . && python -m unittest", None),
+        ("make test", None),
+        ("tox -e py311", None),
+        ("python -m pytest | tee log", None),
+        ("python -m pytest $(cat ids)", None),
+        ("coverage run -m pytest", None),
+    ],
+)
+def test_which_commands_the_pair_runs_as_they_are(command: str, runner: str | None) -> None:
+    assert known_runner(command) == runner
+
+
+def _before(records: list[list[object]], exit_code: int = 1) -> TestRun:
+    report = parse_records("\n".join(json.dumps(r) for r in records))
+    return TestRun("make test", exit_code, False, "", 0.1, dict(report.outcomes), probe=report)
+
+
+def test_the_pair_plan_mirrors_only_what_it_can_and_says_why_not() -> None:
+    facts = {"rootdir": "/workspace/repo/sub", "cwd": "/workspace/repo", "pythonpath": "src"}
+    failing = ["pt", "call", "failed", 0, "t.py::test_a", "t.py", "t", "test_a"]
+    before = _before([["runner", "pytest", facts], failing, ["code", "t.py::test_a", "/w/t.py", "test_a", 3]])
+    plan = plan_pair(before, "make test")
+    assert plan.ready and plan.own_run and plan.armed == "t.py::test_a"
+    assert (
+        plan.command == "cd /workspace/repo/sub && export PYTHONPATH=src && python -m pytest -q t.py::test_a"
+    )
+    assert plan_pair(before, "python -m pytest -q").command == "python -m pytest -q"
+    doctest = _before(
+        [["runner", "pytest", facts], ["pt", "call", "failed", 0, "m.py::m.f", "m.py", "m", "m.f"]]
+    )
+    unarmed = plan_pair(doctest, "python -m pytest")
+    assert unarmed.required and not unarmed.ready and "doctest" in (unarmed.note or "")
+    assert not plan_pair(_before([]), "./run-tests.sh").required
+
+
+def test_a_mirror_that_could_not_be_armed_fails_the_grade_closed() -> None:
+    before = TestRun("pytest", 1, False, "", 0.1, {"t::a": "failed"})
+    after = TestRun("pytest", 0, False, "", 0.1, {"t::a": "passed"})
+    assert grade(instance_id="x", before=before, after=after).resolved, "no mirror asked: unit use"
+    closed = grade(
+        instance_id="x", before=before, after=after, mirror=Mirror(required=True, note="not armed: x")
+    )
+    assert not closed.resolved and "could not check the test process (not armed: x)" in (closed.reason or "")
+    optional = grade(instance_id="x", before=before, after=after, mirror=Mirror(required=False))
+    assert optional.resolved
+
+
+@pytest.mark.parametrize(
+    ("log", "runner", "failures"),
+    [
+        ("Ran 3 tests in 0.002s\n\nFAILED (failures=1, errors=2)\n", "unittest", 3),
+        ("Ran 3 tests in 0.002s\n\nOK (skipped=1)\n", "unittest", 0),
+        ("FAILED (failures=9)\nRan 3 tests in 0.002s\n\nOK\n", None, 0),
+        ("===== 1 failed, 2 passed, 1 warning in 0.12s =====\n", "pytest", 1),
+        ("..F\n1 failed, 1 error, 2 passed in 0.12s\n", "pytest", 2),
+        ("5 passed in 0.01s\n", "pytest", 0),
+        ("no summary\n", "pytest", None),
+    ],
+)
+def test_the_runners_summary_line(log: str, runner: str | None, failures: int | None) -> None:
+    assert summary_failures(log, runner) == failures
+
+
+def test_unittests_own_failure_lines_are_checked_against_the_records() -> None:
+    """`FAIL: test_add (test_calc.CalcTest.test_add)` where the probe recorded a pass: the runner says otherwise."""
+    report = parse_records('["runner", "unittest", {}]\n["ut", "passed", "test_calc.CalcTest.test_add"]\n')
+    log = "FAIL: test_add (test_calc.CalcTest.test_add)\nERROR: test_b (test_calc.CalcTest)\n"
+    run = TestRun("python -m unittest", 1, False, log, 0.1, dict(report.outcomes), probe=report)
+    assert listed_failures(log, "unittest", report) == {
+        "test_calc.CalcTest.test_add",
+        "test_calc.CalcTest.test_b",
+    }
+    before = TestRun("python -m unittest", 1, False, "", 0.1, {"test_calc.CalcTest.test_add": "failed"})
+    verdict = grade(instance_id="x", before=before, after=run)
+    assert not verdict.resolved and "lists test_calc.CalcTest.test_add as failed" in (verdict.reason or "")
+
+
+def test_records_cannot_be_taken_back_and_garbage_is_left_out() -> None:
+    text = (
+        '["runner", "unittest", {}]\nnot json\n["ut", "failed", "t.A.test_a"]\n[1, 2\n'
+        '["ut", "passed", "t.A.test_a"]\n["ut", "error", "unittest.loader._FailedTest.gone"]\nxx["ut", "passed", "t.A.b"]'
+    )
+    report = parse_records(text)
+    assert report.outcomes == {"t.A.test_a": "failed"} and report.load_errors == {"gone"}
+
+
+def test_shadowing_is_judged_against_the_task_environment() -> None:
+    paths = frozenset({"calc.py", "testing/test_calc.py", "src/pkg/__init__.py"})
+    roots = import_roots(paths, ["test_*.py"])
+    assert roots == {"", "src", "testing"}
+    env = frozenset({"pygments", "packaging"})
+
+    def why(path: str) -> str | None:
+        return protected_reason(
+            path, patterns=["test_*.py"], task_paths=paths, importable=env, import_roots=roots
+        )
+
+    assert "pygments" in (why("pygments/__init__.py") or "")
+    assert "environment" in (why("src/packaging.py") or "")
+    assert "testing/" in (why("testing/pygments.py") or "")
+    assert "Python" in (why("json.py") or "")
+    assert "bugsweep_probe" in (why("bugsweep_probe.py") or ""), "the probe cannot be shadowed either"
+    assert why("calc_utils.py") is None and why("src/pkg/pygments.py") is None
+    assert why("docs/pygments/__init__.py") is None, "not a folder a test run imports from"
+    for path in (
+        "x-1.0.DIST-INFO/entry_points.txt",
+        "y.Egg-Info/PKG-INFO",
+        "z.egg-link",
+        "ENTRY_POINTS.TXT",
+        "a.PTH",
+    ):
+        assert why(path), path
+
+
+def test_the_probe_does_nothing_without_bugsweeps_instruction(venv: Path, tmp_path: Path) -> None:
+    """A Python of the environment started outside a graded run (no descriptor 97) loads the probe and stays quiet."""
+    done = subprocess.run(
+        [venv / "bin" / "python", "-c", "import sys, bugsweep_probe; print(bugsweep_probe._state.active)"],
+        capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"}, cwd=tmp_path,
+    )  # fmt: skip
+    assert done.stdout.strip() == "False" and done.stderr == "", done.stderr
