@@ -21,6 +21,7 @@ Needs: bare clones at MIRROR/OWNER+NAME/repo of the repositories named in the la
 from __future__ import annotations
 
 import argparse
+import importlib
 import inspect
 import json
 import subprocess
@@ -55,6 +56,8 @@ def _source_at(rev: str, path: str) -> str:
 def old_screen(rev: str) -> types.ModuleType:
     """bugsweep/mining/screening.py as it was at `rev`, with change.py of that commit when it had one."""
     module = types.ModuleType("screening_before")
+    # Modules that moved since `rev` are found under their old names (issue 32 moved testfiles into grading).
+    sys.modules.setdefault("bugsweep.testfiles", importlib.import_module("bugsweep.grading.testfiles"))
     try:
         change_source = _source_at(rev, "bugsweep/mining/change.py")
     except subprocess.CalledProcessError:

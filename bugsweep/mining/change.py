@@ -114,7 +114,9 @@ class ChangeShape:
     """Of the new and changed tests, those holding an assertion (assert, pytest.raises, self.assert*..., or a call
     of a helper of their module that asserts)."""
     raised_or_caught: set[str] = field(default_factory=set)
-    """Exception names raised, caught or expected by a test in the changed files, before or after."""
+    """Exception names raised, caught or expected by a test in the changed files, before or after (read from
+    `unread_exceptions` when `is_exception` first needs them: walking whole trees is most of a big file's cost)."""
+    unread_exceptions: list[ast.Module] = field(default_factory=list, repr=False, compare=False)
     changelog: dict[str, list[str]] = field(default_factory=dict)
     """What the change's changelog entries say it is: kind ('fix', 'feature', 'removal') -> the files saying it."""
     unreadable: list[str] = field(default_factory=list)
@@ -146,6 +148,9 @@ class ChangeShape:
         add (a class such as `ParsedException` that the commit defines is a new name, not an exception fixed)."""
         if word in BUILTIN_EXCEPTIONS:
             return True
+        for tree in self.unread_exceptions:
+            self.raised_or_caught |= _exception_names(tree)
+        self.unread_exceptions = []
         added = {name.rsplit(".", 1)[-1] for name in self.added_names}
         return word in self.raised_or_caught and word not in added
 
@@ -441,8 +446,11 @@ def read_change(
     if shape.unreadable:
         return shape
     trees: dict[str, tuple[ast.Module, ast.Module]] = {}
+    lines: dict[str, tuple[list[str], list[str]]] = {}
     for path in [*py_sources, *stubs, *py_tests]:
-        before, after = _parse(_git_show(repo, base, path)), _parse(_git_show(repo, commit.sha, path))
+        texts = _git_show(repo, base, path), _git_show(repo, commit.sha, path)
+        lines[path] = ((texts[0] or "").splitlines(), (texts[1] or "").splitlines())
+        before, after = _parse(texts[0]), _parse(texts[1])
         if before is None or after is None:
             shape.unreadable.append(f"{path} (does not parse)")
             continue
@@ -451,7 +459,7 @@ def read_change(
         return shape
 
     shape.source_lines = _numstat(repo, base, commit.sha, py_sources)
-    _read_sources(shape, {p: trees[p] for p in py_sources}, {p: trees[p] for p in stubs})
+    _read_sources(shape, {p: trees[p] for p in py_sources}, {p: trees[p] for p in stubs}, lines)
     data = [p for p, role in roles.items() if role == "data"]
     if not shape.changed_functions and not shape.added_names and not data:
         source_trees = [trees[p] for p in py_sources]
@@ -460,9 +468,8 @@ def read_change(
             ast.dump(_stripped(b, annotations=False)) != ast.dump(_stripped(a, annotations=False))
             for b, a in source_trees
         )
-    _read_tests(shape, {p: trees[p] for p in py_tests})
-    for before, after in trees.values():
-        shape.raised_or_caught |= _exception_names(before) | _exception_names(after)
+    _read_tests(shape, {p: (*trees[p], *lines[p]) for p in py_tests})
+    shape.unread_exceptions = [tree for pair in trees.values() for tree in pair]
     return shape
 
 
@@ -470,6 +477,7 @@ def _read_sources(
     shape: ChangeShape,
     sources: dict[str, tuple[ast.Module, ast.Module]],
     stubs: dict[str, tuple[ast.Module, ast.Module]],
+    lines: dict[str, tuple[list[str], list[str]]],
 ) -> None:
     """New public names (from source files and stubs) and changed functions and attributes (from source files)."""
     before_names: set[str] = set()
@@ -488,11 +496,11 @@ def _read_sources(
             if _is_public(name) and not _is_constant_name(short) and name not in shape.added_names:
                 shape.added_names.append(name)
         if path in sources:
-            old_code, new_code = _attributes(_stripped(before)), _attributes(_stripped(after))
+            # (an assigned value holds no docstring or annotation: nothing to strip first)
             shape.changed_functions += [
                 name
-                for name, code in new_code.items()
-                if name in old_code and old_code[name] != code and not _is_metadata(name)
+                for name, code in new_attrs.items()
+                if name in old_attrs and old_attrs[name] != code and not _is_metadata(name)
             ]
     for key, node in after_defs.items():
         path, name = key.split(":", 1)
@@ -508,6 +516,7 @@ def _read_sources(
             continue
         if (
             path in sources
+            and _lines_of(lines[path][0], old) != _lines_of(lines[path][1], node)
             and _own_code(old) != _own_code(node)
             and _stripped_code(old) != _stripped_code(node)
         ):
@@ -537,18 +546,31 @@ def _attributes(tree: ast.Module) -> dict[str, str]:
     return found
 
 
-def _read_tests(shape: ChangeShape, tests: dict[str, tuple[ast.Module, ast.Module]]) -> None:
+def _lines_of(lines: list[str], node: Definition) -> list[str]:
+    """A definition's source lines, its decorators included."""
+    first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+    return lines[first - 1 : node.end_lineno]
+
+
+def _read_tests(
+    shape: ChangeShape, tests: dict[str, tuple[ast.Module, ast.Module, list[str], list[str]]]
+) -> None:
+    """Tests added and changed (the trees and source lines of each test file before and after)."""
     added_short = {name.rsplit(".", 1)[-1].split("(")[-1].rstrip(")") for name in shape.added_names}
-    for before, after in tests.values():
+    for before, after, old_lines, new_lines in tests.values():
         helpers = _asserting_helpers(after)
-        old = {name: ast.dump(node) for name, node in _functions(before)}
+        old = dict(_functions(before))
         for name, node in _functions(after):
             short = name.rsplit(".", 1)[-1]
             if not short.startswith("test") or isinstance(node, ast.ClassDef):
                 continue
             if name not in old:
                 shape.new_tests.append(name)
-            elif old[name] != ast.dump(node):
+            elif (
+                # the same lines are the same code; other lines may be only other formatting
+                _lines_of(old_lines, old[name]) != _lines_of(new_lines, node)
+                and ast.dump(old[name]) != ast.dump(node)
+            ):
                 shape.changed_tests.append(name)
             else:
                 continue
