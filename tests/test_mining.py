@@ -29,6 +29,7 @@ from bugsweep.mining import (
     scan_history,
     screen,
 )
+from bugsweep.settings import SandboxSettings
 from bugsweep.spec import load_tasks
 from tests.support.repos import commit_all, git, make_repo, write_files
 
@@ -677,10 +678,48 @@ def test_a_missing_test_command_stops_the_run_once(tmp_path: Path) -> None:
     assert "tests pass at parent" not in json.dumps(report)  # no candidate was judged on the missing command
 
 
+#: A small sandbox: the per-test memory bound is 3/4 of its 256 MiB.
+SMALL = SandboxSettings(memory_mib=256)
+#: Text pages padded to their width: at the task state, text that is not a whole number of pages makes the loop step
+#: past its end and fill a list with blank pages without end (as boltons' endless generators did), 1000 bytes a page.
+PAGES = (
+    "def pages(text, width):\n    out, start = [], 0\n    while start {op} len(text):\n"
+    "        out.append(text[start:start + width].ljust(width))\n        start += width\n    return out\n"
+)
+
+
+@needs_bwrap
+def test_a_test_filling_memory_fails_and_the_run_goes_on(tmp_path: Path) -> None:
+    """End to end (real sandbox with a 256 MiB memory limit, real pytest): at the task state the changed test fills
+    memory in an endless loop; the probe stops it at the per-test memory bound, so it fails and the other tests still
+    run. The fix is kept with that test as FAIL_TO_PASS, and the report names the test that was stopped."""
+    from bugsweep.sandbox import get_provider
+
+    tests = "from calc import mul\nfrom pages import pages\n\n\ndef test_mul():\n    assert mul(2, 3) == 6\n"
+    repo = make_repo(tmp_path / "repo", {
+        "calc.py": CALC, "pages.py": PAGES.format(op="!="), "tests/test_calc.py": tests, "pyproject.toml": PYPROJECT,
+    })  # fmt: skip
+    write_files(repo, {
+        "pages.py": PAGES.format(op="<"),
+        "tests/test_calc.py": tests + "\n\ndef test_pages():\n    assert pages('abc', 1000) == ['abc'.ljust(1000)]\n",
+    })  # fmt: skip
+    sha = commit_all(repo, "Fix pages() looping without end when the text is not whole pages")
+    result = mine(
+        str(repo), provider=get_provider("local", settings=SMALL), runs=1, test_command="python -m pytest -q tests",
+        report=tmp_path / "tasks.mining.json",
+    )  # fmt: skip
+    (task,) = result.tasks
+    assert task.FAIL_TO_PASS == ["tests/test_calc.py::test_pages"]
+    assert task.PASS_TO_PASS == ["tests/test_calc.py::test_mul"]  # it ran after the stopped test
+    report = json.loads((tmp_path / "tasks.mining.json").read_text())
+    assert report["out_of_memory"] == {sha: ["tests/test_calc.py::test_pages"]}
+
+
 @needs_bwrap
 def test_killed_run_at_the_task_state_is_no_task(tmp_path: Path) -> None:
-    """The changed test kills pytest at the task state (as the memory limit kills an endless generator): no
-    JUnit file, so the task would have no FAIL_TO_PASS test. It is rejected, saying so."""
+    """The changed test takes half the memory bound and is then killed at the task state (as the memory limit kills
+    what grows faster than the probe reads it): no per-test results, so the task would have no FAIL_TO_PASS test.
+    It is rejected, saying so and naming the test that was running."""
     from bugsweep.sandbox import get_provider
 
     repo = make_repo(
@@ -688,15 +727,19 @@ def test_killed_run_at_the_task_state_is_no_task(tmp_path: Path) -> None:
     )
     write_files(repo, {
         "calc.py": CALC.replace("a - b", "a + b"),
-        "tests/test_calc.py": "import os, signal\nfrom calc import add\n\n\ndef test_add():\n"
-        "    if add(2, 3) != 5:\n        os.kill(os.getpid(), signal.SIGKILL)\n",
+        "tests/test_calc.py": "import os, signal, time\nfrom calc import add\n\n\ndef test_add():\n"
+        "    if add(2, 3) != 5:\n        held = bytearray(120 << 20)\n        time.sleep(0.5)\n"
+        "        os.kill(os.getpid(), signal.SIGKILL)\n",
     })  # fmt: skip
     sha = commit_all(repo, "Fix add() returning the difference")
-    result = mine(str(repo), provider=get_provider("local"), runs=1)
+    result = mine(str(repo), provider=get_provider("local", settings=SMALL), runs=1)
     assert result.tasks == []
     (rejection,) = [r for r in result.rejected if r.commit == sha]
     assert rejection.reason == RejectReason.NO_TEST_RESULTS
-    assert "killed" in rejection.detail
+    assert (
+        "killed (exit 137: out of memory, or a signal) while tests/test_calc.py::test_add ran"
+        in rejection.detail
+    )
 
 
 @needs_bwrap

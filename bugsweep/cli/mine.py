@@ -227,6 +227,10 @@ def mine_command(
         print_table(console, table)
     for sha, tests in result.flaky_tests.items():
         console.print(f"[yellow]flaky[/] at {sha[:10]}: {escape(', '.join(tests[:5]))}")
+    for sha, tests in result.out_of_memory.items():
+        console.print(
+            f"[yellow]stopped at the per-test memory bound[/] at {sha[:10]} (failed there): {escape(', '.join(tests[:5]))}"
+        )
     for sha, tests in result.failing_in_both.items():
         more = f" and {len(tests) - 5} more" if len(tests) > 5 else ""
         console.print(

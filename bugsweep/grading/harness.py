@@ -31,7 +31,7 @@ from bugsweep.sandbox.base import Sandbox
 
 #: The probe's files in site-packages; the .pth sorts before every other (its line runs first at start-up).
 PROBE_MODULE = "bugsweep_probe"
-PROBE_FILES = ("bugsweep_probe.py", "bugsweep_probe_inject.py")
+PROBE_FILES = ("bugsweep_probe.py", "bugsweep_probe_inject.py", "bugsweep_probe_memory.py")
 PTH_NAME = "00-bugsweep-probe.pth"
 INSTRUCTION_FD, RECORD_FD = 97, 98
 MAGIC = "bugsweep-probe-1\n"
@@ -73,6 +73,7 @@ except Exception:
     pass
 names.discard("bugsweep_probe")
 names.discard("bugsweep_probe_inject")
+names.discard("bugsweep_probe_memory")
 print(json.dumps({"site": site, "modules": sorted(names), "plugins": plugins}))
 """
 
@@ -170,10 +171,13 @@ class Instruction:
     limit: float = 0.0
     armed: dict[str, object] | None = None
     mirror: bool = False
+    memory: int = 0
+    """Bytes the test runner's process may hold while a test runs (0: no bound)."""
 
     def encode(self) -> str:
         body = json.dumps(
-            {"armed": self.armed, "limit": self.limit, "mirror": int(self.mirror)}, sort_keys=True
+            {"armed": self.armed, "limit": self.limit, "memory": self.memory, "mirror": int(self.mirror)},
+            sort_keys=True,
         )
         return MAGIC + body
 

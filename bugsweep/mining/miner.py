@@ -124,6 +124,8 @@ def mine(
     def record(commit: Commit, spec: TaskSpec, verdict: Verdict) -> None:
         if verdict.flaky:
             result.flaky_tests[commit.sha] = verdict.flaky
+        if verdict.out_of_memory:
+            result.out_of_memory[commit.sha] = verdict.out_of_memory
         result.environments_built += verdict.environments.count("built")
         result.environments_reused += verdict.environments.count("reused")
         environments = ", ".join(verdict.environments)
@@ -160,6 +162,8 @@ def mine(
             note += f", {len(verdict.fail_to_fail)} failing in both states left out"
         if verdict.flaky:
             note += f", {len(verdict.flaky)} flaky left out"
+        if verdict.out_of_memory:
+            note += f", {len(verdict.out_of_memory)} stopped at the per-test memory bound"
         if verdict.unnamed:
             note += f", {len(verdict.unnamed)} with a memory address in their id not named"
         note += f"; screen: {spec.screen_reason}" if spec.screen_reason else ""

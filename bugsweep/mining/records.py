@@ -121,6 +121,9 @@ class MiningResult(BaseModel):
     failing_in_both: dict[str, list[str]] = Field(default_factory=dict)
     """Of kept tasks, by commit sha: tests that failed at the task state and at the fix commit alike (the task's
     FAIL_TO_FAIL), left out of its FAIL_TO_PASS and PASS_TO_PASS and deselected."""
+    out_of_memory: dict[str, list[str]] = Field(default_factory=dict)
+    """Of validated candidates, by commit sha: tests the probe stopped at the per-test memory bound (failed there,
+    the run going on), at the task state or the fix commit."""
     scanned: int = 0
     """Commits looked at."""
     validated: int = 0

@@ -41,6 +41,9 @@ class Verdict:
     """What the task's test command deselects (`--deselect`, which pytest matches as a prefix): the flaky and
     fail-to-fail tests, a whole class, module or parametrised test in one argument where all of its tests are
     deselected, and the part of an id before its memory address."""
+    out_of_memory: list[str] = field(default_factory=list)
+    """Tests the probe stopped at the per-test memory bound in any run, at either state (normalised ids): failed
+    there, as at the time limit (an endless loop filling a list at the task state is a FAIL_TO_PASS test)."""
     environments: list[str] = field(default_factory=list)
     """How each state's task environment came about, in the order they ran (the task state, then the fix commit):
     'built' (the setup ran), 'reused' (a finished setup was reused), 'no setup'."""
@@ -87,6 +90,12 @@ def judge(before: Sequence[TestRun], after: Sequence[TestRun]) -> Verdict:
 
     Per test when JUnit results exist (pytest); by exit code otherwise.
     """
+    verdict = _judge(before, after)
+    verdict.out_of_memory = sorted({normalise(t) for r in (*before, *after) for t in r.tests_out_of_memory})
+    return verdict
+
+
+def _judge(before: Sequence[TestRun], after: Sequence[TestRun]) -> Verdict:
     if any(r.timed_out for r in (*before, *after)):
         return Verdict(RejectReason.TIMED_OUT, "a test run timed out")
     no_results = next((r for r in before if r.tests is None), None)
@@ -99,6 +108,10 @@ def judge(before: Sequence[TestRun], after: Sequence[TestRun]) -> Verdict:
             if code is not None and (code < 0 or code >= 128)
             else f"exited {code}"
         )
+        if no_results.killed_in:
+            how += (
+                f" while {no_results.killed_in} ran (its process held half the per-test memory bound or more)"
+            )
         return Verdict(
             RejectReason.NO_TEST_RESULTS,
             f"the test run at the task state {how} before pytest wrote its results: no test to name FAIL_TO_PASS",

@@ -13,7 +13,8 @@ back). Both descriptors are closed for the process's children (a test that start
 In the regrade's two runs (the real one and the mirror) the descriptors, the files and the environment are the
 same; only the instruction differs, in one flag, and only this module's memory keeps it.
 
-The instruction (one JSON object): `mirror` (0 or 1), `limit` (seconds one test may take; 0: none), and `armed`:
+The instruction (one JSON object): `mirror` (0 or 1), `limit` (seconds one test may take; 0: none), `memory`
+(bytes the runner's process may hold while a test runs, bugsweep_probe_memory.py; 0: no bound), and `armed`:
 the test the mirror gives a false assertion (`id` as the runner names it, the `file` and `qualname` of its test
 function, the `line` where it failed before) or null. In both runs the armed test's function is compiled with one
 more assertion after its body (and before each `return` of its own): `assert bugsweep_probe.expect()`, or for a
@@ -26,7 +27,8 @@ in the real run, so code that turns failures into passes turns this one too, and
 Records (one JSON list a line): ["hello"], ["runner", name, facts], ["pt", when, outcome, xfail, nodeid, file,
 classname, name] (pytest, with the JUnit XML names), ["pc", outcome, nodeid, file, classname, name] (a collection
 error), ["ut", outcome, test id] (unittest), ["code", test id, file, qualname, line] (a failing test's function),
-["inj", file, qualname, style] (the armed function compiled with its assertion), ["timeout", test id],
+["inj", file, qualname, style] (the armed function compiled with its assertion), ["timeout", test id], ["memory",
+test id, bytes, stopped] (bugsweep_probe_memory.py),
 ["end", runner] (the runner finished: without it a run's per-test results are not whole), ["probe-error", text]. Kept compatible with Python 3.8.
 """
 
@@ -53,6 +55,8 @@ class _State:
     runner = ""  # the runner this process is, once it has started one
     depth = 0  # how deep in TextTestRunner.run this process is
     limit = 0.0
+    memory_bound = 0  # bytes
+    memory: Any = None  # bugsweep_probe_memory, once its watcher runs in this process (the runner's)
     current: Any = None  # (test id, thread ident) while the runner runs a test's body
     armed: Any = None
     hooked = False  # pytest's assertion rewriting hooked (once, whatever pytest sessions run in this process)
@@ -365,11 +369,15 @@ def _watch(result):
         def start_test(test, _method=start):
             _method(test)
             _set_current(_test_id(test))
+            if _state.memory is not None:
+                _state.memory.begin(_test_id(test))
             if _start(_test_id(test)):
                 _arm()
 
         def stop_test(test, _method=stop):
             _set_current(None)
+            if _state.memory is not None:
+                _state.memory.end(_test_id(test))
             _stop(_test_id(test))
             return _method(test)
 
@@ -385,6 +393,9 @@ def _claim(runner, **facts):
         return False
     _state.runner = runner
     record("runner", runner, facts)
+    if _state.memory_bound:
+        module = _sibling("bugsweep_probe_memory")
+        _state.memory = module if module.start(_state.memory_bound, record) else None
     return True
 
 
@@ -442,6 +453,8 @@ def pytest_configure(config):
     config.pluginmanager.register(_pytest_plugin(pytest), "bugsweep-probe-session")
     if _state.limit:
         config.pluginmanager.register(_time_limit_plugin(pytest), "bugsweep-time-limit")
+    if _state.memory is not None:
+        config.pluginmanager.register(_state.memory.pytest_plugin(pytest), "bugsweep-memory-bound")
 
 
 def _junit_names(nodeid):
@@ -536,16 +549,20 @@ def _time_limit_plugin(pytest):
 
 
 def _inject_module():
-    """bugsweep_probe_inject.py beside this file, by its path (a module of that name elsewhere on sys.path is not
-    it)."""
-    module = sys.modules.get("bugsweep_probe_inject")
+    return _sibling("bugsweep_probe_inject")
+
+
+def _sibling(name):
+    """The module `name` from its file beside this one, by its path (a module of that name elsewhere on sys.path is
+    not it)."""
+    module = sys.modules.get(name)
     if module is None:
         import importlib.util
 
-        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bugsweep_probe_inject.py")
-        spec = importlib.util.spec_from_file_location("bugsweep_probe_inject", path)
+        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), name + ".py")
+        spec = importlib.util.spec_from_file_location(name, path)
         module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-        sys.modules["bugsweep_probe_inject"] = module
+        sys.modules[name] = module
         spec.loader.exec_module(module)  # type: ignore[union-attr]
     return module
 
@@ -569,6 +586,10 @@ def _start_up():
         _state.limit = max(float(instruction.get("limit") or 0), 0.0)
     except (TypeError, ValueError):
         _state.limit = 0.0
+    try:
+        _state.memory_bound = max(int(instruction.get("memory") or 0), 0)
+    except (TypeError, ValueError):
+        _state.memory_bound = 0
     armed = instruction.get("armed")
     _state.armed = armed if isinstance(armed, dict) else None
     _decide = _decider(bool(instruction.get("mirror")))
