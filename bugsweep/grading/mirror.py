@@ -306,24 +306,29 @@ def judge(
             f"the test process changes how it ends: the mirror run exited 0 although {plan.armed} failed there by "
             "construction"
         )
-    elif said == "passed" and not _reached(plan, mirror, plan.armed):
-        subverted.append(
-            f"{plan.armed} fails before the end of its body in the mirror run but passes in the real run: the test "
-            "process behaves differently in two runs it should not tell apart"
-        )
     for name, run in (("real", real), ("mirror", mirror)):
         unreached = unreached_tests(plan, run)
         if unreached:
             found.unreached[name] = unreached
             where = "" if name == "real" else " in the mirror run"
+            bodies = "its body" if len(unreached) == 1 else "their bodies"
             subverted.append(
-                f"the test process reports {_some(unreached)} passed{where} but {'its body' if len(unreached) == 1 else 'their bodies'} did "
-                "not run to the end"
-            )  # fmt: skip
+                f"the test process reports {_some(unreached)} passed{where} but {bodies} did not run to the end"
+            )
         if run.probe.forged:
             subverted.append(
                 f"something in the test process writes the probe's records: {run.probe.forged} 'reached' record(s) "
                 f"in the {name} run without that run's nonce"
+            )
+        if (
+            name == "real"
+            and said == "passed"
+            and outcome != "passed"
+            and not _reached(plan, mirror, plan.armed)
+        ):
+            subverted.append(
+                f"{plan.armed} fails before the end of its body in the mirror run but passes in the real run: the "
+                "test process behaves differently in two runs it should not tell apart"
             )
     if task is not None:
         differ = [
