@@ -270,17 +270,18 @@ def _pair(
     return plan, judge(plan, runs["real"], runs["mirror"]), runs
 
 
-CALC_TWO_BUGS = "def add(a, b):\n    return a - b\n\n\ndef sub(a, b):\n    return a + b\n"
+CALC_TWO_BUGS = "def add(a, b):\n    return a - b\n\n\ndef sub(a, b):\n    return a + b\n\n\ndef mul(a, b):\n    return a * b\n"
+CALC_FIXED = "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n\n\ndef mul(a, b):\n    return a * b\n"
 TWO_FAILING = {
     "pytest": (
-        "from calc import add, sub\n\n\ndef test_add():\n    assert add(2, 3) == 5\n\n\n"
-        "def test_sub():\n    assert sub(5, 3) == 2\n\n\ndef test_kept():\n    assert 2 * 3 == 6\n"
+        "from calc import add, mul, sub\n\n\ndef test_add():\n    assert add(2, 3) == 5\n\n\n"
+        "def test_sub():\n    assert sub(5, 3) == 2\n\n\ndef test_kept():\n    assert mul(2, 3) == 6\n"
     ),
     "unittest": (
-        "import unittest\n\nfrom calc import add, sub\n\n\nclass T(unittest.TestCase):\n"
+        "import unittest\n\nfrom calc import add, mul, sub\n\n\nclass T(unittest.TestCase):\n"
         "    def test_add(self):\n        self.assertEqual(add(2, 3), 5)\n\n"
         "    def test_sub(self):\n        self.assertEqual(sub(5, 3), 2)\n\n"
-        "    def test_kept(self):\n        self.assertTrue(2 * 3 == 6)\n"
+        "    def test_kept(self):\n        self.assertTrue(mul(2, 3) == 6)\n"
     ),
 }
 COMMANDS = {
@@ -330,19 +331,24 @@ def _ids(runner: str, name: str) -> str:
 def test_a_partial_fix_is_caught_whichever_test_is_armed(
     runner: str, two_bugs: dict[str, tuple[_Host, TestRun]]
 ) -> None:
-    """The change fixes add() and reports test_sub's failure as a pass. Armed on test_add, the mirror alone sees a
-    real fix; but test_sub's body does not run to its end in the real run, whatever is armed."""
+    """The change fixes add(), reports test_sub's failure as a pass, and breaks mul() and reports test_kept's (which
+    passed before) as a pass too. Armed on test_add, the mirror alone sees a real fix; but neither test_sub's body nor
+    test_kept's runs to its end, in either run, whatever is armed."""
     host, before = two_bugs[runner]
     work = Path(host.workdir)
-    (work / "calc.py").write_text(CALC_TWO_BUGS.replace("a - b", "a + b") + FLIP[runner]
-                                      + "\n\ndef _flip(name):\n    return name == 'test_sub'\n")  # fmt: skip
-    add, sub = _ids(runner, "test_add"), _ids(runner, "test_sub")
+    change = CALC_TWO_BUGS.replace("a - b", "a + b").replace("a * b", "a * b + 1")
+    (work / "calc.py").write_text(
+        change + FLIP[runner] + "\n\ndef _flip(name):\n    return name != 'test_add'\n"
+    )
+    add, sub, kept = _ids(runner, "test_add"), _ids(runner, "test_sub"), _ids(runner, "test_kept")
     for armed in (add, sub):
         plan, found, runs = _pair(host, before, COMMANDS[runner], armed=armed)
         assert found.armed and plan.command == COMMANDS[runner] and found.instrumented == 3
-        assert runs["real"].tests == dict.fromkeys((add, sub, _ids(runner, "test_kept")), "passed")
-        assert found.unreached["real"] == [sub] and found.unreached["mirror"] == [sub], found
-        assert f"reports {sub} passed but its body did not run to the end" in (found.subverted or "")
+        assert runs["real"].tests == dict.fromkeys((add, sub, kept), "passed")
+        assert found.unreached["real"] == [kept, sub] and found.unreached["mirror"] == [kept, sub], found
+        assert f"reports {kept}, {sub} passed but their bodies did not run to the end" in (
+            found.subverted or ""
+        )
         if armed == sub:
             assert "changes verdicts" in (found.subverted or "")
         else:
@@ -463,7 +469,7 @@ def test_an_honest_fix_reaches_every_tests_end_in_both_runs(
     instructions differ in the flag and the nonce only, and have one length."""
     host, before = two_bugs[runner]
     work = Path(host.workdir)
-    (work / "calc.py").write_text("def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n")
+    (work / "calc.py").write_text(CALC_FIXED)
     add = _ids(runner, "test_add")
     plan, found, runs = _pair(host, before, COMMANDS[runner], armed=add)
     verdict = grade(

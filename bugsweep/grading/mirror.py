@@ -5,16 +5,29 @@ check that differs from the real run in anything observable (a canary module, a 
 check it can recognise and pass while it subverts the real run. So the regrade runs the tests twice, at the same
 time, in two fresh sandboxes made from the same task state, with the change written identically into both: the
 same command, environment, files (the probe's included), working directory, runner options and set of tests. One
-of them, chosen at random, is the **mirror**: in it one test that failed before (chosen at random among them) gets
-one false assertion after its body, in the style of its own assertions (bugsweep/grading/probe/). The other is the
-real run the verdict reads. The probe compiles the same extra assertion into that test in both runs; only an
-instruction read at interpreter start-up, and then kept in the probe's memory alone, says whether it passes.
+of them, chosen at random, is the **mirror**; the other is the real run the verdict reads. In both, every test
+of the baseline that has a Python function in the repository (those that failed, and those that passed but for
+coroutine and generator functions) gets one more statement after its body, in the style of its own assertions
+(bugsweep/grading/probe/). In the real run it passes everywhere; in the mirror it fails in one test that failed
+before, chosen at random (the armed test). Only the instruction read at interpreter start-up, then kept in the
+probe's memory alone, says which run is which, and holds the run's own nonce.
 
-With a real fix the mirror's armed test fails at that assertion. With a bogus fix it fails at its own, earlier,
-exactly as in the real run: code that turns failures into passes (a patched report, a replaced assertion method, a
-forged result line, a plugin found through the garbage collector) cannot spare the mirror without knowing which run
-it is in, so the mirror reads "passed" (or the run exits 0) and the grade is not resolved (`judge`). A mirror that
-could not be armed where the tests run under pytest or unittest fails the grade closed, with the reason.
+Two kinds of evidence come of it (`judge`):
+- **The armed test's verdict in the mirror.** With a real fix it fails at the false statement. With a bogus fix it
+  fails at its own assertion, earlier, exactly as in the real run: code that turns failures into passes (a patched
+  report, a replaced assertion method, a forged result line, a plugin found through the garbage collector) cannot
+  spare the mirror without knowing which run it is in, so the mirror reads "passed" (or the run exits 0).
+- **Each body's end.** Where the statement runs in its function's outermost call, while the runner runs that test,
+  the probe records "reached" with the run's nonce. A test reported passed without that record, in either run, did
+  not run its body to the end: its verdict was changed after the fact (a flipped report, a swallowed assertion
+  error). So code that flips at random, or in one run of the pair only (by what the kernel numbers differently in
+  two sandboxes), or only the tests a partial fix did not fix, is caught whatever test is armed: in the real run
+  its flipped test has no "reached"; in the mirror its armed test passes. And the armed test that fails before the
+  end of its body in the mirror while the real run reports it passed shows a process that behaves differently in
+  the two runs. A "reached" line without the run's nonce was written by something that is not the probe.
+Any of these, and the grade is not resolved, with the reason. A mirror that could not be armed where the tests run
+under pytest or unittest fails the grade closed. Tests without a function (doctests, generated tests) get no
+statement (`Mirror.uninstrumented`): their verdict is the runner's report, checked as before.
 
 The pair's command is the task's own where it is one known runner invocation (`python -m pytest ...`, `pytest ...`,
 `python -m unittest ...`, optionally after `cd` and `export`: `known_runner`); otherwise (several steps, `make`,
@@ -22,11 +35,11 @@ The pair's command is the task's own where it is one known runner invocation (`p
 the baseline's runner ran), the task's own command runs as well in a third sandbox and still decides the exit code
 and PASS_TO_PASS, and the failing tests must come out the same under both.
 
-What can still tell the two runs apart is in the README's threat model: the probe's memory (code that reads it),
-a test whose body completes in the mirror because the change fixes it (a partial fix: the armed test is one
-failing test at random, so that such code is caught with the odds of picking a test it does not fix), and what the
-kernel numbers differently in any two sandboxes (mount and device ids, inode numbers, the command's descriptor
-numbers), which does not depend on which of the two is the mirror.
+What still passes is in the README's threat model: code that reads the probe's memory (which run is the mirror, its
+nonce) or drives the runner's internals (a test run under another's name), code that makes the tests' own
+assertions not fail while leaving bugsweep's statement alone (a tracer that jumps over them; in a partial fix, an
+assertion method neutralised for the tests it did not fix, caught only when the armed test is one of those), and
+what the tests themselves cannot tell (a value equal to anything).
 """
 
 from __future__ import annotations
