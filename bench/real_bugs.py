@@ -3,6 +3,7 @@
     python bench/real_bugs.py                                   # every task, both agents, the embedded model
     python bench/real_bugs.py --agents bugsweep --max-tasks 5
     python bench/real_bugs.py --resume bench/results/real_bugs-<stamp>.json   # skip the runs already done
+    python bench/real_bugs.py --agents bugsweep --attempts 3 --policy plain   # pass@3 and pass@1 of the same runs
 
 The tasks (bench/real_bugs.jsonl) were made by `bugsweep mine` on clones of the repositories the file names. The file
 holds a repository URL, the fix's parent and fix commits, the test files, test ids and commands, and no project
@@ -79,7 +80,10 @@ def policy_of(grade: dict[str, Any]) -> str:
     return f"edit_style={os.environ.get('BUGSWEEP_EDIT_STYLE', 'auto')} (no policy key in grade.json)"
 
 
-def run_bugsweep(spec: Any, base_url: str, model: str, out_dir: Path, max_turns: int) -> dict[str, Any]:
+def run_bugsweep(
+    spec: Any, base_url: str, model: str, out_dir: Path, max_turns: int, attempts: int = 1,
+    escalate_to: list[Any] | None = None,
+) -> dict[str, Any]:  # fmt: skip
     from bugsweep.pipeline import solve_task
     from bugsweep.sandbox import get_provider
     from bugsweep.settings import AgentSettings, ModelSettings
@@ -92,9 +96,10 @@ def run_bugsweep(spec: Any, base_url: str, model: str, out_dir: Path, max_turns:
             spec,
             provider=get_provider("local"),
             model_settings=settings,
-            agent_settings=AgentSettings(max_turns=max_turns),
+            agent_settings=AgentSettings(max_turns=max_turns, attempts=attempts),
             out_dir=out_dir,
             labels={"purpose": "bench", "task": spec.instance_id},
+            escalate_to=escalate_to or [],
         )
     except Exception as exc:  # recorded in grade.json by solve_task; the run is counted as not resolved
         error = f"{type(exc).__name__}: {exc}"[:500]
@@ -115,8 +120,15 @@ def run_bugsweep(spec: Any, base_url: str, model: str, out_dir: Path, max_turns:
         "wall_s": wall,
         "error": error or grade.get("error"),
         "failure_kind": grade.get("failure_kind"),
+        "kept_attempt": grade.get("kept_attempt"),
+        "resolved_first": bool(grade.get("resolved")) and grade.get("kept_attempt") in (None, 1),
+        "attempts": [
+            {k: a.get(k) for k in ("attempt", "model", "temperature", "verdict", "stop_reason", "turns",
+                                   "prompt_tokens", "completion_tokens", "cost_usd", "wall_s")}
+            for a in grade.get("attempts") or []
+        ],
         "out": str(out_dir),
-    }
+    }  # fmt: skip
 
 
 def run_mini(spec: Any, base_url: str, model: str, out_dir: Path, max_turns: int) -> dict[str, Any]:
@@ -195,6 +207,7 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
     tokens = [r["prompt_tokens"] + r["completion_tokens"] for r in resolved]
     return {
         "resolved": len(resolved),
+        "resolved_first_attempt": sum(1 for r in rows if r.get("resolved_first", r["resolved"])),
         "runs": len(rows),
         "errors": sum(1 for r in rows if r.get("error")),
         "median_turns": statistics.median(r["turns"] for r in rows) if rows else None,
@@ -230,15 +243,39 @@ def main() -> int:
     )
     parser.add_argument("--model", default=None)
     parser.add_argument(
+        "--attempts",
+        type=int,
+        default=1,
+        help="bugsweep's attempts per task and model (each in its own sandbox, graded by the clean room; the "
+        "first resolved one ends the task); the table gives pass@1 beside pass@N",
+    )
+    parser.add_argument(
+        "--escalate-to",
+        action="append",
+        default=[],
+        metavar="NAME=BASE_URL[,KEY_ENV[,MODEL_ID]]",
+        help="a model bugsweep's agent escalates to on what the model did not resolve (repeat, in order), as "
+        "`bugsweep solve --escalate-to`",
+    )
+    parser.add_argument(
         "--policy",
         default=None,
-        help="bugsweep's agent policy (default: BUGSWEEP_POLICY, else the embedded model's own, as `bugsweep demo`)",
+        help="bugsweep's agent policy (default: BUGSWEEP_POLICY, else the embedded model's own, as `bugsweep demo`); "
+        "comma-separated: each task runs under each policy in turn (plain,small-model), so a stopped run keeps "
+        "both sides of the tasks it finished",
+    )
+    parser.add_argument(
+        "--extra-setup",
+        default=None,
+        metavar="CMD",
+        help="appended to every task's setup command as `&& CMD` (a pin of the task environment, e.g. "
+        "\"pip install 'pytest<9.2' 'setuptools<75'\": the environment changed since mining)",
     )
     args = parser.parse_args()
     from bugsweep.embedded import DEFAULT_MODEL
 
     # Read by AgentSettings in run_bugsweep; recorded per run from grade.json.
-    os.environ["BUGSWEEP_POLICY"] = args.policy or os.environ.get("BUGSWEEP_POLICY") or DEFAULT_MODEL.policy
+    policies = (args.policy or os.environ.get("BUGSWEEP_POLICY") or DEFAULT_MODEL.policy).split(",")
     # Stopped with SIGTERM (a background job ignores SIGINT): unwind as for Ctrl-C, so sandboxes are released.
     signal.signal(signal.SIGTERM, _interrupt)
 
@@ -263,6 +300,10 @@ def main() -> int:
             "started": stamp,
             "tasks_file": str(args.tasks),
             "max_turns": args.max_turns,
+            "attempts": args.attempts,
+            "escalate_to": args.escalate_to,
+            "policies": policies,
+            "extra_setup": args.extra_setup,
             "cores": os.cpu_count(),
             "load_before": load(),
             "commit": subprocess.run(
@@ -271,7 +312,7 @@ def main() -> int:
             "runs": [],
         }
     run_root = Path(tempfile.gettempdir()) / f"bugsweep-real-bugs-{report['started']}"
-    done = {(r["task"], r["agent"]) for r in report["runs"]}
+    done = {(r["task"], r["agent"], r.get("asked_policy")) for r in report["runs"]}
     names = {"bugsweep": "bugsweep", "mini": "mini-swe-agent"}
 
     def save() -> None:
@@ -279,42 +320,68 @@ def main() -> int:
         tmp.write_text(json.dumps(report, indent=2))
         tmp.replace(path)
 
-    print(f"{len(tasks)} task(s), agents {agents}, max {args.max_turns} turns; load: {load()}", flush=True)
+    from bugsweep.endpoints import parse_endpoints
+
+    escalate_to = [e.settings() for e in parse_endpoints(args.escalate_to, [], "--escalate-to", "")]
+    print(
+        f"{len(tasks)} task(s), agents {agents}, max {args.max_turns} turns, {args.attempts} attempt(s) per "
+        f"model{', then ' + ', '.join(m.model for m in escalate_to) if escalate_to else ''}; load: {load()}",
+        flush=True,
+    )
     with ensure_embedded_model(progress=lambda m: print(m, flush=True)) as endpoint:
         base_url = args.base_url or endpoint.base_url
         model = args.model or endpoint.model
         report["model"] = model
         for spec in tasks:
             spec = with_test_patch(spec.model_copy(update={"repo": local_repo(spec.repo, args.mirrors)}))
-            for agent in agents:
-                if (spec.instance_id, names[agent]) in done:
+            if args.extra_setup:
+                spec = spec.model_copy(
+                    update={"setup_command": f"{spec.setup_command} && {args.extra_setup}"}
+                )
+            for agent, policy in [(a, p) for a in agents for p in (policies if a == "bugsweep" else [None])]:
+                if (spec.instance_id, names[agent], policy) in done:
                     continue
-                out_dir = run_root / spec.instance_id / agent
-                runner = run_bugsweep if agent == "bugsweep" else run_mini
-                row = runner(spec, base_url, model, out_dir, args.max_turns)
-                row["task"], row["load"] = spec.instance_id, load()
+                out_dir = run_root / spec.instance_id / (f"{agent}-{policy}" if policy else agent)
+                if policy:  # read by AgentSettings in run_bugsweep; recorded per run from grade.json
+                    os.environ["BUGSWEEP_POLICY"] = policy
+                if agent == "bugsweep":
+                    row = run_bugsweep(
+                        spec, base_url, model, out_dir, args.max_turns, args.attempts, escalate_to
+                    )
+                else:
+                    row = run_mini(spec, base_url, model, out_dir, args.max_turns)
+                row["task"], row["load"], row["asked_policy"] = spec.instance_id, load(), policy
                 report["runs"].append(row)
                 save()
                 print(
-                    f"{spec.instance_id:<28} {names[agent]:<15} "
-                    f"{'RESOLVED' if row['resolved'] else 'not resolved':<13} stop={row.get('stop_reason')} "
+                    f"{spec.instance_id:<28} {names[agent]:<15} {policy or '':<12} "
+                    f"{'RESOLVED' if row['resolved'] else 'not resolved':<13} "
+                    f"{'at attempt ' + str(row['kept_attempt']) + ' ' if row.get('kept_attempt') else ''}"
+                    f"stop={row.get('stop_reason')} "
                     f"turns={row['turns']} tokens={row['prompt_tokens']}+{row['completion_tokens']} "
                     f"wall={row['wall_s']:.0f}s {('error: ' + row['error'][:120]) if row.get('error') else ''}",
                     flush=True,
                 )
     report["load_after"] = load()
     report["summary"] = {
-        names[a]: summarise([r for r in report["runs"] if r["agent"] == names[a]]) for a in agents
+        f"{names[a]} ({p})" if p else names[a]: summarise(
+            [r for r in report["runs"] if r["agent"] == names[a] and r.get("asked_policy") == p]
+        )
+        for a in agents
+        for p in (policies if a == "bugsweep" else [None])
     }
     save()
-    print("\n| agent | resolved/runs | median turns | tokens per resolved task | median wall | policy |")
-    print("| --- | --- | --- | --- | --- | --- |")
+    print(
+        f"\n| agent | resolved/runs (pass@{args.attempts}) | pass@1 | median turns | tokens per resolved task | "
+        "median wall | policy |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- |")
     for agent, s in report["summary"].items():
         per = f"{s['tokens_per_resolved']:.0f}" if s["tokens_per_resolved"] else "-"
         wall = f"{s['median_wall_s']:.0f} s" if s["median_wall_s"] is not None else "-"
         print(
-            f"| {agent} | {s['resolved']}/{s['runs']} | {s['median_turns']} | {per} | {wall} | "
-            f"{'; '.join(s['policies'])} |"
+            f"| {agent} | {s['resolved']}/{s['runs']} | {s['resolved_first_attempt']}/{s['runs']} | "
+            f"{s['median_turns']} | {per} | {wall} | {'; '.join(s['policies'])} |"
         )
     print(f"results: {path}  (run folders in {run_root})")
     return 0

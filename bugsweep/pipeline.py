@@ -7,13 +7,26 @@ as a Prefect task, with its own retries, timeout and hooks. Either way the grade
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
+from bugsweep.attempts import (
+    ATTEMPTS_DIR,
+    AttemptOutcome,
+    PlannedAttempt,
+    combine,
+    cut_short,
+    kept,
+    plan_attempts,
+    promote,
+    totals,
+)
 from bugsweep.errors import (
     InfraError,
     NotARealTask,
@@ -29,7 +42,7 @@ from bugsweep.grading.regrade import regrade_change
 from bugsweep.grading.runs import TestRun, commit_task_state, run_tests, why_cannot_run
 from bugsweep.grading.verdict import Grade
 from bugsweep.runconfig import RunConfig
-from bugsweep.rundir import write_run_dir
+from bugsweep.rundir import write_attempt_dir, write_run_dir
 from bugsweep.sandbox.base import (
     Environment,
     RepoSource,
@@ -44,6 +57,8 @@ from bugsweep.spec import TaskSpec
 #: Seconds a setup or a test run (before or after the agent) may take: the core's own limit, over which the
 #: flows' steps add only a backstop (tasks.steps).
 STEP_TIMEOUT_S = 1800.0
+#: Between a step's kind and its attempt's number in a step's name ('solve-attempt-2': `step_name`).
+ATTEMPT_STEP = "-attempt-"
 
 if TYPE_CHECKING:
     from bugsweep.agent.loop import AgentEvent, AgentProgress, AgentResult
@@ -197,11 +212,17 @@ def solve(
     out_dir: Path | None = None,
     progress: AgentProgress | None = None,
     config: RunConfig | None = None,
+    attempt: int | None = None,
 ) -> AgentResult:
     """Run the agent loop on the task in the prepared sandbox; `progress` keeps what it used if it is cut short;
-    `config` is recorded in the trajectory."""
+    `config` is recorded in the trajectory, with the attempt's number and temperature in a run of more than one."""
     from bugsweep.agent.loop import run_agent
 
+    meta: dict[str, Any] = (
+        {"config_digest": config.digest, "config": config.model_dump(mode="json")} if config else {}
+    )
+    if attempt is not None:
+        meta.update(attempt=attempt, temperature=model.settings.temperature)
     return run_agent(
         task=prepared.spec.problem_statement,
         sandbox=prepared.sandbox,
@@ -212,7 +233,7 @@ def solve(
         test_command=prepared.spec.test_command,
         protected_paths=prepared.spec.test_files,
         progress=progress,
-        meta={"config_digest": config.digest, "config": config.model_dump(mode="json")} if config else None,
+        meta=meta or None,
     )
 
 
@@ -354,9 +375,11 @@ def record_resources(verdict: Grade, *sandboxes: Sandbox) -> None:
 class StepRunner(Protocol):
     """Runs one named step of a task: `runner(name, fn, *args, **kwargs)` returns `fn(*args, **kwargs)`.
 
-    The names are 'setup', 'baseline', 'solve' and 'regrade'. A runner may retry a step after an infrastructure
-    failure no layer below retried ('setup' makes a new sandbox; never 'solve', which would pay again for the turns
-    made), time it out, or record it, but never changes its result.
+    The names are 'setup', 'baseline', 'solve' and 'regrade', and 'sandbox' (an attempt's own sandbox); in a run
+    of more than one attempt an attempt's steps carry its number ('solve-attempt-2': `step_name`, `step_kind`). A
+    runner may retry a step after an infrastructure failure no layer below retried ('setup' and 'sandbox' make a
+    new sandbox; never 'solve', which would pay again for the turns made), time it out, or record it, but never
+    changes its result.
     """
 
     def __call__(self, name: str, fn: Callable[..., R], /, *args: Any, **kwargs: Any) -> R: ...
@@ -403,16 +426,19 @@ def solve_from_task_state(
     out_dir: Path | None = None,
     progress: AgentProgress | None = None,
     config: RunConfig | None = None,
+    attempt: int | None = None,
 ) -> AgentResult:
     """The 'solve' step: the agent loop, from the task state. Never run again by a step runner (it would pay again
-    for every turn made): a model endpoint outage is retried inside the turn by the model client."""
+    for every turn made): a model endpoint outage is retried inside the turn by the model client. `attempt`: its
+    number in a run of more than one."""
     from bugsweep.agent.model import ChatModel
 
     reset_workspace(prepared)
     model = ChatModel(model_settings)
     return solve(
-        prepared, model, agent_settings, on_event=on_event, out_dir=out_dir, progress=progress, config=config
-    )
+        prepared, model, agent_settings, on_event=on_event, out_dir=out_dir, progress=progress, config=config,
+        attempt=attempt,
+    )  # fmt: skip
 
 
 def failed_grade(
@@ -444,29 +470,44 @@ def solve_task(
     runner: StepRunner = call_step,
     raise_on_failure: bool = True,
     config: RunConfig | None = None,
+    escalate_to: Sequence[ModelSettings] = (),
 ) -> Grade:
     """Everything for one task, writing `out_dir`: the one path of a task, for the CLI and the flows.
 
+    The setup and the baseline run once; then up to `agent_settings.attempts` attempts with `model_settings`, then
+    as many with each model of `escalate_to` in order (bugsweep.attempts: a model's first attempt at its own
+    temperature, the later ones at `retry_temperature`), each an agent run in its own sandbox from the task state
+    after setup (the first in the setup's own sandbox), each graded by the clean room; the first attempt the clean
+    room resolves ends the task. The grade records every attempt and keeps the resolved one (else none); its
+    verdict is the kept attempt's, or the last attempt's.
+
     Returns the Grade (resolved or not). When the task cannot be run (config, infra or task error, a crash),
-    grade.json is still written with `error` and `failure_kind`; then the exception is raised again for the caller
-    to report, or, with `raise_on_failure=False`, that failed Grade is returned. An interrupt is always raised.
-    `on_sandbox` is told of the sandbox as soon as it exists (the flows track it for their crash hooks); the
-    sandbox is always released before this returns. `config` (what made the run) goes into grade.json and the
-    trajectory.
+    grade.json is still written with `error` and `failure_kind`, and with what the attempts made so far used; then
+    the exception is raised again for the caller to report, or, with `raise_on_failure=False`, that failed Grade is
+    returned. An interrupt is always raised. `on_sandbox` is told of every sandbox an attempt runs in as soon as it
+    exists (the flows track them for their crash hooks); every sandbox is released before this returns. `config`
+    (what made the run) goes into grade.json and the trajectories.
     """
     from bugsweep.agent.loop import AgentProgress
     from bugsweep.agent.model import ChatModel
 
     agent_settings = agent_settings or AgentSettings()
+    plan = plan_attempts([model_settings, *escalate_to], agent_settings)
+    many = len(plan) > 1
+    shutil.rmtree(out_dir / ATTEMPTS_DIR, ignore_errors=True)  # an earlier run's attempts are not this run's
     progress = AgentProgress()
     step = on_step or (lambda name, info: None)
     started = time.monotonic()
     prepared: PreparedTask | None = None
     before: TestRun | None = None
+    made: list[AttemptOutcome] = []
+    # The attempt under way: its plan, when it started, its folder.
+    current: tuple[PlannedAttempt, float, str | None] | None = None
     try:
-        # The endpoint first: a wrong URL, key or model name fails in seconds, not after an install.
-        step("model", {"model": model_settings.model, "base_url": model_settings.base_url})
-        ChatModel(model_settings).check()
+        # The endpoints first: a wrong URL, key or model name fails in seconds, not after an install.
+        for endpoint in [model_settings, *escalate_to]:
+            step("model", {"model": endpoint.model, "base_url": endpoint.base_url})
+            ChatModel(endpoint).check()
         step("sandbox", {"backend": getattr(provider, "name", "?")})
         if spec.setup_command:
             step("setup", {"command": spec.setup_command})
@@ -475,31 +516,26 @@ def solve_task(
             on_sandbox(prepared.sandbox)
         step("baseline", {"command": spec.test_command})
         before = runner("baseline", baseline, prepared, per_test_timeout=agent_settings.per_test_timeout_s)
-        step("agent", {"model": model_settings.model, "failing": sorted(before.ids("failed", "error"))})
-        agent_result = runner(
-            "solve",
-            solve_from_task_state,
-            prepared,
-            model_settings,
-            agent_settings,
-            on_event,
-            out_dir,
-            progress=progress,
-            config=config,
-        )
-        step("regrade", {"stop_reason": agent_result.stop_reason})
-        verdict, after, patch = runner(
-            "regrade",
-            regrade,
-            prepared,
-            before,
-            agent_result,
-            model_name=model_settings.model,
-            agent_settings=agent_settings,
-        )
+        for planned in plan:
+            folder = f"{ATTEMPTS_DIR}/{planned.attempt}" if many else None
+            progress = AgentProgress()
+            current = (planned, time.monotonic(), folder)
+            made.append(
+                run_attempt(
+                    planned, prepared, before, agent_settings, runner=runner, progress=progress,
+                    out_dir=out_dir / folder if folder else out_dir, folder=folder, many=many, step=step,
+                    on_event=on_event, on_sandbox=on_sandbox, config=config,
+                )
+            )  # fmt: skip
+            current = None
+            if made[-1].grade.resolved:
+                break
+        verdict = combine(made, model=model_settings.model)
         verdict.wall_s = time.monotonic() - started
+        chosen = kept(made) or made[-1]
+        promote(out_dir, chosen.folder)
         write_run_dir(
-            out_dir, verdict, patch=patch, before=before, after=after, mirror=prepared.mirror_run,
+            out_dir, verdict, patch=chosen.patch, before=before, after=chosen.after, mirror=chosen.mirror,
             setup_log=prepared.setup_log, spec=spec, environment=prepared.environment, config=config,
         )  # fmt: skip
         return verdict
@@ -507,8 +543,17 @@ def solve_task(
         failed = failed_grade(
             spec, model_settings.model, exc, failed_before=before is not None, started=started
         )
-        # What the agent used before it was cut short (Ctrl-C, SIGTERM, a crash): kept reachable by the loop.
-        failed = failed.model_copy(update=progress.grade_fields())
+        # What the attempts used before the task was cut short (Ctrl-C, SIGTERM, a crash): the finished ones, and
+        # the one under way as the loop kept it reachable.
+        records = [o.record() for o in made]
+        if current is not None:
+            planned, attempt_started, folder = current
+            records.append(cut_short(planned, progress, exc, started=attempt_started, folder=folder))
+            promote(out_dir, folder)
+        if records:
+            failed = failed.model_copy(
+                update={**progress.grade_fields(), **totals(records), "attempts": records}
+            )
         if prepared is not None:
             record_resources(failed, prepared.sandbox)
         write_run_dir(
@@ -529,3 +574,87 @@ def solve_task(
     finally:
         if prepared is not None:
             prepared.sandbox.release()
+
+
+def run_attempt(
+    planned: PlannedAttempt,
+    prepared: PreparedTask,
+    before: TestRun,
+    agent_settings: AgentSettings,
+    *,
+    runner: StepRunner,
+    progress: AgentProgress,
+    out_dir: Path,
+    folder: str | None,
+    many: bool,
+    step: Callable[[str, dict[str, Any]], None],
+    on_event: Callable[[AgentEvent], None] | None,
+    on_sandbox: Callable[[Sandbox], None] | None,
+    config: RunConfig | None,
+) -> AttemptOutcome:
+    """One attempt: its sandbox (the setup's own for the first, a new one from the task state after setup for the
+    others, released here), the agent ('solve'), the clean room's grade ('regrade'); in a run of more than one
+    attempt its files go to `out_dir` (attempts/N) and its steps carry its number."""
+    started = time.monotonic()
+    number = planned.attempt if many else None
+    if many:
+        step(
+            "attempt",
+            {"attempt": planned.attempt, "model": planned.model.model, "temperature": planned.temperature},
+        )
+    own = planned.attempt > 1
+    task = (
+        runner(step_name("sandbox", number), attempt_sandbox, prepared, planned.attempt) if own else prepared
+    )
+    try:
+        if own and on_sandbox is not None:
+            on_sandbox(task.sandbox)
+        step("agent", {"model": planned.model.model, "failing": sorted(before.ids("failed", "error"))})
+        agent_result = runner(
+            step_name("solve", number), solve_from_task_state, task, planned.model, agent_settings, on_event,
+            out_dir, progress=progress, config=config, attempt=number,
+        )  # fmt: skip
+        step("regrade", {"stop_reason": agent_result.stop_reason})
+        verdict, after, patch = runner(
+            step_name("regrade", number), regrade, task, before, agent_result, model_name=planned.model.model,
+            agent_settings=agent_settings,
+        )  # fmt: skip
+    finally:
+        if own:
+            task.sandbox.release()
+    if many:
+        write_attempt_dir(out_dir, patch=patch, after=after, mirror=task.mirror_run)
+    return AttemptOutcome(
+        planned=planned,
+        grade=verdict,
+        after=after,
+        patch=patch,
+        wall_s=time.monotonic() - started,
+        folder=folder,
+        mirror=task.mirror_run,
+    )
+
+
+def attempt_sandbox(prepared: PreparedTask, attempt: int) -> PreparedTask:
+    """The 'sandbox' step of an attempt after the first: a new sandbox made from the task state after setup (the
+    read-only `task_layer`: the repository and the task environment; a clean $HOME and /tmp), holding the task
+    as the first attempt's did. Nothing of an earlier attempt is in it. The caller releases it."""
+    if prepared.provider is None or prepared.task_layer is None:
+        raise InfraError(
+            "the task state after setup was not kept, so no sandbox can be made for another attempt"
+        )
+    sandbox = prepared.provider.create_from(
+        prepared.task_layer, labels={**prepared.labels, "role": "attempt", "attempt": str(attempt)}
+    )
+    return dataclasses.replace(prepared, sandbox=sandbox, started=time.monotonic(), mirror_run=None)
+
+
+def step_name(kind: str, attempt: int | None) -> str:
+    """The name a step runner gets: the step's kind ('setup', 'baseline', 'sandbox', 'solve', 'regrade'), with the
+    attempt's number in a run of more than one ('solve-attempt-2')."""
+    return kind if attempt is None else f"{kind}{ATTEMPT_STEP}{attempt}"
+
+
+def step_kind(name: str) -> str:
+    """The kind of a step from its name (`step_name`)."""
+    return name.split(ATTEMPT_STEP, 1)[0]

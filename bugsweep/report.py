@@ -24,6 +24,8 @@ from typing import Any
 
 from pydantic import BaseModel, Field, computed_field
 
+from bugsweep.attempts import planned
+from bugsweep.errors import ConfigError
 from bugsweep.stats import bootstrap_mean_ci, sign_test_p, wilson_interval
 
 #: Failure kinds of runs that could not be run, left out of the rates.
@@ -65,18 +67,31 @@ class RunRecord(BaseModel):
     def exit_code_only(self) -> bool:
         return self.resolved and self.evidence.startswith("exit code")
 
+    max_attempts: int = 1
+    """The attempts its configuration allowed at the task (bugsweep.attempts); `resolved` is pass@max_attempts."""
+    kept_attempt: int | None = None
+    """The attempt the clean room resolved (None: none was); resolved by its first attempt is pass@1."""
+
     @classmethod
     def from_grade(
-        cls, grade: Any, *, model: str, run: int, policy: str | None = None, config: str | None = None
-    ) -> RunRecord:
+        cls, grade: Any, *, model: str, run: int, policy: str | None = None, config: str | None = None,
+        max_attempts: int | None = None,
+    ) -> RunRecord:  # fmt: skip
         """Take the fields a comparison needs from a bugsweep.grading.Grade (or anything with those attributes).
-        `policy` and `config` (its digest) are the run's configuration's, for a run whose agent never started."""
+        `policy`, `config` (its digest) and `max_attempts` are the run's configuration's, for a run whose agent
+        never started."""
         data = grade.model_dump() if hasattr(grade, "model_dump") else dict(vars(grade))
         fields = {k: data[k] for k in cls.model_fields if k in data and data[k] is not None}
         fields.update(model=model, run=run)
         fields.setdefault("policy", policy)
         fields.setdefault("config_digest", config)
+        fields["max_attempts"] = planned(data.get("config")) if data.get("config") else max_attempts or 1
         return cls.model_validate(fields)
+
+    @property
+    def resolved_first(self) -> bool:
+        """Resolved by its first attempt (pass@1)."""
+        return self.resolved and self.kept_attempt in (None, 1)
 
     @property
     def counted(self) -> bool:
@@ -112,6 +127,12 @@ class ModelSummary(BaseModel):
     """The digests of the configurations its runs were under (bugsweep.runconfig; one per entry)."""
     exit_code_only: int = 0
     """Of `resolved`, the runs resolved on the exit code alone (no per-test evidence, no mirror run)."""
+    attempts: int = 1
+    """The attempts its runs allowed at a task: `resolved` and `rate` are pass@attempts."""
+    resolved_first: int = 0
+    """Runs resolved by their first attempt (of `graded`)."""
+    pass_at_1: float = 0.0
+    """`resolved_first` over `graded`: pass@1 of the same runs."""
 
 
 class PairedDifference(BaseModel):
@@ -201,8 +222,27 @@ def _mean(values: Iterable[float]) -> float:
     return statistics.fmean(vals) if vals else 0.0
 
 
+class MixedAttempts(ConfigError):
+    """Runs under different attempts settings in one comparison: a run of 3 attempts is not the same trial as a run
+    of 1, so their rates are never set side by side."""
+
+
+def same_attempts(by_model: dict[str, int]) -> int:
+    """The one attempts setting of a comparison's models (name -> attempts); MixedAttempts when they differ."""
+    settings = set(by_model.values())
+    if len(settings) > 1:
+        each = ", ".join(f"{m}: {n}" for m, n in by_model.items())
+        raise MixedAttempts(
+            f"a comparison compares runs with the same attempts setting, and these differ ({each}): compare them "
+            "in separate comparisons, or give every model the same --attempts"
+        )
+    return settings.pop() if settings else 1
+
+
 def build_report(records: Sequence[RunRecord], *, wall_s: float | None = None) -> ComparisonReport:
-    """All the statistics of a comparison, from its graded runs. Models and tasks keep their first-seen order."""
+    """All the statistics of a comparison, from its graded runs. Models and tasks keep their first-seen order.
+    Runs under different attempts settings are refused (MixedAttempts): pass@3 is never set beside pass@1."""
+    attempts = same_attempts({r.model: r.max_attempts for r in records})
     models = list(dict.fromkeys(r.model for r in records))
     task_ids = list(dict.fromkeys(r.instance_id for r in records))
     by_cell: dict[tuple[str, str], list[RunRecord]] = {}
@@ -240,6 +280,9 @@ def build_report(records: Sequence[RunRecord], *, wall_s: float | None = None) -
                 policies=sorted({r.policy for r in mine if r.policy}),
                 configs=sorted({r.config_digest for r in mine if r.config_digest}),
                 exit_code_only=sum(r.exit_code_only for r in counted),
+                attempts=attempts,
+                resolved_first=sum(r.resolved_first for r in counted),
+                pass_at_1=sum(r.resolved_first for r in counted) / len(counted) if counted else 0.0,
             )
         )
 
@@ -324,11 +367,19 @@ def _md_table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
+def attempts_of(report: ComparisonReport) -> int:
+    """The attempts every run of the comparison allowed (one setting: build_report refuses mixed ones)."""
+    return max((s.attempts for s in report.models), default=1)
+
+
 def summary_rows(report: ComparisonReport) -> tuple[list[str], list[list[str]]]:
-    """The per-model table (shared by markdown, HTML and the Prefect artifact)."""
+    """The per-model table (shared by markdown, HTML and the Prefect artifact). With more than one attempt per
+    run, the rate is pass@N, and pass@1 (the same runs' first attempts) stands beside it."""
+    n = attempts_of(report)
     header = [
-        "model", "resolved", "rate", "95% CI", "mean turns", "prompt tok", "completion tok", "cached tok",
-        "cost USD", "mean wall s", "not graded", "policy", "config",
+        "model", "resolved", "rate" if n == 1 else f"pass@{n}", "95% CI", *([] if n == 1 else ["pass@1"]),
+        "mean turns", "prompt tok", "completion tok", "cached tok", "cost USD", "mean wall s", "not graded",
+        "policy", "config",
     ]  # fmt: skip
     rows = [
         [
@@ -337,6 +388,7 @@ def summary_rows(report: ComparisonReport) -> tuple[list[str], list[list[str]]]:
             + (f" ({s.exit_code_only} exit code only)" if s.exit_code_only else ""),
             percent(s.rate),
             f"{percent(s.ci_low)}-{percent(s.ci_high)}",
+            *([] if n == 1 else [f"{percent(s.pass_at_1)} ({s.resolved_first}/{s.graded})"]),
             f"{s.mean_turns:.1f}",
             str(s.prompt_tokens),
             str(s.completion_tokens),
@@ -409,6 +461,11 @@ def resource_rows(report: ComparisonReport) -> tuple[list[str], list[list[str]]]
     return header, rows
 
 
+ATTEMPTS_NOTE = (
+    "Each run made up to {n} attempts at its task, stopping at the first the clean room resolved: pass@{n} is the "
+    "runs resolved by any attempt, pass@1 those resolved by their first (the same runs)."
+)
+
 RESOURCE_NOTE = (
     "The heaviest run of each task over all models: the most memory its sandbox held at once (page cache "
     "included), CPU seconds of all its commands (setup, tests, agent), and the most disk its writable layers held."
@@ -437,6 +494,8 @@ def render_markdown(report: ComparisonReport) -> str:
     parts.append(
         "Rate: resolved runs over graded runs (runs that could not be run are left out); 95% Wilson interval."
     )
+    if attempts_of(report) > 1:
+        parts.append(ATTEMPTS_NOTE.format(n=attempts_of(report)))
     if report.pairs:
         parts += ["", "## Paired differences (per task)", "", _md_table(*pair_rows(report)), ""]
         parts.append(

@@ -5,10 +5,12 @@ from __future__ import annotations
 import html
 
 from bugsweep.report import (
+    ATTEMPTS_NOTE,
     EXIT_CODE_NOTE,
     RESOURCE_NOTE,
     RUN_COLUMNS,
     ComparisonReport,
+    attempts_of,
     pair_rows,
     percent,
     policy_note,
@@ -113,6 +115,8 @@ def render_page(report: ComparisonReport) -> str:
         _html_table(*summary_rows(report)),
         '<p class="note">Rate: resolved over graded runs (runs that could not be run left out); 95% Wilson interval.</p>',
     ]
+    if attempts_of(report) > 1:
+        body.append(f'<p class="note">{html.escape(ATTEMPTS_NOTE.format(n=attempts_of(report)))}</p>')
     if report.pairs:
         body += [
             "<h2>Paired differences (per task)</h2>",

@@ -17,10 +17,11 @@ A field a user left empty is unset (None), never its default, so it never hides 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from bugsweep.errors import ConfigError
 from bugsweep.runconfig import AgentChoices, RunConfig, SandboxLimits, chosen, resolve_policy
 from bugsweep.settings import AgentSettings, ModelSettings, SandboxSettings
 
@@ -32,12 +33,14 @@ if TYPE_CHECKING:
 @dataclass
 class Run:
     """What a run is made of: the model (with its key), the agent's settings (the policy resolved), the sandboxes,
-    and the configuration they make (`config.digest` keys its results)."""
+    and the configuration they make (`config.digest` keys its results); `escalate_to`: the endpoints (with their
+    keys) tried after `model`, in order, each only on what the ones before did not resolve."""
 
     model: ModelSettings
     agent: AgentSettings
     provider: SandboxProvider
     config: RunConfig
+    escalate_to: list[ModelSettings] = field(default_factory=list)
 
     @property
     def setup_network(self) -> bool:
@@ -73,13 +76,22 @@ def build_run(
     endpoint: ModelSettings | None = None,
     provider: SandboxProvider | None = None,
     backend: str | None = None,
+    escalate_to: Sequence[ModelSettings] = (),
 ) -> Run:
     """A run's settings and configuration. `choices`: the limits and policy the user gave (what is None comes from
     BUGSWEEP_*, else the default); `endpoint`: a saved model endpoint block's or a comparison entry's settings
     (else LLM_*; no LLM_BASE_URL: the embedded model); `provider`: sandboxes made by `sandbox_provider` (else
-    made here for `backend`). A bad BUGSWEEP_* or LLM_* value raises pydantic's ValidationError."""
+    made here for `backend`); `escalate_to`: the endpoints tried after it, in order (a cheaper model first), each
+    with its base URL (the embedded model can only come first). The policy is the run's, the same for every model
+    of the cascade. A bad BUGSWEEP_* or LLM_* value raises pydantic's ValidationError."""
     model = endpoint if endpoint is not None else ModelSettings()
+    later = list(escalate_to)
+    if any(not m.base_url for m in later):
+        raise ConfigError(
+            "a model to escalate to needs its base URL: only the first model of a cascade can be the embedded one"
+        )
     agent = AgentSettings(**chosen(choices))
     agent.policy = resolve_policy(agent.policy, embedded=not model.base_url)
     provider = provider if provider is not None else sandbox_provider(backend)
-    return Run(model=model, agent=agent, provider=provider, config=RunConfig.of(model, agent, provider))
+    config = RunConfig.of(model, agent, provider, escalate_to=later)
+    return Run(model=model, agent=agent, provider=provider, config=config, escalate_to=later)

@@ -16,7 +16,7 @@ The pieces a user sets are declared here once, and every front end is made from 
 A run's settings are made from these in one place, `bugsweep.runbuilder.build_run`, in one order: what the user
 gave (an option, a form field, a comparison entry) over a saved block over the environment over the default here.
 
-`RunConfig` is what a run was made of: the model (never its key), the policy, the agent's limits, the sandbox
+`RunConfig` is what a run was made of: the model (never its key) and those it escalates to, the policy, the agent's limits, the sandbox
 backend and its limits, the task environment, bugsweep's version and its code (`code_digest`: a hash of the
 package's files). Its `digest` (a short hash of its canonical JSON) names it: grade.json holds both, results are
 stored under SWEEP/TASK/MODEL/CONFIG, so a rerun under the same configuration finds its grades and one under
@@ -31,6 +31,7 @@ import hashlib
 import json
 import os
 import platform
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Optional, get_args
 
@@ -46,6 +47,9 @@ PolicyName = Literal["plain", "small-model"]
 POLICY_NAMES: tuple[str, ...] = get_args(PolicyName)
 #: The policy of a run that names none, on any endpoint but the embedded model (whose configuration names its own).
 DEFAULT_POLICY: PolicyName = "plain"
+
+#: The most attempts a run may make at a task per model (AgentLimits.attempts).
+MAX_ATTEMPTS = 20
 
 #: Field docstrings become their descriptions: the help of a command-line option and of a field in the UI's forms.
 DOCUMENTED = ConfigDict(use_attribute_docstrings=True)
@@ -76,6 +80,14 @@ class AgentLimits(BaseModel):
     'small-model' (whole-function edits tried against the tests, failed edits dropped from the history). Unset:
     'small-model' for the embedded model and 'plain' for any other endpoint. Recorded in grade.json, the trajectory
     and every report."""
+    attempts: int = Field(default=1, ge=1, le=MAX_ATTEMPTS, title="Attempts")
+    """Independent attempts at a task by each model (the run's, then each it escalates to), each in its own sandbox
+    made from the task state after setup, with its own trajectory, graded by the clean room; the first one the
+    clean room resolves ends the task (one held for review does not). The limits above hold for each attempt;
+    grade.json records every attempt, and its turns, tokens, cost and time are their sum."""
+    retry_temperature: float = Field(default=0.7, ge=0, title="Temperature of later attempts")
+    """Sampling temperature of a model's attempts after its first (the first keeps the model's own temperature),
+    so that a later attempt need not repeat an earlier one."""
 
 
 def unset_means(
@@ -263,6 +275,16 @@ class ModelConfig(BaseModel):
     """USD per million prompt, completion and cached prompt tokens, only under a cost limit (`max_cost_usd`), where
     they decide when the run stops; None without one."""
 
+    @classmethod
+    def of(cls, model: ModelFields, agent: AgentLimits) -> ModelConfig:
+        """What of `model` can change a verdict under `agent`'s limits (its prices only under a cost limit)."""
+        return cls(
+            **model.model_dump(
+                include=set(ModelFields.model_fields) - MODEL_FIELDS_NOT_IN_CONFIG - PRICE_FIELDS
+            ),
+            prices=None if agent.max_cost_usd is None else model.model_dump(include=PRICE_FIELDS),
+        )
+
 
 #: A model's prices: part of a run's configuration only under a cost limit.
 PRICE_FIELDS = {"price_prompt_per_mtok", "price_completion_per_mtok", "price_cached_prompt_per_mtok"}
@@ -341,6 +363,10 @@ class RunConfig(BaseModel):
     """Everything that can change a verdict, and nothing secret. Written into grade.json with its digest."""
 
     model: ModelConfig
+    escalate_to: list[ModelConfig] = Field(default_factory=list)
+    """The model endpoints tried after `model`, in order, each (with its `attempts`) only when the ones before it
+    did not resolve the task: a cheaper model first, a stronger one for what it could not fix. Empty: `model`
+    alone."""
     policy: PolicyName
     agent: dict[str, Any]
     """Every agent setting but the policy (bugsweep.settings.AgentSettings): limits, tool output sizes, protected
@@ -353,9 +379,16 @@ class RunConfig(BaseModel):
     configuration, whatever its version number says."""
 
     @classmethod
-    def of(cls, model: ModelSettings, agent: AgentSettings, provider: SandboxProvider) -> RunConfig:
+    def of(
+        cls,
+        model: ModelSettings,
+        agent: AgentSettings,
+        provider: SandboxProvider,
+        escalate_to: Sequence[ModelSettings] = (),
+    ) -> RunConfig:
         """The configuration of a run with these settings and sandboxes; `model` as configured (base_url None for
-        the embedded model, before its address is known), `agent.policy` resolved (`resolve_policy`)."""
+        the embedded model, before its address is known), `agent.policy` resolved (`resolve_policy`);
+        `escalate_to`: the endpoints tried after `model`, in order."""
         from bugsweep import __version__
         from bugsweep.settings import SandboxSettings
 
@@ -365,12 +398,8 @@ class RunConfig(BaseModel):
         runtime = getattr(provider, "runtime_settings", None)
         limits = sandbox.model_dump(include=set(SandboxLimits.model_fields))
         return cls(
-            model=ModelConfig(
-                **model.model_dump(
-                    include=set(ModelFields.model_fields) - MODEL_FIELDS_NOT_IN_CONFIG - PRICE_FIELDS
-                ),
-                prices=None if agent.max_cost_usd is None else model.model_dump(include=PRICE_FIELDS),
-            ),
+            model=ModelConfig.of(model, agent),
+            escalate_to=[ModelConfig.of(later, agent) for later in escalate_to],
             policy=agent.policy,
             agent=agent.model_dump(mode="json", exclude={"policy"}),
             sandbox=SandboxConfig(
@@ -404,7 +433,15 @@ def describe_config(grade: Any) -> str:
     """One line for summaries: a grade's configuration digest, and what most often differs between two."""
     config = grade.config or {}
     model, agent = config.get("model", {}), config.get("agent", {})
+    attempts = agent.get("attempts") or 1
+    later = [str(m.get("model")) for m in config.get("escalate_to") or []]
     return (
         f"{grade.config_digest}: {model.get('model', grade.model)}, policy {config.get('policy', grade.policy)}, "
         f"{agent.get('max_turns')} turns, temperature {model.get('temperature')}"
+        + (
+            f", {attempts} attempts (then temperature {agent.get('retry_temperature')})"
+            if attempts > 1
+            else ""
+        )
+        + (f", then {', then '.join(later)}" if later else "")
     )

@@ -1,6 +1,8 @@
 """The run folder: what one task's run leaves on disk (grade.json last, so that a folder with a grade is complete),
-patch.diff, the test logs (before, after, and the regrade's mirror run: grade.json `mirror`), setup.log, environment.txt and task.json. trajectory.json is the loop's (saved after every
-step); bugsweep.storage uploads the folder.
+patch.diff, the test logs (before, after, and the regrade's mirror run: grade.json `mirror`), setup.log, environment.txt
+and task.json. trajectory.json is the loop's (saved after every step); bugsweep.storage uploads the folder. A run of
+more than one attempt keeps each attempt's trajectory, patch and after-run and mirror logs in attempts/N/
+(bugsweep.attempts), and the kept (else the last) attempt's at the top.
 """
 
 from __future__ import annotations
@@ -49,6 +51,21 @@ def write_run_dir(
     tmp.write_text(verdict.model_dump_json(indent=2), encoding="utf-8")
     tmp.replace(out_dir / "grade.json")
     return out_dir
+
+
+def write_attempt_dir(
+    folder: Path, *, patch: str | None, after: TestRun | None, mirror: TestRun | None = None
+) -> Path:
+    """Write one attempt's files into its folder of the run folder (attempts/N, bugsweep.attempts): its patch.diff
+    and its after-run's and mirror run's logs, beside the trajectory.json the loop wrote there. No grade.json: the
+    run's one grade records every attempt."""
+    folder.mkdir(parents=True, exist_ok=True)
+    if patch is not None:
+        (folder / "patch.diff").write_text(patch, encoding="utf-8")
+    for name, run in (("tests_after.log", after), ("tests_mirror.log", mirror)):
+        if run is not None:
+            (folder / name).write_text(_test_log(run), encoding="utf-8")
+    return folder
 
 
 def _test_log(run: TestRun) -> str:

@@ -72,6 +72,17 @@ def model_field() -> Any:
     )
 
 
+def escalate_to_field() -> Any:
+    """The flows' `escalate_to` parameter: saved model endpoint blocks, in order, or none."""
+    return form_field(
+        [],
+        "Models to escalate to",
+        "Saved model endpoint blocks tried after the model, in order, each (with its attempts) only on a task the "
+        "ones before did not resolve: a cheaper model first, a stronger one for what it could not fix. Empty: the "
+        "model alone.",
+    )
+
+
 def sandbox_field() -> Any:
     """The flows' `sandbox` parameter: empty unless the run chooses one."""
     return form_field(
@@ -142,6 +153,9 @@ class RunSetup:
     """Put on every sandbox (with the task's id): the flow run, so hooks and cleanups can find them."""
     branches: BranchSettings | None = None
     """Where resolved fixes are pushed as branches (with the token); None: no branches."""
+    escalate_to: list[ModelSettings] = field(default_factory=list)
+    """The models (with their keys) a task escalates to, in order, each only on what the ones before did not
+    resolve (`config.escalate_to` names them)."""
 
     @classmethod
     def of(
@@ -153,6 +167,7 @@ class RunSetup:
             model=built.model, agent=built.agent, provider=built.provider, store=store, local_dir=local_dir,
             config=built.config, setup_network=built.setup_network,
             labels={FLOW_RUN_LABEL: flow_run_id} if flow_run_id else {}, branches=branches,
+            escalate_to=list(built.escalate_to),
         )  # fmt: skip
 
 
@@ -190,9 +205,11 @@ def load_run_config(
     *,
     push_branches: bool = False,
     branches: GitBranches | None = None,
+    escalate_to: list[ModelEndpoint] | None = None,
 ) -> RunSetup:
     """Read the chosen blocks (or the default-named ones) and build the run from them (bugsweep.runbuilder:
     `limits` given over the blocks over the environment over the defaults), with where its artifacts go.
+    `escalate_to`: saved model endpoint blocks a task escalates to, in order.
 
     No model block: the `bugsweep-model` block when it exists, else the LLM_* variables (else the embedded model).
     No store block: the `bugsweep-artifacts` S3Bucket block when it exists, else BUGSWEEP_STORE_URL (a folder or
@@ -200,7 +217,10 @@ def load_run_config(
     With `push_branches`: the git branches block chosen, else the `bugsweep-branches` block, else
     BUGSWEEP_BRANCH_*. The model's key and the git token never leave the settings objects.
     """
-    built = build_run(limits, endpoint=load_endpoint(model), provider=load_sandboxes(sandbox))
+    built = build_run(
+        limits, endpoint=load_endpoint(model), provider=load_sandboxes(sandbox),
+        escalate_to=[block.settings() for block in escalate_to or []],
+    )  # fmt: skip
     artifacts, local_dir = load_store(store)
     return RunSetup.of(
         built, artifacts, local_dir, flow_run_id, branches=load_branches(branches) if push_branches else None

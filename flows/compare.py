@@ -11,7 +11,6 @@ variable that holds its key, and the key is read inside the flow run, on the mac
 
 from __future__ import annotations
 
-import os
 import re
 import time
 from pathlib import Path
@@ -20,9 +19,10 @@ from typing import Annotated, Any
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect_aws import S3Bucket
-from pydantic import Field, SecretStr
+from pydantic import Field
 
 from bugsweep.discover import TaskFile
+from bugsweep.endpoints import NAMED, EndpointEntry
 from bugsweep.errors import BugsweepError, ConfigError, StorageError
 from bugsweep.report import (
     ComparisonReport,
@@ -30,11 +30,11 @@ from bugsweep.report import (
     artifact_table,
     build_report,
     render_markdown,
+    same_attempts,
     write_report,
 )
 from bugsweep.runbuilder import build_run
-from bugsweep.runconfig import ModelChoices, ModelFields, chosen, merge_choices
-from bugsweep.settings import ModelSettings
+from bugsweep.runconfig import ModelFields, merge_choices
 from bugsweep.spec import TaskSpec
 from flows.common import (
     RELEASE_SANDBOXES_HOOKS,
@@ -55,7 +55,7 @@ from tasks.publish import artifact_key
 REPORT_FILES = ("report.md", "report.json", "report.html")
 
 
-class ModelEntry(ModelChoices):  # ModelFields' fields, each unset unless given (bugsweep.runconfig)
+class ModelEntry(EndpointEntry):  # an endpoint named in words (bugsweep.endpoints), with its own limits
     """One entry of a comparison: a display name, an endpoint (bugsweep.runconfig.ModelFields: URL, model id,
     temperature, reply limit, prices, ...), the env var holding its API key, and its own agent limits or policy.
 
@@ -66,60 +66,21 @@ class ModelEntry(ModelChoices):  # ModelFields' fields, each unset unless given 
     flow alike. Two entries may be two configurations of one model (another policy, 20 vs 40 turns, another
     temperature): each is stored and reported under its own name and configuration digest."""
 
-    name: str
-    """Shown in the report; also the model id sent to the endpoint unless `model` is set."""
-    base_url: str  # an entry always names its endpoint
-    """OpenAI-compatible base URL."""
-    model: str | None = None  # type: ignore[assignment]  # unset: the entry's name
-    """Model id sent to the endpoint; unset: `name`."""
-    key_env: str | None = None
-    """Environment variable with the API key; unset: no key (fine for self-hosted endpoints)."""
     limits: AgentChoices | None = None
     """This entry's own agent limits and policy, over the comparison's `limits` (a field left empty: the
     comparison's); unset: the comparison's, the same for every entry."""
-
-    @classmethod
-    def parse(cls, text: str) -> ModelEntry:
-        """`NAME=BASE_URL[,KEY_ENV[,MODEL_ID]]`, e.g. `deepseek-chat=https://api.deepseek.com/v1,DEEPSEEK_API_KEY`."""
-        name, sep, rest = text.partition("=")
-        if not sep or not name.strip() or not rest.strip():
-            raise ConfigError(f"--model {text!r}: expected NAME=BASE_URL[,KEY_ENV[,MODEL_ID]]")
-        base_url, _, tail = rest.partition(",")
-        key_env_text, _, model_id = tail.partition(",")
-        if not re.match(r"^https?://", base_url.strip()):
-            raise ConfigError(f"--model {text!r}: {base_url!r} is not an http(s) URL")
-        key_env = key_env_text.strip() or None
-        if key_env and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key_env):
-            raise ConfigError(f"--model {text!r}: {key_env!r} is not an environment variable name")
-        return cls(
-            name=name.strip(), base_url=base_url.strip(), key_env=key_env, model=model_id.strip() or None
-        )
 
     def set(self, field: str, value: str) -> None:
         """Set one of the entry's endpoint fields or agent limits by name, from text (`--model-set`)."""
         if field in AgentChoices.model_fields:
             self.limits = merge_choices(self.limits, AgentChoices.model_validate({field: value}))
-        elif field in ModelFields.model_fields and field not in ("base_url", "model"):
-            checked = ModelChoices.model_validate({field: value})
-            setattr(self, field, getattr(checked, field))
+        elif field in ModelFields.model_fields and field not in NAMED:
+            self.set_endpoint(field, value)
         else:
-            known = sorted({*AgentChoices.model_fields, *ModelFields.model_fields} - {"base_url", "model"})
+            known = sorted({*AgentChoices.model_fields, *ModelFields.model_fields} - set(NAMED))
             raise ConfigError(
                 f"{field!r} is not a setting of a model entry: choose one of {', '.join(known)}"
             )
-
-    def settings(self) -> ModelSettings:
-        """ModelSettings for this model, with the key read from its env var now (never stored, never logged): the
-        fields it gives over LLM_* over the defaults."""
-        key = ""
-        if self.key_env:
-            key = os.environ.get(self.key_env, "")
-            if not key:
-                raise ConfigError(f"model {self.name!r}: environment variable {self.key_env} is not set")
-        given = chosen(self, set(ModelFields.model_fields) - {"base_url", "model"})
-        return ModelSettings(
-            **given, base_url=self.base_url, model=self.model or self.name, api_key=SecretStr(key)
-        )
 
 
 def run_setups(
@@ -170,6 +131,8 @@ def compare_models(
         setups = run_setups(
             models, limits, load_sandboxes(sandbox), artifacts, local_dir, current_flow_run_id()
         )
+        # pass@3 is never set beside pass@1: one attempts setting for every entry, refused before anything runs
+        same_attempts({entry.name: run.agent.attempts for entry, run in setups})
         base = setups[0][1]
         name = name or default_name(source)
         list_tasks = steps.list_tasks.with_options(retry_delay_seconds=steps.retry_delays_s())
@@ -213,7 +176,12 @@ def run_all(
     outcomes = solve_many([job for _, _, job in jobs], concurrency)
     records = [
         RunRecord.from_grade(
-            outcome.grade, model=entry.name, run=r, policy=job.run.config.policy, config=job.run.config.digest
+            outcome.grade,
+            model=entry.name,
+            run=r,
+            policy=job.run.config.policy,
+            config=job.run.config.digest,
+            max_attempts=job.run.agent.attempts,
         )
         for (r, entry, job), outcome in zip(jobs, outcomes, strict=True)
     ]

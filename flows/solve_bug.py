@@ -22,6 +22,7 @@ from prefect_aws import S3Bucket
 
 from blocks import GitBranches, ModelEndpoint
 from bugsweep import pipeline
+from bugsweep.attempts import resolved_at
 from bugsweep.branches import ADHOC, read_branch_record
 from bugsweep.errors import BugsweepError, ConfigError, InfraError, StorageError, failure_kind
 from bugsweep.grading import Grade, verdict_word
@@ -36,6 +37,7 @@ from flows.common import (
     SandboxName,
     branches_field,
     current_flow_run_id,
+    escalate_to_field,
     failed_state,
     form_field,
     limits_field,
@@ -125,6 +127,7 @@ def solve_one(
             runner=steps.PrefectSteps(run.agent),
             raise_on_failure=False,
             config=run.config,
+            escalate_to=run.escalate_to,
         )
     except (
         Exception
@@ -329,6 +332,7 @@ def solve_bug(
     ),
     push_branches: bool = push_branches_field(),
     branches: GitBranches | None = branches_field(),
+    escalate_to: list[ModelEndpoint] = escalate_to_field(),
     task: TaskSpec | None = form_field(
         None,
         "A whole task (advanced)",
@@ -354,7 +358,7 @@ def solve_bug(
         task = task or one_off_task(repo, problem, test_command, setup_command, ref)
         run = load_run_config(
             model, sandbox, store, limits, flow_run_id=current_flow_run_id(), push_branches=push_branches,
-            branches=branches,
+            branches=branches, escalate_to=escalate_to,
         )  # fmt: skip
         with model_endpoint(run) as run:
             outcome = solve_one(task, run, sweep)
@@ -398,6 +402,8 @@ class TaskNotRun(BugsweepError):
 def report(outcome: TaskOutcome) -> None:
     g = outcome.grade
     status = verdict_word(g).upper() if g.resolved else verdict_word(g)
+    if resolved_at(g):
+        status += f" ({resolved_at(g)})"
     if outcome.reused:
         status += " (an earlier run's grade, kept after its upload failed; the agent did not run again)"
     print(

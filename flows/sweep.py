@@ -41,6 +41,7 @@ from flows.common import (
     block_ref,
     branches_field,
     current_flow_run_id,
+    escalate_to_field,
     failed_state,
     form_field,
     limits_field,
@@ -115,6 +116,7 @@ def sweep(
     ),
     push_branches: bool = push_branches_field(),
     branches: GitBranches | None = branches_field(),
+    escalate_to: list[ModelEndpoint] = escalate_to_field(),
 ) -> Any:  # the final State; a caller of the flow gets its grades (list[Grade]), or SweepFailed raised
     """Run every task of a task file (or every failing test file of a branch) and grade each.
 
@@ -141,11 +143,13 @@ def sweep(
     try:
         run = load_run_config(
             model, sandbox, store, limits, flow_run_id=current_flow_run_id(), push_branches=push_branches,
-            branches=branches,
+            branches=branches, escalate_to=escalate_to,
         )  # fmt: skip
         sweep_name = name or default_name(source)
-        if run.model.base_url:  # a wrong URL, key or model name fails now, not after a branch's setup
-            ChatModel(run.model).check()
+        # a wrong URL, key or model name fails now, not after a branch's setup
+        for endpoint in [run.model, *run.escalate_to]:
+            if endpoint.base_url:
+                ChatModel(endpoint).check()
         upload_kept(run, sweep_name)
         list_tasks = steps.list_tasks.with_options(retry_delay_seconds=steps.retry_delays_s())
         specs = list_tasks(source, run.provider, run.store, setup_network=run.setup_network)
@@ -154,7 +158,7 @@ def sweep(
             graded.keep_other_code()
             todo = [spec for spec in todo if spec.instance_id not in graded.kept]
         if run_on == "workers":
-            shared = worker_parameters(model, sandbox, store, limits, push_branches, branches)
+            shared = worker_parameters(model, sandbox, store, limits, push_branches, branches, escalate_to)
             outcomes = run_on_workers(todo, run, sweep_name, concurrency, deployment, shared)
         else:
             with model_endpoint(run) as run:
@@ -319,13 +323,14 @@ def graded_by_other_code(
 
 def worker_parameters(
     model: ModelEndpoint | None, sandbox: str | None, store: S3Bucket | None, limits: AgentChoices,
-    push_branches: bool, branches: GitBranches | None,
+    push_branches: bool, branches: GitBranches | None, escalate_to: list[ModelEndpoint] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """The sweep's own parameters that each solve-bug run on a worker takes too, as the deployment run's JSON:
     blocks as references, and only the limits the sweep was given (the worker builds the rest as any run)."""
     return {
         "model": block_ref(model), "sandbox": sandbox, "store": block_ref(store), "limits": chosen(limits),
         "push_branches": push_branches, "branches": block_ref(branches),
+        "escalate_to": [block_ref(block) for block in escalate_to or []],
     }  # fmt: skip
 
 

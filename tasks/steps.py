@@ -30,10 +30,11 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
 from bugsweep import branches, discover
+from bugsweep.attempts import resolved_at
 from bugsweep.discover import RepoBranch, TaskFile
 from bugsweep.errors import ConfigError, InfraError, SandboxGone, failure_kind, first_line
 from bugsweep.grading import Grade
-from bugsweep.pipeline import STEP_TIMEOUT_S
+from bugsweep.pipeline import STEP_TIMEOUT_S, step_kind
 from bugsweep.settings import AgentSettings, BranchSettings
 from bugsweep.spec import TaskSpec
 from bugsweep.storage import ArtifactStore, UploadResult, upload_run
@@ -127,6 +128,9 @@ STEP_OPTIONS: dict[str, dict[str, Any]] = {
         "retry_condition_fn": retry_on_infra_in_sandbox,
         "timeout_seconds": STEP_TIMEOUT_S,
     },
+    # An attempt's own sandbox, made from the task state after setup (an attempt after the first): made again on
+    # an infrastructure failure, as the setup's.
+    "sandbox": {"retries": 2, "retry_condition_fn": retry_on_infra, "timeout_seconds": STEP_TIMEOUT_S},
     # Never retried: that would start the agent over and pay again for every turn made. A model endpoint outage is
     # retried inside the turn by the model client (LLM_MAX_RETRIES), the one layer for it. Timeout: the agent's own
     # wall-clock limit (max_wall_s) plus the margin; none when the run has none, as on the command line.
@@ -151,9 +155,10 @@ class PrefectSteps:
         self.retry_delays_s = retry_delays_s()
 
     def options(self, name: str) -> dict[str, Any]:
-        """Prefect's options for step `name`: its retries, and its backstop timeout (the core's own limit plus
-        TIMEOUT_MARGIN_S; for solve the agent's wall-clock limit, and none when the run has none)."""
-        options = dict(STEP_OPTIONS[name])
+        """Prefect's options for step `name` (of its kind: an attempt's 'solve-attempt-2' is a 'solve'): its retries,
+        and its backstop timeout (the core's own limit plus TIMEOUT_MARGIN_S; for solve the agent's wall-clock
+        limit, and none when the run has none)."""
+        options = dict(STEP_OPTIONS[step_kind(name)])
         limit = options["timeout_seconds"] or self.agent_wall_s
         options["timeout_seconds"] = None if limit is None else limit + TIMEOUT_MARGIN_S
         return options
@@ -168,9 +173,12 @@ class PrefectSteps:
             tries += 1
             return fn(*args, **kwargs)
 
+        # The task is named by the step's kind; an attempt's step runs under its own name ('solve-attempt-2').
+        kind = step_kind(name)
         step: Task[..., R] = Task(
-            counted, name=name, retry_delay_seconds=self.retry_delays_s, **options, **_STEP
-        )
+            counted, name=kind, task_run_name=None if name == kind else name,
+            retry_delay_seconds=self.retry_delays_s, **options, **_STEP,
+        )  # fmt: skip
         try:
             return step(*args, **kwargs)
         except InfraError as exc:
@@ -331,6 +339,7 @@ def summary_row(
         "suspicious": "; ".join(verdict.suspicious[:3]),
         "held_for_review": verdict.held_for_review,
         "evidence": verdict.evidence,
+        "attempts": resolved_at(verdict),
     }
 
 
@@ -362,8 +371,13 @@ def sweep_outcome(rows: list[dict[str, Any]]) -> str:
 
 
 def _cell(row: dict[str, Any]) -> str:
+    """The resolved column: yes (on the exit code only; at which attempt, where a task had more than one), held
+    for review, or no."""
     if row["resolved"]:
-        return "yes (exit code only)" if str(row.get("evidence") or "").startswith("exit code") else "yes"
+        at = f" ({row['attempts']})" if row.get("attempts") else ""
+        return (
+            "yes (exit code only)" if str(row.get("evidence") or "").startswith("exit code") else "yes"
+        ) + at
     return "held for review" if row.get("held_for_review") else "no"
 
 

@@ -10,6 +10,7 @@ because concurrent runs interleave requests in no fixed order.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import threading
 from pathlib import Path
@@ -194,3 +195,97 @@ def test_model_option_parsing(monkeypatch: pytest.MonkeyPatch) -> None:
     for bad in ("no-equals", "x=notaurl", "x=http://h/v1,bad name"):
         with pytest.raises(ConfigError):
             ModelEntry.parse(bad)
+
+
+def late_fixer(body: dict[str, Any]) -> dict[str, Any]:
+    """add(): fixed by the first attempt. mul(): the first attempt (temperature 0) gives up, a later one (at the
+    retry temperature) fixes it."""
+    messages = body["messages"]
+    task_text = next(m["content"] for m in messages if m["role"] == "user")
+    if any(m["role"] == "tool" for m in messages):
+        return tool_call("finish", summary="fixed")
+    if "mul() adds" in task_text and body.get("temperature") == 0:
+        return tool_call("finish", summary="nothing to do")
+    path, old, new = next(fix for key, fix in FIXES.items() if key in task_text)
+    return tool_call("edit_file", path=path, old=old, new=new)
+
+
+def test_a_comparison_with_3_attempts_shows_pass_at_1_beside_pass_at_3(
+    tmp_path: Path, prefect_harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`bugsweep compare --attempts 3`: one task resolved by its first attempt, one by its second. The report's
+    rate is pass@3 (2 of 2), with pass@1 (1 of 2, the same runs' first attempts) beside it, in the table the command
+    prints, report.md, report.json and the comparison's review page."""
+    from typer.testing import CliRunner
+
+    from bugsweep.cli import app
+    from bugsweep.review.page import render_page
+    from bugsweep.review.runs import read_location
+
+    tasks_file = tmp_path / "tasks.jsonl"
+    dump_tasks(make_tasks(tmp_path / "repos"), tasks_file)
+    monkeypatch.setenv("BUGSWEEP_STORE_URL", str(tmp_path / "artifacts"))
+    monkeypatch.setenv("COLUMNS", "250")
+    with ScriptedModelServer([late_fixer] * 20, model="late") as server:
+        result = CliRunner().invoke(
+            app,
+            ["compare", "--tasks", str(tasks_file), "--model", f"late={server.base_url}", "--runs", "1",
+             "--concurrency", "2", "--max-turns", "5", "--attempts", "3"],
+        )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert len(server.requests) == 5, "add: 2 turns; mul: 1 turn, then 2 at the retry temperature"
+    assert "pass@3" in result.output and "pass@1" in result.output
+
+    report_dir = tmp_path / "artifacts" / "compare-tasks"
+    (model,) = json.loads((report_dir / "report.json").read_text())["models"]
+    assert (model["attempts"], model["resolved"], model["graded"], model["rate"]) == (3, 2, 2, 1.0)
+    assert (model["resolved_first"], model["pass_at_1"]) == (1, 0.5)
+    md = (report_dir / "report.md").read_text()
+    assert "| model | resolved | pass@3 | 95% CI | pass@1 |" in md
+    assert re.search(r"\| late \| 2/2 \| 100% \| [0-9]+%-100% \| 50% \(1/2\) \|", md), md
+    assert "pass@1 those resolved by their first" in md
+
+    page = render_page(read_location(str(report_dir)))
+    assert "<th>pass@3</th>" in page and "50% (1/2)" in page
+    assert "resolved at attempt 2 of 3" in page and "resolved at attempt 1 of 3" in page
+
+    # in Prefect, each attempt's steps are task runs of their own, named with the attempt
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import TaskRunFilter, TaskRunFilterName
+
+    with get_client(sync_client=True) as client:
+        runs = client.read_task_runs(task_run_filter=TaskRunFilter(name=TaskRunFilterName(like_="-attempt-")))
+    names = {r.name for r in runs}
+    assert {f"{step}-attempt-{n}" for step in ("solve", "regrade") for n in (1, 2)} <= names, names
+    assert "sandbox-attempt-2" in names and "sandbox-attempt-1" not in names, (
+        "the first attempt: the setup's sandbox"
+    )
+
+
+def test_a_comparison_of_models_with_different_attempts_settings_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """pass@3 is never set beside pass@1: the command refuses before any server starts or any model is asked, and
+    so does the report built from records of mixed settings."""
+    from typer.testing import CliRunner
+
+    from bugsweep.cli import app
+    from bugsweep.report import MixedAttempts, RunRecord, build_report
+
+    tasks_file = tmp_path / "tasks.jsonl"
+    dump_tasks(make_tasks(tmp_path / "repos"), tasks_file)
+    monkeypatch.setenv("COLUMNS", "250")
+    with ScriptedModelServer([quitter] * 5) as server:
+        result = CliRunner().invoke(
+            app,
+            ["compare", "--tasks", str(tasks_file), "--model", f"a={server.base_url}", "--model",
+             f"b={server.base_url}", "--attempts", "3", "--model-set", "b:attempts=1"],
+        )  # fmt: skip
+    assert result.exit_code == 2, result.output
+    message = " ".join(result.output.split())
+    assert "same attempts setting" in message and "a: 3, b: 1" in message
+    assert server.requests == [] and "comparing" not in result.output
+
+    records = [RunRecord(model="a", instance_id="t", max_attempts=3), RunRecord(model="b", instance_id="t")]
+    with pytest.raises(MixedAttempts, match="a: 3, b: 1"):
+        build_report(records)

@@ -194,6 +194,7 @@ def quoted_numbers() -> list[tuple[str, str]]:
                       f"`BUGSWEEP_SANDBOX_ENV_MAX_AGE_DAYS`, {sandbox['env_max_age_days'].default:g})"),
         ("README.md", f"(`rewrite_samples`, default {agent['rewrite_samples'].default}, each a turn)"),
         ("README.md", f"asked again at temperature {SAMPLE_TEMPERATURE:g}"),
+        ("README.md", f"`--model-set NAME:attempts=N`; default {limits['attempts'].default})"),
         ("README.md", f"(at most {FIRST_PROMPT_MAX_CHARS:,} characters)"),
         ("README.md", f"keep their first and last {LOG_HEAD_BYTES // 1024} KiB"),
         ("docs/pipeline.md", f"by the store ({attempts} tries over about 45 s)"),
@@ -204,6 +205,8 @@ def quoted_numbers() -> list[tuple[str, str]]:
         ("docs/pipeline.md", f"| {STEP_OPTIONS['setup']['retries']} retries, after {delays[0]} s and {delays[1]} s "
                              "(`BUGSWEEP_RETRY_DELAYS_S`)"),
         ("docs/pipeline.md", f"| {STEP_OPTIONS['baseline']['retries']} retry, after {delays[0]} s |"),
+        ("docs/pipeline.md", f"| {STEP_OPTIONS['sandbox']['retries']} retries, after {delays[0]} s and {delays[1]} s "
+                             "| the attempts made before it"),
         ("docs/pipeline.md", f"(the core's own limit plus {TIMEOUT_MARGIN_S:g} s:"),
         ("docs/pipeline.md", f"Flow runs send a heartbeat every {HEARTBEAT_S} s"),
         ("docs/pipeline.md", f"silent for {words[MISSED_HEARTBEATS]} heartbeats ({MISSED_HEARTBEATS * HEARTBEAT_S} s)"),

@@ -875,6 +875,12 @@ def test_the_flow_and_the_cli_grade_a_task_the_same_through_the_same_function(
     assert but_the_address(flow_grade.config or {}) == but_the_address(cli_grade["config"])
     assert flow_grade.resolved and cli_grade["resolved"]
     assert flow_grade.mirror is not None and flow_grade.mirror.model_dump() == cli_grade["mirror"]
+    # each attempt's record: the same but for its clock
+    measured.add("attempts")
+    clock = {"wall_s", "agent_wall_s"}
+    assert [a.model_dump(exclude=clock) for a in flow_grade.attempts] == [
+        {k: v for k, v in a.items() if k not in clock} for a in cli_grade["attempts"]
+    ]
     assert flow_grade.model_dump(exclude=measured) == {
         k: v for k, v in cli_grade.items() if k not in measured
     }

@@ -265,6 +265,7 @@ COMMAND_TO_FLOW: dict[str, dict[str, str | None]] = {
         "store_block": "store", "on_workers": "run_on", "redo_graded": "redo_graded", "push_branches": "push_branches",
         "keep_graded_by_other_code": "keep_graded_by_other_code",
         "branches_block": "branches", "specs": "source", "repos_from": "source", "added_within_days": "source",
+        "escalate_to_block": "escalate_to",
     },
     "compare": {
         "tasks": "source", "model": "models", "price": "models", "model_policy": "models", "model_set": "models",
@@ -276,6 +277,7 @@ COMMAND_TO_FLOW: dict[str, dict[str, str | None]] = {
         "ref": "ref", "python": "task", "sandbox": "sandbox", "out": None,  # a run folder on this machine
         "push_branch": "push_branches",
         "push_url": None,  # the flow takes a git branches block; the command BUGSWEEP_BRANCH_* and this
+        "escalate_to": "escalate_to", "escalate_set": "escalate_to",  # the flow takes saved endpoint blocks
     },
 }  # fmt: skip
 #: Flow parameters a command does not offer, and why.
@@ -618,8 +620,8 @@ def stop_when_built(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
 
     built: list[Any] = []
 
-    def of(*args: Any) -> Any:
-        config = RunConfig.of(*args)
+    def of(*args: Any, **kwargs: Any) -> Any:
+        config = RunConfig.of(*args, **kwargs)
         built.append(config)
         raise Built(config)
 
@@ -704,7 +706,7 @@ def test_every_front_end_builds_one_run_from_one_environment_and_one_set_of_choi
         # (it runs when the flow is stopped here) finds nothing listening there and gives up at once
     }.items():  # fmt: skip
         monkeypatch.setenv(name, value)
-    chosen = {"max_wall_s": 900.0}
+    chosen = {"max_wall_s": 900.0, "attempts": 3}
     form = {
         "limits": {**dict.fromkeys(AgentChoices.model_fields), **chosen}
     }  # the run form: empty fields are null
@@ -717,7 +719,8 @@ def test_every_front_end_builds_one_run_from_one_environment_and_one_set_of_choi
     runner = CliRunner()
 
     def cli(*args: str) -> Any:
-        return built_by(lambda: runner.invoke(app, [*args, "--max-wall-s", "900"], catch_exceptions=False))
+        given = [*args, "--max-wall-s", "900", "--attempts", "3"]
+        return built_by(lambda: runner.invoke(app, given, catch_exceptions=False))
 
     one_off = ["--repo", str(tmp_path), "--task", "add() subtracts", "--test-command", "python -m pytest -q"]
     digests = {
@@ -750,11 +753,40 @@ def test_every_front_end_builds_one_run_from_one_environment_and_one_set_of_choi
     configs = {front_end: config.digest for front_end, config in digests.items()}
     assert len(set(configs.values())) == 1, configs
     config = digests["bugsweep solve"]
-    assert (config.agent["max_turns"], config.agent["max_wall_s"], config.policy) == (
+    assert (
+        config.agent["max_turns"],
+        config.agent["max_wall_s"],
+        config.agent["attempts"],
+        config.policy,
+    ) == (
         17,
         900.0,
+        3,
         "small-model",
     )
+
+    # a cheaper model first: the models a task escalates to, named on the command line (an endpoint and the name of
+    # its key's variable) or as saved blocks (a sweep's, handed on to a solve-bug run on a worker as references)
+    from blocks import ModelEndpoint
+
+    strong_url = "http://127.0.0.1:9/v2"
+    monkeypatch.setenv("STRONG_KEY", "sk-strong-runconfig")
+    ModelEndpoint(base_url=strong_url, model="strong", temperature=0.25, api_key="sk-strong-runconfig").save(
+        "strong", overwrite=True
+    )
+    strong = ModelEndpoint.load("strong")
+    cascades = {
+        "bugsweep solve --escalate-to": cli("solve", *one_off, "--escalate-to", f"strong={strong_url},STRONG_KEY"),
+        "bugsweep sweep --escalate-to-block": cli("sweep", "--tasks", str(tasks), "--escalate-to-block", "strong"),
+        "solve-bug deployment, as a sweep on workers starts it": built_by(lambda: deployment_run(
+            solve_bug, "solve-bug", deployed["solve-bug"], form={
+                **worker_parameters(None, "local", None, AgentChoices(**chosen), False, None, [strong]),
+                "repo": str(tmp_path), "problem": "add()", "task": calc_task(tmp_path, "calc-1").model_dump(mode="json")})),
+    }  # fmt: skip
+    assert len({c.digest for c in cascades.values()}) == 1, {k: c.digest for k, c in cascades.items()}
+    cascade = cascades["bugsweep solve --escalate-to"]
+    assert [(m.model, m.base_url) for m in cascade.escalate_to] == [("strong", strong_url)]
+    assert cascade.digest != config.digest and "sk-strong" not in cascade.canonical_json()
     assert (config.model.model, config.model.base_url, config.model.temperature) == (
         "env-model",
         endpoint,

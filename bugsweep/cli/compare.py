@@ -119,6 +119,7 @@ def compare_command(
         apply_settings(entries, model_set or [], "--model-set", "NAME:SETTING=VALUE")
         for entry in entries:
             entry.settings()  # fails now, not thirty runs later, when a key variable is missing
+        same_attempts_setting(entries, limits)  # before a Prefect server starts or anything runs
         if not tasks.startswith("s3://") and not Path(tasks).is_file():
             _fail(f"--tasks {tasks!r}: no such file")
         source = task_file(tasks, specs, repos_from, added_within_days)
@@ -163,6 +164,22 @@ def compare_command(
         console.print(f"wall time {report.wall_s:.0f} s for runs adding up to {report.sum_run_wall_s:.0f} s")
     if report.report_dir:
         console.print(f"report: {Path(report.report_dir) / 'report.html'}")
+
+
+def same_attempts_setting(entries: list[Any], limits: AgentChoices) -> None:
+    """Refuse entries whose attempts differ (each entry's over the comparison's, else BUGSWEEP_ATTEMPTS, else 1):
+    a run of 3 attempts is not the same trial as a run of 1 (bugsweep.report.same_attempts)."""
+    from pydantic import ValidationError
+
+    from bugsweep.report import same_attempts
+    from bugsweep.runconfig import chosen, merge_choices
+    from bugsweep.settings import AgentSettings
+
+    try:
+        default = AgentSettings().attempts
+    except ValidationError:
+        return  # a bad BUGSWEEP_* value: the run's own build says which, in one line
+    same_attempts({e.name: chosen(merge_choices(limits, e.limits)).get("attempts", default) for e in entries})
 
 
 def apply_prices(entries: list[Any], prices: list[str]) -> None:

@@ -233,6 +233,13 @@ def sweep_command(
             "repository when it is a URL)."
         ),
     ] = None,
+    escalate_to_block: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="Name of a model endpoint block tried after the model, once per block, in order: each (with its "
+            "--attempts) only on a task the ones before did not resolve (a cheaper model first)."
+        ),
+    ] = None,
     *,
     limits: AgentChoices,
 ) -> None:
@@ -278,6 +285,7 @@ def sweep_command(
         with prefect_server():
             model, store = _named_blocks(model_block, store_block)
             branches = _named_branches_block(branches_block)
+            escalate_to = [_named_blocks(block, None)[0] for block in escalate_to_block or []]
             state: Any = sweep(  # sandbox: checked above; with return_state, the final State
                 source=source,
                 name=name or "",
@@ -291,6 +299,7 @@ def sweep_command(
                 keep_graded_by_other_code=keep_graded_by_other_code,
                 push_branches=push_branches,
                 branches=branches,
+                escalate_to=escalate_to,
                 return_state=True,
             )
             outcome = state.result(raise_on_failure=False)
@@ -329,7 +338,8 @@ def _named_branches_block(name: str | None) -> Any:
 
 def _cell(grade: Any) -> str:
     if grade.resolved:
-        return "yes (exit code only)" if str(grade.evidence).startswith("exit code") else "yes"
+        at = f" (attempt {grade.kept_attempt})" if len(grade.attempts) > 1 else ""
+        return ("yes (exit code only)" if str(grade.evidence).startswith("exit code") else "yes") + at
     return "held" if grade.held_for_review else "no"
 
 

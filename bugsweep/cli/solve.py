@@ -97,6 +97,22 @@ def solve_command(
             "--repo when it is a URL)."
         ),
     ] = None,
+    escalate_to: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="NAME=BASE_URL[,KEY_ENV[,MODEL_ID]]: a model tried, with its own --attempts, only when the ones "
+            "before it did not resolve the task (a cheaper model first: LLM_MODEL, then these in the order given). "
+            "Its key is read from the variable KEY_ENV, never printed; MODEL_ID (default NAME) is sent to the "
+            "endpoint; its other settings are LLM_*'s (its prices too: set its own with --escalate-set)."
+        ),
+    ] = None,
+    escalate_set: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="NAME:SETTING=VALUE: an endpoint setting of one --escalate-to model, e.g. "
+            "big:price_prompt_per_mtok=0.27 or big:temperature=0.2."
+        ),
+    ] = None,
     *,
     limits: AgentChoices,
 ) -> None:
@@ -121,7 +137,24 @@ def solve_command(
         python=python,
     )
     branches = branch_settings(push_url) if push_branch else None
-    raise typer.Exit(run_one(spec, out=out, limits=limits, backend=sandbox, branches=branches))
+    later = escalation(escalate_to or [], escalate_set or [])
+    raise typer.Exit(
+        run_one(spec, out=out, limits=limits, backend=sandbox, branches=branches, escalate_to=later)
+    )
+
+
+def escalation(texts: list[str], settings: list[str]) -> list[Any]:
+    """The ModelSettings of `--escalate-to` (with `--escalate-set`), keys read now; a bad one exits 2 in one line."""
+    from bugsweep.endpoints import parse_endpoints
+    from bugsweep.errors import ConfigError
+
+    if settings and not texts:
+        _fail("--escalate-set is for --escalate-to: give both")
+    try:
+        return [e.settings() for e in parse_endpoints(texts, settings, "--escalate-to", "--escalate-set")]
+    except ConfigError as exc:
+        _fail(str(exc))
+        raise  # unreachable: _fail exits
 
 
 def branch_settings(push_url: str | None) -> Any:
@@ -203,10 +236,12 @@ def run_one(
     show_patch: bool = False,
     out_prefix: str | None = None,
     branches: Any = None,
+    escalate_to: list[Any] | None = None,
 ) -> int:
     """Solve one task with progress output; returns the exit code. The run is built as every front end builds it
     (bugsweep.runbuilder: the limits given over BUGSWEEP_*/LLM_* over the defaults; no blocks are read).
-    With `branches` (BranchSettings), a resolved fix is pushed as a branch; a failed push exits 2."""
+    With `branches` (BranchSettings), a resolved fix is pushed as a branch; a failed push exits 2. `escalate_to`:
+    the models (ModelSettings) tried after LLM_MODEL, in order, on what it did not resolve."""
     from pydantic import ValidationError
 
     from bugsweep.cli.exits import (
@@ -226,13 +261,18 @@ def run_one(
     try:
         with sigterm_as_interrupt():
             try:
-                run = build_run(limits, backend=backend)
+                run = build_run(limits, backend=backend, escalate_to=escalate_to or [])
             except ValidationError as exc:
                 return could_not_run(settings_problem(exc), "configuration")
             config, agent_settings, provider = run.config, run.agent, run.provider
             with model_endpoint(run.model) as model_settings:
+                later = "".join(f", then {m.model} at {m.base_url}" for m in run.escalate_to)
+                each = " per model" if run.escalate_to else ""
+                attempts = (
+                    f", up to {agent_settings.attempts} attempts{each}" if agent_settings.attempts > 1 else ""
+                )
                 console.print(
-                    f"[bold]model[/] {model_settings.model} at {model_settings.base_url}, "
+                    f"[bold]model[/] {model_settings.model} at {model_settings.base_url}{escape(later)}{attempts}, "
                     f"policy {config.policy}, configuration {config.digest}"
                 )
                 printer = ProgressPrinter()
@@ -246,6 +286,7 @@ def run_one(
                     on_step=printer.step,
                     labels={"task": spec.instance_id[:63], "model": model_settings.model[:63]},
                     config=config,
+                    escalate_to=run.escalate_to,
                 )
     except BugsweepError as exc:
         code = could_not_run(str(exc), "configuration" if isinstance(exc, ConfigError) else exc.kind)
@@ -349,8 +390,11 @@ def print_summary(verdict: Any, out_dir: Path, *, show_patch: bool = False) -> N
         word, "red"
     )
     head = f"[bold {colour}]{word.upper()}[/]"
+    from bugsweep.attempts import resolved_at
+
     console.print()
-    console.print(f"{head}  {verdict.instance_id}  ({verdict.model})")
+    at = resolved_at(verdict)
+    console.print(f"{head}  {verdict.instance_id}  ({verdict.model})" + (f"  {escape(at)}" if at else ""))
     console.print(
         f"  failed before: {mark(verdict.failed_before)}   passes after: {mark(verdict.passes_after)}   "
         f"tests untouched: {mark(verdict.tests_untouched)}"
@@ -382,8 +426,23 @@ def print_summary(verdict: Any, out_dir: Path, *, show_patch: bool = False) -> N
     patch_path = out_dir / "patch.diff"
     if show_patch and patch_path.exists() and patch_path.read_text().strip():
         console.print(Syntax(patch_path.read_text(), "diff", theme="ansi_dark"))
+    for record in verdict.attempts if len(verdict.attempts) > 1 else []:
+        why = (
+            f": {record.reason or record.error}"
+            if not record.resolved and (record.reason or record.error)
+            else ""
+        )
+        console.print(
+            f"  attempt {record.attempt}: {record.model} at temperature {record.temperature:g}, "
+            f"{record.verdict}{escape(why)[:160]} ({record.turns} turn(s), ${record.cost_usd:.4f}, "
+            f"{record.wall_s:.0f}s)"
+        )
+    shown = verdict.kept_attempt or (verdict.attempts[-1].attempt if verdict.attempts else None)
+    folders = any(r.folder for r in verdict.attempts)
+    kept_files = f"; attempt {shown}'s at the top, every attempt's in attempts/N/" if folders else ""
     console.print(
-        f"  outputs: {out_dir}/ (grade.json, patch.diff, trajectory.json, tests_before.log, tests_after.log)"
+        f"  outputs: {out_dir}/ (grade.json, patch.diff, trajectory.json, tests_before.log, tests_after.log"
+        f"{kept_files})"
     )
 
 

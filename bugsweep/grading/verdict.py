@@ -19,6 +19,7 @@ from collections.abc import Iterable
 
 from pydantic import BaseModel, Field
 
+from bugsweep.attempts import AttemptRecord
 from bugsweep.grading.mirror import Mirror
 from bugsweep.grading.records import listed_failures, summary_failures
 from bugsweep.grading.runs import TestRun
@@ -104,6 +105,14 @@ class Grade(BaseModel):
     config_digest: str | None = None
     """The configuration's digest (12 hex digits of the SHA-256 of its canonical JSON): the key its results are
     stored and found again by (SWEEP/TASK/MODEL/CONFIG)."""
+    attempts: list[AttemptRecord] = Field(default_factory=list)
+    """Every attempt the run made at the task, in order (bugsweep.attempts: `attempts` per model of the run's
+    cascade): its model, temperature, verdict, reason, stop reason, turns, tokens, cost and time. The verdict above
+    is the kept attempt's, or the last attempt's when none was resolved; `turns`, the tokens, `cost_usd` and
+    `agent_wall_s` are the sum over the attempts, `wall_s` the whole task's time. Empty when the agent never ran."""
+    kept_attempt: int | None = None
+    """The attempt this grade keeps (its patch.diff and trajectory.json are at the run folder's top): the one the
+    clean room resolved; None when none was. An attempt the clean room did not resolve is never kept."""
 
 
 def verdict_word(grade: Grade) -> str:

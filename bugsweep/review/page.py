@@ -26,6 +26,7 @@ from pygments import highlight
 from pygments.formatters import HtmlFormatter
 from pygments.lexers import DiffLexer
 
+from bugsweep.attempts import planned, resolved_at
 from bugsweep.grading import Grade, verdict_label
 from bugsweep.review.runs import Reviewed, RunFiles
 from bugsweep.review.timeline import build_timeline
@@ -97,6 +98,8 @@ def _run_view(index: int, run: RunFiles) -> dict[str, Any]:
         "timeline": timeline,
         "turn_count": len(timeline["turns"]) if timeline else 0,
         "config_key": _config_summary(grade),
+        "attempt_line": resolved_at(grade),
+        "attempts": grade.attempts if planned(grade.config) > 1 else [],
     }
 
 
@@ -114,6 +117,12 @@ def _config_summary(grade: Grade) -> str:
         f"temperature {model['temperature']}" if "temperature" in model else "",
         f"policy {config.get('policy') or grade.policy or '-'}",
         f"max turns {agent['max_turns']}" if "max_turns" in agent else "",
+        f"{agent['attempts']} attempts" if (agent.get("attempts") or 1) > 1 else "",
+        *(
+            f"then {later.get('model')}"
+            for later in config.get("escalate_to") or []
+            if isinstance(later, dict)
+        ),
         f"sandbox {sandbox['backend']}" if "backend" in sandbox else "",
         f"bugsweep {config['bugsweep_version']}" if "bugsweep_version" in config else "",
     ]
