@@ -137,7 +137,7 @@ def run_tests(
     timed_out = result.timed_out or (
         result.exit_code in (124, 137) and (_TIMEOUT_LINE in log[-4096:] or result.duration_s >= seconds)
     )
-    report = parse_records(result.stderr, cut=result.truncated)
+    report = parse_records(result.stderr, cut=result.truncated, nonce=told.nonce or None)
     tests: dict[str, str] | None = None
     if report.runners and report.runners[0] in ("pytest", "unittest") and report.runners[0] in report.ended:
         tests = dict(report.outcomes)

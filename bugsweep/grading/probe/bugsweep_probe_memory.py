@@ -11,6 +11,9 @@ TestOutOfMemory in the main thread, as the per-test time limit raises TestTimedO
 on. Records: ["memory", test id, resident bytes, stopped], with stopped 0 when the test's process first held half the
 bound (so that a process killed anyway, by memory a child process held or memory grown between two reads, names the
 test that was running) and 1 when the test was stopped at the bound.
+
+Its state is module attributes that code under test could read or change: it can only make a test fail (stopped, or
+killed at the sandbox's limit without the bound), which any code can do; nothing here decides that a test passed.
 """
 
 from __future__ import annotations
