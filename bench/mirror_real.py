@@ -8,13 +8,19 @@ For each task of bench/real_bugs.jsonl (test patch rebuilt from a clone under `-
 does), this does what `pipeline.solve_task` does with the project's own fix as the agent's change: `prepare`,
 `setup`, `baseline`, then the fix commit's diff without the task's test files (`git diff base_commit fix_commit`,
 as bench/model_ceiling.py takes it) applied inside the agent's sandbox with `git apply`, then
-`pipeline.regrade(prepared, before, None)`, `--rounds` times each way, alternating, on the same prepared task:
-- **with the pair**: as bugsweep grades (two fresh sandboxes, the real run and the mirror at once);
-- **without**: the same regrade with the pair's plan replaced by "no mirror" (one fresh sandbox, the task's
-  command once, with the probe): what the regrade cost before the mirror, but for the canary, which is gone.
+`pipeline.regrade(prepared, before, None)`, `--rounds` times each side, in turn, on the same prepared task
+(`--sides`, default `single,pair`):
+- **pair**: as bugsweep grades (two fresh sandboxes, the real run and the mirror at once, every test of the
+  baseline with a function in the repository given bugsweep's statement);
+- **single**: the same regrade with the pair's plan replaced by "no mirror" (one fresh sandbox, the task's
+  command once, with the probe): what the regrade cost before the mirror, but for the canary, which is gone;
+- **pair-failing**: the pair with the statement in the tests that failed before only (what instrumenting the
+  tests that passed before costs, side by side with `pair`).
 A real fix not resolved, or whose mirror is not armed and quiet, is a false alarm to explain. Each regrade's wall
-time, the CPU seconds of its fresh sandboxes' commands (their cgroups) and of this process (reading the change,
-writing it, parsing records) are recorded.
+time, split into what ran before the test runs (fresh sandboxes, the probe, the change written), the runs, and
+what came after (judging, releasing), the CPU seconds of its fresh sandboxes' commands (their cgroups) and of this
+process (reading the change, writing it, parsing records) are recorded, and with the pair the size of its
+instruction and how many tests got the statement.
 
 Each task's run folder (grade.json, patch.diff, tests_before.log, tests_after.log, tests_mirror.log, setup.log) of
 its first regrade with the pair is written under `--runs` (default: a temporary folder); the results to
@@ -58,36 +64,71 @@ def _host_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def timed_regrade(prepared: Any, before: Any, *, pair: bool) -> dict[str, Any]:
-    """One regrade, with the pair or without it: the grade, its wall time and CPU seconds."""
-    from bugsweep.grading import mirror, regrade
+SIDES = ("single", "pair", "pair-failing")
+
+
+def timed_regrade(prepared: Any, before: Any, *, side: str) -> dict[str, Any]:
+    """One regrade on one side (SIDES): the grade, its wall time (before the test runs, the runs, after them), CPU
+    seconds, and the pair's instruction size."""
+    from bugsweep.grading import harness, mirror, regrade
     from bugsweep.pipeline import regrade as pipeline_regrade
 
-    plan = regrade.plan_pair
-    if not pair:
-        regrade.plan_pair = lambda before, command: mirror.PairPlan(
-            required=False, note="off: the benchmark's side"
-        )  # type: ignore[assignment]
+    plan, run_at_once, instrumentable = regrade.plan_pair, regrade._run_at_once, mirror.instrumentable
+    told: list[int] = []
+    marks: dict[str, float] = {}
+
+    def planned(before: Any, command: str, root: str = "/workspace/repo") -> Any:
+        if side == "single":
+            return mirror.PairPlan(required=False, note="off: the benchmark's side")
+        made = plan(before, command, root)
+        if made.ready:
+            told.append(len(harness.Instruction(armed=made.armed_instruction(), inject=made.inject_instruction(),
+                                                mirror=True, nonce="0" * harness.NONCE_HEX).encode()))  # fmt: skip
+        return made
+
+    def failing_only(before: Any, root: str) -> Any:
+        instrumented, uninstrumented = instrumentable(before, root)
+        failing = before.ids("failed", "error")
+        return {t: c for t, c in instrumented.items() if t in failing}, uninstrumented
+
+    def timed_runs(runs: Any) -> Any:
+        marks["runs"] = time.perf_counter()
+        try:
+            return run_at_once(runs)
+        finally:
+            marks["ran"] = time.perf_counter()
+
+    regrade.plan_pair = planned  # type: ignore[assignment]
+    regrade._run_at_once = timed_runs  # type: ignore[assignment]
+    if side == "pair-failing":
+        mirror.instrumentable = failing_only  # type: ignore[assignment]
     agent_cpu = prepared.sandbox.usage.cpu_s or 0.0
     host = _host_cpu()
     started = time.perf_counter()
     try:
         verdict, after, patch = pipeline_regrade(prepared, before, None, model_name="real fix")
     finally:
-        regrade.plan_pair = plan
-    wall = time.perf_counter() - started
+        regrade.plan_pair, regrade._run_at_once, mirror.instrumentable = plan, run_at_once, instrumentable
+    ended = time.perf_counter()
     sandboxes = (verdict.cpu_s or 0.0) - agent_cpu
+    runs_at = marks.get("runs", ended)
     return {
         "verdict": verdict,
         "after": after,
         "patch": patch,
-        "wall_s": round(wall, 2),
+        "wall_s": round(ended - started, 2),
+        "before_runs_s": round(runs_at - started, 3),
+        "runs_s": round(marks.get("ran", ended) - runs_at, 3),
+        "after_runs_s": round(ended - marks.get("ran", ended), 3),
         "sandbox_cpu_s": round(sandboxes, 2),
         "host_cpu_s": round(_host_cpu() - host, 2),
+        "instruction_bytes": told[0] if told else None,
     }
 
 
-def run_task(spec: Any, out_dir: Path, rounds: int) -> dict[str, Any]:
+def run_task(
+    spec: Any, out_dir: Path, rounds: int, sides: tuple[str, ...] = ("single", "pair")
+) -> dict[str, Any]:
     from bugsweep.pipeline import baseline, prepare, setup
     from bugsweep.rundir import write_run_dir
     from bugsweep.sandbox import get_provider
@@ -113,13 +154,14 @@ def run_task(spec: Any, out_dir: Path, rounds: int) -> dict[str, Any]:
         if not applied.ok:
             raise RuntimeError(f"the real fix does not apply: {applied.output.strip()[-500:]}")
         step = "regrade"
-        samples: dict[str, list[dict[str, Any]]] = {"pair": [], "single": []}
-        for i in range(rounds * 2):
-            pair = i % 4 in (1, 2)  # single, pair, pair, single, ...: each side as often first
-            sample = timed_regrade(prepared, before, pair=pair)
-            sample["mirror_run"] = prepared.mirror_run if pair else None
-            samples["pair" if pair else "single"].append(sample)
+        samples: dict[str, list[dict[str, Any]]] = {side: [] for side in sides}
+        for i in range(rounds):
+            for side in sides if i % 2 == 0 else reversed(sides):  # a, b, b, a, ...: each side as often first
+                sample = timed_regrade(prepared, before, side=side)
+                sample["mirror_run"] = prepared.mirror_run if side != "single" else None
+                samples[side].append(sample)
         first = samples["pair"][0]
+        paired = [s for side in sides if side != "single" for s in samples[side]]
         verdict = first["verdict"]
         write_run_dir(
             out_dir, verdict, patch=first["patch"], before=before, after=first["after"],
@@ -127,12 +169,15 @@ def run_task(spec: Any, out_dir: Path, rounds: int) -> dict[str, Any]:
         )  # fmt: skip
         mirror = verdict.mirror
         row |= {
-            "resolved": all(s["verdict"].resolved for s in samples["pair"]),
-            "resolved_single": all(s["verdict"].resolved for s in samples["single"]),
-            "reasons": sorted({s["verdict"].reason or "" for s in samples["pair"]} - {""}),
+            "resolved": all(s["verdict"].resolved for s in paired),
+            "resolved_single": all(s["verdict"].resolved for s in samples.get("single", [])),
+            "reasons": sorted({s["verdict"].reason or "" for s in paired} - {""}),
             "evidence": verdict.evidence,
-            "mirrors": [s["verdict"].mirror.model_dump() for s in samples["pair"] if s["verdict"].mirror],
+            "mirrors": [s["verdict"].mirror.model_dump() for s in paired if s["verdict"].mirror],
             "mirror": mirror.model_dump() if mirror is not None else None,
+            "instruction_bytes": first["instruction_bytes"],
+            "instrumented": mirror.instrumented if mirror is not None else None,
+            "uninstrumented": len(mirror.uninstrumented) if mirror is not None else None,
             "FAIL_TO_PASS": verdict.FAIL_TO_PASS,
             "FAIL_TO_FAIL": verdict.FAIL_TO_FAIL,
             "PASS_TO_FAIL": verdict.PASS_TO_FAIL,
@@ -141,12 +186,7 @@ def run_task(spec: Any, out_dir: Path, rounds: int) -> dict[str, Any]:
             "suspicious": verdict.suspicious,
             "tests_run_after": verdict.tests_run_after,
             "exit_before": before.exit_code,
-            "cost": {
-                side: {
-                    key: [s[key] for s in samples[side]] for key in ("wall_s", "sandbox_cpu_s", "host_cpu_s")
-                }
-                for side in samples
-            },
+            "cost": {side: {key: [s[key] for s in samples[side]] for key in COST_KEYS} for side in samples},
         }
     except Exception as exc:
         row["error"] = f"{step}: {type(exc).__name__}: {exc}"[:1500]
@@ -199,23 +239,35 @@ def as_unittest(spec: Any) -> Any:
     )
 
 
+COST_KEYS = ("wall_s", "before_runs_s", "runs_s", "after_runs_s", "sandbox_cpu_s", "host_cpu_s")
+
+
 def _median(values: list[float]) -> float:
     return round(statistics.median(values), 2) if values else 0.0
 
 
 def cost_line(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Medians over the tasks of the per-task medians, and the ratio pair/single of each task's medians."""
+    """Medians over the tasks of the per-task medians, and the ratio of each side's to the first side's (single's)
+    per task."""
     done = [r for r in rows if r.get("cost")]
-    ratios = [
-        _median(r["cost"]["pair"]["wall_s"]) / _median(r["cost"]["single"]["wall_s"])
-        for r in done
-        if _median(r["cost"]["single"]["wall_s"])
-    ]
-    summary: dict[str, Any] = {"tasks": len(done), "wall_ratio_median": _median(ratios)}
-    for side in ("pair", "single"):
-        for key in ("wall_s", "sandbox_cpu_s", "host_cpu_s"):
-            summary[f"{side}_{key}_median"] = _median([_median(r["cost"][side][key]) for r in done])
-    summary["wall_ratio_per_task"] = {r["task"]: round(x, 3) for r, x in zip(done, ratios, strict=False)}
+    sides = list(done[0]["cost"]) if done else []
+    summary: dict[str, Any] = {"tasks": len(done)}
+    for side in sides:
+        for key in COST_KEYS:
+            summary[f"{side}_{key}_median"] = _median(
+                [_median(r["cost"][side].get(key) or [0]) for r in done]
+            )
+    base = "single" if "single" in sides else (sides[0] if sides else "")
+    for side in sides:
+        if side == base:
+            continue
+        ratios = {
+            r["task"]: round(_median(r["cost"][side]["wall_s"]) / _median(r["cost"][base]["wall_s"]), 3)
+            for r in done
+            if _median(r["cost"][base]["wall_s"])
+        }
+        summary[f"wall_ratio_{side}_to_{base}_median"] = _median(list(ratios.values()))
+        summary[f"wall_ratio_{side}_to_{base}_per_task"] = ratios
     return summary
 
 
@@ -232,10 +284,14 @@ def main() -> int:
     parser.add_argument(
         "--runs", type=Path, default=None, help="the run folders' parent (default: a temp dir)"
     )
-    parser.add_argument("--rounds", type=int, default=2, help="regrades each way per task, alternating")
+    parser.add_argument("--rounds", type=int, default=2, help="regrades each side per task, in turn")
+    parser.add_argument("--sides", default="single,pair", help=f"comma-separated, of {', '.join(SIDES)}")
     parser.add_argument("--extra-setup", default="", help="appended to each task's setup command with &&")
     parser.add_argument("--runner", choices=["pytest", "unittest"], default="pytest")
     args = parser.parse_args()
+    sides = tuple(args.sides.split(","))
+    if "pair" not in sides or set(sides) - set(SIDES):
+        parser.error(f"--sides: 'pair' and any of {', '.join(SIDES)}")
     signal.signal(signal.SIGTERM, _interrupt)
 
     from bugsweep.spec import load_tasks
@@ -265,6 +321,7 @@ def main() -> int:
         "extra_setup": args.extra_setup or None,
         "runner": args.runner,
         "rounds": args.rounds,
+        "sides": sides,
         "runs": [],
     }
 
@@ -280,16 +337,12 @@ def main() -> int:
             spec = spec.model_copy(update={"setup_command": f"{spec.setup_command} && {args.extra_setup}"})
         if args.runner == "unittest":
             spec = as_unittest(spec)
-        row = run_task(spec, run_root / spec.instance_id, args.rounds)
+        row = run_task(spec, run_root / spec.instance_id, args.rounds, sides)
         row["load"] = load()
         report["runs"].append(row)
         save()
-        cost = row.get("cost")
-        costs = (
-            f"pair {_median(cost['pair']['wall_s']):.1f} s / single {_median(cost['single']['wall_s']):.1f} s"
-            if cost
-            else ""
-        )
+        cost = row.get("cost") or {}
+        costs = " / ".join(f"{side} {_median(cost[side]['wall_s']):.1f} s" for side in cost)
         print(
             f"{spec.instance_id:<26} {'RESOLVED' if row['resolved'] else 'not resolved':<13} "
             f"{verdict_of(row)[:90]:<40} {costs} {row['wall_s']:.0f}s "
@@ -308,20 +361,19 @@ def main() -> int:
         "cost": cost_line(runs),
     }
     save()
-    print("\n| task | resolved | mirror | armed test | pair / single wall s | time |")
-    print("| --- | --- | --- | --- | --- | --- |")
+    print(
+        f"\n| task | resolved | mirror | armed test | instrumented / not | instruction | {' / '.join(sides)} wall s | time |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in runs:
         mirror = r.get("mirror") or {}
-        cost = r.get("cost")
-        shown = (
-            f"{_median(cost['pair']['wall_s']):.1f} / {_median(cost['single']['wall_s']):.1f}"
-            if cost
-            else "-"
-        )
+        cost = r.get("cost") or {}
+        shown = " / ".join(f"{_median(cost[side]['wall_s']):.1f}" for side in cost) or "-"
         print(
             f"| {r['task']} | {'yes' if r['resolved'] else 'no'} | "
             f"{verdict_of(r) if not r.get('error') else 'error: ' + r['error'][:100]} | "
-            f"{mirror.get('test') or '-'} | {shown} | {r['wall_s']:.0f} s |"
+            f"{mirror.get('test') or '-'} | {r.get('instrumented')} / {r.get('uninstrumented')} | "
+            f"{r.get('instruction_bytes')} B | {shown} | {r['wall_s']:.0f} s |"
         )
     s = report["summary"]
     print(

@@ -141,6 +141,9 @@ def test_an_honest_fix_resolves_and_both_runs_see_the_same(
     assert grade["resolved"] and grade["reason"] is None, (grade["reason"], mirror)
     assert mirror["armed"] and mirror["subverted"] is None and mirror["note"] is None, mirror
     assert mirror["outcomes"] == {mirror["test"]: "failed"} and mirror["exit_code"] == 1, mirror
+    assert mirror["instrumented"] == 3 and mirror["uninstrumented"] == [] and mirror["unreached"] == {}, (
+        "test_add, test_mul and test_dump each ran its body to the end in both runs"
+    )
     views = []
     for log in ("tests_after.log", "tests_mirror.log"):
         found = re.findall(r"^DUMP (.*)$", (out / log).read_text(), re.MULTILINE)

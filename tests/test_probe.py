@@ -9,18 +9,25 @@ from __future__ import annotations
 
 import ast
 import json
+import os
+import secrets
 import subprocess
 import sys
+import time
 import xml.etree.ElementTree as ET
+from collections.abc import Callable
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
 from bugsweep.grading import TestRun, grade, harness
-from bugsweep.grading.mirror import Mirror, known_runner, plan_pair
+from bugsweep.grading.mirror import Mirror, PairPlan, judge, known_runner, plan_pair
 from bugsweep.grading.probe.bugsweep_probe_inject import inject
 from bugsweep.grading.records import junit_id, listed_failures, parse_records, summary_failures
+from bugsweep.grading.runs import run_tests
 from bugsweep.grading.testfiles import import_roots, protected_reason
+from bugsweep.sandbox.base import ExecResult
 
 
 @pytest.fixture(scope="module")
@@ -151,6 +158,56 @@ def test_the_probes_pytest_ids_and_outcomes_are_those_of_the_junit_xml(venv: Pat
     assert listed == {t for t, o in expected.items() if o in ("failed", "error")}
 
 
+EATS = """import unittest
+
+
+def fill(out):
+    while True:  # an endless loop filling a list, as an endless generator's consumer does
+        out.append(" " * 1000)
+
+
+def test_eats():
+    fill([])
+
+
+def test_next():
+    assert sum(range(10)) == 45
+
+
+class T(unittest.TestCase):
+    def test_eats(self):
+        fill([])
+
+    def test_next(self):
+        self.assertEqual(sum(range(10)), 45)
+"""
+
+
+@pytest.mark.parametrize("runner", ["unittest", "pytest"])
+def test_a_test_past_the_memory_bound_fails_and_the_run_goes_on(
+    runner: str, venv: Path, tmp_path: Path
+) -> None:
+    """The probe stops a test whose process grows past the instruction's memory bound (as at the time limit): the
+    test fails, the one after it passes, and the records name the test, at half the bound and where stopped."""
+    (tmp_path / "test_eats.py").write_text(EATS)
+    command = (
+        "python -m unittest test_eats.T"
+        if runner == "unittest"
+        else "python -m pytest -q test_eats.py::test_eats test_eats.py::test_next"
+    )
+    out, err = _run(venv, tmp_path, command, harness.Instruction(memory=160 << 20))
+    report = parse_records(err)
+    eats, after = (
+        ("test_eats.T.test_eats", "test_eats.T.test_next")
+        if runner == "unittest"
+        else ("test_eats.py::test_eats", "test_eats.py::test_next")
+    )
+    assert report.ended == [runner], out
+    assert report.outcomes[report.test_id(eats)] in ("failed", "error") and report.outcomes[after] == "passed"
+    assert report.out_of_memory == report.memory_heavy == [eats]
+    assert "grew past the per-test memory bound of 160 MiB" in out
+
+
 ORACLES = """import sys, threading, types, unittest
 
 import bugsweep_probe
@@ -189,9 +246,9 @@ def test_the_mirror_cannot_be_asked_from_inside(runner: str, venv: Path, tmp_pat
     (tmp_path / "test_o.py").write_text(ORACLES)
     armed = {"file": str(tmp_path / "test_o.py"), "qualname": "T.test_add", "line": 0,
              "id": "test_o.T.test_add" if runner == "unittest" else "test_o.py::T::test_add"}  # fmt: skip
-    runs = {}
+    runs, nonces = {}, {False: "a" * 32, True: "b" * 32}
     for mirror in (False, True):
-        told = harness.Instruction(armed=armed, mirror=mirror)
+        told = harness.Instruction(armed=armed, mirror=mirror, nonce=nonces[mirror])
         runs[mirror] = _run(venv, tmp_path, "python -m pytest -s test_o.py" if runner == "pytest" else
                             "python -m unittest test_o", told)  # fmt: skip
     (real_out, real_err), (mirror_out, mirror_err) = runs[False], runs[True]
@@ -199,11 +256,285 @@ def test_the_mirror_cannot_be_asked_from_inside(runner: str, venv: Path, tmp_pat
     assert seen and seen == [line for line in mirror_out.splitlines() if line.startswith("SEEN")], mirror_out
     assert len(seen) == 1, "the test ran once, and once more nested (which prints nothing)"
     assert "nested call passed" in seen[0] and "[True]" in seen[0]
-    real, mirrored = parse_records(real_err), parse_records(mirror_err)
+    real, mirrored = (
+        parse_records(real_err, nonce=nonces[False]),
+        parse_records(mirror_err, nonce=nonces[True]),
+    )
     test_id = next(iter(real.outcomes))
     assert real.outcomes == {test_id: "passed"} and mirrored.outcomes == {test_id: "failed"}
     assert real.injected == mirrored.injected == [(armed["file"], "T.test_add", "assertEqual")]
     assert "1 != 2" in mirror_out
+    reached = {(armed["id"], armed["file"], "T.test_add")}
+    assert real.reached == mirrored.reached == reached, "once each: not the nested call, not the other thread"
+    assert real_err.count('"reached"') == mirror_err.count('"reached"') == 1
+    assert parse_records(real_err, nonce=nonces[True]).reached == set(), (
+        "the other run's nonce does not count"
+    )
+
+
+class _Host:
+    """`run_tests`' sandbox for a folder of this host: bugsweep's wrapper under bash, the venv first on PATH (real
+    pytest and unittest processes, no sandbox: the sandboxed pair is in tests/test_mirror*.py)."""
+
+    def __init__(self, venv: Path, work: Path) -> None:
+        self.venv, self.workdir = venv, str(work)
+
+    def exec(
+        self, script: str, *, timeout: float, env: dict[str, str], full_output: bool, stdin: str
+    ) -> ExecResult:
+        started = time.monotonic()
+        done = subprocess.run(
+            ["bash", "-c", script], input=stdin, capture_output=True, text=True, cwd=self.workdir, timeout=timeout,
+            env={"PATH": f"{self.venv / 'bin'}:/usr/bin:/bin", "HOME": self.workdir, **env},
+        )  # fmt: skip
+        return ExecResult(done.returncode, done.stdout, done.stderr, duration_s=time.monotonic() - started)
+
+
+_PROBED = harness.EnvFacts(site_packages="(the venv's)", probe=True)
+
+
+def _host_run(host: _Host, command: str, told: harness.Instruction | None = None) -> TestRun:
+    return run_tests(host, command, timeout=120, facts=_PROBED, instruction=told)  # type: ignore[arg-type]
+
+
+def _pair(
+    host: _Host,
+    before: TestRun,
+    command: str,
+    *,
+    armed: str,
+    setting: Callable[[str], None] = lambda run: None,
+) -> tuple[PairPlan, Mirror, dict[str, TestRun]]:
+    """The regrade's pair on this host, one run after the other (`setting` prepares the folder for each), the armed
+    test chosen by the test; judged as the regrade judges it."""
+    with mock.patch("bugsweep.grading.mirror.secrets.choice", lambda tests: armed):
+        plan = plan_pair(before, command, root=host.workdir)
+    runs = {}
+    for name in ("mirror", "real"):
+        setting(name)
+        told = harness.Instruction(
+            armed=plan.armed_instruction(), inject=plan.inject_instruction(), mirror=name == "mirror",
+            nonce=secrets.token_hex(16),
+        )  # fmt: skip
+        runs[name] = _host_run(host, plan.command or "", told)
+    return plan, judge(plan, runs["real"], runs["mirror"]), runs
+
+
+CALC_TWO_BUGS = "def add(a, b):\n    return a - b\n\n\ndef sub(a, b):\n    return a + b\n\n\ndef mul(a, b):\n    return a * b\n"
+CALC_FIXED = "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n\n\ndef mul(a, b):\n    return a * b\n"
+TWO_FAILING = {
+    "pytest": (
+        "from calc import add, mul, sub\n\n\ndef test_add():\n    assert add(2, 3) == 5\n\n\n"
+        "def test_sub():\n    assert sub(5, 3) == 2\n\n\ndef test_kept():\n    assert mul(2, 3) == 6\n"
+    ),
+    "unittest": (
+        "import unittest\n\nfrom calc import add, mul, sub\n\n\nclass T(unittest.TestCase):\n"
+        "    def test_add(self):\n        self.assertEqual(add(2, 3), 5)\n\n"
+        "    def test_sub(self):\n        self.assertEqual(sub(5, 3), 2)\n\n"
+        "    def test_kept(self):\n        self.assertTrue(mul(2, 3) == 6)\n"
+    ),
+}
+COMMANDS = {
+    "pytest": "python -m pytest -q -p no:randomly test_calc.py",
+    "unittest": "python -m unittest -v test_calc",
+}
+#: Code under test that reports the failures `_flip(test name)` picks as passes: pytest, a plugin found through the
+#: garbage collector; unittest, each test method wrapped to swallow its AssertionError.
+FLIP = {
+    "pytest": (
+        "\nimport gc, pytest\n\n\nclass _Flip:\n    @pytest.hookimpl(hookwrapper=True)\n"
+        "    def pytest_runtest_makereport(self, item, call):\n        rep = (yield).get_result()\n"
+        "        if rep.failed and _flip(item.name):\n            rep.outcome, rep.longrepr = 'passed', None\n\n\n"
+        "for _o in gc.get_objects():\n    if type(_o).__name__ == 'Config' and hasattr(_o, 'pluginmanager'):\n"
+        "        _o.pluginmanager.register(_Flip(), 'calc-helper')\n        break\n"
+    ),
+    "unittest": (
+        "\nimport unittest\n\n_run0 = unittest.TestCase.run\n\n\ndef _run(self, result=None):\n"
+        "    name = self._testMethodName\n    fn = getattr(self, name)\n\n    def quiet(*a):\n        try:\n"
+        "            return fn(*a)\n        except AssertionError:\n            if not _flip(name):\n                raise\n\n"
+        "    setattr(self, name, quiet)\n    return _run0(self, result)\n\n\nunittest.TestCase.run = _run\n"
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def two_bugs(venv: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[_Host, TestRun]]:
+    """Runner -> a folder with calc.py's two bugs, a test of each and one that passes, and the baseline's run there
+    (made once; each test then writes its own calc.py: the change)."""
+    tasks = {}
+    for runner in COMMANDS:
+        work = tmp_path_factory.mktemp(runner)
+        (work / "calc.py").write_text(CALC_TWO_BUGS)
+        (work / "test_calc.py").write_text(TWO_FAILING[runner])
+        host = _Host(venv, work)
+        before = _host_run(host, COMMANDS[runner])
+        assert len(before.ids("failed")) == 2 and len(before.ids("passed")) == 1, before.log
+        tasks[runner] = (host, before)
+    return tasks
+
+
+def _ids(runner: str, name: str) -> str:
+    return f"test_calc.py::{name}" if runner == "pytest" else f"test_calc.T.{name}"
+
+
+@pytest.mark.parametrize("runner", ["pytest", "unittest"])
+def test_a_partial_fix_is_caught_whichever_test_is_armed(
+    runner: str, two_bugs: dict[str, tuple[_Host, TestRun]]
+) -> None:
+    """The change fixes add(), reports test_sub's failure as a pass, and breaks mul() and reports test_kept's (which
+    passed before) as a pass too. Armed on test_add, the mirror alone sees a real fix; but neither test_sub's body nor
+    test_kept's runs to its end, in either run, whatever is armed."""
+    host, before = two_bugs[runner]
+    work = Path(host.workdir)
+    change = CALC_TWO_BUGS.replace("a - b", "a + b").replace("a * b", "a * b + 1")
+    (work / "calc.py").write_text(
+        change + FLIP[runner] + "\n\ndef _flip(name):\n    return name != 'test_add'\n"
+    )
+    add, sub, kept = _ids(runner, "test_add"), _ids(runner, "test_sub"), _ids(runner, "test_kept")
+    for armed in (add, sub):
+        plan, found, runs = _pair(host, before, COMMANDS[runner], armed=armed)
+        assert found.armed and plan.command == COMMANDS[runner] and found.instrumented == 3
+        assert runs["real"].tests == dict.fromkeys((add, sub, kept), "passed")
+        assert found.unreached["real"] == [kept, sub] and found.unreached["mirror"] == [kept, sub], found
+        assert f"reports {kept}, {sub} passed but their bodies did not run to the end" in (
+            found.subverted or ""
+        )
+        if armed == sub:
+            assert "changes verdicts" in (found.subverted or "")
+        else:
+            assert found.outcomes[add] == "failed", "the fix meets the mirror's false assertion"
+        verdict = grade(
+            instance_id="x", before=before, after=runs["real"], mirror=found, mirror_run=runs["mirror"]
+        )
+        assert not verdict.resolved and [add, sub] == verdict.FAIL_TO_PASS and verdict.passes_after
+
+
+@pytest.mark.parametrize("runner", ["pytest", "unittest"])
+def test_a_coin_flipper_is_caught_in_whichever_run_it_flips(
+    runner: str, two_bugs: dict[str, tuple[_Host, TestRun]]
+) -> None:
+    """Code that flips failures by a coin that differs between two sandboxes (here the parity of its own file's
+    inode number), so that exactly one run of the pair cheats: the real run (its bodies never end) or the mirror
+    (its armed test passes). Each way round: not resolved."""
+    host, before = two_bugs[runner]
+    work = Path(host.workdir)
+    code = (
+        CALC_TWO_BUGS
+        + FLIP[runner]
+        + "\n\ndef _flip(name):\n    return __import__('os').stat(__file__).st_ino % 2 == 1\n"
+    )
+
+    def flipping_in(cheat: str) -> Callable[[str], None]:
+        def setting(run: str) -> None:  # calc.py written again until its inode's parity says so
+            spare = []  # kept until then, so that the next file gets a new inode number
+            while True:
+                fresh = work / f"calc.{len(spare)}.tmp"
+                fresh.write_text(code)
+                if (fresh.stat().st_ino % 2 == 1) == (run == cheat):
+                    fresh.replace(work / "calc.py")
+                    break
+                spare.append(fresh)
+            for path in spare:
+                path.unlink()
+
+        return setting
+
+    add, sub = _ids(runner, "test_add"), _ids(runner, "test_sub")
+    for cheat in ("real", "mirror"):
+        _plan, found, runs = _pair(host, before, COMMANDS[runner], armed=add, setting=flipping_in(cheat))
+        verdict = grade(
+            instance_id="x", before=before, after=runs["real"], mirror=found, mirror_run=runs["mirror"]
+        )
+        assert found.armed and not verdict.resolved, (cheat, verdict.reason)
+        if cheat == "real":
+            assert (
+                verdict.passes_after
+                and found.unreached == {"real": [add, sub]}
+                and found.outcomes[add] == "failed"
+            )
+            assert verdict.reason == found.subverted and "did not run to the end" in verdict.reason
+        else:
+            assert (
+                not verdict.passes_after
+                and found.outcomes[add] == "passed"
+                and "changes verdicts" in (found.subverted or "")
+            )
+
+
+#: Lines that look like the probe's "reached" records, written blindly to every descriptor (with a guessed nonce,
+#: and with the nonce of the other run where it leaked into leak.txt), as calc.py is imported.
+FORGER = """
+import json as _json, os as _os
+
+_leak = open("leak.txt").read().strip() if _os.path.exists("leak.txt") else ""
+_lines = ""
+for _name in ("test_add", "test_sub"):
+    for _id in ("test_calc.py::" + _name, "test_calc.T." + _name):
+        for _q in (_name, "T." + _name):
+            for _n in ("0" * 32, _leak):
+                _lines += "\\n" + _json.dumps(["reached", _id, _os.path.abspath("test_calc.py"), _q, _n]) + "\\n"
+for _fd in range(3, 200):
+    try:
+        _os.write(_fd, _lines.encode())
+    except OSError:
+        pass
+"""
+
+
+@pytest.mark.parametrize("runner", ["pytest", "unittest"])
+def test_reached_records_cannot_be_forged(runner: str, two_bugs: dict[str, tuple[_Host, TestRun]]) -> None:
+    """The partial fix again, with code that writes "reached"-looking lines to every descriptor it has, and that
+    knows the other run's nonce (leaked for the test): none counts; each is a forged record."""
+    host, before = two_bugs[runner]
+    work = Path(host.workdir)
+    (work / "calc.py").write_text(CALC_TWO_BUGS.replace("a - b", "a + b") + FLIP[runner] + FORGER
+                                      + "\n\ndef _flip(name):\n    return name == 'test_sub'\n")  # fmt: skip
+    sub = _ids(runner, "test_sub")
+    nonces: dict[str, str] = {}
+
+    def leak(run: str) -> None:
+        (work / "leak.txt").write_text(nonces.get("mirror", ""))
+
+    with mock.patch(
+        "secrets.token_hex",
+        lambda n: nonces.setdefault("mirror" if not nonces else "real", os.urandom(n).hex()),
+    ):
+        _plan, found, runs = _pair(
+            host, before, COMMANDS[runner], armed=_ids(runner, "test_add"), setting=leak
+        )
+    assert nonces["mirror"] != nonces["real"] and len(nonces["real"]) == harness.NONCE_HEX
+    assert nonces["mirror"] in (work / "leak.txt").read_text(), "the real run's code knew the mirror's nonce"
+    assert found.unreached == {"real": [sub], "mirror": [sub]}, found
+    assert runs["real"].probe.forged == runs["mirror"].probe.forged == 16, "one per line, once: the record fd"
+    assert "'reached' record(s) in the real run without that run's nonce" in (found.subverted or "")
+    (work / "leak.txt").unlink()
+
+
+@pytest.mark.parametrize("runner", ["pytest", "unittest"])
+def test_an_honest_fix_reaches_every_tests_end_in_both_runs(
+    runner: str, two_bugs: dict[str, tuple[_Host, TestRun]]
+) -> None:
+    """Every test of the baseline gets the statement (the two that failed, the one that passed); with the fix each
+    reports its end in both runs, the mirror's armed test fails at the false assertion: resolved. The two runs'
+    instructions differ in the flag and the nonce only, and have one length."""
+    host, before = two_bugs[runner]
+    work = Path(host.workdir)
+    (work / "calc.py").write_text(CALC_FIXED)
+    add = _ids(runner, "test_add")
+    plan, found, runs = _pair(host, before, COMMANDS[runner], armed=add)
+    verdict = grade(
+        instance_id="x", before=before, after=runs["real"], mirror=found, mirror_run=runs["mirror"]
+    )
+    assert verdict.resolved and found.armed and not found.subverted and found.unreached == {}, verdict.reason
+    assert found.instrumented == 3 and found.uninstrumented == [] and found.outcomes[add] == "failed"
+    ends = {(t.raw_id, t.file, t.qualname) for t in plan.instrumented.values()}
+    assert runs["real"].probe.reached == ends and runs["mirror"].probe.reached == ends
+    told = [
+        harness.Instruction(armed=plan.armed_instruction(), inject=plan.inject_instruction(), mirror=m,
+                            nonce=secrets.token_hex(16)).encode()
+        for m in (False, True)
+    ]  # fmt: skip
+    assert len(told[0]) == len(told[1]) and told[0] != told[1]
 
 
 def _functions(source: str, qualname: str, line: int = 0) -> tuple[str, str]:

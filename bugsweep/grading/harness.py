@@ -31,7 +31,7 @@ from bugsweep.sandbox.base import Sandbox
 
 #: The probe's files in site-packages; the .pth sorts before every other (its line runs first at start-up).
 PROBE_MODULE = "bugsweep_probe"
-PROBE_FILES = ("bugsweep_probe.py", "bugsweep_probe_inject.py")
+PROBE_FILES = ("bugsweep_probe.py", "bugsweep_probe_inject.py", "bugsweep_probe_memory.py")
 PTH_NAME = "00-bugsweep-probe.pth"
 INSTRUCTION_FD, RECORD_FD = 97, 98
 MAGIC = "bugsweep-probe-1\n"
@@ -73,6 +73,7 @@ except Exception:
     pass
 names.discard("bugsweep_probe")
 names.discard("bugsweep_probe_inject")
+names.discard("bugsweep_probe_memory")
 print(json.dumps({"site": site, "modules": sorted(names), "plugins": plugins}))
 """
 
@@ -163,17 +164,37 @@ def remove_probe(sandbox: Sandbox, facts: EnvFacts) -> None:
         sandbox.exec(f"rm -f {paths}", timeout=60)
 
 
+#: The length of a run's nonce, in hex digits (the same in every run: the two instructions of the pair have one length).
+NONCE_HEX = 32
+
+
 @dataclass
 class Instruction:
-    """What the probe is told (the same in both runs of the pair but for `mirror`)."""
+    """What the probe is told (the same in both runs of the pair but for `mirror` and `nonce`, of the same length)."""
 
     limit: float = 0.0
     armed: dict[str, object] | None = None
+    """The test the mirror's statement fails in: its id as the runner names it, its function's file, qualname, line."""
+    inject: list[tuple[str, list[tuple[str, int]]]] = field(default_factory=list)
+    """The functions that get bugsweep's statement: (file, [(qualname, line where it failed before, or 0), ...])."""
     mirror: bool = False
+    nonce: str = ""
+    """NONCE_HEX hex digits (the pair's runs: each its own), that the probe writes in its "reached" records."""
+    memory: int = 0
+    """Bytes the test runner's process may hold while a test runs (0: no bound; the same in both runs of the pair)."""
 
     def encode(self) -> str:
         body = json.dumps(
-            {"armed": self.armed, "limit": self.limit, "mirror": int(self.mirror)}, sort_keys=True
+            {
+                "armed": self.armed,
+                "inject": self.inject,
+                "limit": self.limit,
+                "memory": self.memory,
+                "mirror": int(self.mirror),
+                "nonce": self.nonce,
+            },
+            sort_keys=True,
+            separators=(",", ":"),
         )
         return MAGIC + body
 

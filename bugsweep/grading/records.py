@@ -26,15 +26,23 @@ _JUNIT_RANK = {"failed": 4, "error": 3, "skipped": 2, "passed": 1}
 
 
 @dataclass
-class FailingCode:
-    """Where a test that failed has its function (what the mirror compiles its false assertion into)."""
+class TestFunction:
+    """A test's function, as the baseline's probe saw it (what the pair compiles bugsweep's statement into)."""
+
+    __test__ = False  # not a pytest class
 
     raw_id: str
     """The test as its runner names it (pytest's node id, unittest's id)."""
     file: str
     qualname: str
     line: int
-    """The line of the function the test failed at (0: not in the function itself)."""
+    """The line of the function the test failed at (0: it passed, or failed outside the function itself)."""
+    kind: str = ""
+    """'async' (a coroutine function), 'gen' (a generator function) or '' (a plain one)."""
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.file, self.qualname)
 
 
 @dataclass
@@ -61,12 +69,22 @@ class ProbeReport:
     """Modules unittest could not load: not tests, but its summary counts each as an error."""
     timeouts: list[str] = field(default_factory=list)
     """Tests stopped at the per-test time limit (pytest node ids, unittest ids), recorded as the alarm went off."""
-    code: dict[str, FailingCode] = field(default_factory=dict)
-    """Test id -> its function, for the tests that failed."""
+    out_of_memory: list[str] = field(default_factory=list)
+    """Tests stopped at the per-test memory bound (runner ids), recorded as they were stopped."""
+    memory_heavy: list[str] = field(default_factory=list)
+    """Tests whose process held half the memory bound or more, in the order they did (runner ids): the last one was
+    running when a process killed for its memory was."""
+    code: dict[str, TestFunction] = field(default_factory=dict)
+    """Runner's test id -> its function (every test that ran, in a run without an instruction to compile any)."""
     injected: list[tuple[str, str, str]] = field(default_factory=list)
-    """(file, qualname, style) of each armed function compiled with the mirror's assertion."""
-    missed: list[str] = field(default_factory=list)
-    """Armed functions the probe could not find when their file was compiled."""
+    """(file, qualname, style) of each function compiled with bugsweep's statement."""
+    missed: list[tuple[str, str]] = field(default_factory=list)
+    """(file, qualname) of the functions the probe was told of and could not find when their file was compiled."""
+    reached: set[tuple[str, str, str]] = field(default_factory=set)
+    """(runner's test id, file, qualname): the test's body ran to its end (bugsweep's statement ran in its function's
+    outermost call while the runner ran that test), by records that hold this run's nonce."""
+    forged: int = 0
+    """"reached" records without this run's nonce: written by something that is not the probe."""
     cut: bool = False
     """The records were cut (more than the backend keeps): what is missing cannot be known."""
 
@@ -87,9 +105,10 @@ def junit_id(file: str, classname: str, name: str) -> str:
     return f"{classname}::{name}" if classname else name
 
 
-def parse_records(text: str, *, cut: bool = False) -> ProbeReport:
+def parse_records(text: str, *, cut: bool = False, nonce: str | None = None) -> ProbeReport:
     """The probe's records from a run's stderr. Lines that are not records (anything the process wrote there) are
-    left out; a record cannot be taken back, and the worst outcome recorded for a test wins."""
+    left out; a record cannot be taken back, and the worst outcome recorded for a test wins. "reached" records count
+    only with the run's `nonce` (the others are counted in `forged`)."""
     report = ProbeReport(cut=cut)
     pytest_kinds: dict[str, set[str]] = {}
     for line in text.splitlines():
@@ -107,7 +126,7 @@ def parse_records(text: str, *, cut: bool = False) -> ProbeReport:
             continue
         kind, values = record[0], record[1:]
         try:
-            _take(report, pytest_kinds, kind, values)
+            _take(report, pytest_kinds, kind, values, nonce)
         except (ValueError, TypeError, IndexError):
             continue
     for test_id, kinds in pytest_kinds.items():
@@ -115,7 +134,9 @@ def parse_records(text: str, *, cut: bool = False) -> ProbeReport:
     return report
 
 
-def _take(report: ProbeReport, pytest_kinds: dict[str, set[str]], kind: object, values: list) -> None:
+def _take(
+    report: ProbeReport, pytest_kinds: dict[str, set[str]], kind: object, values: list, nonce: str | None
+) -> None:
     if kind == "hello":
         report.hello += 1
     elif kind == "runner":
@@ -127,6 +148,11 @@ def _take(report: ProbeReport, pytest_kinds: dict[str, set[str]], kind: object, 
         report.ended.append(str(values[0]))
     elif kind == "probe-error":
         report.errors.append(str(values[0]))
+    elif kind == "memory":
+        test, stopped = str(values[0]), int(values[2])
+        seen = report.out_of_memory if stopped else report.memory_heavy
+        if test not in seen:
+            seen.append(test)
     elif kind == "timeout":
         if str(values[0]) not in report.timeouts:
             report.timeouts.append(str(values[0]))
@@ -155,11 +181,18 @@ def _take(report: ProbeReport, pytest_kinds: dict[str, set[str]], kind: object, 
             report.runner_of[test_id] = "unittest"
     elif kind == "code":
         raw, file, qualname, line = str(values[0]), str(values[1]), str(values[2]), int(values[3])
-        report.code.setdefault(raw, FailingCode(raw, file, qualname, line))
+        flavour = str(values[4]) if len(values) > 4 else ""
+        report.code.setdefault(raw, TestFunction(raw, file, qualname, line, flavour))
     elif kind == "inj":
         report.injected.append((str(values[0]), str(values[1]), str(values[2])))
     elif kind == "inj-miss":
-        report.missed.append(f"{values[1]} in {values[0]}")
+        report.missed.append((str(values[0]), str(values[1])))
+    elif kind == "reached":
+        raw, file, qualname, said = (str(v) for v in values[:4])
+        if nonce and said == nonce:
+            report.reached.add((raw, file, qualname))
+        else:
+            report.forged += 1
 
 
 def _junit_outcome(when: str, outcome: str, xfail: bool) -> str | None:
@@ -174,8 +207,8 @@ def _junit_outcome(when: str, outcome: str, xfail: bool) -> str | None:
     return "skipped" if outcome == "skipped" else None
 
 
-def code_of(report: ProbeReport, test_id: str) -> FailingCode | None:
-    """The function of a failing test (recorded under the runner's own id)."""
+def code_of(report: ProbeReport, test_id: str) -> TestFunction | None:
+    """The function of a test (recorded under the runner's own id)."""
     return report.code.get(report.raw_ids.get(test_id, test_id))
 
 

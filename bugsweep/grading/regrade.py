@@ -57,7 +57,6 @@ def regrade_change(
     """Grade `changes` (the new bytes of each path in `new`) against the baseline `before`. `make_sandbox` gives a
     fresh sandbox in the task state (called once per run); each is appended to `measured` and released here.
     Raises cleanroom.ChangeRefused when the change cannot be applied (the model's failure)."""
-    plan = plan_pair(before, spec.test_command)
     with contextlib.ExitStack() as stack:
 
         def fresh(
@@ -75,6 +74,7 @@ def regrade_change(
             )
 
         first, first_tree, facts = fresh()
+        plan = plan_pair(before, spec.test_command, root=first.workdir)
         old = {c.path: first_tree.read(c.path, c.old, check=False) for c in changes if c.old}
         roots = import_roots(task_paths, protected_globs, spec.test_files)
         dropped = {}
@@ -104,8 +104,14 @@ def regrade_change(
                 2
             )  # which of the two is the mirror: nothing else differs between them
             env = _pair_env(facts)
+            inject = plan.inject_instruction()
             for name, sandbox in (("real", pair[1 - mirror_at]), ("mirror", pair[mirror_at])):
-                told = harness.Instruction(armed=plan.armed_instruction(), mirror=name == "mirror")
+                told = harness.Instruction(
+                    armed=plan.armed_instruction(),
+                    inject=inject,
+                    mirror=name == "mirror",
+                    nonce=secrets.token_hex(harness.NONCE_HEX // 2),
+                )
                 runs[name] = _runner(sandbox, plan.command or "", timeout, per_test_timeout, facts, told, env)
             if plan.own_run:
                 third, third_tree, _ = fresh(facts)

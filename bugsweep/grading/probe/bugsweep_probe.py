@@ -11,23 +11,35 @@ that no code that runs later in this process can read it, and writes what it rec
 the wrapper sends to the command's stderr (captured outside the sandbox: code can add lines there, never take one
 back). Both descriptors are closed for the process's children (a test that starts another Python gets no probe).
 In the regrade's two runs (the real one and the mirror) the descriptors, the files and the environment are the
-same; only the instruction differs, in one flag, and only this module's memory keeps it.
+same; only the instruction differs (in one flag, and its nonce: of the same length), and only this module's memory
+keeps it: in closures made at start-up (`_private`), never in a module attribute that code could read or set by
+name.
 
-The instruction (one JSON object): `mirror` (0 or 1), `limit` (seconds one test may take; 0: none), and `armed`:
-the test the mirror gives a false assertion (`id` as the runner names it, the `file` and `qualname` of its test
-function, the `line` where it failed before) or null. In both runs the armed test's function is compiled with one
-more assertion after its body (and before each `return` of its own): `assert bugsweep_probe.expect()`, or for a
+The instruction (one JSON object): `mirror` (0 or 1), `nonce` (32 hex digits, a new one for each run of the pair),
+`limit` (seconds one test may take; 0: none), `memory` (bytes the runner's process may hold while a test runs:
+bugsweep_probe_memory.py; 0: no bound), `inject`: the test functions that get bugsweep's statement (`[[file,
+[[qualname, line], ...]], ...]`: every test of the baseline that has a function in the repository, the `line` where
+it failed before, or 0), and `armed`: the one test the mirror gives a false assertion (`id` as the runner names it,
+its function's `file`, `qualname` and `line`) or null. In both runs every function named is compiled with one more
+statement after its body (and before each `return` of its own): `assert bugsweep_probe.expect()`, or for a
 `unittest` method `self.assertX(*bugsweep_probe.expect_args("assertX"))` in the style of the test's own assertion.
-`expect` says True, and `expect_args` gives arguments that pass, everywhere but in the mirror, and there only in that
-function's own outermost call, while the runner runs that test, on the thread that runs it. With a real fix the
-mirror's armed test then fails at that assertion; with a bogus fix it fails at its own assertion first, exactly as
-in the real run, so code that turns failures into passes turns this one too, and the mirror reads "passed".
+
+When that statement runs in its function's own outermost call, while the runner runs a test of that function, on
+the thread that runs it, the probe records ["reached", test id, file, qualname, nonce]: that test's body ran to its
+end. The nonce is only in the probe's memory, so a line written by anyone else does not count (bugsweep reads each
+run's records with that run's nonce). `expect` then says True, and `expect_args` gives arguments that pass,
+everywhere but in the mirror's armed test: there they fail. With a real fix the mirror's armed test fails at that
+statement; with a bogus fix it fails at its own assertion first, exactly as in the real run, so code that turns
+failures into passes turns this one too, and the mirror reads "passed"; and a test reported passed in either run
+without its "reached" record did not run to its end.
 
 Records (one JSON list a line): ["hello"], ["runner", name, facts], ["pt", when, outcome, xfail, nodeid, file,
 classname, name] (pytest, with the JUnit XML names), ["pc", outcome, nodeid, file, classname, name] (a collection
-error), ["ut", outcome, test id] (unittest), ["code", test id, file, qualname, line] (a failing test's function),
-["inj", file, qualname, style] (the armed function compiled with its assertion), ["timeout", test id],
-["end", runner] (the runner finished: without it a run's per-test results are not whole), ["probe-error", text]. Kept compatible with Python 3.8.
+error), ["ut", outcome, test id] (unittest), ["code", test id, file, qualname, line, kind] (a test's function: of
+every test that ran, in a run without `inject`; `kind` "async" or "gen" for a coroutine or generator function),
+["inj", file, qualname, style] (a function compiled with bugsweep's statement), ["inj-miss", file, qualname],
+["reached", ...], ["timeout", test id], ["memory", test id, bytes, stopped] (bugsweep_probe_memory.py), ["end",
+runner] (the runner finished: without it a run's per-test results are not whole), ["probe-error", text]. Kept compatible with Python 3.8.
 """
 
 from __future__ import annotations
@@ -53,11 +65,10 @@ class _State:
     runner = ""  # the runner this process is, once it has started one
     depth = 0  # how deep in TextTestRunner.run this process is
     limit = 0.0
-    current: Any = None  # (test id, thread ident) while the runner runs a test's body
-    armed: Any = None
+    memory_bound = 0  # bytes
+    memory: Any = None  # bugsweep_probe_memory, once its watcher runs in this process (the runner's)
+    pair = False  # a run of the regrade's pair (its tests' functions are known: no "code" record for passing tests)
     hooked = False  # pytest's assertion rewriting hooked (once, whatever pytest sessions run in this process)
-    codes: Any = ()  # the code objects compiled with the armed test's assertion
-    lines: Any = frozenset()  # the line numbers its injected assertions carry
 
 
 _state = _State()
@@ -85,14 +96,14 @@ def _read_instruction():
     close = True
     try:
         if stat.S_ISREG(mode):
-            data = os.pread(INSTRUCTION_FD, 1 << 20, 0)
+            data = os.pread(INSTRUCTION_FD, 1 << 24, 0)
             close = data.startswith(_MAGIC)
         elif stat.S_ISFIFO(mode):
             os.set_blocking(INSTRUCTION_FD, False)
             deadline = time.monotonic() + 2.0  # the host wrote it all before the command started
             while time.monotonic() < deadline:
                 try:
-                    chunk = os.read(INSTRUCTION_FD, 65536)
+                    chunk = os.read(INSTRUCTION_FD, 1 << 20)
                 except BlockingIOError:
                     if data and not _MAGIC.startswith(data[: len(_MAGIC)]):
                         break  # not bugsweep's
@@ -122,46 +133,64 @@ def _read_instruction():
         return None
 
 
-def _decider(mirror):
-    """The one place the run's kind is kept: in this closure, never in a global. True only for a call of `expect`
-    or `expect_args` made by the armed test's own injected assertion (its code and line), in its outermost call,
-    while the runner runs that test, on the thread that runs it; and only in the mirror."""
+def _private(instruction):
+    """The run's secrets, and what the statement's answer depends on, in closures only: whether this is the mirror,
+    the run's nonce, the armed test, the code objects compiled with bugsweep's statement, the test the runner runs.
+
+    Returns (set_current, register, decide): the runner's hooks say which test runs (`set_current`), the compile
+    hooks give the code objects they made (`register`), and `expect`/`expect_args` ask `decide`. None of them is kept
+    in a module attribute; replacing `expect`, `expect_args` or `_decide` by name stops the "reached" records (the
+    real run then has none) and makes the mirror's armed test pass (caught either way)."""
+    mirror = bool(instruction.get("mirror"))
+    nonce = str(instruction.get("nonce") or "")
+    armed = instruction.get("armed") if isinstance(instruction.get("armed"), dict) else {}
+    armed_id = armed.get("id")
+    armed_key = (str(armed.get("file") or ""), str(armed.get("qualname") or ""))
+    keys: Any = {}  # id(code) -> (file, qualname) as the instruction names them
+    lines: Any = {}  # (file, qualname) -> the lines its statements carry
+    kept = []  # the registered code objects, alive so that their ids stay theirs
+    current: Any = [None]  # (test id, thread) while the runner runs a test's body
+    write, dumps, getframe, ident, fd = os.write, json.dumps, sys._getframe, threading.get_ident, RECORD_FD
     ours = (expect.__code__, expect_args.__code__)
-    getframe = sys._getframe
+
+    def set_current(test_id):
+        current[0] = (test_id, ident()) if test_id is not None else None
+
+    def register(key, codes, at):
+        for code in codes:
+            if id(code) not in keys:
+                kept.append(code)
+                keys[id(code)] = key
+        lines[key] = frozenset(lines.get(key, frozenset()) | frozenset(at))
 
     def decide():
-        caller, frame = getframe(1), getframe(2)
-        current, armed = _state.current, _state.armed
-        here = (
-            armed is not None
-            and current is not None
-            and current[0] == armed.get("id")
-            and current[1] == threading.get_ident()
-            and any(caller.f_code is c for c in ours)
-            and _is_armed(frame.f_code)
-            and frame.f_lineno in _state.lines
-            and not _nested(frame)
-        )
-        return bool(here and mirror)
+        caller = getframe(1)
+        if not any(caller.f_code is c for c in ours):
+            return False
+        frame: Any = caller.f_back
+        key = keys.get(id(frame.f_code)) if frame is not None else None
+        if key is None or frame.f_lineno not in lines.get(key, ()):
+            return False
+        now = current[0]
+        if now is None or now[1] != ident():
+            return False
+        outer = frame.f_back  # its own outermost call only: not the test's function run again inside itself
+        while outer is not None:
+            if keys.get(id(outer.f_code)) == key:
+                return False
+            outer = outer.f_back
+        if nonce:
+            try:  # noqa: SIM105
+                write(fd, ("\n" + dumps(["reached", now[0], key[0], key[1], nonce]) + "\n").encode())
+            except (OSError, ValueError, TypeError):
+                pass
+        return mirror and now[0] == armed_id and key == armed_key
 
-    return decide
-
-
-def _is_armed(code):
-    return any(code is c for c in _state.codes)
-
-
-def _nested(frame):
-    outer = frame.f_back
-    while outer is not None:
-        if _is_armed(outer.f_code):
-            return True
-        outer = outer.f_back
-    return False
+    return set_current, register, decide
 
 
 def expect():
-    """The armed test's extra assertion (plain `assert` style): True, except where the mirror asks it to fail."""
+    """bugsweep's statement in plain `assert` style: True, except in the mirror's armed test."""
     return not _decide()
 
 
@@ -199,16 +228,13 @@ _ARGS = {
 
 
 def expect_args(method):
-    """The arguments of the armed test's extra `self.<method>(...)`: passing ones, except where the mirror asks."""
+    """The arguments of bugsweep's `self.<method>(...)` statement: passing ones, except in the mirror's armed test."""
     passing, failing = _ARGS.get(method, _ARGS["assertEqual"])
     return failing if _decide() else passing
 
 
-_decide = _decider(False)
-
-
-def _set_current(test_id):
-    _state.current = (test_id, threading.get_ident()) if test_id is not None else None
+def _decide():
+    return False
 
 
 # -- the per-test time limit -----------------------------------------------------------------------------------
@@ -284,7 +310,7 @@ def _stop(test_id):
         _clock.test = None
 
 
-# -- what failed where: the function of a failing test, for the mirror's next regrade ---------------------------
+# -- each test's function (where a failing one failed), for the regrade's pair ------------------------------------
 
 
 def _function(obj):
@@ -297,7 +323,15 @@ def _function(obj):
     return obj if hasattr(obj, "__code__") and hasattr(obj, "__qualname__") else None
 
 
+#: CO_GENERATOR, CO_ASYNC_GENERATOR; CO_COROUTINE, CO_ITERABLE_COROUTINE: a test of such a function may pass without
+#: its body running (unittest calls it and drops what it returns)
+_GENERATOR, _COROUTINE = 0x20 | 0x200, 0x80 | 0x100
+
+
 def _record_code(test_id, obj, tb):
+    """["code", ...] for a test that failed (`tb`: where), or passed (`tb` None; not in the pair, which knows)."""
+    if tb is None and _state.pair:
+        return
     function = _function(obj)
     if function is None:
         return
@@ -307,7 +341,9 @@ def _record_code(test_id, obj, tb):
         if tb.tb_frame.f_code is code:
             line = tb.tb_lineno
         tb = tb.tb_next
-    record("code", test_id, code.co_filename, function.__qualname__, line)
+    flags = code.co_flags
+    kind = "gen" if flags & _GENERATOR else "async" if flags & _COROUTINE else ""
+    record("code", test_id, code.co_filename, function.__qualname__, line, kind)
 
 
 # -- unittest: outcomes recorded by the result object of each run ----------------------------------------------
@@ -329,9 +365,9 @@ def _test_id(test):
         return repr(test)
 
 
-def _watch(result):
+def _watch(result, set_current):
     """Record every outcome on the result object itself (an instance attribute, so that replacing the methods of
-    unittest's classes afterwards does not stop the recording), and which test runs."""
+    unittest's classes afterwards does not stop the recording), and which test runs (`set_current`)."""
     for name, outcome in _OUTCOMES.items():
         method = getattr(result, name, None)
         if method is None:
@@ -339,10 +375,11 @@ def _watch(result):
 
         def wrapper(test, *args, _method=method, _outcome=outcome):
             record("ut", _outcome, _test_id(test))
+            method = getattr(test, getattr(test, "_testMethodName", ""), None)
             if _outcome in ("failed", "error") and args and isinstance(args[0], tuple) and len(args[0]) == 3:
-                _record_code(
-                    _test_id(test), getattr(test, getattr(test, "_testMethodName", ""), None), args[0][2]
-                )
+                _record_code(_test_id(test), method, args[0][2])
+            elif _outcome == "passed":
+                _record_code(_test_id(test), method, None)
             return _method(test, *args)
 
         setattr(result, name, wrapper)
@@ -364,12 +401,16 @@ def _watch(result):
 
         def start_test(test, _method=start):
             _method(test)
-            _set_current(_test_id(test))
+            set_current(_test_id(test))
+            if _state.memory is not None:
+                _state.memory.begin(_test_id(test))
             if _start(_test_id(test)):
                 _arm()
 
         def stop_test(test, _method=stop):
-            _set_current(None)
+            set_current(None)
+            if _state.memory is not None:
+                _state.memory.end(_test_id(test))
             _stop(_test_id(test))
             return _method(test)
 
@@ -385,10 +426,13 @@ def _claim(runner, **facts):
         return False
     _state.runner = runner
     record("runner", runner, facts)
+    if _state.memory_bound:
+        module = _sibling("bugsweep_probe_memory")
+        _state.memory = module if module.start(_state.memory_bound, record) else None
     return True
 
 
-def _install_unittest():
+def _install_unittest(set_current):
     import unittest.runner
 
     run = unittest.runner.TextTestRunner.run
@@ -398,7 +442,7 @@ def _install_unittest():
         result = make(self)
         # only the outermost run of the runner process: a test that runs a suite of its own in-process (tests of
         # test tools) does not add its inner outcomes
-        return _watch(result) if _state.runner == "unittest" and _state.depth == 1 else result
+        return _watch(result, set_current) if _state.runner == "unittest" and _state.depth == 1 else result
 
     def run_tests(self, test):
         import unittest
@@ -422,26 +466,41 @@ def _install_unittest():
 
 
 def pytest_addoption(parser):
-    """Called as pytest registers this plugin, before it imports any conftest or test module."""
-    if _state.active and _state.armed is not None and not _state.hooked:
-        _state.hooked = True
-        _inject_module().hook_pytest(_state, record)
+    """Replaced at start-up in a graded run (`_pytest_hooks`); pytest finds this module's hooks when it registers it,
+    after start-up."""
 
 
 def pytest_configure(config):
-    if not _state.active or not _claim(
-        "pytest",
-        rootdir=str(getattr(config, "rootpath", "") or getattr(config, "rootdir", "")),
-        cwd=os.getcwd(),
-        pythonpath=os.environ.get("PYTHONPATH"),
-        workers=str(getattr(config.option, "numprocesses", "") or ""),
-    ):
-        return
-    import pytest
+    """Replaced at start-up in a graded run (`_pytest_hooks`)."""
 
-    config.pluginmanager.register(_pytest_plugin(pytest), "bugsweep-probe-session")
-    if _state.limit:
-        config.pluginmanager.register(_time_limit_plugin(pytest), "bugsweep-time-limit")
+
+def _pytest_hooks(set_current, targets, register):
+    """This run's `pytest_addoption` and `pytest_configure`, with the private hooks in their closures."""
+
+    def pytest_addoption(parser):
+        """Called as pytest registers this plugin, before it imports any conftest or test module."""
+        if targets and not _state.hooked:
+            _state.hooked = True
+            _inject_module().hook_pytest(targets, record, register)
+
+    def pytest_configure(config):
+        if not _state.active or not _claim(
+            "pytest",
+            rootdir=str(getattr(config, "rootpath", "") or getattr(config, "rootdir", "")),
+            cwd=os.getcwd(),
+            pythonpath=os.environ.get("PYTHONPATH"),
+            workers=str(getattr(config.option, "numprocesses", "") or ""),
+        ):
+            return
+        import pytest
+
+        config.pluginmanager.register(_pytest_plugin(pytest, set_current), "bugsweep-probe-session")
+        if _state.limit:
+            config.pluginmanager.register(_time_limit_plugin(pytest), "bugsweep-time-limit")
+        if _state.memory is not None:
+            config.pluginmanager.register(_state.memory.pytest_plugin(pytest), "bugsweep-memory-bound")
+
+    return pytest_addoption, pytest_configure
 
 
 def _junit_names(nodeid):
@@ -460,7 +519,7 @@ def _junit_names(nodeid):
         return ".".join(names[:-1]), names[-1]
 
 
-def _pytest_plugin(pytest):
+def _pytest_plugin(pytest, set_current):
     class Session:
         @pytest.hookimpl(tryfirst=True)
         def pytest_runtest_logreport(self, report):
@@ -483,6 +542,8 @@ def _pytest_plugin(pytest):
                 report = outcome.get_result()
                 if report.failed and call.excinfo is not None:
                     _record_code(item.nodeid, getattr(item, "obj", None), call.excinfo.tb)
+                elif report.when == "call" and report.passed:
+                    _record_code(item.nodeid, getattr(item, "obj", None), None)
             except Exception:
                 pass
 
@@ -492,11 +553,11 @@ def _pytest_plugin(pytest):
 
         @pytest.hookimpl(hookwrapper=True)
         def pytest_runtest_call(self, item):
-            _set_current(item.nodeid)
+            set_current(item.nodeid)
             try:
                 yield
             finally:
-                _set_current(None)
+                set_current(None)
 
     return Session()
 
@@ -536,16 +597,20 @@ def _time_limit_plugin(pytest):
 
 
 def _inject_module():
-    """bugsweep_probe_inject.py beside this file, by its path (a module of that name elsewhere on sys.path is not
-    it)."""
-    module = sys.modules.get("bugsweep_probe_inject")
+    return _sibling("bugsweep_probe_inject")
+
+
+def _sibling(name):
+    """The module `name` from its file beside this one, by its path (a module of that name elsewhere on sys.path is
+    not it)."""
+    module = sys.modules.get(name)
     if module is None:
         import importlib.util
 
-        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bugsweep_probe_inject.py")
-        spec = importlib.util.spec_from_file_location("bugsweep_probe_inject", path)
+        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), name + ".py")
+        spec = importlib.util.spec_from_file_location(name, path)
         module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-        sys.modules["bugsweep_probe_inject"] = module
+        sys.modules[name] = module
         spec.loader.exec_module(module)  # type: ignore[union-attr]
     return module
 
@@ -553,8 +618,25 @@ def _inject_module():
 # -- start-up ----------------------------------------------------------------------------------------------------
 
 
+def _targets(instruction):
+    """{file: {qualname: line}}: the functions that get bugsweep's statement (the armed test's among them)."""
+    targets: Any = {}
+    for entry in instruction.get("inject") or ():
+        try:
+            file, functions = entry
+            for qualname, line in functions:
+                targets.setdefault(str(file), {})[str(qualname)] = int(line or 0)
+        except (TypeError, ValueError):
+            record("probe-error", "bad inject entry: " + repr(entry)[:200])
+    armed = instruction.get("armed")
+    if isinstance(armed, dict) and armed.get("file") and armed.get("qualname"):
+        functions = targets.setdefault(str(armed["file"]), {})
+        functions[str(armed["qualname"])] = int(armed.get("line") or 0)
+    return targets
+
+
 def _start_up():
-    global _decide
+    global _decide, pytest_addoption, pytest_configure
     instruction = _read_instruction()
     if not isinstance(instruction, dict):
         return
@@ -569,18 +651,23 @@ def _start_up():
         _state.limit = max(float(instruction.get("limit") or 0), 0.0)
     except (TypeError, ValueError):
         _state.limit = 0.0
-    armed = instruction.get("armed")
-    _state.armed = armed if isinstance(armed, dict) else None
-    _decide = _decider(bool(instruction.get("mirror")))
+    try:
+        _state.memory_bound = max(int(instruction.get("memory") or 0), 0)
+    except (TypeError, ValueError):
+        _state.memory_bound = 0
+    targets = _targets(instruction)
+    _state.pair = bool(targets)
+    set_current, register, _decide = _private(instruction)
     del instruction
+    pytest_addoption, pytest_configure = _pytest_hooks(set_current, targets, register)
     record("hello")
     try:
-        _install_unittest()
+        _install_unittest(set_current)
     except Exception as exc:  # a Python without unittest: nothing to record
         record("probe-error", repr(exc)[:300])
-    if _state.armed is not None:
+    if targets:
         try:
-            _inject_module().hook_source_loader(_state, record)
+            _inject_module().hook_source_loader(targets, record, register)
         except Exception as exc:
             record("probe-error", repr(exc)[:300])
 

@@ -1,8 +1,8 @@
 """PYTEST_DONT_REWRITE (pytest: loaded by the probe before pytest starts; never rewrite it)
 
-The armed test's extra assertion, compiled into its function (bugsweep_probe.py says what it is for). Loaded by
-the probe from beside it, in both runs of the regrade's pair alike; the instruction names the function (its file and
-qualified name) and the line its test failed at before.
+bugsweep's statement, compiled into the test functions the instruction names (bugsweep_probe.py says what it is
+for). Loaded by the probe from beside it, in both runs of the regrade's pair alike; the instruction names each
+function (its file and qualified name) and the line its test failed at before (0: it passed).
 
 Where it goes: after the function's body, and before each `return` of the function's own (not of the functions it
 defines), so it runs only when the body completes normally: never in a `finally` (then it would be what a failing
@@ -10,7 +10,8 @@ body's report shows) and never first (then the test would not call the code unde
 the test's own: `self.assertX(...)` for a unittest-style test that asserts with `assertX` (at its failing line,
 else its first assertion), a plain `assert` otherwise; so that code that neutralises the test's own assertions
 neutralises it too. Its statements carry the line number of the function's `def` line, where none of the body's
-code runs (but in a test written on one line): the probe answers only calls of its own made from there.
+code runs (but in a test written on one line): the probe answers (and records that the body reached its end) only
+for calls of its own made from there, in a code object compiled here.
 
 Both ways a test module is compiled are hooked the same way: Python's source loader (unittest, helper modules,
 pytest with --assert=plain) and pytest's assertion rewriting (whose cached bytecode of that file is not read).
@@ -49,20 +50,21 @@ def _statements(body):
             yield from _statements(block)
 
 
-def find(body, parts):
-    """Every function definition at the qualified name `parts` (['Class', 'test_x'], ['f', '<locals>', 'g'])."""
-    found = []
-    name, rest = parts[0], parts[1:]
+def definitions(body, prefix=""):
+    """Qualified name -> every function definition of that name in `body` (a module's): `Class.test_x`,
+    `f.<locals>.g`, `f.<locals>.C.m`, as Python names them. One walk of the module."""
+    found: dict = {}
     for node in _statements(body):
-        if getattr(node, "name", None) != name:
-            continue
-        if not rest:
-            if isinstance(node, _DEFS):
-                found.append(node)
-        elif rest[0] == "<locals>" and isinstance(node, _DEFS) and len(rest) > 1:
-            found += find(node.body, rest[1:])
+        if isinstance(node, _DEFS):
+            name = prefix + node.name
+            found.setdefault(name, []).append(node)
+            inner = definitions(node.body, name + ".<locals>.")
         elif isinstance(node, ast.ClassDef):
-            found += find(node.body, rest)
+            inner = definitions(node.body, prefix + node.name + ".")
+        else:
+            continue
+        for qualname, nodes in inner.items():
+            found.setdefault(qualname, []).extend(nodes)
     return found
 
 
@@ -165,10 +167,11 @@ class _Returns(ast.NodeTransformer):
         return [keep, self.make(), back]
 
 
-def inject(tree, qualname, line, known):
-    """Add the assertion to every definition of `qualname` in `tree`. Returns (style, the definitions, the lines the
-    assertions carry: each its function's `def` line), or None when there is no such function."""
-    functions = find(tree.body, qualname.split("."))
+def inject(tree, qualname, line, known, index=None):
+    """Add the statement to every definition of `qualname` in `tree` (`index`: its `definitions`, when known: then
+    the caller fixes the tree's missing locations once). Returns (style, the definitions, the lines the statements carry: each its function's `def` line), or None when
+    there is no such function."""
+    functions = (definitions(tree.body) if index is None else index).get(qualname)
     if not functions:
         return None
     kinds, lines = [], set()
@@ -190,57 +193,78 @@ def inject(tree, qualname, line, known):
             body.extend(result if isinstance(result, list) else [result])
         body.append(make())
         function.body = body
-    ast.fix_missing_locations(tree)
+    if index is None:
+        ast.fix_missing_locations(tree)
     return kinds[0], functions, lines
 
 
-def armed_codes(code, functions):
-    """The code objects compiled from `functions` (by name and first line), found in a module's code object."""
-    wanted = {(f.name, min([f.lineno] + [d.lineno for d in f.decorator_list])) for f in functions}
-    found, pending = [], [code]
+def _first_line(function):
+    return min([function.lineno] + [d.lineno for d in function.decorator_list])
+
+
+def codes_of(code, wanted):
+    """{key: [code objects]} for the functions compiled into a module's code object, `wanted` mapping each
+    function's (name, first line) to its key."""
+    found: dict = {}
+    pending = [code]
     while pending:
         current = pending.pop()
-        if (current.co_name, current.co_firstlineno) in wanted:
-            found.append(current)
+        key = wanted.get((current.co_name, current.co_firstlineno))
+        if key is not None:
+            found.setdefault(key, []).append(current)
         pending.extend(c for c in current.co_consts if hasattr(c, "co_consts"))
-    return tuple(found)
+    return found
 
 
 class _Target:
-    def __init__(self, state, record):
-        self.state, self.record = state, record
-        self.file = os.path.realpath(state.armed.get("file") or "")
-        self.name = os.path.basename(self.file)
+    """The files and functions to compile with the statement; records what was done, registers the code made."""
+
+    def __init__(self, targets, record, register):
+        self.targets = targets
+        self.files = {os.path.realpath(f): f for f in targets}  # real path -> the instruction's name
+        self.names = {os.path.basename(f) for f in self.files}
+        self.record, self.register = record, register
         probe = sys.modules.get(PROBE)
         self.known = frozenset(getattr(probe, "_ARGS", {}))
 
-    def matches(self, path):
-        return (
-            bool(path)
-            and os.path.basename(str(path)) == self.name
-            and os.path.realpath(str(path)) == self.file
-        )
-
-    def inject(self, tree, path):
-        armed = self.state.armed
-        done = inject(tree, str(armed.get("qualname") or ""), int(armed.get("line") or 0), self.known)
-        if done is None:
-            self.record("inj-miss", str(path), armed.get("qualname"))
+    def file_of(self, path):
+        """The instruction's name of the file at `path`, or None when it names none there."""
+        if not path or os.path.basename(str(path)) not in self.names:
             return None
-        kind, functions, lines = done
-        self.state.lines = self.state.lines | lines
-        self.record("inj", str(path), armed.get("qualname"), kind)
-        return functions
+        return self.files.get(os.path.realpath(str(path)))
 
-    def found(self, code, functions):
-        self.state.codes = tuple(self.state.codes) + armed_codes(code, functions)
+    def inject(self, tree, file):
+        """The statement into each function of `file` the instruction names. Returns what `found` needs, or None
+        when none of them is there."""
+        index = definitions(tree.body)
+        wanted, lines = {}, {}
+        for qualname, line in sorted(self.targets[file].items()):
+            done = inject(tree, qualname, line, self.known, index)
+            if done is None:
+                self.record("inj-miss", file, qualname)
+                continue
+            kind, functions, at = done
+            self.record("inj", file, qualname, kind)
+            for function in functions:
+                wanted[(function.name, _first_line(function))] = (file, qualname)
+            lines[(file, qualname)] = at
+        if not lines:
+            return None
+        ast.fix_missing_locations(tree)
+        return wanted, lines
+
+    def found(self, code, pending):
+        wanted, lines = pending
+        codes = codes_of(code, wanted)
+        for key, at in lines.items():
+            self.register(key, codes.get(key, ()), at)
 
 
-def hook_source_loader(state, record):
-    """Python's source loader compiles the armed file with the assertion (and never from its cached bytecode)."""
+def hook_source_loader(targets, record, register):
+    """Python's source loader compiles the named files with the statement (and never from their cached bytecode)."""
     from importlib.machinery import SourceFileLoader
 
-    target = _Target(state, record)
+    target = _Target(targets, record, register)
     original = SourceFileLoader.get_code
 
     def get_code(self, fullname):
@@ -248,26 +272,27 @@ def hook_source_loader(state, record):
             path = self.get_filename(fullname)
         except ImportError:
             path = None
-        if target.matches(path):
+        file = target.file_of(path)
+        if file is not None:
             source = self.get_data(path)
             tree = ast.parse(source, filename=path)
-            functions = target.inject(tree, path)
-            if functions is not None:
+            pending = target.inject(tree, file)
+            if pending is not None:
                 code = compile(tree, path, "exec", dont_inherit=True)
-                target.found(code, functions)
+                target.found(code, pending)
                 return code
         return original(self, fullname)
 
     SourceFileLoader.get_code = get_code  # type: ignore[method-assign]
 
 
-def hook_pytest(state, record):
+def hook_pytest(targets, record, register):
     """pytest's assertion rewriting does the same for the test modules it compiles itself."""
     try:
         from _pytest.assertion import rewrite
     except ImportError:
         return
-    target = _Target(state, record)
+    target = _Target(targets, record, register)
     pending = []
     original_rewrite, original_test, original_read = (
         rewrite.rewrite_asserts,
@@ -277,10 +302,11 @@ def hook_pytest(state, record):
 
     def rewrite_asserts(mod, *args, **kwargs):
         path = kwargs.get("module_path") or next((a for a in args if isinstance(a, str)), None)
-        if target.matches(path):
-            functions = target.inject(mod, path)
-            if functions is not None:
-                pending.append(functions)
+        file = target.file_of(path)
+        if file is not None:
+            done = target.inject(mod, file)
+            if done is not None:
+                pending.append(done)
         return original_rewrite(mod, *args, **kwargs)
 
     def _rewrite_test(fn, *args, **kwargs):
@@ -290,7 +316,7 @@ def hook_pytest(state, record):
         return result
 
     def _read_pyc(source, *args, **kwargs):
-        return None if target.matches(source) else original_read(source, *args, **kwargs)
+        return None if target.file_of(source) is not None else original_read(source, *args, **kwargs)
 
     rewrite.rewrite_asserts = rewrite_asserts
     rewrite._rewrite_test = _rewrite_test
