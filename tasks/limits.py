@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, TypeVar
+
+from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_exponential
 
 from bugsweep.agent import endpoint
 from bugsweep.errors import InfraError
@@ -30,6 +32,34 @@ if TYPE_CHECKING:
 LEASE_S = 60.0
 #: The name of an endpoint's requests-per-minute limit, after its own name.
 RATE_SUFFIX = ":per-minute"
+#: Seconds a slot is asked for again while the Prefect server answers "busy" (502, 503, 504, 408, 429) or cannot be
+#: reached, on top of the Prefect client's own few retries: a SQLite-backed server under a night's load answers 503
+#: for a while, and a task must wait for it rather than fail.
+SERVER_BUSY_S = 300.0
+
+T = TypeVar("T")
+
+
+def _server_busy(exc: BaseException) -> bool:
+    import httpx
+
+    if isinstance(exc, httpx.HTTPStatusError):
+        return exc.response.status_code in (408, 429, 502, 503, 504)
+    return isinstance(exc, httpx.TransportError)
+
+
+def patiently(call: Callable[[], T]) -> T:
+    """`call()`, asked again with growing waits for up to SERVER_BUSY_S while the Prefect server is busy."""
+    for attempt in Retrying(
+        retry=retry_if_exception(_server_busy),
+        wait=wait_exponential(multiplier=1, max=15),
+        stop=stop_after_delay(SERVER_BUSY_S),
+        reraise=True,
+    ):
+        with attempt:
+            return call()
+    raise AssertionError("unreachable")  # pragma: no cover
+
 
 _ensured: dict[tuple[str, str], tuple[int, float]] = {}
 _ensured_lock = threading.Lock()
@@ -54,9 +84,17 @@ def ensure_limit(name: str, limit: int, slot_decay_per_second: float = 0.0) -> N
         try:
             with get_client(sync_client=True) as client:
                 try:
-                    client.upsert_global_concurrency_limit_by_name(name, limit, slot_decay_per_second)
+                    patiently(
+                        lambda: client.upsert_global_concurrency_limit_by_name(
+                            name, limit, slot_decay_per_second
+                        )
+                    )
                 except ObjectAlreadyExists:  # another run made it at the same moment: resize it if needed
-                    client.upsert_global_concurrency_limit_by_name(name, limit, slot_decay_per_second)
+                    patiently(
+                        lambda: client.upsert_global_concurrency_limit_by_name(
+                            name, limit, slot_decay_per_second
+                        )
+                    )
         except Exception as exc:
             raise InfraError(
                 f"could not make or resize the concurrency limit {name!r} on the Prefect server: {exc}"
@@ -81,11 +119,16 @@ def prefect_request_limits(settings: ModelFields) -> RequestSlot:
         from prefect.concurrency.sync import concurrency, rate_limit
 
         if per_minute:
-            rate_limit(name + RATE_SUFFIX, occupy=1)
+            patiently(lambda: rate_limit(name + RATE_SUFFIX, occupy=1))
         if not at_once:
             yield
             return
-        with concurrency(name, occupy=1, lease_duration=LEASE_S, raise_on_lease_renewal_failure=False):
+        with contextlib.ExitStack() as stack:
+            patiently(
+                lambda: stack.enter_context(
+                    concurrency(name, occupy=1, lease_duration=LEASE_S, raise_on_lease_renewal_failure=False)
+                )
+            )
             yield
 
     return slot

@@ -46,6 +46,8 @@ HEARTBEAT_S = 30
 FINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
 #: The model endpoint's limit on requests at once (LLM_MAX_CONCURRENT_REQUESTS, saved in the model block).
 ENDPOINT_LIMIT = 3
+#: Turns the nightly's task spends running the tests before its fix.
+NIGHTLY_LOOKS = 6
 #: Worker -> machine. Each runs `bugsweep worker --limit 2`; only the first takes sweeps.
 WORKERS = {
     "worker-1": "machine-1",
@@ -56,7 +58,8 @@ WORKERS = {
 
 
 def fixer(body: dict[str, Any]) -> dict[str, Any]:
-    """Fix on the first turn, finish on the next; works for any number of tasks at once.
+    """Fix on the first turn, finish on the next; works for any number of tasks at once. The nightly's task first
+    runs the tests NIGHTLY_LOOKS times, so that its requests span the other sweep's.
 
     A task whose text says CANCEL-ME instead runs a command, then stalls the next reply (a run mid-task, waiting
     for the model); one that says STALL-ME runs a command that sleeps in its sandbox."""
@@ -68,6 +71,12 @@ def fixer(body: dict[str, Any]) -> dict[str, Any]:
         return tool_call("run", command="python -m pytest -q || true")
     if "STALL-ME" in asked:
         return tool_call("finish", summary="too late") if answered else tool_call("run", command="sleep 600")
+    looked = sum(m.get("role") == "tool" for m in body["messages"])
+    # the nightly's task asks longer, so that both sweeps ask at once
+    if "[nightly]" in asked and looked < NIGHTLY_LOOKS:
+        return tool_call("run", command="python -m pytest -q || true")
+    if "[nightly]" in asked and looked == NIGHTLY_LOOKS:
+        return tool_call("edit_file", path="calc.py", old="return a - b", new="return a + b")
     if answered:
         return tool_call("finish", summary="add() now adds")
     return tool_call("edit_file", path="calc.py", old="return a - b", new="return a + b")
@@ -802,12 +811,10 @@ def test_a_worker_killed_mid_night_its_runs_finish_on_the_others_and_nothing_is_
     assert "0 left-over local sandbox(es) removed" in night.other_user_out, night.other_user_out
     assert night.reaped_within_s is not None and night.reaped_within_s < 60, "reaped within a minute"
     removed = " ".join(deployed.worker_log("worker-3b").split())
-    # by worker-3b's reaper ("removed NAME (left by process ...") or by a run it started meanwhile, which reaps
-    # the machine's leftovers as it makes its sandbox ("removed N sandbox(es) dead processes left ...: NAME")
-    reaped = re.findall(
-        r"removed (local-\w+) \(left by process|dead processes left on this machine: ([^|]*)", removed
-    )
-    names = " ".join(" ".join(found) for found in reaped)
+    # by worker-3b's reaper or by a run it started meanwhile, which reaps the machine's leftovers as it makes its
+    # sandbox: both log "removing sandbox NAME left behind by process PID" (bugsweep.sandbox.local.stale)
+    reaped = re.findall(r"removing sandbox (local-\w+) left behind by process", removed)
+    names = " ".join(reaped)
     assert any(d.name in names for d in night.killed_sandboxes), "by the live worker of the same user"
     for run_id in night.killed_runs:
         run = deployed.api("GET", f"/flow_runs/{run_id}")

@@ -127,3 +127,36 @@ def test_a_caller_that_knows_the_endpoint_answered_makes_a_refusal_an_outage() -
     endpoint.mark_answered(checked)
     with pytest.raises(ModelUnavailable, match="answered before"):
         ChatModel(checked, backoff_initial_s=0.1).complete(MESSAGES, [])
+
+
+def test_a_slot_is_asked_for_again_while_the_prefect_server_is_busy_and_a_real_refusal_is_not() -> None:
+    """tasks.limits.patiently: a 503 from the Prefect server (SQLite busy under a night's load) is waited out; a
+    400 is the caller's mistake and raised at once."""
+    import httpx
+
+    from tasks.limits import patiently
+
+    def answer(code: int) -> httpx.HTTPStatusError:
+        request = httpx.Request("POST", "http://prefect/api/v2/concurrency_limits/increment-with-lease")
+        return httpx.HTTPStatusError(
+            str(code), request=request, response=httpx.Response(code, request=request)
+        )
+
+    calls: list[int] = []
+
+    def busy_once() -> str:
+        calls.append(1)
+        if len(calls) == 1:
+            raise answer(503)
+        return "slot"
+
+    assert patiently(busy_once) == "slot" and len(calls) == 2
+
+    def refused() -> str:
+        calls.append(1)
+        raise answer(400)
+
+    calls.clear()
+    with pytest.raises(httpx.HTTPStatusError):
+        patiently(refused)
+    assert len(calls) == 1
