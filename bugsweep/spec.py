@@ -60,6 +60,9 @@ class TaskSpec(BaseModel):
     """Test ids that fail before the fix and must pass after it."""
     PASS_TO_PASS: list[str] = Field(default_factory=list)
     """Test ids that pass before and must still pass after."""
+    FAIL_TO_FAIL: list[str] = Field(default_factory=list)
+    """For mined tasks: tests that failed at the task state and at the fix commit alike (not the fix's doing): left
+    out of FAIL_TO_PASS and PASS_TO_PASS and deselected from the test command."""
     fix_commit: str | None = None
     """For mined tasks: the commit that fixed the bug (never shown to the model)."""
     patch: str | None = None
@@ -67,6 +70,11 @@ class TaskSpec(BaseModel):
     other changes). Never shown to the model."""
     created_at: str | None = None
     """For mined tasks: the fix commit's date."""
+    screen_rule: str | None = None
+    """For mined tasks: the rule of the mining screen that took the commit for a bug fix (e.g. 'fix word in the
+    subject', 'fix-shaped change')."""
+    screen_reason: str | None = None
+    """For mined tasks: why the screen took the commit for a bug fix, in words (e.g. "the subject says 'Fix'")."""
     added_at: str | None = None
     """For a growing benchmark's tasks: when the nightly mining added the task (ISO 8601)."""
     disk_mib: int | None = Field(default=None, gt=0)

@@ -295,6 +295,8 @@ def to_records(tasks: Iterable[TaskSpec], slug: str) -> tuple[list[dict[str, Any
             "problem_statement": spec.problem_statement, "hints_text": "", "created_at": spec.created_at or "",
             "version": version, "FAIL_TO_PASS": json.dumps(spec.FAIL_TO_PASS),
             "PASS_TO_PASS": json.dumps(spec.PASS_TO_PASS), "environment_setup_commit": spec.base_commit or "",
+            # a mined task's: why the screen took it for a fix (fields SWE-bench readers leave alone)
+            **{k: v for k, v in (("screen_rule", spec.screen_rule), ("screen_reason", spec.screen_reason)) if v},
         })  # fmt: skip
     return records, {slug: versions}
 

@@ -15,10 +15,12 @@ import pytest
 
 from bugsweep.grading import TestRun
 from bugsweep.mining import (
+    MiningEvent,
     Rejection,
     RejectReason,
     Screened,
     build_task,
+    deselection,
     detect_commands,
     judge,
     looks_like_fix,
@@ -27,6 +29,7 @@ from bugsweep.mining import (
     scan_history,
     screen,
 )
+from bugsweep.settings import SandboxSettings
 from bugsweep.spec import load_tasks
 from tests.support.repos import commit_all, git, make_repo, write_files
 
@@ -149,7 +152,14 @@ def test_not_a_fix_says_why() -> None:
     assert (
         not_a_fix_reason("feat: add neg()\n\nCloses #467") == "a 'feat' commit whose subject does not say fix"
     )
-    assert not_a_fix_reason("Add neg()\n\nCloses #467") == (
+    assert (
+        not_a_fix_reason("Add neg()\n\nCloses #467")
+        == "no fix word in the message, and the subject says 'Add'"
+    )
+    assert not_a_fix_reason("Tidy neg()\n\nCloses #467") == (
+        "no fix word in the message, and the subject says 'Tidy'"
+    )
+    assert not_a_fix_reason("Neg for floats\n\nCloses #467") == (
         "only an issue reference, no fix keyword (fix, bug, error, crash, ...)"
     )
     assert not_a_fix_reason("Release 1.2") == "the subject starts with 'release'"
@@ -292,6 +302,53 @@ def test_judge_per_test_outcomes() -> None:
     assert judge([_run(None)], [_run(None, 1)]).reason == RejectReason.TESTS_FAIL_AT_FIX
 
 
+def test_tests_failing_in_both_states_are_left_out_and_deselected() -> None:
+    """An unrelated test failing at the task state and at the fix is not the candidate's fault (issue 37): it is
+    FAIL_TO_FAIL, in neither list, deselected; a test the fix broke still rejects it."""
+    before = [_run({"t.py::a": "failed", "t.py::b": "passed", "t.py::old": "failed"})] * 2
+    after = [_run({"t.py::a": "passed", "t.py::b": "passed", "t.py::old": "failed"})] * 2
+    v = judge(before, after)
+    assert (v.reason, v.fail_to_pass, v.pass_to_pass) == (None, ["t.py::a"], ["t.py::b"])
+    assert v.fail_to_fail == ["t.py::old"] and v.deselect == ["t.py::old"]
+    broke = [_run({"t.py::a": "passed", "t.py::b": "failed", "t.py::old": "failed"})] * 2
+    v = judge(before, broke)
+    assert v.reason == RejectReason.TESTS_FAIL_AT_FIX and v.detail == "failing at the fix commit: t.py::b"
+
+
+def test_ids_that_differ_by_a_memory_address_are_one_test() -> None:
+    """pytest's ids of object parameters hold their address, new in every run: the same test, not flaky; named
+    in neither list (a grader matches ids exactly), and deselected, where they must be, by what precedes it."""
+
+    def ids(address: str, outcome: str) -> dict[str, str]:
+        return {"t.py::test_new": outcome, f"t.py::test_repr[<object object at {address}>]": "passed",
+                f"t.py::test_old[<Thing at {address}>]": "failed"}  # fmt: skip
+
+    before = [_run(ids("0x7f3a1c2b5e90", "failed")), _run(ids("0x7f11aa00cc10", "failed"))]
+    after = [_run(ids("0x7fee0077ab20", "passed"), 0), _run(ids("0x7f00badc0de0", "passed"), 0)]
+    v = judge(before, after)
+    assert (v.reason, v.flaky, v.fail_to_pass, v.pass_to_pass) == (None, [], ["t.py::test_new"], [])
+    assert v.unnamed == ["t.py::test_repr[<object object at 0x…>]"]
+    assert v.fail_to_fail == ["t.py::test_old[<Thing at 0x…>]"]
+    assert v.deselect == ["t.py::test_old["]  # every parameter of test_old: one argument, live in any run
+
+
+def test_deselection_takes_whole_groups_in_one_argument() -> None:
+    known = {
+        "a.py::T::x",
+        "a.py::T::y",
+        "a.py::U::x",
+        "a.py::f[1]",
+        "a.py::f[2]",
+        "a.py::g",
+        "b.py::h",
+        "b.py::k",
+    }
+    assert deselection({"a.py::T::x", "a.py::T::y", "a.py::f[1]", "a.py::f[2]", "b.py::h", "b.py::k"}, known) == [
+        "a.py::T::", "a.py::f[", "b.py::",
+    ]  # fmt: skip
+    assert deselection({"a.py::T::x", "a.py::g"}, known) == ["a.py::T::x", "a.py::g"]
+
+
 # -- the whole thing, in the real sandbox ------------------------------------------------------------------------
 
 
@@ -388,6 +445,8 @@ def test_mine_command_writes_tasks_and_says_why_it_skipped(tmp_path: Path) -> No
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"kept     {shas['kept_with_flaky'][:10]} Fix missing sq() (issue #7)" in proc.stdout
+    assert "(1 changed test module(s), 2 run(s) per state)" in proc.stdout
+    assert "1 flaky left out; screen: the subject says 'Fix'" in proc.stdout  # why the screen took it
     assert "1 task(s) from 1 commits scanned, 1 validated" in proc.stdout
     assert "flaky at" in proc.stdout and "test_sq_flaky" in proc.stdout
     (task,) = load_tasks(out)
@@ -395,6 +454,11 @@ def test_mine_command_writes_tasks_and_says_why_it_skipped(tmp_path: Path) -> No
     assert task.instance_id.endswith("-" + shas["kept_with_flaky"][:10])
     report = json.loads((tmp_path / "mined.mining.json").read_text())
     assert report["scanned"] == 1 and report["flaky_tests"]
+    assert report["kept"] == [{
+        "commit": task.fix_commit, "subject": "Fix missing sq() (issue #7)", "screen_rule": "fix word in the subject",
+        "screen_reason": "the subject says 'Fix'", "test_command": task.test_command,
+    }]  # fmt: skip
+    assert (task.screen_rule, task.screen_reason) == ("fix word in the subject", "the subject says 'Fix'")
 
     # nothing to find: exit code 1, and the reasons are still shown
     proc = subprocess.run([*cmd[:-2], "--out", str(tmp_path / "none.jsonl"), "--since", "2099-01-01"],
@@ -444,6 +508,77 @@ def test_merged_pull_requests_are_candidates_with_merges(tmp_path: Path) -> None
     assert task.base_commit == git(repo, "rev-parse", "HEAD^1")
     assert task.FAIL_TO_PASS == ["tests/test_calc.py::test_add"]
     assert "calc.py" not in task.test_patch.replace("tests/test_calc.py", "")
+
+
+@needs_bwrap
+def test_mine_reads_stubs_leaves_out_tests_failing_in_both_states_and_says_why(tmp_path: Path) -> None:
+    """End to end (real sandbox, real pytest, one run per state, the whole suite as the test command): an
+    "Issue N: Update ..." fix is kept, with the unrelated test that fails at both states left out and deselected,
+    the test whose id holds a memory address neither flaky nor named, and the screen's rule and reason in the
+    task file and the report; an "Issue N: Add ..." feature that also changes the type stub is rejected unrun."""
+    from bugsweep.sandbox import get_provider
+
+    tests = (
+        "import pytest\nfrom calc import add, mul\n\n\ndef test_mul():\n    assert mul(2, 3) == 6\n\n\n"
+        "def test_unrelated_broken():\n    assert mul(0, 1) == 1, 'broken long ago'\n\n\n"
+        "@pytest.mark.parametrize('obj', [object()], ids=repr)\ndef test_any(obj):\n    assert obj is not None\n"
+    )
+    repo = make_repo(tmp_path / "repo", {
+        "calc.py": CALC, "calc.pyi": "def add(a: int, b: int) -> int: ...\n", "tests/test_calc.py": tests,
+        "pyproject.toml": PYPROJECT,
+    })  # fmt: skip
+    write_files(repo, {
+        "calc.py": CALC.replace("a - b", "a + b"),
+        "tests/test_calc.py": tests + "\n\ndef test_add():\n    assert add(2, 3) == 5\n",
+    })  # fmt: skip
+    fixed = commit_all(repo, "Issue 12: Update add() to sum")
+    write_files(repo, {
+        "calc.py": (repo / "calc.py").read_text() + "\n\ndef neg(a):\n    return -a\n",
+        "calc.pyi": (repo / "calc.pyi").read_text() + "def neg(a: int) -> int: ...\n",
+        "tests/test_neg.py": "from calc import neg\n\n\ndef test_neg():\n    assert neg(2) == -2\n",
+    })  # fmt: skip
+    feature = commit_all(repo, "Issue 13: Add neg()")
+
+    events: list[MiningEvent] = []
+    out = tmp_path / "tasks.jsonl"
+    result = mine(
+        str(repo), provider=get_provider("local"), runs=1, setup_command="pip install pytest",
+        test_command="python -m pytest -q tests", out=out, report=tmp_path / "tasks.mining.json",
+        on_progress=events.append,
+    )  # fmt: skip
+    (task,) = load_tasks(out)
+    assert task.fix_commit == fixed
+    assert task.FAIL_TO_PASS == ["tests/test_calc.py::test_add"]
+    assert task.PASS_TO_PASS == ["tests/test_calc.py::test_mul"]  # not test_any[<object object at 0x...>]
+    assert task.FAIL_TO_FAIL == ["tests/test_calc.py::test_unrelated_broken"]
+    assert (
+        task.test_command == "python -m pytest -q tests --deselect tests/test_calc.py::test_unrelated_broken"
+    )
+    assert task.screen_rule == "issue reference and a fix-shaped change"
+    assert task.screen_reason is not None and task.screen_reason.startswith(
+        "the subject opens with an issue reference and the change reads like a fix: it changes existing code (add"
+    )
+    (rejected,) = [r for r in result.rejected if r.commit == feature]
+    assert (rejected.reason, rejected.detail) == (
+        RejectReason.NOT_A_FIX,
+        "a feature: the subject says 'Add' and the change adds new public names (neg)",
+    )
+    report = json.loads((tmp_path / "tasks.mining.json").read_text())
+    (kept,) = report["kept"]
+    assert (kept["commit"], kept["screen_reason"], kept["test_command"]) == (
+        fixed,
+        task.screen_reason,
+        task.test_command,
+    )
+    assert report["failing_in_both"] == {fixed: ["tests/test_calc.py::test_unrelated_broken"]}
+    assert report["flaky_tests"] == {}
+    (validate,) = [e for e in events if e.kind == "validate"]
+    assert validate.message == "test command 'python -m pytest -q tests', 1 run(s) per state"
+    (kept_line,) = [e.message for e in events if e.kind == "kept"]
+    assert kept_line == (
+        "1 fail->pass, 1 pass->pass, 1 failing in both states left out, 1 with a memory address in their id not "
+        f"named; screen: {task.screen_reason}"
+    )
 
 
 # -- what is a fix, what went wrong, and stopping --------------------------------------------------------------
@@ -543,10 +678,48 @@ def test_a_missing_test_command_stops_the_run_once(tmp_path: Path) -> None:
     assert "tests pass at parent" not in json.dumps(report)  # no candidate was judged on the missing command
 
 
+#: A small sandbox: the per-test memory bound is 3/4 of its 256 MiB.
+SMALL = SandboxSettings(memory_mib=256)
+#: Text pages padded to their width: at the task state, text that is not a whole number of pages makes the loop step
+#: past its end and fill a list with blank pages without end (as boltons' endless generators did), 1000 bytes a page.
+PAGES = (
+    "def pages(text, width):\n    out, start = [], 0\n    while start {op} len(text):\n"
+    "        out.append(text[start:start + width].ljust(width))\n        start += width\n    return out\n"
+)
+
+
+@needs_bwrap
+def test_a_test_filling_memory_fails_and_the_run_goes_on(tmp_path: Path) -> None:
+    """End to end (real sandbox with a 256 MiB memory limit, real pytest): at the task state the changed test fills
+    memory in an endless loop; the probe stops it at the per-test memory bound, so it fails and the other tests still
+    run. The fix is kept with that test as FAIL_TO_PASS, and the report names the test that was stopped."""
+    from bugsweep.sandbox import get_provider
+
+    tests = "from calc import mul\nfrom pages import pages\n\n\ndef test_mul():\n    assert mul(2, 3) == 6\n"
+    repo = make_repo(tmp_path / "repo", {
+        "calc.py": CALC, "pages.py": PAGES.format(op="!="), "tests/test_calc.py": tests, "pyproject.toml": PYPROJECT,
+    })  # fmt: skip
+    write_files(repo, {
+        "pages.py": PAGES.format(op="<"),
+        "tests/test_calc.py": tests + "\n\ndef test_pages():\n    assert pages('abc', 1000) == ['abc'.ljust(1000)]\n",
+    })  # fmt: skip
+    sha = commit_all(repo, "Fix pages() looping without end when the text is not whole pages")
+    result = mine(
+        str(repo), provider=get_provider("local", settings=SMALL), runs=1, test_command="python -m pytest -q tests",
+        report=tmp_path / "tasks.mining.json",
+    )  # fmt: skip
+    (task,) = result.tasks
+    assert task.FAIL_TO_PASS == ["tests/test_calc.py::test_pages"]
+    assert task.PASS_TO_PASS == ["tests/test_calc.py::test_mul"]  # it ran after the stopped test
+    report = json.loads((tmp_path / "tasks.mining.json").read_text())
+    assert report["out_of_memory"] == {sha: ["tests/test_calc.py::test_pages"]}
+
+
 @needs_bwrap
 def test_killed_run_at_the_task_state_is_no_task(tmp_path: Path) -> None:
-    """The changed test kills pytest at the task state (as the memory limit kills an endless generator): no
-    JUnit file, so the task would have no FAIL_TO_PASS test. It is rejected, saying so."""
+    """The changed test takes half the memory bound and is then killed at the task state (as the memory limit kills
+    what grows faster than the probe reads it): no per-test results, so the task would have no FAIL_TO_PASS test.
+    It is rejected, saying so and naming the test that was running."""
     from bugsweep.sandbox import get_provider
 
     repo = make_repo(
@@ -554,15 +727,19 @@ def test_killed_run_at_the_task_state_is_no_task(tmp_path: Path) -> None:
     )
     write_files(repo, {
         "calc.py": CALC.replace("a - b", "a + b"),
-        "tests/test_calc.py": "import os, signal\nfrom calc import add\n\n\ndef test_add():\n"
-        "    if add(2, 3) != 5:\n        os.kill(os.getpid(), signal.SIGKILL)\n",
+        "tests/test_calc.py": "import os, signal, time\nfrom calc import add\n\n\ndef test_add():\n"
+        "    if add(2, 3) != 5:\n        held = bytearray(120 << 20)\n        time.sleep(0.5)\n"
+        "        os.kill(os.getpid(), signal.SIGKILL)\n",
     })  # fmt: skip
     sha = commit_all(repo, "Fix add() returning the difference")
-    result = mine(str(repo), provider=get_provider("local"), runs=1)
+    result = mine(str(repo), provider=get_provider("local", settings=SMALL), runs=1)
     assert result.tasks == []
     (rejection,) = [r for r in result.rejected if r.commit == sha]
     assert rejection.reason == RejectReason.NO_TEST_RESULTS
-    assert "killed" in rejection.detail
+    assert (
+        "killed (exit 137: out of memory, or a signal) while tests/test_calc.py::test_add ran"
+        in rejection.detail
+    )
 
 
 @needs_bwrap

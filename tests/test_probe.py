@@ -158,6 +158,56 @@ def test_the_probes_pytest_ids_and_outcomes_are_those_of_the_junit_xml(venv: Pat
     assert listed == {t for t, o in expected.items() if o in ("failed", "error")}
 
 
+EATS = """import unittest
+
+
+def fill(out):
+    while True:  # an endless loop filling a list, as an endless generator's consumer does
+        out.append(" " * 1000)
+
+
+def test_eats():
+    fill([])
+
+
+def test_next():
+    assert sum(range(10)) == 45
+
+
+class T(unittest.TestCase):
+    def test_eats(self):
+        fill([])
+
+    def test_next(self):
+        self.assertEqual(sum(range(10)), 45)
+"""
+
+
+@pytest.mark.parametrize("runner", ["unittest", "pytest"])
+def test_a_test_past_the_memory_bound_fails_and_the_run_goes_on(
+    runner: str, venv: Path, tmp_path: Path
+) -> None:
+    """The probe stops a test whose process grows past the instruction's memory bound (as at the time limit): the
+    test fails, the one after it passes, and the records name the test, at half the bound and where stopped."""
+    (tmp_path / "test_eats.py").write_text(EATS)
+    command = (
+        "python -m unittest test_eats.T"
+        if runner == "unittest"
+        else "python -m pytest -q test_eats.py::test_eats test_eats.py::test_next"
+    )
+    out, err = _run(venv, tmp_path, command, harness.Instruction(memory=160 << 20))
+    report = parse_records(err)
+    eats, after = (
+        ("test_eats.T.test_eats", "test_eats.T.test_next")
+        if runner == "unittest"
+        else ("test_eats.py::test_eats", "test_eats.py::test_next")
+    )
+    assert report.ended == [runner], out
+    assert report.outcomes[report.test_id(eats)] in ("failed", "error") and report.outcomes[after] == "passed"
+    assert report.out_of_memory == report.memory_heavy == [eats]
+    assert "grew past the per-test memory bound of 160 MiB" in out
+
+
 ORACLES = """import sys, threading, types, unittest
 
 import bugsweep_probe

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from bugsweep.mining import Rejection, RejectReason, Screened, scan_history, screen
-from tests.support.repos import commit_all, make_repo, write_files
+from tests.support.repos import commit_all, git, make_repo, write_files
 
 NUMBERS = '''def fmt(n):
     """n as text, with its sign."""
@@ -144,6 +144,187 @@ def test_a_real_exception_still_makes_a_fix(tmp_path: Path) -> None:
         "total(None) raised TypeError",
     )
     assert isinstance(result, Screened) and result.why_fix == "the message says 'TypeError'"
+
+
+# -- the whole change is read: stubs, other languages, changelogs, docstrings (issue 37) --------------------------
+
+RANGE = """class numeric_range:
+    def __init__(self, *args):
+        self.args = args
+
+    def __eq__(self, other):
+        return isinstance(other, numeric_range) and self.args == other.args
+
+    def __hash__(self):
+        return hash(self.args)
+"""
+RANGE_STUB = "class numeric_range:\n    def __init__(self, *args: int) -> None: ...\n"
+TEST_RANGE = (
+    "from ranges import numeric_range\n\n\ndef test_eq():\n    assert numeric_range(1) == numeric_range(1)\n"
+)
+
+
+def ranges_repo(root: Path) -> Path:
+    """A library with a type stub beside its module, as more-itertools has."""
+    return make_repo(root, {"ranges.py": RANGE, "ranges.pyi": RANGE_STUB, "tests/test_ranges.py": TEST_RANGE})
+
+
+def test_a_stub_in_the_change_is_read_and_issue_numbered_features_are_not_fixes(tmp_path: Path) -> None:
+    """A `.pyi` stub no longer switches the reading off: "Issue N: Add ..." and "Issue N: <a noun>" features
+    that add new names to the module and its stub are rejected, by what they add."""
+    repo = ranges_repo(tmp_path / "repo")
+    feature = {
+        "ranges.py": RANGE + "\n\ndef serialize(r):\n    return list(r.args)\n",
+        "ranges.pyi": RANGE_STUB + "\ndef serialize(r: numeric_range) -> list[int]: ...\n",
+        "tests/test_ranges.py": TEST_RANGE.replace("import numeric_range", "import numeric_range, serialize")
+        + "\n\ndef test_serialize():\n    assert serialize(numeric_range(1, 2)) == [1, 2]\n",
+    }
+    result = screened(repo, feature, "Issue 1093: Add serialize()")
+    assert isinstance(result, Rejection) and result.reason == RejectReason.NOT_A_FIX
+    assert (
+        result.detail == "a feature: the subject says 'Add' and the change adds new public names (serialize)"
+    )
+    assert result.rule == "feature: new names"
+    git(repo, "reset", "-q", "--hard", "HEAD~1")
+    result = screened(repo, feature, "Issue 1096: Concurrent serialize")
+    assert isinstance(result, Rejection)
+    assert result.detail == (
+        "a feature or refactor: it adds new public names (serialize) and its tests (test_serialize) assert "
+        "nothing about code that existed before"
+    )
+
+
+def test_an_issue_numbered_update_of_existing_methods_is_a_fix(tmp_path: Path) -> None:
+    """ "Issue 1214: Update __eq__ and __hash__ for numeric_range" (more-itertools) is a fix: the words alone say
+    'Update', the change says existing methods changed and a test asserts on them."""
+    repo = ranges_repo(tmp_path / "repo")
+    fixed = RANGE.replace(
+        "return isinstance(other, numeric_range) and self.args == other.args",
+        "if not isinstance(other, numeric_range):\n            return False\n"
+        "        return list(self.args) == list(other.args)",
+    ).replace("return hash(self.args)", "return hash(tuple(self.args))")
+    result = screened(
+        repo,
+        {"ranges.py": fixed, "tests/test_ranges.py": TEST_RANGE + "\n\ndef test_eq_other():\n"
+         "    assert numeric_range(1) != (1,)\n"},
+        "Issue 1214: Update __eq__ and __hash__ for numeric_range",
+    )  # fmt: skip
+    assert isinstance(result, Screened), result
+    assert result.rule == "issue reference and a fix-shaped change"
+    assert result.why_fix == (
+        "the subject opens with an issue reference and the change reads like a fix: it changes existing code "
+        "(numeric_range.__eq__, numeric_range.__hash__, 6 lines, no new public names) and tests assert on it "
+        "(test_eq_other)"
+    )
+
+
+def test_a_module_prefix_a_new_parameter_and_a_helper_assertion_are_read(tmp_path: Path) -> None:
+    repo = numbers_repo(tmp_path / "repo")
+    # `module: add ...`: the verb after the prefix is read
+    result = screened(repo, new_feature(repo), "numbers_: add parse_exception() for tracebacks")
+    assert isinstance(result, Rejection)
+    assert result.detail.startswith("a feature: the subject says 'add' and the change adds new public names")
+    # a new parameter of an existing function is a new public name; its tests test only it
+    result = screened(
+        repo,
+        {
+            "numbers_.py": NUMBERS.replace("def total(values):\n    return sum(values)",
+                                           "def total(values, start=0):\n    return sum(values, start)"),
+            "tests/test_numbers.py": TEST_NUMBERS + "\n\ndef test_start():\n    assert total([1], start=2) == 3\n",
+        },
+        "Bring total() in line with sum()",
+    )  # fmt: skip
+    assert isinstance(result, Rejection)
+    assert result.detail == (
+        "a feature or refactor: it adds new public names (total(start)) and its tests (test_start) assert nothing "
+        "about code that existed before"
+    )
+    # a test that asserts through a helper of its module asserts (tenacity's `self._assert_range`)
+    result = screened(
+        repo,
+        {
+            "numbers_.py": NUMBERS.replace('sign = "-" if n < 0 else ""', 'sign = "-" if n < 0 else "+"'),
+            "tests/test_numbers.py": TEST_NUMBERS.replace("import total", "import fmt, total")
+            + "\n\nclass TestFmt:\n    def _assert_text(self, n, text):\n        assert fmt(n) == text\n\n"
+            "    def test_positive(self):\n        self._assert_text(1, '+1')\n",
+        },
+        "Respect the sign of positive numbers",
+    )
+    assert isinstance(result, Screened), result
+    assert (
+        result.rule == "fix-shaped change" and "tests assert on it (TestFmt.test_positive)" in result.why_fix
+    )
+
+
+@pytest.mark.parametrize(
+    ("message", "detail"),
+    [
+        # a subject that announces other work outweighs an exception's name or a weak word in the message
+        ("Replace Exception with a more specific FileNotFoundError",
+         "no fix word in the message, and the subject says 'Replace'"),
+        ("Add an option to log tracebacks\n\n* Avoid an exception in the example\n* Fix pep8 error",
+         "no fix word in the message, and the subject says 'Add'"),
+        ("fix: expose total() to type checkers", "the subject is about tooling ('type checkers'), not the code's behaviour"),
+    ],
+)  # fmt: skip
+def test_words_elsewhere_do_not_outweigh_the_subject(tmp_path: Path, message: str, detail: str) -> None:
+    repo = numbers_repo(tmp_path / "repo")
+    result = screened(
+        repo,
+        {
+            "numbers_.py": NUMBERS.replace("return sum(values)", "return sum(list(values))"),
+            "tests/test_numbers.py": TEST_NUMBERS + "\n\ndef test_total_many():\n    assert total([1, 2, 3]) == 6\n",
+        },
+        message,
+    )  # fmt: skip
+    assert isinstance(result, Rejection) and result.detail == detail
+
+
+def test_changes_that_change_no_code_and_changes_it_cannot_read_say_so(tmp_path: Path) -> None:
+    repo = numbers_repo(tmp_path / "repo")
+    # docstrings, comments and annotations only: no behaviour changed, whatever the subject says
+    result = screened(
+        repo,
+        {
+            "numbers_.py": NUMBERS.replace('"""n as text, with its sign."""', '"""n as text, with its sign (typo)."""')
+            .replace("def total(values):", "def total(values: list[int]) -> int:  # the sum"),
+            "tests/test_numbers.py": TEST_NUMBERS + "\n\ndef test_total_empty():\n    assert total([]) == 0\n",
+        },
+        "Fix typos and type hints in numbers_",
+    )  # fmt: skip
+    assert isinstance(result, Rejection)
+    assert result.detail == "it changes no code (only type annotations, docstrings, comments or formatting)"
+    # a C file: the reading is words only, and the reason says why
+    result = screened(
+        repo,
+        {"_speedups.c": "int total(void) { return 0; }\n",
+         "tests/test_numbers.py": TEST_NUMBERS + "\n\ndef test_total_one():\n    assert total([1]) == 1\n"},
+        "Sum in C",
+    )  # fmt: skip
+    assert isinstance(result, Rejection)
+    assert result.detail == (
+        "no fix keyword in the message (fix, bug, error, crash, ...) (words only: the change has files the screen "
+        "cannot read: _speedups.c)"
+    )
+
+
+def test_a_changelog_fragment_says_what_the_change_is(tmp_path: Path) -> None:
+    repo = numbers_repo(tmp_path / "repo")
+    change = {
+        "numbers_.py": NUMBERS.replace("return sum(values)", "return sum(values or ())"),
+        "tests/test_numbers.py": TEST_NUMBERS + "\n\ndef test_total_none():\n    assert total(None) == 0\n",
+    }
+    result = screened(
+        repo, {**change, "changelog/12.bugfix.rst": "total(None) returns 0.\n"}, "Let total take None"
+    )
+    assert isinstance(result, Screened) and result.rule == "changelog entry"
+    assert result.why_fix == "its changelog entry says a bug fix (changelog/12.bugfix.rst)"
+    git(repo, "reset", "-q", "--hard", "HEAD~1")
+    result = screened(
+        repo, {**change, "changelog/12.feature.rst": "total(None) is 0.\n"}, "Fix total for None"
+    )
+    assert isinstance(result, Rejection)
+    assert result.detail == "its changelog entry says a feature (changelog/12.feature.rst)"
 
 
 # The corpus: the 15 real fixes of bench/real_bugs.jsonl, screened in their own histories when a bare clone of each

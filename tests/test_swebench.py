@@ -260,6 +260,10 @@ def test_mined_tasks_round_trip_as_swe_bench_records_and_the_sweep_writes_predic
         "tests/test_calc.py::test_add_negative",
     ]
     assert json.loads(record["PASS_TO_PASS"]) == ["tests/test_calc.py::test_mul"]
+    assert (record["screen_rule"], record["screen_reason"]) == (
+        "fix word in the subject",
+        "the subject says 'Fix'",
+    )
     assert record["patch"] == git(repo, "diff", parent, fix, "--", "calc.py") + "\n", (
         "the fix without its tests"
     )

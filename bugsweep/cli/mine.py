@@ -118,10 +118,11 @@ def mine_command(
     """Find bug-fix commits with tests in REPO's history and turn them into validated tasks.
 
     A candidate is a commit (newest first, no merges) that changes a test module and a source file and whose message
-    reads like a fix (fix, bug, error, regression, crash, "closes #12" in the subject, ...; a feat:, refactor:,
+    reads like a fix by its words and its whole change (docs/tasks-jsonl.md, "Screening"; a feat:, refactor:,
     chore: ... subject only if it says fix). Its task starts at the parent commit with the commit's test files copied
     in; it is kept when the changed tests fail there and pass at the commit, in every one of --runs runs. Flaky
-    tests are reported and left out of the task's test command. Each validated candidate's line says whether its
+    tests, and tests that fail at both states, are reported and left out of the task's test command. Each kept
+    task says why the screen took it for a fix (screen_rule, screen_reason), in its line here and in the files. Each validated candidate's line says whether its
     task environments were built (the setup ran) or reused; the summary counts both.
 
     The task file is written at the end (empty when nothing was kept; a run stopped before it kept a task leaves
@@ -226,6 +227,16 @@ def mine_command(
         print_table(console, table)
     for sha, tests in result.flaky_tests.items():
         console.print(f"[yellow]flaky[/] at {sha[:10]}: {escape(', '.join(tests[:5]))}")
+    for sha, tests in result.out_of_memory.items():
+        console.print(
+            f"[yellow]stopped at the per-test memory bound[/] at {sha[:10]} (failed there): {escape(', '.join(tests[:5]))}"
+        )
+    for sha, tests in result.failing_in_both.items():
+        more = f" and {len(tests) - 5} more" if len(tests) > 5 else ""
+        console.print(
+            f"[yellow]failing in both states[/] at {sha[:10]} (left out of the task, deselected): "
+            f"{escape(', '.join(tests[:5]))}{more}"
+        )
     written = f"{out} ({len(result.tasks)})"
     if result.tasks and out_format == "swe-bench":
         written += f" (SWE-bench records; their commands: {specs_beside(str(out))})"

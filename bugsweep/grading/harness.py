@@ -31,7 +31,7 @@ from bugsweep.sandbox.base import Sandbox
 
 #: The probe's files in site-packages; the .pth sorts before every other (its line runs first at start-up).
 PROBE_MODULE = "bugsweep_probe"
-PROBE_FILES = ("bugsweep_probe.py", "bugsweep_probe_inject.py")
+PROBE_FILES = ("bugsweep_probe.py", "bugsweep_probe_inject.py", "bugsweep_probe_memory.py")
 PTH_NAME = "00-bugsweep-probe.pth"
 INSTRUCTION_FD, RECORD_FD = 97, 98
 MAGIC = "bugsweep-probe-1\n"
@@ -73,6 +73,7 @@ except Exception:
     pass
 names.discard("bugsweep_probe")
 names.discard("bugsweep_probe_inject")
+names.discard("bugsweep_probe_memory")
 print(json.dumps({"site": site, "modules": sorted(names), "plugins": plugins}))
 """
 
@@ -179,6 +180,8 @@ class Instruction:
     mirror: bool = False
     nonce: str = ""
     """NONCE_HEX hex digits (the pair's runs: each its own), that the probe writes in its "reached" records."""
+    memory: int = 0
+    """Bytes the test runner's process may hold while a test runs (0: no bound; the same in both runs of the pair)."""
 
     def encode(self) -> str:
         body = json.dumps(
@@ -186,6 +189,7 @@ class Instruction:
                 "armed": self.armed,
                 "inject": self.inject,
                 "limit": self.limit,
+                "memory": self.memory,
                 "mirror": int(self.mirror),
                 "nonce": self.nonce,
             },

@@ -69,6 +69,11 @@ class ProbeReport:
     """Modules unittest could not load: not tests, but its summary counts each as an error."""
     timeouts: list[str] = field(default_factory=list)
     """Tests stopped at the per-test time limit (pytest node ids, unittest ids), recorded as the alarm went off."""
+    out_of_memory: list[str] = field(default_factory=list)
+    """Tests stopped at the per-test memory bound (runner ids), recorded as they were stopped."""
+    memory_heavy: list[str] = field(default_factory=list)
+    """Tests whose process held half the memory bound or more, in the order they did (runner ids): the last one was
+    running when a process killed for its memory was."""
     code: dict[str, TestFunction] = field(default_factory=dict)
     """Runner's test id -> its function (every test that ran, in a run without an instruction to compile any)."""
     injected: list[tuple[str, str, str]] = field(default_factory=list)
@@ -143,6 +148,11 @@ def _take(
         report.ended.append(str(values[0]))
     elif kind == "probe-error":
         report.errors.append(str(values[0]))
+    elif kind == "memory":
+        test, stopped = str(values[0]), int(values[2])
+        seen = report.out_of_memory if stopped else report.memory_heavy
+        if test not in seen:
+            seen.append(test)
     elif kind == "timeout":
         if str(values[0]) not in report.timeouts:
             report.timeouts.append(str(values[0]))

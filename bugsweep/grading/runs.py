@@ -53,6 +53,19 @@ class TestRun:
     """The per-test time limit the run had (None: none)."""
     tests_timed_out: list[str] = field(default_factory=list)
     """Tests stopped at the per-test time limit: failed in `tests`, whatever the runner reported for them."""
+    tests_out_of_memory: list[str] = field(default_factory=list)
+    """Tests stopped at the per-test memory bound: failed in `tests`, whatever the runner reported for them."""
+    memory_bound_bytes: int = 0
+    """The per-test memory bound the run had (0: none)."""
+
+    @property
+    def killed_in(self) -> str | None:
+        """The test that was running when the test process was killed (its memory: exit 137) before its runner
+        finished, as far as the probe saw it: the last test that held half the memory bound. None otherwise."""
+        heavy = self.probe.memory_heavy
+        if self.tests is not None or not heavy:
+            return None
+        return self.probe.test_id(heavy[-1])
 
     @property
     def count(self) -> int | None:
@@ -78,6 +91,7 @@ def run_tests(
     timeout: float = 1800.0,
     *,
     per_test_timeout: float | None = None,
+    memory_bound: int | None = None,
     facts: harness.EnvFacts | None = None,
     instruction: harness.Instruction | None = None,
     env: dict[str, str] | None = None,
@@ -91,7 +105,9 @@ def run_tests(
 
     `per_test_timeout`: seconds one pytest or unittest test may take; the probe stops a test still running then (it
     fails, and the run goes on) and records it, and such a test counts as failed here whatever the runner reported
-    for it. `timeout` bounds the whole run; the command gets its own `timeout` inside the sandbox so that its log is
+    for it. `memory_bound`: bytes the test process may hold while a test runs (default: MEMORY_BOUND_SHARE of the
+    sandbox's memory limit; 0: none); past it the probe stops the test as at the time limit. `timeout` bounds the
+    whole run; the command gets its own `timeout` inside the sandbox so that its log is
     complete up to the moment it was stopped. The log keeps the first LOG_HEAD_BYTES and the last LOG_TAIL_BYTES.
     """
     own_probe = facts is None
@@ -100,6 +116,7 @@ def run_tests(
     try:
         told = instruction or harness.Instruction()
         told.limit = float(per_test_timeout or 0)
+        told.memory = sandbox_memory_bound(sandbox) if memory_bound is None else memory_bound
         seconds = max(int(timeout), 1)
         script = harness.wrapper_script(test_command, seconds, exclusive=instruction is not None)
         result = sandbox.exec(
@@ -125,7 +142,7 @@ def run_tests(
     if report.runners and report.runners[0] in ("pytest", "unittest") and report.runners[0] in report.ended:
         tests = dict(report.outcomes)
         # stopped at the limit is failed, even where code under test caught the exception
-        tests.update({report.test_id(t): "failed" for t in report.timeouts})
+        tests.update({report.test_id(t): "failed" for t in (*report.timeouts, *report.out_of_memory)})
     return TestRun(
         command=test_command,
         exit_code=None if timed_out else result.exit_code,
@@ -137,7 +154,23 @@ def run_tests(
         probe=report,
         per_test_timeout_s=per_test_timeout,
         tests_timed_out=[report.test_id(t) for t in report.timeouts],
+        tests_out_of_memory=[report.test_id(t) for t in report.out_of_memory],
+        memory_bound_bytes=told.memory,
     )
+
+
+#: The share of the sandbox's memory limit one test's process may hold before the probe stops the test: under the
+#: limit, so that the test fails and the run goes on instead of the whole process being killed.
+MEMORY_BOUND_SHARE = 0.75
+
+
+def sandbox_memory_bound(sandbox: Sandbox) -> int:
+    """MEMORY_BOUND_SHARE of the sandbox's memory limit in bytes (its `memory_mib`, or its settings'), 0 where
+    the sandbox does not say its limit."""
+    mib = getattr(sandbox, "memory_mib", None) or getattr(
+        getattr(sandbox, "settings", None), "memory_mib", None
+    )
+    return int(mib * 1024 * 1024 * MEMORY_BOUND_SHARE) if isinstance(mib, int) and mib > 0 else 0
 
 
 _TIMEOUT_LINE = "timeout: sending signal"

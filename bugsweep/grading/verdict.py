@@ -182,6 +182,15 @@ def grade(
             f"{len(after.tests_timed_out)} test(s) ran past the per-test time limit of "
             f"{after.per_test_timeout_s or 0:g} s after the change: {', '.join(after.tests_timed_out[:5])}"
         )
+    if after.tests_out_of_memory:
+        reasons.append(
+            f"{len(after.tests_out_of_memory)} test(s) grew past the per-test memory bound of "
+            f"{after.memory_bound_bytes >> 20} MiB after the change: {', '.join(after.tests_out_of_memory[:5])}"
+        )
+    elif after.killed_in:
+        reasons.append(
+            f"the test process was killed after the change while {after.killed_in} ran (its memory)"
+        )
     reasons += disagreements(after)
     if mirror_run is not None and mirror is not None and mirror.armed:
         reasons += [f"in the mirror run, {r}" for r in disagreements(mirror_run)]

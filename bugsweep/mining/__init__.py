@@ -29,6 +29,7 @@ from bugsweep.mining.history import list_history, local_clone, parse_date, scan_
 from bugsweep.mining.miner import mine
 from bugsweep.mining.records import (
     Commit,
+    Kept,
     MiningEvent,
     MiningResult,
     ProgressCallback,
@@ -46,12 +47,12 @@ from bugsweep.mining.screening import (
     screen,
 )
 from bugsweep.mining.validation import CannotRun, CommandNotFound, MiningStopped, Stopper, validate
-from bugsweep.mining.verdict import Verdict, deselect, judge
+from bugsweep.mining.verdict import Verdict, deselect, deselection, judge, normalise
 
 __all__ = [
-    "FIX_PATTERN", "CannotRun", "CommandNotFound", "Commands", "Commit", "MiningEvent", "MiningResult",
+    "FIX_PATTERN", "CannotRun", "CommandNotFound", "Commands", "Commit", "Kept", "MiningEvent", "MiningResult",
     "MiningStopped", "ProgressCallback", "RejectReason", "Rejection", "Screened", "Stopper", "Unfinished", "Verdict",
-    "build_task", "default_prefix", "deselect", "detect_commands", "is_runnable_test", "is_source_file", "judge",
-    "list_history", "local_clone", "looks_like_fix", "mine", "not_a_fix_reason", "parse_date", "scan_history",
-    "screen", "test_patch", "validate",
+    "build_task", "default_prefix", "deselect", "deselection", "detect_commands", "is_runnable_test",
+    "is_source_file", "judge", "list_history", "local_clone", "looks_like_fix", "mine", "normalise",
+    "not_a_fix_reason", "parse_date", "scan_history", "screen", "test_patch", "validate",
 ]  # fmt: skip

@@ -201,4 +201,6 @@ def build_task(
         fix_commit=c.sha,
         patch=fix_patch(repo, c, screened.test_files),
         created_at=c.date,
+        screen_rule=screened.rule or None,
+        screen_reason=screened.why_fix or None,
     )

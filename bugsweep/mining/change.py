@@ -1,19 +1,30 @@
-"""What a commit changed in its Python code, read from git without running anything: the shape the screen judges.
+"""What a commit changed, read from git without running anything: the shape the screen judges.
 
 A fix changes existing functions and adds or changes tests that check them; a feature adds new public names and
-tests that call those. `read_change` parses the Python source and test files of a commit at its parent and at the
-commit (the standard library's `ast`) and names those parts. Files it cannot parse (not Python, or Python 2) leave
-the shape unknown: the screen then judges by the words alone.
+tests that call those. `read_change` reads every file of a commit at its parent and at the commit:
+- Python source files and stubs (`.pyi`), parsed with the standard library's `ast`: new public names (functions,
+  classes, methods, class and module attributes, parameters of existing functions), existing functions whose
+  code changed (docstrings, comments, formatting and type annotations set aside), the lines changed;
+- test files: the tests added or changed, which of them assert (directly or through a helper of their module)
+  and which use a new name;
+- changelog entries (towncrier fragments, reno notes, the added lines of CHANGES / CHANGELOG / NEWS / HISTORY):
+  what kind of change the project says it is (a fix, a feature, a removal);
+- documentation, changelogs and project tooling (CI, packaging, linters) change no behaviour; other files that
+  ship with the code (data, translations) may.
+Source files in another language, Python that does not parse, or more than MAX_FILES Python files cannot be read:
+`ChangeShape.unreadable` names them, and the screen then says it judged by the words alone.
 """
 
 from __future__ import annotations
 
 import ast
 import builtins
+import copy
+import re
 import subprocess
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from bugsweep.mining.records import Commit
 
@@ -27,20 +38,72 @@ BUILTIN_EXCEPTIONS = frozenset(
 )
 #: Calls whose first argument is an exception the test expects (pytest.raises, assertRaises, ...).
 RAISES_CALLS = {"raises", "assertRaises", "assertRaisesRegex", "assertRaisesRegexp", "failUnlessRaises"}
-#: Calls and statements that make a test line an assertion.
+#: Calls and statements that make a test line an assertion (leading underscores set aside: `self._assert_range`).
 ASSERT_CALL_PREFIXES = ("assert", "fail", "raises", "warns", "expect", "check")
+#: Folders of changelog fragments (towncrier and the like) and the fragment types, by the kind they say.
+FRAGMENT_DIRS = {
+    "changelog",
+    "changelog.d",
+    "changes",
+    "changes.d",
+    "newsfragments",
+    "news",
+    "news.d",
+    "towncrier",
+}
+FRAGMENT_KINDS = {
+    "bugfix": "fix", "bugfixes": "fix", "fix": "fix", "fixes": "fix", "fixed": "fix", "bug": "fix",
+    "feature": "feature", "features": "feature", "added": "feature", "enhancement": "feature",
+    "removal": "removal", "removed": "removal", "deprecation": "removal", "breaking": "removal",
+}  # fmt: skip
+#: Files whose added lines are changelog entries ("- Fixed ...", "* Added ...").
+CHANGELOG_NAME = re.compile(r"^(changes|changelog|news|history|releases?|versions)(\.\w+)?$", re.IGNORECASE)
+#: The first word of a changelog entry, by the kind it says.
+ENTRY_KIND = re.compile(
+    r"^\s*(?:[-*+]|\d+\.)\s+(?:\*\*|`)?(?:(?P<fix>fix(es|ed)?|bug\s?fix(es)?|corrected|resolved)|"
+    r"(?P<feature>add(s|ed)?|new|support(s|ed)?|implement(s|ed)?|introduced?|allow(s|ed)?)|"
+    r"(?P<removal>removed?|drop(s|ped)?))\b",
+    re.IGNORECASE,
+)
+#: Keep-a-changelog section headings among the added lines.
+SECTION_KIND = re.compile(
+    r"^\s*#+\s*(?:(?P<fix>fixed|bug\s?fixes)|(?P<feature>added)|(?P<removal>removed|deprecated))\b", re.I
+)
+#: Suffixes of files that hold no code: documentation, text, configuration.
+TEXT_SUFFIXES = {
+    ".rst", ".md", ".txt", ".html", ".css", ".cfg", ".ini", ".toml", ".yaml", ".yml", ".json", ".lock", ".in",
+    ".svg", ".png", ".jpg", ".gif", ".ico", ".bib", ".tex", ".ipynb",
+}  # fmt: skip
+#: Folders of documentation, examples, CI and tooling: nothing there is the code under test.
+TOOLING_DIRS = {"docs", "doc", "examples", "example", "benchmarks", "benchmark", "bench", ".github", ".circleci",
+                "ci", "ci_tools", "scripts", "tools", "misc", "releasenotes", "changelog", "changelog.d",
+                "newsfragments"}  # fmt: skip
+#: Top-level files of the project itself (packaging, CI, linters), not of the code under test.
+TOOLING_NAMES = {
+    "setup.py", "setup.cfg", "pyproject.toml", "tox.ini", "noxfile.py", "Makefile", "MANIFEST.in", "uv.lock",
+    ".pre-commit-config.yaml", ".gitignore", ".flake8", ".coveragerc", ".editorconfig", ".mergify.yml",
+    ".travis.yml", "appveyor.yml", "azure-pipelines.yml", ".readthedocs.yml", ".readthedocs.yaml", "mkdocs.yml",
+    "conftest.py", "LICENSE", "AUTHORS", "CONTRIBUTORS", "HOWTOPUBLISH",
+}  # fmt: skip
 
 
 @dataclass
 class ChangeShape:
-    """The parts of a commit's Python change that tell a fix from a feature."""
+    """The parts of a commit's change that tell a fix from a feature."""
 
     added_names: list[str] = field(default_factory=list)
-    """New public functions, classes and methods in source files (`Class.method`), not there before anywhere."""
+    """New public names in source files and stubs: functions, classes, methods (`Class.method`), class and module
+    attributes that are not constants, and parameters of existing functions (`func(param)`)."""
     changed_functions: list[str] = field(default_factory=list)
-    """Functions, methods and module-level constants of source files that existed before and whose code changed."""
+    """Functions, methods and module-level constants of source files that existed before and whose code changed
+    (docstrings, comments, formatting and type annotations set aside)."""
     source_lines: int = 0
-    """Lines added plus lines removed in source files."""
+    """Lines added plus lines removed in Python source files (stubs not counted)."""
+    code_changed: bool = True
+    """False when no Python source changed once docstrings, comments, formatting and type annotations are set
+    aside, and no other file that ships with the code changed."""
+    only_annotations: bool = False
+    """Of a change without code changed: its source files' type annotations changed."""
     new_tests: list[str] = field(default_factory=list)
     """Test functions the commit added."""
     changed_tests: list[str] = field(default_factory=list)
@@ -48,9 +111,26 @@ class ChangeShape:
     tests_on_new_names: list[str] = field(default_factory=list)
     """Of the new and changed tests, those that use a name the commit added."""
     asserting_tests: list[str] = field(default_factory=list)
-    """Of the new and changed tests, those holding an assertion (assert, pytest.raises, self.assert*...)."""
+    """Of the new and changed tests, those holding an assertion (assert, pytest.raises, self.assert*..., or a call
+    of a helper of their module that asserts)."""
     raised_or_caught: set[str] = field(default_factory=set)
-    """Exception names raised, caught or expected by a test in the changed files, before or after."""
+    """Exception names raised, caught or expected by a test in the changed files, before or after (read from
+    `unread_exceptions` when `is_exception` first needs them: walking whole trees is most of a big file's cost)."""
+    unread_exceptions: list[ast.Module] = field(default_factory=list, repr=False, compare=False)
+    changelog: dict[str, list[str]] = field(default_factory=dict)
+    """What the change's changelog entries say it is: kind ('fix', 'feature', 'removal') -> the files saying it."""
+    unreadable: list[str] = field(default_factory=list)
+    """Files the screen cannot read (a source file in another language, Python that does not parse), or why the
+    change was not read (more than MAX_FILES Python files): the shape above is then unknown."""
+
+    @property
+    def readable(self) -> bool:
+        return not self.unreadable
+
+    @property
+    def added_definitions(self) -> list[str]:
+        """The new public names that are not parameters of existing functions."""
+        return [name for name in self.added_names if not name.endswith(")")]
 
     @property
     def tests_on_existing_names(self) -> list[str]:
@@ -58,11 +138,19 @@ class ChangeShape:
         on_new = set(self.tests_on_new_names)
         return [t for t in self.asserting_tests if t not in on_new]
 
+    @property
+    def changelog_kind(self) -> str | None:
+        """The one kind of change the changelog entries say (None: none, or several)."""
+        return next(iter(self.changelog)) if len(self.changelog) == 1 else None
+
     def is_exception(self, word: str) -> bool:
         """A real exception mention: a builtin exception, or one the code raises or catches that the commit did not
         add (a class such as `ParsedException` that the commit defines is a new name, not an exception fixed)."""
         if word in BUILTIN_EXCEPTIONS:
             return True
+        for tree in self.unread_exceptions:
+            self.raised_or_caught |= _exception_names(tree)
+        self.unread_exceptions = []
         added = {name.rsplit(".", 1)[-1] for name in self.added_names}
         return word in self.raised_or_caught and word not in added
 
@@ -74,33 +162,35 @@ def _git_show(repo: Path, rev: str, path: str) -> str | None:
     return proc.stdout if proc.returncode == 0 else None
 
 
-def _numstat(repo: Path, base: str, sha: str, paths: Sequence[str]) -> int:
+def _diff(repo: Path, base: str, sha: str, paths: Sequence[str], *args: str) -> str:
     if not paths:
-        return 0
-    proc = subprocess.run(
-        ["git", "-C", str(repo), "diff", "--numstat", "--no-renames", base, sha, "--", *paths],
+        return ""
+    return subprocess.run(
+        ["git", "-C", str(repo), "diff", "--no-renames", *args, base, sha, "--", *paths],
         capture_output=True,
         text=True,
         errors="replace",
-    )
+    ).stdout
+
+
+def _numstat(repo: Path, base: str, sha: str, paths: Sequence[str]) -> int:
     total = 0
-    for line in proc.stdout.splitlines():
+    for line in _diff(repo, base, sha, paths, "--numstat").splitlines():
         added, removed, _ = [*line.split("\t", 2), "", ""][:3]
         total += int(added) if added.isdigit() else 0
         total += int(removed) if removed.isdigit() else 0
     return total
 
 
-def _functions(
-    tree: ast.Module,
-) -> Iterator[tuple[str, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef]]:
+Definition = ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef
+
+
+def _functions(tree: ast.Module) -> Iterator[tuple[str, Definition]]:
     """Top-level functions and classes, and the methods and nested classes of classes, by qualified name."""
 
-    def walk(
-        body: list[ast.stmt], prefix: str
-    ) -> Iterator[tuple[str, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef]]:
+    def walk(body: list[ast.stmt], prefix: str) -> Iterator[tuple[str, Definition]]:
         for node in body:
-            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            if isinstance(node, Definition):
                 yield prefix + node.name, node
                 if isinstance(node, ast.ClassDef):
                     yield from walk(node.body, f"{prefix}{node.name}.")
@@ -117,27 +207,82 @@ def _is_public(qualified: str) -> bool:
     return not any(part.startswith("_") for part in qualified.split("."))
 
 
+class _Behaviour(ast.NodeTransformer):
+    """A copy of a tree without what does not change behaviour: docstrings and, with `annotations`, type
+    annotations (comments and formatting are not in the tree at all)."""
+
+    def __init__(self, annotations: bool) -> None:
+        self.annotations = annotations
+
+    def generic_visit(self, node: ast.AST) -> ast.AST:
+        body = getattr(node, "body", None)
+        if (
+            isinstance(node, ast.Module | Definition)
+            and isinstance(body, list)
+            and body
+            and isinstance(body[0], ast.Expr)
+            and isinstance(body[0].value, ast.Constant)
+            and isinstance(body[0].value.value, str)
+        ):
+            node.body = body[1:] or [ast.Pass()]
+        if self.annotations:
+            if isinstance(node, ast.arg):
+                node.annotation = None
+            elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                node.returns = None
+        return super().generic_visit(node)
+
+    def visit_AnnAssign(self, node: ast.AnnAssign) -> ast.AST | None:
+        if not self.annotations:
+            return self.generic_visit(node)
+        if node.value is None:
+            return None  # a declaration only: `name: int`
+        return self.generic_visit(ast.Assign(targets=[node.target], value=node.value, lineno=node.lineno))
+
+
+def _stripped(tree: ast.Module, annotations: bool = True) -> ast.Module:
+    """A copy of `tree` without docstrings and (with `annotations`) type annotations."""
+    result = _Behaviour(annotations).visit(copy.deepcopy(tree))
+    assert isinstance(result, ast.Module)
+    return result
+
+
 def _own_code(node: ast.AST) -> str:
     """A definition's code without the bodies of the methods it holds (those are compared on their own)."""
     if isinstance(node, ast.ClassDef):
-        kept = [
-            n for n in node.body if not isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
-        ]
+        kept = [n for n in node.body if not isinstance(n, Definition)]
         parts: list[ast.AST] = [*node.bases, *node.keywords, *kept, *node.decorator_list]
         return "\n".join(ast.dump(part) for part in parts)
     return ast.dump(node)
 
 
-def _module_settings(tree: ast.Module) -> dict[str, str]:
-    """A module's top-level assignments (constants, compiled patterns, tables) by the name they set."""
+def _assigned(body: list[ast.stmt]) -> dict[str, str]:
+    """Names a body's assignments set (constants, compiled patterns, tables, attributes) -> the value's code."""
     settings: dict[str, str] = {}
-    for node in tree.body:
+    for node in body:
         if isinstance(node, ast.Assign | ast.AnnAssign) and node.value is not None:
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             for target in targets:
                 if isinstance(target, ast.Name) and target.id != "__all__":
                     settings[target.id] = ast.dump(node.value)
     return settings
+
+
+def _is_metadata(name: str) -> bool:
+    """Module metadata (`__version__`, `__version_info__`, `__author__`): no behaviour."""
+    short = name.rsplit(".", 1)[-1]
+    return short.startswith("__") and short.endswith("__")
+
+
+def _is_constant_name(name: str) -> bool:
+    return name.isupper() or name.startswith("_")
+
+
+def _parameters(node: ast.AST) -> list[str]:
+    if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+        return []
+    a = node.args
+    return [p.arg for p in (*a.posonlyargs, *a.args, *a.kwonlyargs, a.vararg, a.kwarg) if p is not None]
 
 
 def _names_used(node: ast.AST) -> set[str]:
@@ -149,6 +294,8 @@ def _names_used(node: ast.AST) -> set[str]:
             used.add(sub.attr)
         elif isinstance(sub, ast.alias):
             used.add(sub.asname or sub.name.rsplit(".", 1)[-1])
+        elif isinstance(sub, ast.keyword) and sub.arg:
+            used.add(sub.arg)
     return used
 
 
@@ -157,13 +304,31 @@ def _call_name(call: ast.Call) -> str:
     return func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
 
 
-def _asserts(node: ast.AST) -> bool:
+def _asserts(node: ast.AST, helpers: frozenset[str] = frozenset()) -> bool:
     for sub in ast.walk(node):
         if isinstance(sub, ast.Assert):
             return True
-        if isinstance(sub, ast.Call) and _call_name(sub).lower().startswith(ASSERT_CALL_PREFIXES):
-            return True
+        if isinstance(sub, ast.Call):
+            name = _call_name(sub)
+            if name.lstrip("_").lower().startswith(ASSERT_CALL_PREFIXES) or name in helpers:
+                return True
     return False
+
+
+def _asserting_helpers(tree: ast.Module) -> frozenset[str]:
+    """Functions of a test module that are not tests and assert (`_assert_range`, `check_table`, a fixture that
+    compares): a test calling one asserts too. Helpers calling helpers are followed."""
+    candidates = {
+        name.rsplit(".", 1)[-1]: node
+        for name, node in _functions(tree)
+        if not isinstance(node, ast.ClassDef) and not name.rsplit(".", 1)[-1].startswith("test")
+    }
+    found: set[str] = set()
+    while True:
+        more = {n for n, node in candidates.items() if n not in found and _asserts(node, frozenset(found))}
+        if not more:
+            return frozenset(found)
+        found |= more
 
 
 def _exception_names(tree: ast.Module) -> set[str]:
@@ -198,68 +363,218 @@ def _parse(text: str | None) -> ast.Module | None:
         return None
 
 
+def file_role(path: str, is_test: bool, is_source: bool) -> str:
+    """What a changed file is to the screen: 'test', 'python' (a source file), 'stub', 'changelog', 'other source'
+    (another language), 'text' (documentation, changelogs, project tooling: no behaviour) or 'data' (anything
+    else, which ships with the code and may change what it does)."""
+    p = PurePosixPath(path)
+    if is_test:
+        return "test"
+    if is_changelog(path):
+        return "changelog"
+    if is_source:
+        return "python" if p.suffix == ".py" else "stub" if p.suffix == ".pyi" else "other source"
+    if (
+        p.suffix.lower() in TEXT_SUFFIXES
+        or p.name in TOOLING_NAMES
+        or p.name.startswith(("README", "LICENSE", "requirements"))
+        or (p.parts and p.parts[0] in TOOLING_DIRS)
+        or p.suffix == ".py"  # Python outside the code under test: packaging, docs, examples, tooling
+    ):
+        return "text"
+    return "data"
+
+
+def is_changelog(path: str) -> bool:
+    p = PurePosixPath(path)
+    if len(p.parts) > 1 and p.parts[-2].lower() in FRAGMENT_DIRS:
+        return True
+    if len(p.parts) > 2 and p.parts[-3:-1] == ("releasenotes", "notes"):
+        return True
+    return bool(CHANGELOG_NAME.match(p.name))
+
+
+def _changelog_kinds(repo: Path, base: str, sha: str, path: str) -> set[str]:
+    """What a changed changelog file says the change is: a fragment's type, a reno note's sections, or the first
+    words of the entries (and Keep-a-changelog headings) it adds."""
+    p = PurePosixPath(path)
+    if len(p.parts) > 1 and p.parts[-2].lower() in FRAGMENT_DIRS:
+        typed = {FRAGMENT_KINDS[part.lower()] for part in p.name.split(".") if part.lower() in FRAGMENT_KINDS}
+        if typed:
+            return typed
+    if p.parts[-3:-1] == ("releasenotes", "notes"):
+        text = _git_show(repo, sha, path) or ""
+        sections = set(re.findall(r"^(\w+):", text, re.MULTILINE))
+        return {kind for key, kind in (("fixes", "fix"), ("features", "feature"), ("deprecations", "removal"),
+                                       ("upgrade", "removal")) if key in sections}  # fmt: skip
+    kinds: set[str] = set()
+    for line in _diff(repo, base, sha, [path], "-U0").splitlines():
+        if not line.startswith("+") or line.startswith("+++"):
+            continue
+        for pattern in (ENTRY_KIND, SECTION_KIND):
+            if found := pattern.match(line[1:]):
+                kinds.update(kind for kind, word in found.groupdict().items() if word)
+    return kinds
+
+
 def read_change(
-    repo: Path, commit: Commit, source_files: Sequence[str], test_files: Sequence[str]
+    repo: Path,
+    commit: Commit,
+    source_files: Sequence[str],
+    test_files: Sequence[str],
+    other_files: Sequence[str] = (),
 ) -> ChangeShape | None:
-    """The shape of `commit`'s change against its first parent, or None when it cannot be read: a source file that
-    is not Python (or does not parse), or more than MAX_FILES files."""
+    """The shape of `commit`'s change against its first parent (None for a root commit). `other_files` are the
+    changed files that are neither tests nor source files (docs, changelogs, configuration, data)."""
     if not commit.parents:
         return None
     base = commit.parents[0]
-    py_sources = [p for p in source_files if p.endswith(".py")]
+    shape = ChangeShape()
+    roles = {p: file_role(p, False, True) for p in source_files} | {
+        p: file_role(p, False, False) for p in other_files
+    }
+    for path, role in roles.items():
+        if role == "changelog":
+            for kind in _changelog_kinds(repo, base, commit.sha, path):
+                shape.changelog.setdefault(kind, []).append(path)
+    py_sources = [p for p in source_files if roles[p] == "python"]
+    stubs = [p for p in source_files if roles[p] == "stub"]
     py_tests = [p for p in test_files if p.endswith(".py")]
-    if len(py_sources) != len(source_files) or len(py_sources) + len(py_tests) > MAX_FILES:
-        return None
+    shape.unreadable = [p for p in source_files if roles[p] == "other source"]
+    if len(py_sources) + len(stubs) + len(py_tests) > MAX_FILES:
+        shape.unreadable.append(f"more than {MAX_FILES} Python files")
+    if shape.unreadable:
+        return shape
     trees: dict[str, tuple[ast.Module, ast.Module]] = {}
-    for path in [*py_sources, *py_tests]:
-        before, after = _parse(_git_show(repo, base, path)), _parse(_git_show(repo, commit.sha, path))
+    lines: dict[str, tuple[list[str], list[str]]] = {}
+    for path in [*py_sources, *stubs, *py_tests]:
+        texts = _git_show(repo, base, path), _git_show(repo, commit.sha, path)
+        lines[path] = ((texts[0] or "").splitlines(), (texts[1] or "").splitlines())
+        before, after = _parse(texts[0]), _parse(texts[1])
         if before is None or after is None:
-            return None
+            shape.unreadable.append(f"{path} (does not parse)")
+            continue
         trees[path] = (before, after)
+    if shape.unreadable:
+        return shape
 
-    shape = ChangeShape(source_lines=_numstat(repo, base, commit.sha, py_sources))
+    shape.source_lines = _numstat(repo, base, commit.sha, py_sources)
+    _read_sources(shape, {p: trees[p] for p in py_sources}, {p: trees[p] for p in stubs}, lines)
+    data = [p for p, role in roles.items() if role == "data"]
+    if not shape.changed_functions and not shape.added_names and not data:
+        source_trees = [trees[p] for p in py_sources]
+        shape.code_changed = any(ast.dump(_stripped(b)) != ast.dump(_stripped(a)) for b, a in source_trees)
+        shape.only_annotations = not shape.code_changed and any(
+            ast.dump(_stripped(b, annotations=False)) != ast.dump(_stripped(a, annotations=False))
+            for b, a in source_trees
+        )
+    _read_tests(shape, {p: (*trees[p], *lines[p]) for p in py_tests})
+    shape.unread_exceptions = [tree for pair in trees.values() for tree in pair]
+    return shape
+
+
+def _read_sources(
+    shape: ChangeShape,
+    sources: dict[str, tuple[ast.Module, ast.Module]],
+    stubs: dict[str, tuple[ast.Module, ast.Module]],
+    lines: dict[str, tuple[list[str], list[str]]],
+) -> None:
+    """New public names (from source files and stubs) and changed functions and attributes (from source files)."""
     before_names: set[str] = set()
-    after_defs: dict[str, str] = {}
-    before_defs: dict[str, str] = {}
-    for path in py_sources:
-        before, after = trees[path]
+    before_defs: dict[str, Definition] = {}
+    after_defs: dict[str, Definition] = {}
+    for path, (before, after) in [*sources.items(), *stubs.items()]:
         for name, node in _functions(before):
             before_names.add(name.rsplit(".", 1)[-1])
-            before_defs[f"{path}:{name}"] = _own_code(node)
+            before_defs[f"{path}:{name}"] = node
         for name, node in _functions(after):
-            after_defs[f"{path}:{name}"] = _own_code(node)
-    for path in py_sources:
-        before, after = trees[path]
-        old_settings, new_settings = _module_settings(before), _module_settings(after)
-        shape.changed_functions += [
-            name for name, code in new_settings.items() if name in old_settings and old_settings[name] != code
-        ]
-    for key, code in after_defs.items():
-        name = key.split(":", 1)[1]
-        if key in before_defs:
-            if before_defs[key] != code:
-                shape.changed_functions.append(name)
-        elif _is_public(name) and name.rsplit(".", 1)[-1] not in before_names:
-            shape.added_names.append(name)
-    added_short = {name.rsplit(".", 1)[-1] for name in shape.added_names}
+            after_defs[f"{path}:{name}"] = node
+        old_attrs, new_attrs = _attributes(before), _attributes(after)
+        before_names.update(n.rsplit(".", 1)[-1] for n in old_attrs)
+        for name in new_attrs.keys() - old_attrs.keys():
+            short = name.rsplit(".", 1)[-1]
+            if _is_public(name) and not _is_constant_name(short) and name not in shape.added_names:
+                shape.added_names.append(name)
+        if path in sources:
+            # (an assigned value holds no docstring or annotation: nothing to strip first)
+            shape.changed_functions += [
+                name
+                for name, code in new_attrs.items()
+                if name in old_attrs and old_attrs[name] != code and not _is_metadata(name)
+            ]
+    for key, node in after_defs.items():
+        path, name = key.split(":", 1)
+        old = before_defs.get(key)
+        if old is None:
+            owner, _, short = name.rpartition(".")
+            if short in before_names:
+                # a new override in a class that existed: the behaviour of an existing name changes
+                if path in sources and f"{path}:{owner}" in before_defs:
+                    shape.changed_functions.append(name)
+            elif _is_public(name) and name not in shape.added_names:
+                shape.added_names.append(name)
+            continue
+        if (
+            path in sources
+            and _lines_of(lines[path][0], old) != _lines_of(lines[path][1], node)
+            and _own_code(old) != _own_code(node)
+            and _stripped_code(old) != _stripped_code(node)
+        ):
+            shape.changed_functions.append(name)
+        if _is_public(name):
+            for param in _parameters(node):
+                added = f"{name}({param})"
+                if (
+                    param not in _parameters(old)
+                    and not param.startswith("_")
+                    and added not in shape.added_names
+                ):
+                    shape.added_names.append(added)
 
-    for path in py_tests:
-        before, after = trees[path]
-        old = {name: ast.dump(node) for name, node in _functions(before)}
+
+def _stripped_code(node: Definition) -> str:
+    """A definition's own code without docstrings and type annotations."""
+    return _own_code(_stripped(ast.Module(body=[node], type_ignores=[])).body[0])
+
+
+def _attributes(tree: ast.Module) -> dict[str, str]:
+    """Module-level and class-level assignments by qualified name (`NAME`, `Class.attr`) -> the value's code."""
+    found = _assigned(tree.body)
+    for name, node in _functions(tree):
+        if isinstance(node, ast.ClassDef):
+            found |= {f"{name}.{attr}": code for attr, code in _assigned(node.body).items()}
+    return found
+
+
+def _lines_of(lines: list[str], node: Definition) -> list[str]:
+    """A definition's source lines, its decorators included."""
+    first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+    return lines[first - 1 : node.end_lineno]
+
+
+def _read_tests(
+    shape: ChangeShape, tests: dict[str, tuple[ast.Module, ast.Module, list[str], list[str]]]
+) -> None:
+    """Tests added and changed (the trees and source lines of each test file before and after)."""
+    added_short = {name.rsplit(".", 1)[-1].split("(")[-1].rstrip(")") for name in shape.added_names}
+    for before, after, old_lines, new_lines in tests.values():
+        helpers = _asserting_helpers(after)
+        old = dict(_functions(before))
         for name, node in _functions(after):
             short = name.rsplit(".", 1)[-1]
             if not short.startswith("test") or isinstance(node, ast.ClassDef):
                 continue
             if name not in old:
                 shape.new_tests.append(name)
-            elif old[name] != ast.dump(node):
+            elif (
+                # the same lines are the same code; other lines may be only other formatting
+                _lines_of(old_lines, old[name]) != _lines_of(new_lines, node)
+                and ast.dump(old[name]) != ast.dump(node)
+            ):
                 shape.changed_tests.append(name)
             else:
                 continue
             if _names_used(node) & added_short:
                 shape.tests_on_new_names.append(name)
-            if _asserts(node):
+            if _asserts(node, helpers):
                 shape.asserting_tests.append(name)
-    for before, after in trees.values():
-        shape.raised_or_caught |= _exception_names(before) | _exception_names(after)
-    return shape

@@ -10,7 +10,15 @@ from pathlib import Path
 from bugsweep.errors import ConfigError, Terminated
 from bugsweep.mining.building import build_task
 from bugsweep.mining.history import list_history, local_clone, repo_name, scan_history
-from bugsweep.mining.records import Commit, MiningEvent, MiningResult, ProgressCallback, Rejection, Unfinished
+from bugsweep.mining.records import (
+    Commit,
+    Kept,
+    MiningEvent,
+    MiningResult,
+    ProgressCallback,
+    Rejection,
+    Unfinished,
+)
 from bugsweep.mining.screening import screen
 from bugsweep.mining.validation import Stopper, validate
 from bugsweep.mining.verdict import Verdict, deselect
@@ -91,7 +99,7 @@ def mine(
             environments=environments,
         )
 
-    def next_candidate(history: Iterator[Commit]) -> tuple[Commit, TaskSpec, int] | None:
+    def next_candidate(history: Iterator[Commit]) -> tuple[Commit, TaskSpec, str] | None:
         """Scan and screen until a commit needs the sandbox; None when the history is used up."""
         for commit in history:
             result.scanned += 1
@@ -110,12 +118,14 @@ def mine(
                 setup_command=setup_command,
                 task_prefix=task_prefix,
             )
-            return commit, spec, len(screened.runnable_tests)
+            return commit, spec, _what_runs(spec, screened.runnable_tests, test_command)
         return None
 
     def record(commit: Commit, spec: TaskSpec, verdict: Verdict) -> None:
         if verdict.flaky:
             result.flaky_tests[commit.sha] = verdict.flaky
+        if verdict.out_of_memory:
+            result.out_of_memory[commit.sha] = verdict.out_of_memory
         result.environments_built += verdict.environments.count("built")
         result.environments_reused += verdict.environments.count("reused")
         environments = ", ".join(verdict.environments)
@@ -128,15 +138,35 @@ def mine(
             return
         spec.FAIL_TO_PASS = verdict.fail_to_pass
         spec.PASS_TO_PASS = verdict.pass_to_pass
-        if verdict.flaky:
-            spec.test_command = deselect(spec.test_command, verdict.flaky)
+        spec.FAIL_TO_FAIL = verdict.fail_to_fail
+        if verdict.deselect:
+            spec.test_command = deselect(spec.test_command, verdict.deselect)
+        if verdict.fail_to_fail:
+            result.failing_in_both[commit.sha] = verdict.fail_to_fail
+        result.kept.append(
+            Kept(
+                commit=commit.sha,
+                subject=commit.subject,
+                screen_rule=spec.screen_rule or "",
+                screen_reason=spec.screen_reason or "",
+                test_command=spec.test_command,
+            )
+        )
+        result.kept.sort(key=lambda k: position[k.commit])
         result.tasks.append(spec)
         result.tasks.sort(key=lambda t: position[t.fix_commit or ""])
         if out is not None:
             write(result.tasks, out)
         note = f"{len(verdict.fail_to_pass)} fail->pass, {len(verdict.pass_to_pass)} pass->pass"
+        if verdict.fail_to_fail:
+            note += f", {len(verdict.fail_to_fail)} failing in both states left out"
         if verdict.flaky:
-            note += f", {len(verdict.flaky)} flaky test(s) deselected"
+            note += f", {len(verdict.flaky)} flaky left out"
+        if verdict.out_of_memory:
+            note += f", {len(verdict.out_of_memory)} stopped at the per-test memory bound"
+        if verdict.unnamed:
+            note += f", {len(verdict.unnamed)} with a memory address in their id not named"
+        note += f"; screen: {spec.screen_reason}" if spec.screen_reason else ""
         progress(event("kept", commit, note, environments))
 
     history = scan_history(git_dir, shas=shas, merges=merges)
@@ -155,10 +185,10 @@ def mine(
                 if found is None:
                     exhausted = True
                     break
-                commit, spec, modules = found
+                commit, spec, what_runs = found
                 # Validate against the local clone (fast); the task file names the repository as the user gave it.
                 in_sandbox = spec.model_copy(update={"repo": str(git_dir)})
-                progress(event("validate", commit, f"{modules} test module(s), {runs} run(s) each"))
+                progress(event("validate", commit, f"{what_runs}, {runs} run(s) per state"))
                 result.validated += 1
                 future = pool.submit(
                     validate,
@@ -221,6 +251,15 @@ def _write_tasks(
         return f"could not write the task file {out}: {exc}"
     result.tasks_file = str(out)
     return None
+
+
+def _what_runs(spec: TaskSpec, modules: list[str], given: str | None) -> str:
+    """How the progress line names what a validation runs: the changed test modules when the test command runs
+    those (the detected one, or a given one with `{test_files}`), else the command itself."""
+    if given is None or "{test_files}" in given:
+        return f"{len(modules)} changed test module(s)"
+    command = spec.test_command if len(spec.test_command) <= 80 else spec.test_command[:77] + "..."
+    return f"test command {command!r}"
 
 
 def _rejected_event(rejection: Rejection, result: MiningResult, environments: str = "") -> MiningEvent:

@@ -75,6 +75,8 @@ class Screened:
     source_files: list[str]
     why_fix: str = ""
     """Why the screen took it for a fix, in words a user reads ("the subject says 'fix'")."""
+    rule: str = ""
+    """The screen's rule that admitted it (bugsweep.mining.screening.Rule: "fix word in the subject", ...)."""
 
 
 class Rejection(BaseModel):
@@ -82,6 +84,21 @@ class Rejection(BaseModel):
     subject: str
     reason: RejectReason
     detail: str = ""
+    rule: str = ""
+    """For 'not a fix': the screen's rule that decided (bugsweep.mining.screening.Rule)."""
+
+
+class Kept(BaseModel):
+    """A candidate that became a task, and why the screen took it for a fix (the task file says the same)."""
+
+    commit: str
+    subject: str
+    screen_rule: str = ""
+    """The screen's rule that admitted it (bugsweep.mining.screening.Rule)."""
+    screen_reason: str = ""
+    """Why, in words ("the subject says 'Fix'")."""
+    test_command: str = ""
+    """The task's test command, its deselections included."""
 
 
 class Unfinished(BaseModel):
@@ -97,8 +114,16 @@ class MiningResult(BaseModel):
     repo: str
     tasks: list[TaskSpec] = Field(default_factory=list)
     rejected: list[Rejection] = Field(default_factory=list)
+    kept: list[Kept] = Field(default_factory=list)
+    """The kept candidates, newest first, each with the screen's rule and reason (the tasks are in the task file)."""
     flaky_tests: dict[str, list[str]] = Field(default_factory=dict)
     """Flaky tests seen, by commit sha (dropped from kept tasks; the reason for rejecting others)."""
+    failing_in_both: dict[str, list[str]] = Field(default_factory=dict)
+    """Of kept tasks, by commit sha: tests that failed at the task state and at the fix commit alike (the task's
+    FAIL_TO_FAIL), left out of its FAIL_TO_PASS and PASS_TO_PASS and deselected."""
+    out_of_memory: dict[str, list[str]] = Field(default_factory=dict)
+    """Of validated candidates, by commit sha: tests the probe stopped at the per-test memory bound (failed there,
+    the run going on), at the task state or the fix commit."""
     scanned: int = 0
     """Commits looked at."""
     validated: int = 0

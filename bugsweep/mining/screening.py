@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from enum import StrEnum
 from pathlib import Path, PurePosixPath
 from typing import NamedTuple
 
@@ -39,18 +40,71 @@ ISSUE_PREFIX = re.compile(
 )
 #: Subjects that announce something new: with new public names in the change, a feature.
 FEATURE_SUBJECT = re.compile(
-    r"^\s*(add(s|ed|ing)?|implement(s|ed)?|introduce[sd]?|support(s|ed)?|allow(s|ed)?|expose[sd]?|new|"
-    r"provide[sd]?|enable[sd]?|make\s+\S+\s+configurable)\b",
+    r"^\s*(add(s|ed|ing)?(?!\s+(a\s+|an\s+|missing\s+)?(check|guard|validation)s?\b)|implement(s|ed)?|introduce[sd]?|support(s|ed)?|allow(s|ed)?|expose[sd]?|new|"
+    r"provide[sd]?|enable[sd]?|make\s+\S+\s+configurable|internationali[sz]e[sd]?|locali[sz]e[sd]?|translate[sd]?)\b",
     re.IGNORECASE,
 )
-#: Subjects that announce work other than a fix (a refactor, a clean-up, speed, docs): never a fix without a fix word.
+#: Phrases that announce something new wherever they are in a subject ("naturaltime can also accept a float").
+FEATURE_PHRASE = re.compile(
+    r"\b((can|may)\s+(now\s+|also\s+)?(accept|take|handle|support|be\s+used)|(also|now)\s+(accept|support|handle)s?|"
+    r"internationali[sz]\w*|locali[sz]ation|translations?)\b",
+    re.IGNORECASE,
+)
+#: Subjects that announce work other than a fix (a refactor, a clean-up, speed, docs, tests, tooling): without a
+#: strong fix word in the message, never a fix; weak words in the body (error, avoid, ...) do not outweigh them.
 OTHER_WORK_SUBJECT = re.compile(
-    r"^\s*(improve[sd]?|reduce[sd]?|optimi[sz]e[sd]?|speed\s+up|refactor\w*|clean\w*|minor|small|deprecate[sd]?|"
-    r"drop(s|ped)?|remove[sd]?|rename[sd]?|re-?format\w*|format\w*|moderni[sz]e[sd]?|update[sd]?|upgrade[sd]?|"
-    r"convert(s|ed)?|move[sd]?|simplif(y|ies|ied)|document\w*|tidy|replace[sd]?|switch(es|ed)?|migrate[sd]?|"
-    r"split|extract(s|ed)?|type\s+hints?|annotate|lint|tests?\b|more\s+tests|also\s+test)",
+    r"^\s*(optimi[sz]e[sd]?|speed\s+up|refactor\w*|clean\w*|minor|small|deprecate[sd]?|drop(s|ped)?|"
+    r"rename[sd]?|re-?format\w*|format\w*|moderni[sz]e[sd]?|upgrade[sd]?|move[sd]?|document\w*|docs?\b|tidy|"
+    r"migrate[sd]?|sync\w*|type\s+hints?|annotate|lint\w*|tests?\b|more\s+tests|also\s+test|cover(s|ed)?\b|"
+    r"run\b|apply\b|applied\b|enforce[sd]?|prepare\b|bump\w*|various|misc\w*|relax\w*|repackag\w*)",
     re.IGNORECASE,
 )
+#: Subjects of work that may be a fix or not ("Update __eq__ for numeric_range", "Replace the fill value logic"):
+#: with an issue reference and a change shaped like a fix, a fix; otherwise like OTHER_WORK_SUBJECT.
+MAYBE_WORK_SUBJECT = re.compile(
+    r"^\s*(add(s|ed|ing)?\s+(a\s+|an\s+|missing\s+)?(check|guard|validation)s?|improve[sd]?|reduce[sd]?|remove[sd]?|update[sd]?|convert(s|ed)?|simplif(y|ies|ied)|replace[sd]?|"
+    r"switch(es|ed)?|split|extract(s|ed)?)\b",
+    re.IGNORECASE,
+)
+#: What tooling and housekeeping are called. A subject naming one of TOOLING_SUBJECT ("resolve tornado mypy
+#: errors", "expose .retry to type checkers") is about tooling whatever fix word it has; a fix word about one of
+#: TOOLING ("fix typos", "fix the failing tests", "fix pep8 error", "lint fixes", "auto-fix") says nothing about a
+#: bug; a subject naming one without a fix word is other work.
+TOOLING_SUBJECT = (
+    r"typos|lint\w*|linters?|flake8|pep\s?8|ruff|isort|pre-commit|pyupgrade|autotyping|codespell|mypy|pyright|"
+    r"type[- ]?check(ers?|ing)|type[- ]?hints?|typing(?!\.)|type\s+annotations|ci|coverage|noqa|black\s+(formatting|style)|"
+    r"(apply|run)\s+black"
+)
+TOOLING = (
+    rf"{TOOLING_SUBJECT}|spelling|docs|documentation|docstrings?|comments?|tests?|test\s+suite|review(\s+comments?)?|"
+    r"violations?|warnings?|import\s+order|readme|changelog|annotation"
+)
+TOOLING_WORD = re.compile(rf"\b({TOOLING_SUBJECT})\b", re.IGNORECASE)
+#: A fix word whose object is tooling ("fix typos", "fix the failing tests", "fix pep8 error", "lint fixes",
+#: "auto-fix codebase"): it says nothing about a bug.
+TOOLING_FIX = re.compile(
+    rf"\b(fix(es|ed|ing)?|correct(s|ed)?)\s+(\w[\w-]*\s+)?({TOOLING})\b|"
+    rf"\b({TOOLING}|auto|typo)[- ]fix(es|ed)?\b|\bautofix\w*",
+    re.IGNORECASE,
+)
+#: Words anywhere in a subject that announce work other than a fix ("a few more py3 improvements", "Make functions
+#: private and deprecate public aliases").
+OTHER_WORK_PHRASE = re.compile(
+    r"\b(improvements?|clean-?ups?|refactor\w*|polish\w*|deprecat\w+|(error|exception|warning)\s+messages?)\b",
+    re.IGNORECASE,
+)
+#: Speed and memory, in a subject or a message: work on how fast, not on what the code does.
+SPEED_PHRASE = re.compile(
+    r"\b(performance|faster|slower|speed(s|ed)?\s+up|speed-?ups?|optimi[sz]\w*|hot\s+path|overhead|"
+    r"benchmark\w*|memory\s+usage)\b",
+    re.IGNORECASE,
+)
+#: A fix word that is part of an issue reference ("Fixes #31", "fix #350", "fixes: #393", "closes gh-7"): in a
+#: message body it is how pull requests end, features included, and says nothing about a bug.
+ISSUE_REFERENCE = re.compile(r"\s*:?\s*(#|gh-?|issue\s*#?)\d+", re.IGNORECASE)
+#: A `module: ...` prefix of a subject ("statsutils: add mode()", "tbutils: round-trip ..."): what the commit does
+#: comes after it.
+MODULE_PREFIX = re.compile(r"^\s*(?P<module>[\w./-]+):\s+(?=\S)")
 #: Conventional-commit types that are not bug fixes (`feat: ...`, `refactor(core)!: ...`).
 NOT_A_FIX_TYPES = (
     "feat",
@@ -69,10 +123,16 @@ NOT_A_FIX_TYPES = (
 CONVENTIONAL_SUBJECT = re.compile(r"^\s*(?P<type>[A-Za-z]+)(\([^)]*\))?!?:\s*(?P<rest>.*)$")
 #: What a conventional-commit subject of another type must say to count as a fix anyway ("refactor: fix ...").
 SAYS_FIX = re.compile(r"\b(fix(es|ed|ing)?|bug(s|fix)?|hotfix|regression|crash(es|ed|ing)?)\b", re.IGNORECASE)
+#: Conventional-commit types that are fixes (`fix: ...`, `fix(parser): ...`).
+FIX_TYPES = ("fix", "bugfix", "hotfix")
+#: How a reason names the kind a changelog entry says.
+CHANGELOG_WORDS = {"fix": "a bug fix", "feature": "a feature", "removal": "a removal or deprecation"}
 #: Messages that look like fixes but are not bug fixes to learn from.
 NOT_A_FIX_PATTERN = re.compile(r"^\s*(revert\b|merge\b|release\b|bump\b|prepare release)", re.IGNORECASE)
 #: A fix without a fix word must be small: source lines added plus removed, at most.
 MAX_WORDLESS_FIX_LINES = 40
+#: ... or, with an issue reference opening the subject ("Issue 1214: Update __eq__ ..."), at most this many.
+MAX_ISSUE_FIX_LINES = 80
 #: ... and touch few existing functions: a clean-up or a linter's pass touches many a little.
 MAX_WORDLESS_FIX_FUNCTIONS = 3
 #: Single-module test suites of older projects (`tests.py`), counted as test files too when mining.
@@ -83,23 +143,52 @@ MINING_TEST_GLOBS = [*DEFAULT_TEST_GLOBS, *sorted(LONE_TEST_MODULES)]
 SOURCE_SUFFIXES = {
     ".py", ".pyx", ".pxd", ".pyi", ".c", ".h", ".cc", ".cpp", ".hpp", ".rs", ".go", ".js", ".ts", ".java", ".rb",
 }  # fmt: skip
+#: Top-level folders whose files are not the code under test (docs, examples, benchmarks, CI, scripts).
+NOT_SOURCE_DIRS = {
+    "docs", "doc", "examples", "example", "benchmarks", "benchmark", "bench", ".github", "misc", "scripts",
+    "tools", "ci", "ci_tools",
+}  # fmt: skip
 #: Source files that are packaging or tooling, not the code under test.
 NOT_SOURCE_NAMES = {"setup.py", "noxfile.py", "tasks.py", "fabfile.py", "conftest.py", "docs/conf.py"}
 
 
+class Rule(StrEnum):
+    """The rule of the screen that decided, as recorded with every decision (`Screened.rule`, a task's
+    `screen_rule`): the first that applies, in read_commit's order."""
+
+    NOT_A_FIX_SUBJECT = "revert, merge, release or bump"
+    CONVENTIONAL = "conventional-commit type"
+    NO_CODE = "no code changed"
+    CHANGELOG = "changelog entry"
+    FEATURE = "feature: new names"
+    SUBJECT_FIX_WORD = "fix word in the subject"
+    FEATURE_SHAPE = "feature: tests only of new names"
+    OTHER_WORK = "other work announced"
+    ISSUE_FIX_SHAPE = "issue reference and a fix-shaped change"
+    MESSAGE_FIX_WORD = "fix word in the message"
+    EXCEPTION = "exception named"
+    ISSUE_FIXED = "issue named as fixed"
+    FIX_SHAPE = "fix-shaped change"
+    NO_FIX_WORD = "no fix word"
+
+
 class Reading(NamedTuple):
-    """What the screen made of a commit's message and change: a fix or not, and why, in words a user reads."""
+    """What the screen made of a commit's message and change: a fix or not, why in words a user reads, and the
+    rule that decided."""
 
     fix: bool
     reason: str
+    rule: Rule = Rule.NO_FIX_WORD
 
 
 def is_source_file(path: str, test_globs: Sequence[str] = MINING_TEST_GLOBS) -> bool:
     p = PurePosixPath(path)
     if is_test_file(path, test_globs) or path in NOT_SOURCE_NAMES or p.name in NOT_SOURCE_NAMES:
         return False
-    if p.parts and p.parts[0] in {"docs", "doc", "examples", "benchmarks", ".github"}:
+    if p.parts and p.parts[0] in NOT_SOURCE_DIRS:
         return False
+    if any(part in {"test", "tests", "testing"} for part in p.parts[:-1]):
+        return False  # test support (`test/common.py`, `testing/helpers.py`), not the code under test
     return p.suffix in SOURCE_SUFFIXES
 
 
@@ -115,13 +204,26 @@ def _listed(names: Sequence[str], most: int = 3) -> str:
     return shown + (f" and {len(names) - most} more" if len(names) > most else "")
 
 
-def _fix_word(text: str, shape: ChangeShape | None) -> str | None:
-    """The first fix word of `text` (FIX_PATTERN), or a real exception's name in it."""
-    if found := FIX_PATTERN.search(text):
+def _about_tooling(text: str, start: int) -> bool:
+    """Whether the fix word at `start` of `text` is about tooling ("fix typos", "lint fixes", "auto-fix")."""
+    return any(m.start() <= start < m.end() for m in TOOLING_FIX.finditer(text))
+
+
+def _fix_word(
+    text: str, shape: ChangeShape | None, *, weak: bool = True, references: bool = True
+) -> str | None:
+    """The first fix word of `text` not about tooling (FIX_PATTERN, or only STRONG_FIX without `weak`; without
+    `references`, not one of an issue reference such as "Fixes #31"), or with `weak` a real exception's name."""
+    for found in (FIX_PATTERN if weak else STRONG_FIX).finditer(text):
+        if _about_tooling(text, found.start()):
+            continue
+        if not references and ISSUE_REFERENCE.match(text, found.end()):
+            continue
         return found.group(0)
-    for word in EXCEPTION_WORD.findall(text):
-        if word in BUILTIN_EXCEPTIONS if shape is None else shape.is_exception(word):
-            return word
+    if weak:
+        for word in EXCEPTION_WORD.findall(text):
+            if word in BUILTIN_EXCEPTIONS if shape is None else shape.is_exception(word):
+                return word
     return None
 
 
@@ -136,9 +238,10 @@ def _feature_shape(shape: ChangeShape) -> str | None:
     )
 
 
-def _fix_shape(shape: ChangeShape) -> tuple[str | None, str]:
-    """(why the change reads as a fix, or None; else why not): existing functions changed, a small source change,
-    no new public names, tests asserting on existing names."""
+def _fix_shape(shape: ChangeShape, *, lines: int = MAX_WORDLESS_FIX_LINES) -> tuple[str | None, str]:
+    """(why the change reads as a fix, or None; else why not): existing functions changed, no new public names,
+    tests asserting on existing names, and a small source change (MAX_WORDLESS_FIX_FUNCTIONS functions, `lines`
+    lines)."""
     if shape.added_names:
         return None, f"it adds new public names ({_listed(shape.added_names)})"
     if not shape.changed_functions:
@@ -148,8 +251,8 @@ def _fix_shape(shape: ChangeShape) -> tuple[str | None, str]:
             f"it changes {len(shape.changed_functions)} existing functions (over {MAX_WORDLESS_FIX_FUNCTIONS}: "
             "a clean-up rather than a fix)"
         )
-    if shape.source_lines > MAX_WORDLESS_FIX_LINES:
-        return None, f"its source change is large ({shape.source_lines} lines, over {MAX_WORDLESS_FIX_LINES})"
+    if shape.source_lines > lines:
+        return None, f"its source change is large ({shape.source_lines} lines, over {lines})"
     if not shape.tests_on_existing_names:
         return None, "no test it adds or changes asserts anything"
     return (
@@ -159,70 +262,165 @@ def _fix_shape(shape: ChangeShape) -> tuple[str | None, str]:
     ), ""
 
 
-def read_commit(message: str, subject: str | None = None, shape: ChangeShape | None = None) -> Reading:
-    """Whether a commit is a bug fix to learn from, by its message and, when known, the shape of its change.
+def _announced(rest: str) -> str | None:
+    """What a subject announces that is not a fix: a feature or other work (its opening words), a feature phrase,
+    or tooling it names; None for a neutral subject."""
+    if (
+        found := FEATURE_SUBJECT.match(rest)
+        or OTHER_WORK_SUBJECT.match(rest)
+        or MAYBE_WORK_SUBJECT.match(rest)
+    ):
+        return found.group(0).strip()
+    if found := FEATURE_PHRASE.search(rest) or OTHER_WORK_PHRASE.search(rest) or TOOLING_FIX.search(rest):
+        return found.group(0).strip()
+    if found := SPEED_PHRASE.search(rest):
+        return found.group(0).strip()
+    return None
 
-    In order, the first rule that decides:
+
+def _maybe_work(rest: str) -> str | None:
+    """The opening words of a subject of work that may be a fix ("Update", "Replace"), when nothing else in it
+    announces a feature or other work."""
+    found = MAYBE_WORK_SUBJECT.match(rest)
+    if (
+        found is None
+        or FEATURE_PHRASE.search(rest)
+        or OTHER_WORK_PHRASE.search(rest)
+        or TOOLING_FIX.search(rest)
+    ):
+        return None
+    return found.group(0).strip()
+
+
+def _subject_parts(first: str) -> tuple[str, bool, bool]:
+    """(what the subject says past its prefixes, whether it opened with a conventional `fix:` type, whether it
+    opened with an issue reference). Prefixes set aside: a conventional `fix:`, a `module:` and a leading issue
+    reference ("Issue 1214:", "Fix #131:"), in any order."""
+    rest, conventional_fix, issue = first, False, False
+    while True:
+        if (conventional := CONVENTIONAL_SUBJECT.match(rest)) and conventional["type"].lower() in FIX_TYPES:
+            rest, conventional_fix = conventional["rest"], True
+        elif (prefix := ISSUE_PREFIX.match(rest)) and prefix.end() > 0:
+            rest, issue = rest[prefix.end() :], True
+        elif (module := MODULE_PREFIX.match(rest)) and module["module"].lower() not in NOT_A_FIX_TYPES:
+            rest = rest[module.end() :]
+        else:
+            return rest, conventional_fix, issue
+
+
+def read_commit(message: str, subject: str | None = None, shape: ChangeShape | None = None) -> Reading:
+    """Whether a commit is a bug fix to learn from, by its message and, when known, its change (read_change).
+
+    In order, the first rule that decides (Rule):
     1. a subject starting with revert, merge, release or bump is no fix;
     2. a conventional-commit subject of a type other than fix (feat, refactor, chore, docs, test, perf, style,
-       build, ci) is no fix unless the subject itself says fix (fix, bug, hotfix, regression, crash);
-    3. a leading issue reference ("Fix #131:", "Issue #12:") is set aside: the rest of the subject says what the
-       commit does; a rest that announces something (Add, Implement, Support, Allow, ...) while the change adds
-       new public names is a feature;
-    4. a subject (past that reference) with a strong fix word (fix, bug, regression, crash, broken, wrong,
-       incorrect, typo, mistake) is a fix;
-    5. a change that adds new public names and whose new or changed tests test only those is a feature, whatever
-       weaker words the message has;
-    6. a fix word anywhere in the message (FIX_PATTERN: also error, fail, handle, prevent, avoid, correct,
-       don't, ...), a real exception's name (a builtin one, or one the changed code raises or catches and the commit
-       did not add), or an issue named as fixed in the subject ("closes #12"; with a shape, not the leading
-       reference set aside in 3) make a fix;
-    7. with no such word, a change that reads like a fix (`_fix_shape`: 1 to MAX_WORDLESS_FIX_FUNCTIONS existing
-       functions changed, at most MAX_WORDLESS_FIX_LINES source lines, no new public names, tests asserting on existing names) is one;
-       anything else is not.
-    Without a shape (no repository given, or a change that is not readable Python) rules 5 and 7 do not apply and
-    only builtin exception names count.
+       build, ci) is no fix unless the subject itself says fix (fix, bug, hotfix, regression, crash) about
+       something other than tooling;
+    then the subject's prefixes are set aside (a conventional `fix:`, a `module:`, a leading issue reference such
+    as "Fix #131:" or "Issue 1214:"): what is left says what the commit does;
+    3. a change whose Python code does not change once docstrings, comments, formatting and type annotations are
+       set aside (and that changes no file shipped with the code) is no fix;
+    4. changelog entries of one kind decide: a bug fix is a fix, a feature or a removal is not;
+    5. a subject announcing something new (Add, Implement, Support, Allow, ...) while the change adds new public
+       names is a feature;
+    6. a strong fix word (fix, bug, regression, crash, broken, wrong, incorrect, typo, mistake, or a conventional
+       `fix:`) in the subject, not about tooling ("fix typos", "fix lint"), and in a subject that names no tooling,
+       makes a fix;
+    7. a change that adds new public names and whose new or changed tests test only those is a feature;
+    8. a subject with a leading issue reference whose change reads like a fix (existing functions changed, no new
+       public names, tests asserting on existing names: `_fix_shape`, any size) is a fix, unless the subject
+       announces a feature or other work (OTHER_WORK_SUBJECT);
+    9. a subject announcing a feature or other work (Refactor, Clean up, Update, Remove, Replace, docs, typing,
+       "can also accept", ...) is a fix only with a strong fix word in the message, not about tooling;
+    10. otherwise a fix word anywhere in the message (also error, exception, fail, handle, prevent, avoid,
+        correct, don't, ...), a real exception's name, or an issue named as fixed in the subject ("closes #12")
+        make a fix;
+    11. with none of those, a small change that reads like a fix (`_fix_shape`: 1 to MAX_WORDLESS_FIX_FUNCTIONS
+        functions, MAX_WORDLESS_FIX_LINES lines) is one; anything else is not.
+    Without a readable shape (no repository given, or a change with files the screen cannot read) rules 3, 5, 7,
+    8 and 11 do not apply, only builtin exception names count, a leading issue reference counts as an issue
+    named as fixed, and the reason says so.
     """
     first = subject if subject is not None else (message.strip().splitlines()[0] if message.strip() else "")
+    known = shape if shape is not None and shape.readable else None
+    words_only = (
+        f" (words only: the change has files the screen cannot read: {_listed(shape.unreadable)})"
+        if shape is not None and not shape.readable
+        else ""
+    )
+
+    def decide(fix: bool, reason: str, rule: Rule) -> Reading:
+        return Reading(fix, reason + words_only, rule)
+
     if NOT_A_FIX_PATTERN.search(first):
-        return Reading(False, f"the subject starts with {first.split()[0].lower()!r}")
+        return decide(False, f"the subject starts with {first.split()[0].lower()!r}", Rule.NOT_A_FIX_SUBJECT)
     conventional = CONVENTIONAL_SUBJECT.match(first)
     if conventional and conventional["type"].lower() in NOT_A_FIX_TYPES:
-        if said := SAYS_FIX.search(conventional["rest"]):
-            return Reading(
-                True, f"a {conventional['type'].lower()!r} commit whose subject says {said.group(0)!r}"
-            )
-        return Reading(False, f"a {conventional['type'].lower()!r} commit whose subject does not say fix")
-    prefix = ISSUE_PREFIX.match(first)
-    rest = first[prefix.end() :] if prefix else first
-    if shape is not None and shape.added_names and (verb := FEATURE_SUBJECT.match(rest)):
-        return Reading(
+        kind = conventional["type"].lower()
+        said = SAYS_FIX.search(conventional["rest"])
+        if said and not _about_tooling(conventional["rest"], said.start()):
+            return decide(True, f"a {kind!r} commit whose subject says {said.group(0)!r}", Rule.CONVENTIONAL)
+        return decide(False, f"a {kind!r} commit whose subject does not say fix", Rule.CONVENTIONAL)
+    rest, conventional_fix, issue = _subject_parts(first)
+    if known is not None and not known.code_changed:
+        what = "type annotations, docstrings" if known.only_annotations else "docstrings"
+        return decide(False, f"it changes no code (only {what}, comments or formatting)", Rule.NO_CODE)
+    if shape is not None and (kind := shape.changelog_kind):
+        files = _listed(shape.changelog[kind], 2)
+        return decide(
+            kind == "fix", f"its changelog entry says {CHANGELOG_WORDS[kind]} ({files})", Rule.CHANGELOG
+        )
+    if known is not None and (defined := known.added_definitions) and (verb := FEATURE_SUBJECT.match(rest)):
+        return decide(
             False,
             f"a feature: the subject says {verb.group(0).strip()!r} and the change adds new public names "
-            f"({_listed(shape.added_names)})",
+            f"({_listed(defined)})",
+            Rule.FEATURE,
         )
-    if strong := STRONG_FIX.search(rest):
-        return Reading(True, f"the subject says {strong.group(0)!r}")
-    if shape is not None and (feature := _feature_shape(shape)):
-        return Reading(False, f"a feature or refactor: {feature}")
-    # The leading issue reference says nothing (some projects write "Fix #N:" before every subject).
-    words = message.replace(first, rest, 1) if prefix else message
-    if word := _fix_word(words, shape):
-        return Reading(True, f"the message says {word!r}")
-    if ISSUE_PATTERN.search(first if shape is None else rest):
-        return Reading(True, "the subject names an issue as fixed")
-    if shape is not None:
-        if other := FEATURE_SUBJECT.match(rest) or OTHER_WORK_SUBJECT.match(rest):
-            return Reading(
-                False, f"no fix word in the message, and the subject says {other.group(0).strip()!r}"
-            )
-        why, why_not = _fix_shape(shape)
+    if tooling := TOOLING_WORD.search(rest):
+        return decide(False, f"the subject is about tooling ({tooling.group(0)!r}), not the code's behaviour",
+                      Rule.OTHER_WORK)  # fmt: skip
+    if conventional_fix:
+        return decide(True, "a 'fix' commit", Rule.SUBJECT_FIX_WORD)
+    if strong := _fix_word(rest, known, weak=False):
+        return decide(True, f"the subject says {strong!r}", Rule.SUBJECT_FIX_WORD)
+    if known is not None and (feature := _feature_shape(known)):
+        return decide(False, f"a feature or refactor: {feature}", Rule.FEATURE_SHAPE)
+    announced = _announced(rest)
+    if known is not None and issue and (not announced or announced == _maybe_work(rest)):
+        why, _ = _fix_shape(known, lines=MAX_ISSUE_FIX_LINES)
         if why:
-            return Reading(True, f"no fix word, but the change reads like a fix: {why}")
-        return Reading(False, f"no fix word in the message (fix, bug, error, crash, ...), and {why_not}")
+            return decide(True, f"the subject opens with an issue reference and the change reads like a fix: {why}",
+                          Rule.ISSUE_FIX_SHAPE)  # fmt: skip
+    body = message.replace(first, "", 1)
+    if not announced and (speed := SPEED_PHRASE.search(body)):
+        announced = f"{speed.group(0)} (in the message)"
+    if announced:
+        # "Fixes #31" at the end of a feature's message names the issue that asked for it
+        if strong := _fix_word(body, known, weak=False, references=bool(_maybe_work(rest))):
+            return decide(True, f"the message says {strong!r}", Rule.MESSAGE_FIX_WORD)
+        return decide(
+            False, f"no fix word in the message, and the subject says {announced!r}", Rule.OTHER_WORK
+        )
+    if word := _fix_word(f"{rest}\n{body}", known):
+        rule = Rule.EXCEPTION if EXCEPTION_WORD.fullmatch(word) else Rule.MESSAGE_FIX_WORD
+        return decide(True, f"the message says {word!r}", rule)
+    if ISSUE_PATTERN.search(rest if known is not None else first):
+        return decide(True, "the subject names an issue as fixed", Rule.ISSUE_FIXED)
+    if known is not None:
+        why, why_not = _fix_shape(known)
+        if why:
+            return decide(True, f"no fix word, but the change reads like a fix: {why}", Rule.FIX_SHAPE)
+        return decide(
+            False,
+            f"no fix word in the message (fix, bug, error, crash, ...), and {why_not}",
+            Rule.NO_FIX_WORD,
+        )
     if ISSUE_PATTERN.search(message) or re.search(r"(^|\s)\(?#\d+\b", message):
-        return Reading(False, "only an issue reference, no fix keyword (fix, bug, error, crash, ...)")
-    return Reading(False, "no fix keyword in the message (fix, bug, error, crash, ...)")
+        return decide(
+            False, "only an issue reference, no fix keyword (fix, bug, error, crash, ...)", Rule.NO_FIX_WORD
+        )
+    return decide(False, "no fix keyword in the message (fix, bug, error, crash, ...)", Rule.NO_FIX_WORD)
 
 
 def not_a_fix_reason(
@@ -243,16 +441,17 @@ def screen(
 ) -> Screened | Rejection:
     """The cheap checks, in order: a runnable test changed, a source file changed, the commit reads like a fix.
 
-    With `repo` (the git directory holding the commit), the change's Python code is read too (read_change) and
-    judged with the words (read_commit); without it, the words alone decide."""
+    With `repo` (the git directory holding the commit), the whole change is read too (read_change: its Python
+    code and stubs, its tests, its changelog entries) and judged with the words (read_commit); without it, the
+    words alone decide."""
     tests = [path for _, path in commit.changes if is_test_file(path, test_globs)]
     runnable = [
         path for status, path in commit.changes if status != "D" and path in tests and is_runnable_test(path)
     ]
     sources = [path for _, path in commit.changes if is_source_file(path, test_globs)]
 
-    def reject(reason: RejectReason, detail: str) -> Rejection:
-        return Rejection(commit=commit.sha, subject=commit.subject, reason=reason, detail=detail)
+    def reject(reason: RejectReason, detail: str, rule: str = "") -> Rejection:
+        return Rejection(commit=commit.sha, subject=commit.subject, reason=reason, detail=detail, rule=rule)
 
     if not commit.parents:
         return reject(RejectReason.NO_PARENT, "the root commit has nothing to start from")
@@ -261,10 +460,16 @@ def screen(
         return reject(RejectReason.NO_TEST_CHANGE, detail)
     if not sources:
         return reject(RejectReason.NO_SOURCE_CHANGE, f"changes tests only ({', '.join(runnable[:3])})")
-    shape = read_change(repo, commit, sources, tests) if repo is not None else None
+    others = [path for _, path in commit.changes if path not in tests and path not in sources]
+    shape = read_change(repo, commit, sources, tests, others) if repo is not None else None
     reading = read_commit(commit.text_to_match, commit.subject, shape)
     if not reading.fix:
-        return reject(RejectReason.NOT_A_FIX, reading.reason)
+        return reject(RejectReason.NOT_A_FIX, reading.reason, reading.rule.value)
     return Screened(
-        commit=commit, test_files=tests, runnable_tests=runnable, source_files=sources, why_fix=reading.reason
+        commit=commit,
+        test_files=tests,
+        runnable_tests=runnable,
+        source_files=sources,
+        why_fix=reading.reason,
+        rule=reading.rule.value,
     )

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from bugsweep.errors import BugsweepError, ConfigError, SetupFailed
 from bugsweep.grading.runs import TestRun, missing_module, run_tests, why_cannot_run
 from bugsweep.mining.records import RejectReason
-from bugsweep.mining.verdict import Verdict, _all_ids, _stable, judge
+from bugsweep.mining.verdict import Verdict, _all_ids, _outcomes, _stable, judge
 from bugsweep.sandbox.base import Sandbox, SandboxProvider
 from bugsweep.spec import TaskSpec
 
@@ -173,7 +173,8 @@ def _validate(
             return False
         if results[-1].tests is None:
             return not results[-1].passed
-        stable, _ = _stable(results, _all_ids(results))
+        runs = [_outcomes(r) for r in results]
+        stable, _ = _stable(runs, _all_ids(runs))
         return any(s == "fail" for s in stable.values())
 
     def state(spec: TaskSpec, keep_going: Callable[[list[TestRun]], bool]) -> list[TestRun]:

@@ -2,12 +2,24 @@
 
 from __future__ import annotations
 
+import re
 import shlex
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
 from bugsweep.grading import TestRun
 from bugsweep.mining.records import RejectReason
+
+#: A memory address in a test id (`test_repr[<object object at 0x7f3a1c2b5e90>]`): it changes from run to run, so
+#: two ids that differ only by one are the same test.
+ADDRESS = re.compile(r"0x[0-9a-fA-F]{6,}")
+#: What an address becomes in a normalised id.
+ADDRESS_MARK = "0x…"
+
+
+def normalise(test_id: str) -> str:
+    """The id with its memory addresses replaced by ADDRESS_MARK: the same for every run of the same test."""
+    return ADDRESS.sub(ADDRESS_MARK, test_id)
 
 
 @dataclass
@@ -18,18 +30,45 @@ class Verdict:
     detail: str = ""
     fail_to_pass: list[str] = field(default_factory=list)
     pass_to_pass: list[str] = field(default_factory=list)
+    fail_to_fail: list[str] = field(default_factory=list)
+    """Tests that failed in every run at the task state and at the fix commit: not the candidate's doing, left out
+    of FAIL_TO_PASS and PASS_TO_PASS and deselected from the task's test command (as SWE-bench leaves them out)."""
     flaky: list[str] = field(default_factory=list)
+    unnamed: list[str] = field(default_factory=list)
+    """Tests whose id holds a memory address (normalised, `0x…`): judged as one test across runs, but left out of
+    FAIL_TO_PASS and PASS_TO_PASS, which a grader matches by exact id (they still run in the test command)."""
+    deselect: list[str] = field(default_factory=list)
+    """What the task's test command deselects (`--deselect`, which pytest matches as a prefix): the flaky and
+    fail-to-fail tests, a whole class, module or parametrised test in one argument where all of its tests are
+    deselected, and the part of an id before its memory address."""
+    out_of_memory: list[str] = field(default_factory=list)
+    """Tests the probe stopped at the per-test memory bound in any run, at either state (normalised ids): failed
+    there, as at the time limit (an endless loop filling a list at the task state is a FAIL_TO_PASS test)."""
     environments: list[str] = field(default_factory=list)
     """How each state's task environment came about, in the order they ran (the task state, then the fix commit):
     'built' (the setup ran), 'reused' (a finished setup was reused), 'no setup'."""
 
 
-def _status(run: TestRun, test_id: str) -> str:
-    outcome = (run.tests or {}).get(test_id, "missing")
+Outcomes = dict[str, str]
+
+
+def _outcomes(run: TestRun) -> Outcomes:
+    """The run's per-test outcomes by normalised id; where several ids become one, a failure wins, then a pass."""
+    merged: Outcomes = {}
+    rank = {"failed": 3, "error": 3, "passed": 2, "skipped": 1}
+    for test_id, outcome in (run.tests or {}).items():
+        key = normalise(test_id)
+        if key not in merged or rank.get(outcome, 3) > rank.get(merged[key], 3):
+            merged[key] = outcome
+    return merged
+
+
+def _status(outcomes: Outcomes, test_id: str) -> str:
+    outcome = outcomes.get(test_id, "missing")
     return "pass" if outcome == "passed" else "skip" if outcome == "skipped" else "fail"
 
 
-def _stable(runs: Sequence[TestRun], ids: set[str]) -> tuple[dict[str, str], set[str]]:
+def _stable(runs: Sequence[Outcomes], ids: set[str]) -> tuple[dict[str, str], set[str]]:
     """The status of each test that came out the same in every run, and the tests that did not."""
     stable: dict[str, str] = {}
     flaky: set[str] = set()
@@ -42,8 +81,8 @@ def _stable(runs: Sequence[TestRun], ids: set[str]) -> tuple[dict[str, str], set
     return stable, flaky
 
 
-def _all_ids(runs: Sequence[TestRun]) -> set[str]:
-    return {t for r in runs for t in (r.tests or {})}
+def _all_ids(runs: Sequence[Outcomes]) -> set[str]:
+    return {t for r in runs for t in r}
 
 
 def judge(before: Sequence[TestRun], after: Sequence[TestRun]) -> Verdict:
@@ -51,6 +90,12 @@ def judge(before: Sequence[TestRun], after: Sequence[TestRun]) -> Verdict:
 
     Per test when JUnit results exist (pytest); by exit code otherwise.
     """
+    verdict = _judge(before, after)
+    verdict.out_of_memory = sorted({normalise(t) for r in (*before, *after) for t in r.tests_out_of_memory})
+    return verdict
+
+
+def _judge(before: Sequence[TestRun], after: Sequence[TestRun]) -> Verdict:
     if any(r.timed_out for r in (*before, *after)):
         return Verdict(RejectReason.TIMED_OUT, "a test run timed out")
     no_results = next((r for r in before if r.tests is None), None)
@@ -63,16 +108,20 @@ def judge(before: Sequence[TestRun], after: Sequence[TestRun]) -> Verdict:
             if code is not None and (code < 0 or code >= 128)
             else f"exited {code}"
         )
+        if no_results.killed_in:
+            how += (
+                f" while {no_results.killed_in} ran (its process held half the per-test memory bound or more)"
+            )
         return Verdict(
             RejectReason.NO_TEST_RESULTS,
             f"the test run at the task state {how} before pytest wrote its results: no test to name FAIL_TO_PASS",
         )
     if all(r.tests is not None for r in (*before, *after)):
-        return _judge_tests(before, after)
+        return _judge_tests([_outcomes(r) for r in before], [_outcomes(r) for r in after])
     return _judge_exit_codes(before, after)
 
 
-def _judge_tests(before: Sequence[TestRun], after: Sequence[TestRun]) -> Verdict:
+def _judge_tests(before: Sequence[Outcomes], after: Sequence[Outcomes]) -> Verdict:
     ids = _all_ids(before) | _all_ids(after)
     st_before, flaky_before = _stable(before, ids)
     failing = {t for t, s in st_before.items() if s == "fail"}
@@ -86,24 +135,44 @@ def _judge_tests(before: Sequence[TestRun], after: Sequence[TestRun]) -> Verdict
     # no longer exists after it.
     st_after, flaky_after = _stable(after, _all_ids(after))
     flaky = flaky_before | flaky_after
-    still_failing = {t for t, s in st_after.items() if s == "fail" and t not in flaky}
+    fail_to_fail = {
+        t for t in failing if st_after.get(t) == "fail" and t not in flaky and not _is_collection_error(t)
+    }
+    broken = {t for t, s in st_after.items() if s == "fail" and t not in flaky and t not in fail_to_fail}
     fail_to_pass = sorted(t for t in failing if st_after.get(t) == "pass" and t not in flaky)
     pass_to_pass = sorted(
         t for t, s in st_before.items() if s == "pass" and st_after.get(t) == "pass" and t not in flaky
     )
-    if still_failing:
-        return Verdict(
-            RejectReason.TESTS_FAIL_AT_FIX,
-            _ids("failing at the fix commit", still_failing),
-            flaky=sorted(flaky),
-        )
-    if not fail_to_pass:
-        if flaky:
-            return Verdict(RejectReason.FLAKY, _ids("flaky", flaky), flaky=sorted(flaky))
-        return Verdict(
-            RejectReason.TESTS_PASS_AT_PARENT, "no test failed at the task state and passed at the fix"
-        )
-    return Verdict(None, fail_to_pass=fail_to_pass, pass_to_pass=pass_to_pass, flaky=sorted(flaky))
+    outcome = Verdict(None, fail_to_fail=sorted(fail_to_fail), flaky=sorted(flaky))
+    if broken:
+        outcome.reason = RejectReason.TESTS_FAIL_AT_FIX
+        outcome.detail = _ids("failing at the fix commit", broken)
+        return outcome
+    named = [t for t in fail_to_pass if ADDRESS_MARK not in t]
+    if not named:
+        if fail_to_fail:
+            outcome.reason = RejectReason.TESTS_FAIL_AT_FIX
+            outcome.detail = "no test failed at the task state and passed at the fix; " + _ids(
+                "failing in both states", fail_to_fail
+            )
+        elif fail_to_pass:
+            outcome.reason = RejectReason.TESTS_PASS_AT_PARENT
+            outcome.detail = _ids(
+                "the only tests that failed at the task state and passed at the fix have ids that hold a memory "
+                "address (a grader could not name them)",
+                set(fail_to_pass),
+            )
+        elif flaky:
+            outcome.reason, outcome.detail = RejectReason.FLAKY, _ids("flaky", flaky)
+        else:
+            outcome.reason = RejectReason.TESTS_PASS_AT_PARENT
+            outcome.detail = "no test failed at the task state and passed at the fix"
+        return outcome
+    outcome.fail_to_pass = named
+    outcome.pass_to_pass = [t for t in pass_to_pass if ADDRESS_MARK not in t]
+    outcome.unnamed = sorted(t for t in [*fail_to_pass, *pass_to_pass] if ADDRESS_MARK in t)
+    outcome.deselect = deselection(flaky | fail_to_fail, ids)
+    return outcome
 
 
 def _judge_exit_codes(before: Sequence[TestRun], after: Sequence[TestRun]) -> Verdict:
@@ -141,6 +210,39 @@ def _ids(what: str, ids: set[str], limit: int = 4) -> str:
     return f"{what}: {', '.join(shown)}{more}"
 
 
-def deselect(test_command: str, flaky: Sequence[str]) -> str:
-    """The pytest command with flaky tests deselected, so grading never depends on them."""
-    return test_command + "".join(f" --deselect {shlex.quote(t)}" for t in flaky)
+def deselection(tests: Collection[str], known: Collection[str]) -> list[str]:
+    """The `--deselect` arguments that leave out `tests` (normalised ids) and nothing else of `known` (every test
+    the runs saw): pytest deselects every test whose id starts with an argument, so a module (`path::`), a class
+    (`path::Class::`) or a parametrised test (`path::test_f[`) all of whose tests are in `tests` is one argument,
+    and an id holding a memory address is deselected by its part before the address (which matches it in any
+    run). Arguments are in id order, and each matches a test the runs saw."""
+    wanted = set(tests)
+    chosen: list[str] = []
+    for test_id in sorted(wanted):
+        if any(test_id.startswith(prefix) for prefix in chosen):
+            continue
+        prefixes = _prefixes(test_id)
+        fits = (p for p in prefixes if all(k in wanted for k in known if k.startswith(p)))
+        chosen.append(next(fits, prefixes[-1]))  # the id itself, even where it is the start of another id
+    return chosen
+
+
+def _prefixes(test_id: str) -> list[str]:
+    """The prefixes of a normalised id that could deselect it, widest first, the last one matching only it."""
+    exact = test_id.split(ADDRESS_MARK, 1)[0]
+    path, sep, rest = exact.partition("::")
+    if not sep:
+        return [exact]
+    wider = [f"{path}::"]
+    parts = rest.split("::")
+    for i in range(1, len(parts)):
+        wider.append(f"{path}::{'::'.join(parts[:i])}::")
+    if "[" in parts[-1]:
+        wider.append(exact[: exact.index("[", len(path)) + 1])
+    return [*wider, exact] if ADDRESS_MARK in test_id else [*wider, test_id]
+
+
+def deselect(test_command: str, prefixes: Sequence[str]) -> str:
+    """The pytest command with these tests (ids, or prefixes from `deselection`) deselected, so grading never
+    depends on them."""
+    return test_command + "".join(f" --deselect {shlex.quote(t)}" for t in prefixes)

@@ -16,7 +16,8 @@ keeps it: in closures made at start-up (`_private`), never in a module attribute
 name.
 
 The instruction (one JSON object): `mirror` (0 or 1), `nonce` (32 hex digits, a new one for each run of the pair),
-`limit` (seconds one test may take; 0: none), `inject`: the test functions that get bugsweep's statement (`[[file,
+`limit` (seconds one test may take; 0: none), `memory` (bytes the runner's process may hold while a test runs:
+bugsweep_probe_memory.py; 0: no bound), `inject`: the test functions that get bugsweep's statement (`[[file,
 [[qualname, line], ...]], ...]`: every test of the baseline that has a function in the repository, the `line` where
 it failed before, or 0), and `armed`: the one test the mirror gives a false assertion (`id` as the runner names it,
 its function's `file`, `qualname` and `line`) or null. In both runs every function named is compiled with one more
@@ -37,8 +38,8 @@ classname, name] (pytest, with the JUnit XML names), ["pc", outcome, nodeid, fil
 error), ["ut", outcome, test id] (unittest), ["code", test id, file, qualname, line, kind] (a test's function: of
 every test that ran, in a run without `inject`; `kind` "async" or "gen" for a coroutine or generator function),
 ["inj", file, qualname, style] (a function compiled with bugsweep's statement), ["inj-miss", file, qualname],
-["reached", ...], ["timeout", test id], ["end", runner] (the runner finished: without it a run's per-test results
-are not whole), ["probe-error", text]. Kept compatible with Python 3.8.
+["reached", ...], ["timeout", test id], ["memory", test id, bytes, stopped] (bugsweep_probe_memory.py), ["end",
+runner] (the runner finished: without it a run's per-test results are not whole), ["probe-error", text]. Kept compatible with Python 3.8.
 """
 
 from __future__ import annotations
@@ -64,6 +65,8 @@ class _State:
     runner = ""  # the runner this process is, once it has started one
     depth = 0  # how deep in TextTestRunner.run this process is
     limit = 0.0
+    memory_bound = 0  # bytes
+    memory: Any = None  # bugsweep_probe_memory, once its watcher runs in this process (the runner's)
     pair = False  # a run of the regrade's pair (its tests' functions are known: no "code" record for passing tests)
     hooked = False  # pytest's assertion rewriting hooked (once, whatever pytest sessions run in this process)
 
@@ -399,11 +402,15 @@ def _watch(result, set_current):
         def start_test(test, _method=start):
             _method(test)
             set_current(_test_id(test))
+            if _state.memory is not None:
+                _state.memory.begin(_test_id(test))
             if _start(_test_id(test)):
                 _arm()
 
         def stop_test(test, _method=stop):
             set_current(None)
+            if _state.memory is not None:
+                _state.memory.end(_test_id(test))
             _stop(_test_id(test))
             return _method(test)
 
@@ -419,6 +426,9 @@ def _claim(runner, **facts):
         return False
     _state.runner = runner
     record("runner", runner, facts)
+    if _state.memory_bound:
+        module = _sibling("bugsweep_probe_memory")
+        _state.memory = module if module.start(_state.memory_bound, record) else None
     return True
 
 
@@ -487,6 +497,8 @@ def _pytest_hooks(set_current, targets, register):
         config.pluginmanager.register(_pytest_plugin(pytest, set_current), "bugsweep-probe-session")
         if _state.limit:
             config.pluginmanager.register(_time_limit_plugin(pytest), "bugsweep-time-limit")
+        if _state.memory is not None:
+            config.pluginmanager.register(_state.memory.pytest_plugin(pytest), "bugsweep-memory-bound")
 
     return pytest_addoption, pytest_configure
 
@@ -585,16 +597,20 @@ def _time_limit_plugin(pytest):
 
 
 def _inject_module():
-    """bugsweep_probe_inject.py beside this file, by its path (a module of that name elsewhere on sys.path is not
-    it)."""
-    module = sys.modules.get("bugsweep_probe_inject")
+    return _sibling("bugsweep_probe_inject")
+
+
+def _sibling(name):
+    """The module `name` from its file beside this one, by its path (a module of that name elsewhere on sys.path is
+    not it)."""
+    module = sys.modules.get(name)
     if module is None:
         import importlib.util
 
-        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bugsweep_probe_inject.py")
-        spec = importlib.util.spec_from_file_location("bugsweep_probe_inject", path)
+        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), name + ".py")
+        spec = importlib.util.spec_from_file_location(name, path)
         module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-        sys.modules["bugsweep_probe_inject"] = module
+        sys.modules[name] = module
         spec.loader.exec_module(module)  # type: ignore[union-attr]
     return module
 
@@ -635,6 +651,10 @@ def _start_up():
         _state.limit = max(float(instruction.get("limit") or 0), 0.0)
     except (TypeError, ValueError):
         _state.limit = 0.0
+    try:
+        _state.memory_bound = max(int(instruction.get("memory") or 0), 0)
+    except (TypeError, ValueError):
+        _state.memory_bound = 0
     targets = _targets(instruction)
     _state.pair = bool(targets)
     set_current, register, _decide = _private(instruction)
