@@ -133,10 +133,8 @@ NOT_A_FIX_PATTERN = re.compile(r"^\s*(revert\b|merge\b|release\b|bump\b|prepare 
 #: the subject is then read past its release part.
 AND_FIX_CLAUSE = re.compile(r"\b(and|with|plus|[,;])\s+(?=(fix(es|ed)?|correct(s|ed)?)\s+\w)", re.IGNORECASE)
 #: An exception the subject says the code now raises ("Make viewkeys raise AttributeError", "raise TypeError for
-#: bytes"): behaviour asked for, not a failure fixed; the name is then no fix word.
-RAISES_EXCEPTION = re.compile(
-    r"\b(raise[sd]?|raising|throws?|throwing)\s+(an?\s+)?(?P<name>[A-Z]\w*(Error|Exception))\b"
-)
+#: bytes"): behaviour asked for, not a failure fixed; the name is then no fix word ("raised TypeError" is a failure).
+RAISES_EXCEPTION = re.compile(r"\b(raises?|throws?)\s+(an?\s+)?(?P<name>[A-Z]\w*(Error|Exception))\b")
 #: A fix without a fix word must be small: source lines added plus removed, at most.
 MAX_WORDLESS_FIX_LINES = 40
 #: ... or, with an issue reference opening the subject ("Issue 1214: Update __eq__ ..."), at most this many.
@@ -335,10 +333,10 @@ def read_commit(message: str, subject: str | None = None, shape: ChangeShape | N
        something other than tooling;
     then the subject's prefixes are set aside (a conventional `fix:`, a `module:`, a leading issue reference such
     as "Fix #131:" or "Issue 1214:"): what is left says what the commit does;
-    then a subject naming tooling or housekeeping (typing, lint, mypy, static analysis, chores, ...) is no fix,
-    whatever its fix words or changelog entry say;
     3. a change whose Python code does not change once docstrings, comments, formatting and type annotations are
-       set aside (and that changes no file shipped with the code) is no fix;
+       set aside (and that changes no file shipped with the code) is no fix; then a subject naming tooling or
+       housekeeping (typing, lint, mypy, static analysis, chores, ...) is no fix, whatever its fix words or
+       changelog entry say;
     4. changelog entries of one kind decide: a bug fix is a fix, a feature or a removal is not;
     5. a subject announcing something new (Add, Implement, Support, Allow, ...) while the change adds new public
        names is a feature;
@@ -392,12 +390,12 @@ def read_commit(message: str, subject: str | None = None, shape: ChangeShape | N
         said_first = first[clause.end() :]  # a release or bump that also fixes something: what it fixes
     rest, conventional_fix, issue = _subject_parts(said_first)
     raised = frozenset(found["name"] for found in RAISES_EXCEPTION.finditer(rest))
-    if tooling := TOOLING_WORD.search(rest):
-        return decide(False, f"the subject is about tooling ({tooling.group(0)!r}), not the code's behaviour",
-                      Rule.OTHER_WORK)  # fmt: skip
     if known is not None and not known.code_changed:
         what = "type annotations, docstrings" if known.only_annotations else "docstrings"
         return decide(False, f"it changes no code (only {what}, comments or formatting)", Rule.NO_CODE)
+    if tooling := TOOLING_WORD.search(rest):
+        return decide(False, f"the subject is about tooling ({tooling.group(0)!r}), not the code's behaviour",
+                      Rule.OTHER_WORK)  # fmt: skip
     if shape is not None and (kind := shape.changelog_kind):
         files = _listed(shape.changelog[kind], 2)
         return decide(
