@@ -327,6 +327,22 @@ def test_a_changelog_fragment_says_what_the_change_is(tmp_path: Path) -> None:
     assert result.detail == "its changelog entry says a feature (changelog/12.feature.rst)"
 
 
+def test_a_subject_about_tooling_outweighs_a_bug_fix_changelog_entry(tmp_path: Path) -> None:
+    # issue 37, round 3: projects file typing fixes under "Bug fixes"; the subject says what the commit is about
+    repo = numbers_repo(tmp_path / "repo")
+    result = screened(
+        repo,
+        {
+            "numbers_.py": NUMBERS.replace("return sum(values)", "return sum(list(values))"),
+            "tests/test_numbers.py": TEST_NUMBERS + "\n\ndef test_total_tuple():\n    assert total((1,)) == 1\n",
+            "changelog/14.bugfix.rst": "Typing of total() fixed.\n",
+        },
+        "Fix typing in numbers_",
+    )  # fmt: skip
+    assert isinstance(result, Rejection)
+    assert result.detail == "the subject is about tooling ('typing'), not the code's behaviour"
+
+
 # The corpus: the 15 real fixes of bench/real_bugs.jsonl, screened in their own histories when a bare clone of each
 # project is at /work/.mirror/OWNER+NAME/repo (bench/README.md, "The screen, measured"). Every one must still pass.
 MIRROR = Path("/work/.mirror")

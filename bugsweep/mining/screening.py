@@ -40,7 +40,7 @@ ISSUE_PREFIX = re.compile(
 )
 #: Subjects that announce something new: with new public names in the change, a feature.
 FEATURE_SUBJECT = re.compile(
-    r"^\s*(add(s|ed|ing)?(?!\s+(a\s+|an\s+|missing\s+)?(check|guard|validation)s?\b)|implement(s|ed)?|introduce[sd]?|support(s|ed)?|allow(s|ed)?|expose[sd]?|new|"
+    r"^\s*(add(s|ed|ing)?(?!\s+(a\s+|an\s+|missing\s+)?(check|guard|validation|handling)s?\b)|implement(s|ed)?|introduce[sd]?|support(s|ed)?|allow(s|ed)?|expose[sd]?|new|"
     r"provide[sd]?|enable[sd]?|make\s+\S+\s+configurable|internationali[sz]e[sd]?|locali[sz]e[sd]?|translate[sd]?)\b",
     re.IGNORECASE,
 )
@@ -73,7 +73,7 @@ MAYBE_WORK_SUBJECT = re.compile(
 TOOLING_SUBJECT = (
     r"typos|lint\w*|linters?|flake8|pep\s?8|ruff|isort|pre-commit|pyupgrade|autotyping|codespell|mypy|pyright|"
     r"type[- ]?check(ers?|ing)|type[- ]?hints?|typing(?!\.)|type\s+annotations|ci|coverage|noqa|black\s+(formatting|style)|"
-    r"(apply|run)\s+black"
+    r"(apply|run)\s+black|static\s+(analysis|typing|checks?)|chores?|housekeeping"
 )
 TOOLING = (
     rf"{TOOLING_SUBJECT}|spelling|docs|documentation|docstrings?|comments?|tests?|test\s+suite|review(\s+comments?)?|"
@@ -129,6 +129,12 @@ FIX_TYPES = ("fix", "bugfix", "hotfix")
 CHANGELOG_WORDS = {"fix": "a bug fix", "feature": "a feature", "removal": "a removal or deprecation"}
 #: Messages that look like fixes but are not bug fixes to learn from.
 NOT_A_FIX_PATTERN = re.compile(r"^\s*(revert\b|merge\b|release\b|bump\b|prepare release)", re.IGNORECASE)
+#: A later clause of a release or bump subject that fixes something ("Bump version to 1.5.6 and fix setitem ..."):
+#: the subject is then read past its release part.
+AND_FIX_CLAUSE = re.compile(r"\b(and|with|plus|[,;])\s+(?=(fix(es|ed)?|correct(s|ed)?)\s+\w)", re.IGNORECASE)
+#: An exception the subject says the code now raises ("Make viewkeys raise AttributeError", "raise TypeError for
+#: bytes"): behaviour asked for, not a failure fixed; the name is then no fix word ("raised TypeError" is a failure).
+RAISES_EXCEPTION = re.compile(r"\b(raises?|throws?)\s+(an?\s+)?(?P<name>[A-Z]\w*(Error|Exception))\b")
 #: A fix without a fix word must be small: source lines added plus removed, at most.
 MAX_WORDLESS_FIX_LINES = 40
 #: ... or, with an issue reference opening the subject ("Issue 1214: Update __eq__ ..."), at most this many.
@@ -210,10 +216,16 @@ def _about_tooling(text: str, start: int) -> bool:
 
 
 def _fix_word(
-    text: str, shape: ChangeShape | None, *, weak: bool = True, references: bool = True
+    text: str,
+    shape: ChangeShape | None,
+    *,
+    weak: bool = True,
+    references: bool = True,
+    raised: frozenset[str] = frozenset(),
 ) -> str | None:
     """The first fix word of `text` not about tooling (FIX_PATTERN, or only STRONG_FIX without `weak`; without
-    `references`, not one of an issue reference such as "Fixes #31"), or with `weak` a real exception's name."""
+    `references`, not one of an issue reference such as "Fixes #31"), or with `weak` a real exception's name that
+    is not one of `raised` (those the subject says the code now raises)."""
     for found in (FIX_PATTERN if weak else STRONG_FIX).finditer(text):
         if _about_tooling(text, found.start()):
             continue
@@ -222,6 +234,8 @@ def _fix_word(
         return found.group(0)
     if weak:
         for word in EXCEPTION_WORD.findall(text):
+            if word in raised:
+                continue
             if word in BUILTIN_EXCEPTIONS if shape is None else shape.is_exception(word):
                 return word
     return None
@@ -312,20 +326,22 @@ def read_commit(message: str, subject: str | None = None, shape: ChangeShape | N
     """Whether a commit is a bug fix to learn from, by its message and, when known, its change (read_change).
 
     In order, the first rule that decides (Rule):
-    1. a subject starting with revert, merge, release or bump is no fix;
+    1. a subject starting with revert, merge, release or bump is no fix, unless a release or bump also fixes
+       something ("Bump version to 1.5.6 and fix setitem ..."): then the subject is read from that fix on;
     2. a conventional-commit subject of a type other than fix (feat, refactor, chore, docs, test, perf, style,
        build, ci) is no fix unless the subject itself says fix (fix, bug, hotfix, regression, crash) about
        something other than tooling;
     then the subject's prefixes are set aside (a conventional `fix:`, a `module:`, a leading issue reference such
     as "Fix #131:" or "Issue 1214:"): what is left says what the commit does;
     3. a change whose Python code does not change once docstrings, comments, formatting and type annotations are
-       set aside (and that changes no file shipped with the code) is no fix;
+       set aside (and that changes no file shipped with the code) is no fix; then a subject naming tooling or
+       housekeeping (typing, lint, mypy, static analysis, chores, ...) is no fix, whatever its fix words or
+       changelog entry say;
     4. changelog entries of one kind decide: a bug fix is a fix, a feature or a removal is not;
     5. a subject announcing something new (Add, Implement, Support, Allow, ...) while the change adds new public
        names is a feature;
     6. a strong fix word (fix, bug, regression, crash, broken, wrong, incorrect, typo, mistake, or a conventional
-       `fix:`) in the subject, not about tooling ("fix typos", "fix lint"), and in a subject that names no tooling,
-       makes a fix;
+       `fix:`) in the subject, not about tooling ("fix typos", "fix lint"), makes a fix;
     7. a change that adds new public names and whose new or changed tests test only those is a feature;
     8. a subject with a leading issue reference whose change reads like a fix (existing functions changed, no new
        public names, tests asserting on existing names: `_fix_shape`, any size) is a fix, unless the subject
@@ -333,7 +349,8 @@ def read_commit(message: str, subject: str | None = None, shape: ChangeShape | N
     9. a subject announcing a feature or other work (Refactor, Clean up, Update, Remove, Replace, docs, typing,
        "can also accept", ...) is a fix only with a strong fix word in the message, not about tooling;
     10. otherwise a fix word anywhere in the message (also error, exception, fail, handle, prevent, avoid,
-        correct, don't, ...), a real exception's name, or an issue named as fixed in the subject ("closes #12")
+        correct, don't, ...), a real exception's name (not one the subject says the code now raises: "Make
+        viewkeys raise AttributeError"), or an issue named as fixed in the subject ("closes #12")
         make a fix;
     11. with none of those, a small change that reads like a fix (`_fix_shape`: 1 to MAX_WORDLESS_FIX_FUNCTIONS
         functions, MAX_WORDLESS_FIX_LINES lines) is one; anything else is not.
@@ -352,8 +369,17 @@ def read_commit(message: str, subject: str | None = None, shape: ChangeShape | N
     def decide(fix: bool, reason: str, rule: Rule) -> Reading:
         return Reading(fix, reason + words_only, rule)
 
-    if NOT_A_FIX_PATTERN.search(first):
-        return decide(False, f"the subject starts with {first.split()[0].lower()!r}", Rule.NOT_A_FIX_SUBJECT)
+    said_first = first
+    if release := NOT_A_FIX_PATTERN.search(first):
+        clause = AND_FIX_CLAUSE.search(first)
+        if (
+            release.group(0).strip().lower() in {"revert", "merge"}
+            or not clause
+            or _about_tooling(first, clause.end())
+        ):
+            return decide(
+                False, f"the subject starts with {first.split()[0].lower()!r}", Rule.NOT_A_FIX_SUBJECT
+            )
     conventional = CONVENTIONAL_SUBJECT.match(first)
     if conventional and conventional["type"].lower() in NOT_A_FIX_TYPES:
         kind = conventional["type"].lower()
@@ -361,10 +387,15 @@ def read_commit(message: str, subject: str | None = None, shape: ChangeShape | N
         if said and not _about_tooling(conventional["rest"], said.start()):
             return decide(True, f"a {kind!r} commit whose subject says {said.group(0)!r}", Rule.CONVENTIONAL)
         return decide(False, f"a {kind!r} commit whose subject does not say fix", Rule.CONVENTIONAL)
-    rest, conventional_fix, issue = _subject_parts(first)
+        said_first = first[clause.end() :]  # a release or bump that also fixes something: what it fixes
+    rest, conventional_fix, issue = _subject_parts(said_first)
+    raised = frozenset(found["name"] for found in RAISES_EXCEPTION.finditer(rest))
     if known is not None and not known.code_changed:
         what = "type annotations, docstrings" if known.only_annotations else "docstrings"
         return decide(False, f"it changes no code (only {what}, comments or formatting)", Rule.NO_CODE)
+    if tooling := TOOLING_WORD.search(rest):
+        return decide(False, f"the subject is about tooling ({tooling.group(0)!r}), not the code's behaviour",
+                      Rule.OTHER_WORK)  # fmt: skip
     if shape is not None and (kind := shape.changelog_kind):
         files = _listed(shape.changelog[kind], 2)
         return decide(
@@ -377,9 +408,6 @@ def read_commit(message: str, subject: str | None = None, shape: ChangeShape | N
             f"({_listed(defined)})",
             Rule.FEATURE,
         )
-    if tooling := TOOLING_WORD.search(rest):
-        return decide(False, f"the subject is about tooling ({tooling.group(0)!r}), not the code's behaviour",
-                      Rule.OTHER_WORK)  # fmt: skip
     if conventional_fix:
         return decide(True, "a 'fix' commit", Rule.SUBJECT_FIX_WORD)
     if strong := _fix_word(rest, known, weak=False):
@@ -402,7 +430,7 @@ def read_commit(message: str, subject: str | None = None, shape: ChangeShape | N
         return decide(
             False, f"no fix word in the message, and the subject says {announced!r}", Rule.OTHER_WORK
         )
-    if word := _fix_word(f"{rest}\n{body}", known):
+    if word := _fix_word(f"{rest}\n{body}", known, raised=raised):
         rule = Rule.EXCEPTION if EXCEPTION_WORD.fullmatch(word) else Rule.MESSAGE_FIX_WORD
         return decide(True, f"the message says {word!r}", rule)
     if ISSUE_PATTERN.search(rest if known is not None else first):

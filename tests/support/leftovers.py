@@ -4,10 +4,29 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 from pathlib import Path
 
 #: Children of this process that belong to a sandbox (its network helper, its bubblewrap, a shell it ran).
 SANDBOX_PROCESSES = ("slirp4netns", "bwrap", "sh")
+
+
+def loop_devices(state_dir: Path, settle_s: float = 3.0) -> list[str]:
+    """Loop devices backed by an image under `state_dir` (a sandbox's disk, not the state file system's own). A
+    device set to clear itself on its last close is detached by the kernel just after the unmount returns: one
+    still listed is looked at again for up to `settle_s` before it counts as left behind."""
+    deadline = time.monotonic() + settle_s
+    while True:
+        found = []
+        for backing in Path("/sys/block").glob("loop*/loop/backing_file"):
+            try:
+                if f"{state_dir}/" in backing.read_text():
+                    found.append(f"loop device {backing.parent.parent.name}")
+            except OSError:
+                pass
+        if not found or time.monotonic() >= deadline:
+            return found
+        time.sleep(0.1)
 
 
 def sandbox_leftovers(state_dir: Path, sandbox_ids: list[str]) -> list[str]:
@@ -16,12 +35,7 @@ def sandbox_leftovers(state_dir: Path, sandbox_ids: list[str]) -> list[str]:
     found = []
     if f"{state_dir}/local-" in Path("/proc/mounts").read_text():
         found.append("sandbox mounts")
-    for backing in Path("/sys/block").glob("loop*/loop/backing_file"):
-        try:
-            if f"{state_dir}/" in backing.read_text():  # a sandbox's image (not the state file system's own)
-                found.append(f"loop device {backing.parent.parent.name}")
-        except OSError:
-            pass
+    found += loop_devices(state_dir)
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or parent_pid(entry) != os.getpid():
             continue
