@@ -1,247 +1,46 @@
-"""Deployment end to end, as a user runs it: server, blocks, deploy, runs from the UI's API, workers on three
-machines: one run, the run form in a browser, a sweep cancelled, and a night of two sweeps at once (12 tasks, and
-the nightly deployed with its task file) spread over the machines while a worker and a sweep are killed and the
-model server stops for 30 s; the reviewer's morning in a browser after it.
-
-Real parts: `prefect server start` (SQLite, its own PREFECT_HOME), `bugsweep blocks create` and `bugsweep deploy`
-run as commands, `bugsweep worker` on three "machines" (each a folder with its own HOME, sandbox state folder and
-local artifacts; the third runs two workers, so a worker killed there leaves a live one of the same user on its
-machine), each running the flows in their own processes, the local sandbox, a SeaweedFS S3 server, SIGKILL. Runs
-are created with `POST /api/deployments/{id}/create_flow_run`, the call the UI's Run button makes. Stand-in: the
-scripted model server (real HTTP, 1 s to answer each request, counting the requests it answers at once) in place
-of a model.
+"""Deployment end to end, as a user runs it (the deployed project: tests/support/deployed.py): a run from the UI's
+form on a worker, the run form filled in a browser, and a sweep on workers cancelled from the UI. The night on
+three machines is tests/test_night.py (a file of its own, so the two run side by side in the suite).
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import re
-import signal
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
-from dataclasses import field as default
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from bugsweep.spec import TaskSpec, dump_tasks
-from tests.support.repos import PYTEST_SETUP, make_repo
-from tests.support.scripted_model import ScriptedModelServer, tool_call
+from tests.support.deployed import (
+    CHROMIUM,
+    Deployed,
+    calc_task,
+    cgroups_of,
+    deploy_project,
+    pid_of,
+    processes_of,
+    sandbox_leftovers,
+    sandboxes_in,
+)
+from tests.support.repos import make_repo
 
 pytest_plugins = ["tests.support.prefect_server", "tests.support.seaweed"]
 pytestmark = [pytest.mark.prefect, pytest.mark.s3]
 
-PROJECT = Path(__file__).resolve().parent.parent
-POOL = "bugsweep-test"
-#: The shortest heartbeat Prefect allows: the crash automation then marks a silent run Crashed after 60 s.
-HEARTBEAT_S = 30
-FINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
-#: The model endpoint's limit on requests at once (LLM_MAX_CONCURRENT_REQUESTS, saved in the model block).
-ENDPOINT_LIMIT = 3
-#: Turns the nightly's task spends running the tests before its fix.
-NIGHTLY_LOOKS = 6
-#: Worker -> machine. Each runs `bugsweep worker --limit 2`; only the first takes sweeps.
-WORKERS = {
-    "worker-1": "machine-1",
-    "worker-2": "machine-2",
-    "worker-3a": "machine-3",
-    "worker-3b": "machine-3",
-}
-
-
-def fixer(body: dict[str, Any]) -> dict[str, Any]:
-    """Fix on the first turn, finish on the next; works for any number of tasks at once. The nightly's task first
-    runs the tests NIGHTLY_LOOKS times, so that its requests span the other sweep's.
-
-    A task whose text says CANCEL-ME instead runs a command, then stalls the next reply (a run mid-task, waiting
-    for the model); one that says STALL-ME runs a command that sleeps in its sandbox."""
-    asked = json.dumps(body["messages"][:2])
-    answered = any(m.get("role") == "tool" for m in body["messages"])
-    if "CANCEL-ME" in asked:
-        if answered:
-            return {"sleep": 45, **tool_call("finish", summary="too late")}
-        return tool_call("run", command="python -m pytest -q || true")
-    if "STALL-ME" in asked:
-        return tool_call("finish", summary="too late") if answered else tool_call("run", command="sleep 600")
-    looked = sum(m.get("role") == "tool" for m in body["messages"])
-    # the nightly's task asks longer, so that both sweeps ask at once
-    if "[nightly]" in asked and looked < NIGHTLY_LOOKS:
-        return tool_call("run", command="python -m pytest -q || true")
-    if "[nightly]" in asked and looked == NIGHTLY_LOOKS:
-        return tool_call("edit_file", path="calc.py", old="return a - b", new="return a + b")
-    if answered:
-        return tool_call("finish", summary="add() now adds")
-    return tool_call("edit_file", path="calc.py", old="return a - b", new="return a + b")
-
-
-@dataclass
-class Machine:
-    """A folder standing for one machine: its HOME, its sandboxes' state folder, its workers' folder."""
-
-    root: Path
-
-    @property
-    def state_dir(self) -> Path:
-        return self.root / "sandboxes"
-
-    def env(self, worker: str) -> dict[str, str]:
-        return {
-            "HOME": str(self.root / "home"),
-            "BUGSWEEP_SANDBOX_STATE_DIR": str(self.state_dir),
-            "BUGSWEEP_RETRY_DELAYS_S": "0.5,1",
-            "PREFECT_WORKER_QUERY_SECONDS": "1",
-            "PREFECT_WORKER_PREFETCH_SECONDS": "0",
-            "BUGSWEEP_TEST_WORKER": worker,  # marks every process of this worker (its runs inherit it)
-        }
-
-
-class Deployed:
-    """The deployed project: the server, the S3 store the runs write to, the machines, and helpers for the API."""
-
-    def __init__(
-        self, server: Any, store: Any, model: ScriptedModelServer, machines: dict[str, Machine]
-    ) -> None:
-        self.server, self.store, self.model, self.machines = server, store, model, machines
-        self.workers = list(WORKERS)
-        self.http = httpx.Client(base_url=server.api_url, timeout=30)
-
-    def api(self, method: str, path: str, **kwargs: Any) -> Any:
-        """One REST call. On a loaded 2-core machine the SQLite-backed server can answer 503 for a moment (a
-        database timeout): try again, as the UI does."""
-        for _ in range(15):
-            response = self.http.request(method, path, **kwargs)
-            if response.status_code != 503:
-                break
-            time.sleep(2)
-        response.raise_for_status()
-        return response.json()
-
-    def deployment_id(self, name: str) -> str:
-        return str(self.api("GET", f"/deployments/name/{name}")["id"])
-
-    def run_deployment(self, name: str, parameters: dict[str, Any]) -> str:
-        """What the UI's Run button does (with a custom parameter form)."""
-        url = f"/deployments/{self.deployment_id(name)}/create_flow_run"
-        return str(self.api("POST", url, json={"parameters": parameters})["id"])
-
-    def wait(self, flow_run_id: str, timeout_s: float = 240, through_rerun: bool = False) -> dict[str, Any]:
-        """The run once it is final (`through_rerun`: a first crash is not, the rerun automation runs it again)."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            run = self.api("GET", f"/flow_runs/{flow_run_id}")
-            crashed_once = run["state"] and run["state"]["type"] == "CRASHED" and run["run_count"] < 2
-            if run["state"] and run["state"]["type"] in FINAL and not (through_rerun and crashed_once):
-                return dict(run)
-            time.sleep(1)
-        raise AssertionError(
-            f"flow run {flow_run_id} not finished after {timeout_s} s; worker logs in {self.server.logs}"
-        )
-
-    def runs_tagged(self, tag: str) -> list[dict[str, Any]]:
-        return list(self.api("POST", "/flow_runs/filter", json={"flow_runs": {"tags": {"all_": [tag]}}}))
-
-    def worker_log(self, name: str) -> str:
-        return (self.server.logs / f"{name}.log").read_text(errors="replace")
-
-    def run_folder(self, prefix: str) -> str:
-        """The one run folder under SWEEP/TASK/MODEL: SWEEP/TASK/MODEL/CONFIG (the configuration's digest)."""
-        (grade,) = [k for k in self.store.list(prefix) if k.endswith("/grade.json")]
-        return grade.rsplit("/", 1)[0]
-
-    def start_worker(self, name: str) -> subprocess.Popen[bytes]:
-        machine = self.machines[WORKERS[name]]
-        command = [sys.executable, "-m", "bugsweep", "worker", "--pool", POOL, "--limit", "2", "--name", name]
-        if name != "worker-1":
-            command.append("--no-sweeps")
-        return self.server.spawn(name, command, cwd=machine.root, **machine.env(name))
+#: Worker -> machine: one takes sweeps and runs, the other runs only.
+WORKERS = {"worker-1": "machine-1", "worker-2": "machine-2"}
 
 
 @pytest.fixture(scope="module")
 def deployed(prefect_api, seaweed, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployed]:
-    """Blocks created and deployments deployed through the CLI, and the workers of three machines on the pool."""
-    model = ScriptedModelServer([fixer] * 400, latency_s=1.0).start()
-    store = seaweed.new_store(prefix="runs")
-    env = {
-        "LLM_BASE_URL": model.base_url,
-        "LLM_MODEL": "scripted-model",
-        "LLM_API_KEY": "sk-deploy-secret",
-        "LLM_MAX_CONCURRENT_REQUESTS": str(ENDPOINT_LIMIT),
-        "BUGSWEEP_STORE_URL": f"s3://{store.bucket}/runs",
-        "AWS_ENDPOINT_URL": seaweed.endpoint_url,
-        "AWS_ACCESS_KEY_ID": "bugsweep-test",
-        "AWS_SECRET_ACCESS_KEY": "bugsweep-test-secret",
-    }
-    bugsweep = [sys.executable, "-m", "bugsweep"]
-    try:
-        created = prefect_api.run([*bugsweep, "blocks", "create"], cwd=PROJECT, **env)
-        assert "sk-deploy-secret" not in created and "bugsweep-test-secret" not in created
-        assert "bugsweep-model" in created and "bugsweep-artifacts" in created
-        deploy = [*bugsweep, "deploy", "--pool", POOL, "--heartbeat-s", str(HEARTBEAT_S)]
-        deployed_out = " ".join(prefect_api.run(deploy, cwd=PROJECT, **env).split())
-        assert "solve-bug/solve-bug" in deployed_out and "sweep/nightly-sweep" in deployed_out
-        # The project has no tasks.jsonl: the nightly schedule would fail every night, so it is deployed paused.
-        assert not (PROJECT / "tasks.jsonl").exists()
-        assert (
-            f"sweep/nightly-sweep with its schedule PAUSED: its task source '{PROJECT / 'tasks.jsonl'}' does not "
-            "exist on this machine" in deployed_out
-        )
-        assert (
-            "grow-benchmark/nightly-benchmark with its schedule PAUSED: its parameters name no repository"
-            in deployed_out
-        )
-        nightly = httpx.get(f"{prefect_api.api_url}/deployments/name/sweep/nightly-sweep", timeout=30).json()
-        assert nightly["paused"] is True
-        solve_bug = httpx.get(
-            f"{prefect_api.api_url}/deployments/name/solve-bug/solve-bug", timeout=30
-        ).json()
-        assert solve_bug["paused"] is False
-        assert (
-            "the run forms offer the saved blocks bugsweep-model, bugsweep-artifacts, already chosen"
-            in deployed_out
-        )
-        assert set(solve_bug["parameters"]) >= {"model", "store"}, solve_bug["parameters"]
-        assert "sk-deploy-secret" not in json.dumps(solve_bug) + json.dumps(nightly)
-        assert solve_bug["job_variables"]["env"]["PREFECT_FLOWS_HEARTBEAT_FREQUENCY"] == str(HEARTBEAT_S)
-        # no path of this machine in a deployment: a worker anywhere with bugsweep installed runs them
-        for deployment in (solve_bug, nightly):
-            assert deployment["pull_steps"] == [] and deployment["path"] is None, deployment
-            assert str(PROJECT) not in json.dumps(deployment)
-        assert (solve_bug["work_queue_name"], nightly["work_queue_name"]) == ("default", "sweeps")
-        assert solve_bug["global_concurrency_limit"]["limit"] == 32
-        assert solve_bug["concurrency_options"]["collision_strategy"] == "ENQUEUE"
-        machines = {m: Machine(tmp_path_factory.mktemp(m)) for m in sorted(set(WORKERS.values()))}
-        for machine in machines.values():
-            machine.state_dir.mkdir()
-        result = Deployed(prefect_api, store, model, machines)
-        for name in WORKERS:
-            result.start_worker(name)
+    """Blocks created and deployments deployed through the CLI, and two machines' workers on the pool."""
+    with deploy_project(prefect_api, seaweed, tmp_path_factory, WORKERS) as result:
         yield result
-    finally:
-        for proc in prefect_api.processes[
-            1:
-        ]:  # the workers (and the flow runs they started); the server stays
-            prefect_api.stop_process(proc)
-        del prefect_api.processes[1:]
-        model.stop()
-
-
-def calc_task(repo: Path, instance_id: str, problem: str | None = None) -> TaskSpec:
-    return TaskSpec(
-        instance_id=instance_id,
-        repo=str(repo),
-        problem_statement=problem
-        or "tests/test_calc.py::test_add fails: add() returns the wrong result. Fix the code.",
-        test_command="python -m pytest -q",
-        setup_command=PYTEST_SETUP,
-    )
 
 
 def test_a_run_from_the_ui_form_is_run_by_a_worker_and_its_patch_lands_in_s3(
@@ -285,9 +84,6 @@ def test_a_run_from_the_ui_form_is_run_by_a_worker_and_its_patch_lands_in_s3(
     grade = deployed.store.get_bytes(f"{folder}/grade.json").decode()
     assert '"resolved": true' in grade
     assert any(run_id in deployed.worker_log(w) for w in deployed.workers)
-
-
-CHROMIUM = Path("/usr/bin/chromium")  # Debian's, driven by Playwright (no browser download)
 
 
 @pytest.mark.skipif(
@@ -410,163 +206,6 @@ def test_a_person_fills_in_the_run_form_in_a_browser_and_the_run_completes(
     assert "sk-deploy-secret" not in json.dumps(run["parameters"])
 
 
-@pytest.fixture(scope="module")
-def nightly(night: Night) -> dict[str, Any]:
-    """`bugsweep deploy --tasks FILE` (the first night's step), then a run of the nightly as its schedule makes it
-    (no parameters), its task run taken by a worker (run during the night, as its second sweep): what `deploy`
-    printed, the file, the run."""
-    return {"out": night.nightly_out, "tasks_file": night.nightly_file, "run": night.sweeps["nightly"]}
-
-
-def test_the_nightly_deployed_with_a_tasks_file_is_resumed_and_a_worker_runs_it(
-    deployed: Deployed, nightly: dict[str, Any]
-) -> None:
-    """`bugsweep deploy --tasks FILE`: the nightly is deployed active, its task file put into the artifact store
-    (S3: a sweep on any machine reads it), and a run of it as the schedule makes it completes on the workers, with
-    the task's grade in S3 and a final message that says what the night did."""
-    out, tasks_file, run = nightly["out"], nightly["tasks_file"], nightly["run"]
-    assert "deployed sweep/nightly-sweep" in out and "nightly-sweep with its schedule PAUSED" not in out
-    in_store = f"s3://{deployed.store.bucket}/runs/task-files/nightly.jsonl"
-    assert f"its tasks: {in_store}" in out
-    assert deployed.store.get_bytes("task-files/nightly.jsonl") == tasks_file.read_bytes()
-    nightly_deployment = deployed.api("GET", "/deployments/name/sweep/nightly-sweep")
-    assert nightly_deployment["paused"] is False
-    assert nightly_deployment["parameters"]["source"] == {"kind": "file", "path": in_store}
-    assert nightly_deployment["parameters"]["run_on"] == "workers"
-    fields = nightly_deployment["parameter_openapi_schema"]["properties"]
-    untitled = [
-        n
-        for n, f in fields.items()
-        if not f.get("description") or f.get("title", n) == n or "_" in f.get("title", "")
-    ]
-    assert untitled == [], f"the sweep form shows raw names or no help for {untitled}"
-    assert "sk-deploy-secret" not in json.dumps(nightly_deployment), (
-        "no block's fields (a key) in a deployment"
-    )
-    solve_bug = deployed.api("GET", "/deployments/name/solve-bug/solve-bug")
-    assert "sk-deploy-secret" not in json.dumps(solve_bug) and "bugsweep-test-secret" not in json.dumps(
-        solve_bug
-    )
-    assert run["state"]["type"] == "COMPLETED", run["state"]
-    assert run["state"]["message"] == (
-        "sweep nightly COMPLETED: 1 task(s) graded: 1 resolved, 0 not resolved, 0 held for review, 0 could not run"
-    )
-    assert (
-        '"resolved": true'
-        in deployed.store.get_bytes(
-            f"{deployed.run_folder('nightly/calc-nightly/scripted-model')}/grade.json"
-        ).decode()
-    )
-
-
-@pytest.mark.skipif(
-    not CHROMIUM.exists(), reason="Debian's chromium is not installed (apt-get install chromium)"
-)
-def test_a_reviewer_opens_the_patch_and_the_review_page_from_the_run_page_on_a_private_bucket(
-    deployed: Deployed, nightly: dict[str, Any], tmp_path: Path
-) -> None:
-    """The morning in Chromium: the bucket is private (an anonymous GET is refused), yet from the nightly run's
-    page in the Prefect UI (its Artifacts tab, an artifact, its link) the patch opens as the diff and the review
-    page as the page, each link saying until when it opens."""
-    from playwright.sync_api import sync_playwright
-
-    folder = deployed.run_folder("nightly/calc-nightly/scripted-model")
-    patch = deployed.store.get_bytes(f"{folder}/patch.diff").decode()
-    endpoint = deployed.store.client.meta.endpoint_url
-    for key in (f"{folder}/patch.diff", "nightly/review.html"):
-        assert httpx.get(f"{endpoint}/{deployed.store.bucket}/runs/{key}").status_code == 403, (
-            "a private bucket"
-        )
-    base = deployed.server.api_url.removesuffix("/api")
-    digest = folder.rsplit("/", 1)[1]
-    wanted = {
-        f"patch-nightly-calc-nightly-scripted-model-{digest}": "+    return a + b",
-        "sweep-nightly-review": "",
-    }
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=["--no-sandbox"])
-        try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1400})
-            for key, expected in wanted.items():
-                page.goto(f"{base}/runs/flow-run/{nightly['run']['id']}")
-                page.locator("li.p-tab#artifacts").click()
-                page.get_by_text(key, exact=True).click(timeout=60_000)  # the artifact's card: its own page
-                link = page.locator("a.markdown-renderer__link").first
-                link.wait_for(timeout=60_000)
-                assert "opens until" in link.inner_text(), link.inner_text()
-                with page.context.expect_page() as opened:  # the UI opens links in a new tab
-                    link.click()
-                tab = opened.value
-                tab.wait_for_load_state()
-                if expected:  # the patch: the diff as text, exactly what the store holds
-                    assert tab.locator("body").inner_text().strip() == patch.strip()
-                else:  # the review page: the page itself, listing the night's task with its verdict
-                    row = tab.locator("#index tbody tr", has_text="calc-nightly")
-                    assert row.locator("td.verdict").inner_text() == "resolved"
-                tab.screenshot(path=str(tmp_path / f"{key}.png"))
-                tab.close()
-        finally:
-            browser.close()
-
-
-def sandboxes_in(state_dir: Path, pids: set[int] | None = None) -> list[Path]:
-    """The local sandboxes in a machine's state folder (only those made by `pids`, when given)."""
-    found = []
-    for meta in state_dir.glob("local-*/meta.json"):
-        try:
-            owner = json.loads(meta.read_text()).get("owner_pid")
-        except (OSError, ValueError):
-            continue
-        if pids is None or owner in pids:
-            found.append(meta.parent)
-    return found
-
-
-def sandbox_leftovers(sandbox_dirs: list[Path], cgroups: dict[Path, list[str]] | None = None) -> list[str]:
-    """Mounts, processes, cgroups and folders of these local sandboxes still on the machine (`cgroups`: each
-    one's cgroups, read from its meta.json while it was there)."""
-    mounts = Path("/proc/mounts").read_text()
-    found = [f"mount {d}" for d in sandbox_dirs if str(d) in mounts]
-    found += [f"folder {d}" for d in sandbox_dirs if d.exists()]
-    for proc in Path("/proc").iterdir():
-        try:
-            cmdline = (proc / "cmdline").read_bytes().decode(errors="replace") if proc.name.isdigit() else ""
-        except OSError:
-            continue
-        found += [f"process {proc.name}" for d in sandbox_dirs if d.name in cmdline]
-    for d in sandbox_dirs:
-        meta = d / "meta.json"
-        known = (cgroups or {}).get(d) or (
-            json.loads(meta.read_text()).get("cgroups", []) if meta.exists() else []
-        )
-        found += [f"cgroup {c}" for c in known if Path(c).exists()]
-    return found
-
-
-def cgroups_of(sandbox_dirs: list[Path]) -> dict[Path, list[str]]:
-    return {d: json.loads((d / "meta.json").read_text()).get("cgroups", []) for d in sandbox_dirs}
-
-
-def processes_of(worker: str) -> list[int]:
-    """The processes of one worker (`bugsweep worker`, its Prefect workers, the flow runs they started): those
-    whose environment carries its BUGSWEEP_TEST_WORKER."""
-    marker = f"BUGSWEEP_TEST_WORKER={worker}".encode()
-    found = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            if marker in (proc / "environ").read_bytes().split(b"\0"):
-                found.append(int(proc.name))
-        except OSError:
-            continue
-    return found
-
-
-def pid_of(run: dict[str, Any]) -> int:
-    return int(str(run.get("infrastructure_pid") or "0").rsplit(":", 1)[-1])
-
-
 def test_cancelling_a_sweep_cancels_its_task_run_and_releases_its_sandbox(
     deployed: Deployed, tmp_path: Path
 ) -> None:
@@ -591,7 +230,9 @@ def test_cancelling_a_sweep_cancels_its_task_run_and_releases_its_sandbox(
     assert stalled(), f"the task's agent started; worker logs in {deployed.server.logs}"
     (child,) = deployed.runs_tagged("sweep:cancel-sweep")
     assert child["state"]["type"] == "RUNNING" and child["parent_task_run_id"], "a subflow of the sweep"
-    machine = deployed.machines[next(m for w, m in WORKERS.items() if pid_of(child) in processes_of(w))]
+    machine = deployed.machines[
+        next(m for w, m in deployed.worker_machines.items() if pid_of(child) in processes_of(w))
+    ]
     sandboxes = sandboxes_in(machine.state_dir, {pid_of(child)})
     assert sandboxes and sandbox_leftovers(sandboxes), "the run holds a mounted sandbox"
     cgroups = cgroups_of(sandboxes)
@@ -608,238 +249,3 @@ def test_cancelling_a_sweep_cancels_its_task_run_and_releases_its_sandbox(
     while sandbox_leftovers(sandboxes, cgroups) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert sandbox_leftovers(sandboxes, cgroups) == []
-
-
-# -- a night on three machines --------------------------------------------------------------------------------
-
-
-@dataclass
-class Night:
-    """What the night did: its sweeps' runs, the killed worker's runs and sandboxes, what the model saw."""
-
-    sweeps: dict[str, dict[str, Any]] = default(default_factory=dict)
-    """Sweep name -> its flow run, once finished."""
-    tasks: dict[str, list[str]] = default(default_factory=dict)
-    """Sweep name -> its task ids."""
-    killed_runs: list[str] = default(default_factory=list)
-    """The solve-bug runs the killed worker was running."""
-    killed_tasks: set[str] = default(default_factory=set)
-    killed_sandboxes: list[Path] = default(default_factory=list)
-    killed_cgroups: dict[Path, list[str]] = default(default_factory=dict)
-    killed_at: float = 0.0
-    reaped_within_s: float | None = None
-    other_user_out: str = ""
-    outage: tuple[float, float] = (0.0, 0.0)
-    """When the model server was stopped and started again (monotonic)."""
-    nightly_out: str = ""
-    """What `bugsweep deploy --tasks FILE` printed."""
-    nightly_file: Path | None = None
-
-
-def task_of(text: str) -> str:
-    """The task a request is for, from its first user message (night_task's problem text)."""
-    found = re.search(r"\] \(([\w.-]+)\) ", text)
-    return found.group(1) if found else ""
-
-
-def night_task(repo: Path, sweep: str, i: int) -> TaskSpec:
-    """A task of the night, its text naming its sweep and itself (what the model server sees of each request)."""
-    problem = f"[{sweep}] ({sweep}-{i}) tests/test_calc.py::test_add fails: add() returns the wrong result."
-    return calc_task(repo, f"{sweep}-{i}", problem)
-
-
-@pytest.fixture(scope="module")
-def night(deployed: Deployed, tmp_path_factory: pytest.TempPathFactory) -> Night:
-    """Two sweeps at once on workers, as the UI or a schedule starts them: 12 tasks, and the nightly (one task)
-    after `bugsweep deploy --tasks FILE`, run as its schedule runs it (no parameters); every task a solve-bug
-    run, spread over the machines' workers. Mid-night, worker-3a is killed with SIGKILL with everything it runs
-    (a worker lost with its runs), the first sweep's own process is killed, and the model server stops for 30 s."""
-    from tests.support.leftovers import as_user, other_user
-
-    tmp = tmp_path_factory.mktemp("night")
-    repo = make_repo(tmp / "calc")
-    record = Night(tasks={"night-a": [f"night-a-{i}" for i in range(12)], "nightly": ["calc-nightly"]})
-    record.nightly_file = tmp / "team" / "nightly.jsonl"
-    record.nightly_file.parent.mkdir()
-    problem = "[nightly] (calc-nightly) tests/test_calc.py::test_add fails: add() returns the wrong result."
-    dump_tasks([calc_task(repo, "calc-nightly", problem)], record.nightly_file)
-    deploy = [sys.executable, "-m", "bugsweep", "deploy", "--pool", POOL, "--heartbeat-s", str(HEARTBEAT_S)]
-    record.nightly_out = " ".join(
-        deployed.server.run([*deploy, "--tasks", str(record.nightly_file)], cwd=PROJECT).split()
-    )
-    dump_tasks([night_task(repo, "night-a", i) for i in range(12)], tmp / "night-a.jsonl")
-    ids = {
-        "night-a": deployed.run_deployment(
-            "sweep/nightly-sweep",
-            {
-                "source": {"kind": "file", "path": str(tmp / "night-a.jsonl")},
-                "name": "night-a",
-                "run_on": "workers",
-            },
-        ),
-        "nightly": deployed.run_deployment("sweep/nightly-sweep", {}),
-    }
-
-    # Mid-night: once worker-3a runs a task of the first sweep whose agent has had an answer.
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        on_3a = [r for r in deployed.runs_tagged("sweep:night-a")
-                 if r["state"]["type"] == "RUNNING" and pid_of(r) in processes_of("worker-3a")]  # fmt: skip
-        asked = " ".join(json.dumps(r["messages"][:2]) for r in list(deployed.model.requests))
-        if any(f"({r['parameters']['task']['instance_id']})" in asked for r in on_3a):
-            break
-        time.sleep(0.5)
-    else:
-        raise AssertionError(f"worker-3a never ran a task of night-a; logs in {deployed.server.logs}")
-    machine = deployed.machines["machine-3"]
-    doomed = set(processes_of("worker-3a"))
-    record.killed_runs = [r["id"] for r in on_3a]
-    record.killed_tasks = {r["parameters"]["task"]["instance_id"] for r in on_3a}
-    record.killed_sandboxes = sandboxes_in(machine.state_dir, doomed)
-    record.killed_cgroups = cgroups_of(record.killed_sandboxes)
-    sweep_pid = pid_of(deployed.api("GET", f"/flow_runs/{ids['night-a']}"))
-    assert sweep_pid and sweep_pid not in doomed, "the sweep runs on worker-1"
-    for pid in (*doomed, sweep_pid):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    record.killed_at = time.monotonic()
-    # The model server stops just after a live run's request came in (the killed runs' last ones have ended by
-    # then), so that request is cut off mid-answer.
-    time.sleep(1.5)
-    deadline, before = time.monotonic() + 30, deployed.model.in_flight
-    while (now := deployed.model.in_flight) <= before and time.monotonic() < deadline:
-        before = now
-        time.sleep(0.02)
-    deployed.model.stop()
-    stopped_at = time.monotonic()
-    # another user's bugsweep, with the powers to unmount and delete them, pointed at the machine's folder
-    uid, gid = other_user(tmp / "other-home")
-    record.other_user_out = subprocess.run(
-        [*as_user(uid, gid), sys.executable, "-m", "bugsweep", "sandboxes", "cleanup"],
-        env={**os.environ, "HOME": str(tmp / "other-home"), "BUGSWEEP_SANDBOX_STATE_DIR": str(machine.state_dir)},
-        capture_output=True, text=True, timeout=120,
-    ).stdout  # fmt: skip
-    while (left := sandbox_leftovers(record.killed_sandboxes, record.killed_cgroups)) and (
-        time.monotonic() - record.killed_at < 60
-    ):
-        time.sleep(0.5)
-    record.reaped_within_s = None if left else time.monotonic() - record.killed_at
-    time.sleep(max(0.0, 30 - (time.monotonic() - stopped_at)))
-    deployed.model.start()  # on its port again, after 30 s
-    record.outage = (stopped_at, time.monotonic())
-
-    for sweep, flow_run_id in ids.items():
-        record.sweeps[sweep] = deployed.wait(flow_run_id, timeout_s=600, through_rerun=True)
-    return record
-
-
-def test_a_night_on_three_machines_grades_every_task_exactly_once_spread_over_the_workers(
-    deployed: Deployed, night: Night
-) -> None:
-    for sweep, tasks in night.tasks.items():
-        run = night.sweeps[sweep]
-        assert run["state"]["type"] == "COMPLETED", run["state"]
-        assert run["state"]["message"].startswith(
-            f"sweep {sweep} COMPLETED: {len(tasks)} task(s) graded: {len(tasks)} resolved"
-        )
-        children = deployed.runs_tagged(f"sweep:{sweep}")
-        assert sorted(c["parameters"]["task"]["instance_id"] for c in children) == sorted(tasks), (
-            "one run a task"
-        )
-        assert all(c["state"]["type"] == "COMPLETED" for c in children)
-        for task in tasks:  # one grade a task, made by its one run
-            grades = [k for k in deployed.store.list(f"{sweep}/{task}/") if k.endswith("/grade.json")]
-            assert len(grades) == 1, grades
-            (child,) = [c for c in children if c["parameters"]["task"]["instance_id"] == task]
-            written = json.loads(deployed.store.get_bytes(grades[0].replace("grade.json", "run.json")))
-            assert written["flow_run_id"] == child["id"]
-    ran_by = {
-        w: sum(c["id"] in deployed.worker_log(w) for c in deployed.runs_tagged("sweep:night-a"))
-        for w in WORKERS
-    }
-    assert all(ran_by.values()), f"every worker took a share of the night: {ran_by}"
-
-
-def test_the_model_endpoints_limit_holds_over_two_sweeps_at_once(deployed: Deployed, night: Night) -> None:
-    """Every request took a slot of the endpoint's global concurrency limit (made by the runs, sized by the model
-    block's max_concurrent_requests): the model never answered more than that many at once, across both sweeps
-    on every machine, while both sweeps were asking."""
-    from bugsweep.agent.endpoint import endpoint_name
-    from bugsweep.settings import ModelSettings
-
-    name = endpoint_name(ModelSettings(base_url=deployed.model.base_url, model="scripted-model"))
-    limit = deployed.api("GET", f"/v2/concurrency_limits/{name}")
-    assert limit["limit"] == ENDPOINT_LIMIT and limit["slot_decay_per_second"] == 0
-    assert 2 <= deployed.model.most_in_flight <= ENDPOINT_LIMIT, deployed.model.most_in_flight
-    spans = deployed.model.spans
-    a = [(start, end) for start, end, text in spans if "[night-a]" in text]
-    b = [(start, end) for start, end, text in spans if "[nightly]" in text]
-    assert any(sa < eb and sb < ea for sa, ea in a for sb, eb in b), "the two sweeps asked at the same time"
-
-
-def test_a_model_server_stopped_for_30_s_mid_night_is_waited_for_and_no_task_fails(
-    deployed: Deployed, night: Night
-) -> None:
-    """The server stops (every connection dropped) while a live run's request is being answered, and listens again
-    30 s later: that run's request is asked again after the restart (an outage waited for, not a configuration
-    error), and every task of both sweeps is graded resolved, none failed."""
-    stopped, back = night.outage
-    assert back - stopped >= 30
-    spans = deployed.model.spans
-    cut = {task_of(text) for start, end, text in spans if start < stopped < end} - night.killed_tasks
-    asked_after = {task_of(text) for start, _, text in spans if start > back}
-    assert cut & asked_after, (
-        f"a run cut off by the stop asked again after it: cut {cut}, after {asked_after}"
-    )
-    for sweep in night.tasks:
-        for key in deployed.store.list(f"{sweep}/"):
-            if key.endswith("/grade.json"):
-                grade = json.loads(deployed.store.get_bytes(key))
-                assert grade["resolved"] and not grade["error"], grade
-
-
-def test_a_worker_killed_mid_night_its_runs_finish_on_the_others_and_nothing_is_left(
-    deployed: Deployed, night: Night
-) -> None:
-    """SIGKILL of worker-3a and every process it ran (its Prefect workers, its flow runs): the crash automation
-    marks its runs Crashed once their heartbeats stop, the rerun automation schedules them again as the same flow
-    runs, and the other workers run and grade them. Another user's bugsweep (with the powers to unmount and
-    delete them) leaves the killed runs' sandboxes alone; the live worker of the same user on that machine
-    (worker-3b: its reaper, or a run it started) removes their mounts, cgroups and folders within a minute, without
-    a new worker starting."""
-    assert night.killed_runs and night.killed_sandboxes
-    assert "0 left-over local sandbox(es) removed" in night.other_user_out, night.other_user_out
-    assert night.reaped_within_s is not None and night.reaped_within_s < 60, "reaped within a minute"
-    removed = " ".join(deployed.worker_log("worker-3b").split())
-    # by worker-3b's reaper or by a run it started meanwhile, which reaps the machine's leftovers as it makes its
-    # sandbox: both log "removing sandbox NAME left behind by process PID" (bugsweep.sandbox.local.stale)
-    reaped = re.findall(r"removing sandbox (local-\w+) left behind by process", removed)
-    names = " ".join(reaped)
-    assert any(d.name in names for d in night.killed_sandboxes), "by the live worker of the same user"
-    for run_id in night.killed_runs:
-        run = deployed.api("GET", f"/flow_runs/{run_id}")
-        states = deployed.api("GET", "/flow_run_states/", params={"flow_run_id": run_id})
-        assert run["state"]["type"] == "COMPLETED" and run["run_count"] == 2, "run once more, as the same run"
-        assert any(st["type"] == "CRASHED" and "no heartbeat" in (st["message"] or "") for st in states)
-        assert any(st["name"] == "AwaitingRetry" for st in states)
-        assert any(run_id in deployed.worker_log(w) for w in WORKERS if w != "worker-3a"), (
-            "finished elsewhere"
-        )
-    assert processes_of("worker-3a") == []
-    deadline = time.monotonic() + 30  # the last runs' processes release their sandboxes as they exit
-    while any(sandboxes_in(m.state_dir) for m in deployed.machines.values()) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert [d for m in deployed.machines.values() for d in sandboxes_in(m.state_dir)] == []
-    mounts = Path("/proc/mounts").read_text()
-    assert not [m for m in deployed.machines.values() if f"{m.state_dir}/" in mounts], "no mount left"
-
-
-def test_a_sweep_killed_mid_night_is_run_again_and_collects_its_runs_instead_of_starting_them_twice(
-    deployed: Deployed, night: Night
-) -> None:
-    run = night.sweeps["night-a"]
-    assert run["run_count"] == 2, "the same flow run, run again by the rerun automation"
-    states = deployed.api("GET", "/flow_run_states/", params={"flow_run_id": run["id"]})
-    assert any(st["type"] == "CRASHED" for st in states)
-    children = deployed.runs_tagged("sweep:night-a")
-    assert len(children) == len(night.tasks["night-a"]), "no task started twice"

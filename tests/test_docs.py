@@ -167,7 +167,7 @@ def quoted_numbers() -> list[tuple[str, str]]:
     from bugsweep.agent.focus import FIRST_PROMPT_MAX_CHARS
     from bugsweep.agent.model import MAX_RETRY_AFTER_S
     from bugsweep.agent.small_model.whole_function import SAMPLE_TEMPERATURE
-    from bugsweep.cli.pipeline import WORKER_QUERY_S
+    from bugsweep.cli.deploy import WORKER_QUERY_S
     from bugsweep.embedded import EmbeddedSettings
     from bugsweep.grading.runs import LOG_HEAD_BYTES
     from bugsweep.runconfig import AgentLimits, SandboxLimits
