@@ -30,11 +30,11 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
 from bugsweep import branches, discover
-from bugsweep.attempts import resolved_at
+from bugsweep.attempts import resolved_at, step_kind
 from bugsweep.discover import RepoBranch, TaskFile
 from bugsweep.errors import ConfigError, InfraError, SandboxGone, failure_kind, first_line
 from bugsweep.grading import Grade
-from bugsweep.pipeline import STEP_TIMEOUT_S, step_kind
+from bugsweep.pipeline import STEP_TIMEOUT_S
 from bugsweep.settings import AgentSettings, BranchSettings
 from bugsweep.spec import TaskSpec
 from bugsweep.storage import ArtifactStore
