@@ -241,7 +241,15 @@ def night(deployed: Deployed, tmp_path_factory: pytest.TempPathFactory) -> Night
             break
         time.sleep(0.5)
     else:
-        raise AssertionError(f"worker-3a never ran a task of night-a; logs in {deployed.server.logs}")
+        ran = {
+            w: sum(r["id"] in deployed.worker_log(w) for r in deployed.runs_tagged("sweep:night-a"))
+            for w in WORKERS
+        }
+        states = [r["state"]["type"] for r in deployed.runs_tagged("sweep:night-a")]
+        raise AssertionError(
+            f"worker-3a never ran a task of night-a: runs {states}, by worker {ran}, the model asked "
+            f"{len(deployed.model.requests)} time(s); worker-3a's log ends:\n{deployed.worker_log('worker-3a')[-3000:]}"
+        )
     machine = deployed.machines["machine-3"]
     doomed = set(processes_of("worker-3a"))
     record.killed_runs = [r["id"] for r in on_3a]

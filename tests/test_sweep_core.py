@@ -14,7 +14,8 @@ from typing import Any
 
 from bugsweep.errors import StorageError
 from bugsweep.spec import TaskSpec
-from bugsweep.storage import PENDING_FILE, LocalStore
+from bugsweep.storage import LocalStore
+from bugsweep.upload import PENDING_FILE
 from tests.support.repos import PYTEST_SETUP
 from tests.support.scripted_model import tool_call
 
@@ -80,8 +81,8 @@ def test_one_task_without_prefect_a_refused_upload_is_kept_and_the_next_run_uplo
 
 
 def test_a_sweep_uploads_what_earlier_runs_kept_as_it_starts(tmp_path: Path) -> None:
-    from bugsweep.storage import mark_pending
     from bugsweep.sweep.graded import upload_kept
+    from bugsweep.upload import mark_pending
 
     store = RefusingStore(tmp_path / "store")
     kept = tmp_path / "local" / "night" / "calc-9" / "m" / "c0ffee"

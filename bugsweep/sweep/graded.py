@@ -17,7 +17,8 @@ from bugsweep.errors import StorageError
 from bugsweep.grading import Grade
 from bugsweep.runconfig import CODE_FIELDS
 from bugsweep.spec import TaskSpec, same_task
-from bugsweep.storage import GRADE_FILE, key_part, pending_runs, run_key, upload_pending
+from bugsweep.storage import GRADE_FILE, key_part, run_key
+from bugsweep.upload import pending_runs, upload_pending
 
 if TYPE_CHECKING:
     from bugsweep.storage import ArtifactStore

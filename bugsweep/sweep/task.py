@@ -24,14 +24,16 @@ from bugsweep.errors import StorageError, failure_kind
 from bugsweep.grading import Grade
 from bugsweep.pipeline import failed_grade
 from bugsweep.spec import TaskSpec, same_task
-from bugsweep.storage import GRADE_FILE, PENDING_FILE, mark_pending, pending_key, run_key, upload_run
+from bugsweep.storage import GRADE_FILE, run_key
+from bugsweep.upload import PENDING_FILE, mark_pending, pending_key, upload_run
 
 if TYPE_CHECKING:
     from bugsweep.agent.loop import AgentEvent
     from bugsweep.sandbox.base import Sandbox
     from bugsweep.settings import BranchSettings
-    from bugsweep.storage import ArtifactStore, UploadResult
+    from bugsweep.storage import ArtifactStore
     from bugsweep.sweep.setup import RunSetup
+    from bugsweep.upload import UploadResult
 
     Log = logging.Logger | logging.LoggerAdapter[Any]
 
