@@ -28,9 +28,6 @@ from bugsweep.spec import TaskSpec, dump_tasks
 from tests.support.deployed import (
     CHROMIUM,
     ENDPOINT_LIMIT,
-    HEARTBEAT_S,
-    POOL,
-    PROJECT,
     Deployed,
     calc_task,
     cgroups_of,
@@ -56,10 +53,23 @@ WORKERS = {
 
 
 @pytest.fixture(scope="module")
-def deployed(prefect_api, seaweed, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployed]:
+def deployed(
+    prefect_api, seaweed, tmp_path_factory: pytest.TempPathFactory, nightly_file: Path
+) -> Iterator[Deployed]:
     """Blocks created and deployments deployed through the CLI, and the workers of three machines on the pool."""
-    with deploy_project(prefect_api, seaweed, tmp_path_factory, WORKERS) as result:
+    with deploy_project(
+        prefect_api, seaweed, tmp_path_factory, WORKERS, nightly_tasks=nightly_file
+    ) as result:
         yield result
+
+
+@pytest.fixture(scope="module")
+def nightly_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The team's nightly task file, given to `bugsweep deploy --tasks` (the first night's step): one task."""
+    folder = tmp_path_factory.mktemp("team")
+    problem = "[nightly] (calc-nightly) tests/test_calc.py::test_add fails: add() returns the wrong result."
+    dump_tasks([calc_task(make_repo(folder / "calc"), "calc-nightly", problem)], folder / "nightly.jsonl")
+    return folder / "nightly.jsonl"
 
 
 @pytest.fixture(scope="module")
@@ -200,7 +210,7 @@ def night_task(repo: Path, sweep: str, i: int) -> TaskSpec:
 
 
 @pytest.fixture(scope="module")
-def night(deployed: Deployed, tmp_path_factory: pytest.TempPathFactory) -> Night:
+def night(deployed: Deployed, nightly_file: Path, tmp_path_factory: pytest.TempPathFactory) -> Night:
     """Two sweeps at once on workers, as the UI or a schedule starts them: 12 tasks, and the nightly (one task)
     after `bugsweep deploy --tasks FILE`, run as its schedule runs it (no parameters); every task a solve-bug
     run, spread over the machines' workers. Mid-night, worker-3a is killed with SIGKILL with everything it runs
@@ -210,14 +220,7 @@ def night(deployed: Deployed, tmp_path_factory: pytest.TempPathFactory) -> Night
     tmp = tmp_path_factory.mktemp("night")
     repo = make_repo(tmp / "calc")
     record = Night(tasks={"night-a": [f"night-a-{i}" for i in range(12)], "nightly": ["calc-nightly"]})
-    record.nightly_file = tmp / "team" / "nightly.jsonl"
-    record.nightly_file.parent.mkdir()
-    problem = "[nightly] (calc-nightly) tests/test_calc.py::test_add fails: add() returns the wrong result."
-    dump_tasks([calc_task(repo, "calc-nightly", problem)], record.nightly_file)
-    deploy = [sys.executable, "-m", "bugsweep", "deploy", "--pool", POOL, "--heartbeat-s", str(HEARTBEAT_S)]
-    record.nightly_out = " ".join(
-        deployed.server.run([*deploy, "--tasks", str(record.nightly_file)], cwd=PROJECT).split()
-    )
+    record.nightly_file, record.nightly_out = nightly_file, deployed.deploy_out
     dump_tasks([night_task(repo, "night-a", i) for i in range(12)], tmp / "night-a.jsonl")
     ids = {
         "night-a": deployed.run_deployment(

@@ -35,6 +35,13 @@ FINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
 ENDPOINT_LIMIT = 3
 #: Turns the nightly's task spends running the tests before its fix.
 NIGHTLY_LOOKS = 6
+#: What `bugsweep blocks create` saves (TYPE/NAME).
+SAVED_BLOCKS = (
+    "bugsweep-model-endpoint/bugsweep-model",
+    "s3-bucket/bugsweep-artifacts",
+    "aws-credentials/bugsweep-artifacts",
+    "bugsweep-local-sandbox/bugsweep-local",
+)
 #: Worker -> machine. Each runs `bugsweep worker --limit 2`; only the first takes sweeps.
 
 
@@ -78,7 +85,6 @@ class Machine:
             "HOME": str(self.root / "home"),
             "BUGSWEEP_SANDBOX_STATE_DIR": str(self.state_dir),
             "BUGSWEEP_RETRY_DELAYS_S": "0.5,1",
-            "PREFECT_WORKER_QUERY_SECONDS": "1",
             "PREFECT_WORKER_PREFETCH_SECONDS": "0",
             "BUGSWEEP_TEST_WORKER": worker,  # marks every process of this worker (its runs inherit it)
         }
@@ -99,6 +105,8 @@ class Deployed:
         self.worker_machines = workers
         """Worker -> machine. Each runs `bugsweep worker --limit 2`; only the first takes sweeps."""
         self.workers = list(workers)
+        self.deploy_out = ""
+        """What `bugsweep deploy` printed (on one line)."""
         self.http = httpx.Client(base_url=server.api_url, timeout=30)
 
     def api(self, method: str, path: str, **kwargs: Any) -> Any:
@@ -154,9 +162,14 @@ class Deployed:
 
 @contextlib.contextmanager
 def deploy_project(
-    prefect_api: Any, seaweed: Any, tmp_path_factory: pytest.TempPathFactory, workers: dict[str, str]
+    prefect_api: Any,
+    seaweed: Any,
+    tmp_path_factory: pytest.TempPathFactory,
+    workers: dict[str, str],
+    nightly_tasks: Path | None = None,
 ) -> Iterator[Deployed]:
-    """Blocks created and deployments deployed through the CLI, and `workers` (worker -> machine) on the pool."""
+    """Blocks created and deployments deployed through the CLI (`nightly_tasks`: with `--tasks FILE`, as the first
+    night's step does), and `workers` (worker -> machine) on the pool."""
     model = ScriptedModelServer([fixer] * 400, latency_s=1.0).start()
     store = seaweed.new_store(prefix="runs")
     env = {
@@ -175,11 +188,13 @@ def deploy_project(
         assert "sk-deploy-secret" not in created and "bugsweep-test-secret" not in created
         assert "bugsweep-model" in created and "bugsweep-artifacts" in created
         deploy = [*bugsweep, "deploy", "--pool", POOL, "--heartbeat-s", str(HEARTBEAT_S)]
+        if nightly_tasks is not None:
+            deploy += ["--tasks", str(nightly_tasks)]
         deployed_out = " ".join(prefect_api.run(deploy, cwd=PROJECT, **env).split())
         assert "solve-bug/solve-bug" in deployed_out and "sweep/nightly-sweep" in deployed_out
         # The project has no tasks.jsonl: the nightly schedule would fail every night, so it is deployed paused.
         assert not (PROJECT / "tasks.jsonl").exists()
-        assert (
+        assert nightly_tasks is not None or (
             f"sweep/nightly-sweep with its schedule PAUSED: its task source '{PROJECT / 'tasks.jsonl'}' does not "
             "exist on this machine" in deployed_out
         )
@@ -188,7 +203,7 @@ def deploy_project(
             in deployed_out
         )
         nightly = httpx.get(f"{prefect_api.api_url}/deployments/name/sweep/nightly-sweep", timeout=30).json()
-        assert nightly["paused"] is True
+        assert nightly["paused"] is (nightly_tasks is None)
         solve_bug = httpx.get(
             f"{prefect_api.api_url}/deployments/name/solve-bug/solve-bug", timeout=30
         ).json()
@@ -211,6 +226,7 @@ def deploy_project(
         for machine in machines.values():
             machine.state_dir.mkdir()
         result = Deployed(prefect_api, store, model, machines, workers)
+        result.deploy_out = deployed_out
         for name in workers:
             result.start_worker(name)
         yield result
@@ -221,6 +237,13 @@ def deploy_project(
             prefect_api.stop_process(proc)
         del prefect_api.processes[1:]
         model.stop()
+        # The server is the session's: the next file on it (test_blocks, the other deployment file) starts with
+        # no saved blocks, as a team's first night does.
+        for slug in SAVED_BLOCKS:
+            block_type, name = slug.split("/")
+            url = f"{prefect_api.api_url}/block_types/slug/{block_type}/block_documents/name/{name}"
+            if (found := httpx.get(url, timeout=60)).status_code == 200:
+                httpx.delete(f"{prefect_api.api_url}/block_documents/{found.json()['id']}", timeout=60)
 
 
 def calc_task(repo: Path, instance_id: str, problem: str | None = None) -> TaskSpec:
