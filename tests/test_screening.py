@@ -265,6 +265,16 @@ def test_a_module_prefix_a_new_parameter_and_a_helper_assertion_are_read(tmp_pat
         ("Add an option to log tracebacks\n\n* Avoid an exception in the example\n* Fix pep8 error",
          "no fix word in the message, and the subject says 'Add'"),
         ("fix: expose total() to type checkers", "the subject is about tooling ('type checkers'), not the code's behaviour"),
+        # a squashed pull request's bullets: fixes of its packaging and setup say nothing about a bug
+        ("Add Python 3.12 (#285)\n\n* fix packaging tox job\n\n* fix setup, fix docs, add py312 to CI",
+         "no fix word in the message, and the subject says 'Add'"),
+        ("Catch more specific exception (B017).", "the subject is about tooling ('B017'), not the code's behaviour"),
+        # a module prefix of several words hides the verb no more
+        ("JSON Schema: Support lists of totals", "no fix word in the message, and the subject says 'Support'"),
+        ("Make the error of total() more informative", "no fix word in the message, and the subject says 'more informative'"),
+        ("Cache the totals of long lists", "no fix word in the message, and the subject says 'Cache'"),
+        ("flip total() back to lists for now", "no fix word in the message, and the subject says 'for now'"),
+        ("total: don't sum tuples by default", "no fix word in the message, and the subject says 'by default'"),
     ],
 )  # fmt: skip
 def test_words_elsewhere_do_not_outweigh_the_subject(tmp_path: Path, message: str, detail: str) -> None:
@@ -278,6 +288,55 @@ def test_words_elsewhere_do_not_outweigh_the_subject(tmp_path: Path, message: st
         message,
     )  # fmt: skip
     assert isinstance(result, Rejection) and result.detail == detail
+
+
+def test_a_wordless_change_to_code_no_release_holds_is_not_a_fix(tmp_path: Path) -> None:
+    """A feature built in small commits after a release: its later steps change code that never shipped and read
+    like fixes by their shape; a fix corrects code a release holds. Without a tag nothing is known."""
+    repo = numbers_repo(tmp_path / "repo")
+    shipped = NUMBERS.replace("sign + str(n)", "sign + str(abs(n))")
+    result = screened(
+        repo,
+        {
+            "numbers_.py": shipped,
+            "tests/test_numbers.py": TEST_NUMBERS.replace("import total", "import fmt, total")
+            + "\n\ndef test_fmt_negative():\n    assert fmt(-1) == '-1'\n",
+        },
+        "Stop printing two minus signs",
+    )
+    assert isinstance(result, Screened) and result.rule == "fix-shaped change"  # no tag: nothing known
+    git(repo, "tag", "v1.0")
+    starred = shipped.replace(
+        "    return sum(values)",
+        "    if values and values[0] == '*':\n        return sum(values[1:])\n    return sum(values)",
+    )
+    write_files(repo, {"numbers_.py": starred})
+    commit_all(repo, "star totals kinda working")
+    result = screened(
+        repo,
+        {
+            "numbers_.py": starred.replace("values[0] == '*'", "values[0] in ('*', '**')"),
+            "tests/test_star.py": "from numbers_ import total\n\n\ndef test_star():\n    assert total(['**', 1]) == 1\n",
+        },
+        "** totals too",
+    )  # fmt: skip
+    assert isinstance(result, Rejection) and result.rule == "changes code written since the last release"
+    assert result.detail == (
+        "no fix word, but the change reads like a fix: it changes existing code (total, 2 lines, no new public "
+        "names) and tests assert on it (test_star), but 1 of the 1 source lines it touches were written since the "
+        "last release (v1.0): work on code that has not shipped, not a fix of released code"
+    )
+    # the same shape on code that shipped in v1.0 is a fix
+    result = screened(
+        repo,
+        {
+            "numbers_.py": starred.replace('sign = "-" if n < 0 else ""', 'sign = "-" if n < 0 else "+"'),
+            "tests/test_numbers.py": TEST_NUMBERS.replace("import total", "import fmt, total")
+            + "\n\ndef test_fmt_positive():\n    assert fmt(1) == '+1'\n",
+        },
+        "Show the sign of positive numbers",
+    )
+    assert isinstance(result, Screened) and result.rule == "fix-shaped change", result
 
 
 def test_changes_that_change_no_code_and_changes_it_cannot_read_say_so(tmp_path: Path) -> None:

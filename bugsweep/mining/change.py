@@ -119,6 +119,9 @@ class ChangeShape:
     unread_exceptions: list[ast.Module] = field(default_factory=list, repr=False, compare=False)
     changelog: dict[str, list[str]] = field(default_factory=dict)
     """What the change's changelog entries say it is: kind ('fix', 'feature', 'removal') -> the files saying it."""
+    unread_release: tuple[Path, Commit, list[str]] | None = field(default=None, repr=False, compare=False)
+    """Where `release()` reads from (the repository, the commit, its source files), until it has."""
+    known_release: Release | None = field(default=None, repr=False, compare=False)
     unreadable: list[str] = field(default_factory=list)
     """Files the screen cannot read (a source file in another language, Python that does not parse), or why the
     change was not read (more than MAX_FILES Python files): the shape above is then unknown."""
@@ -143,6 +146,14 @@ class ChangeShape:
         """The one kind of change the changelog entries say (None: none, or several)."""
         return next(iter(self.changelog)) if len(self.changelog) == 1 else None
 
+    def release(self) -> Release | None:
+        """How much of the code the change touches had shipped in a release before it (read_release; read when a
+        rule first needs it: blaming is most of what it costs)."""
+        if self.unread_release is not None:
+            self.known_release = read_release(*self.unread_release)
+            self.unread_release = None
+        return self.known_release
+
     def is_exception(self, word: str) -> bool:
         """A real exception mention: a builtin exception, or one the code raises or catches that the commit did not
         add (a class such as `ParsedException` that the commit defines is a new name, not an exception fixed)."""
@@ -153,6 +164,73 @@ class ChangeShape:
         self.unread_exceptions = []
         added = {name.rsplit(".", 1)[-1] for name in self.added_names}
         return word in self.raised_or_caught and word not in added
+
+
+@dataclass(frozen=True)
+class Release:
+    """The code a change touches, by whether it had shipped: the lines of its source files (any language) that it
+    removes or rewrites, and for each place where it only adds, the line it adds after, at the parent, each blamed
+    to the commit that wrote it and compared with the last release tag before the change. A fix corrects code
+    that shipped; work on code written since the last release (a feature being built in small commits, a change
+    of mind) is not a fix of a released bug. `tag` is None when no tag precedes the change: nothing is known."""
+
+    tag: str | None
+    touched: int = 0
+    """Lines of the parent the change touches in its source files (new files touch none)."""
+    unreleased: int = 0
+    """Of those, the lines written after `tag` (in no release yet)."""
+
+    @property
+    def only_unreleased(self) -> bool:
+        """Every line the change touches was written since the last release (and it touches some)."""
+        return self.tag is not None and self.touched > 0 and self.unreleased == self.touched
+
+
+#: A hunk header of `git diff -U0`: where its old lines start and how many there are.
+HUNK = re.compile(r"^@@ -(?P<start>\d+)(?:,(?P<count>\d+))? \+")
+
+
+def _git_out(repo: Path, *args: str) -> str | None:
+    proc = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, errors="replace")
+    return proc.stdout if proc.returncode == 0 else None
+
+
+def _touched_ranges(diff: str) -> list[tuple[int, int]]:
+    """The parent's line ranges a `-U0` diff of one file touches: removed lines, or the line an addition follows
+    (the first line for an addition at the top)."""
+    ranges: list[tuple[int, int]] = []
+    for line in diff.splitlines():
+        if found := HUNK.match(line):
+            start, count = int(found["start"]), int(found["count"] or "1")
+            ranges.append((start, start + count - 1) if count else (max(start, 1), max(start, 1)))
+    return ranges
+
+
+def read_release(repo: Path, commit: Commit, source_files: Sequence[str]) -> Release | None:
+    """Whether the code `commit` touches in `source_files` had shipped in the last release tagged before it
+    (Release); None for a root commit."""
+    if not commit.parents:
+        return None
+    base = commit.parents[0]
+    tag = (_git_out(repo, "describe", "--tags", "--abbrev=0", base) or "").strip() or None
+    if tag is None:
+        return Release(tag=None)
+    since = set((_git_out(repo, "rev-list", base, f"^{tag}") or "").split())
+    touched = unreleased = 0
+    for path in source_files:
+        ranges = _touched_ranges(_diff(repo, base, commit.sha, [path], "-U0"))
+        old = _git_show(repo, base, path)
+        if old is None or not ranges:
+            continue  # a new file touches nothing that shipped
+        last = max(1, len(old.splitlines()))
+        spans = [arg for a, b in ranges for arg in ("-L", f"{min(a, last)},{min(b, last)}")]
+        blame = _git_out(repo, "blame", "--porcelain", *spans, base, "--", path) or ""
+        for line in blame.splitlines():
+            head = line.split(" ")
+            if len(head) >= 3 and len(head[0]) == 40 and head[1].isdigit() and head[2].isdigit():
+                touched += 1
+                unreleased += head[0] in since
+    return Release(tag=tag, touched=touched, unreleased=unreleased)
 
 
 def _git_show(repo: Path, rev: str, path: str) -> str | None:
@@ -470,6 +548,7 @@ def read_change(
         )
     _read_tests(shape, {p: (*trees[p], *lines[p]) for p in py_tests})
     shape.unread_exceptions = [tree for pair in trees.values() for tree in pair]
+    shape.unread_release = (repo, commit, list(source_files))
     return shape
 
 

@@ -56,7 +56,8 @@ OTHER_WORK_SUBJECT = re.compile(
     r"^\s*(optimi[sz]e[sd]?|speed\s+up|refactor\w*|clean\w*|minor|small|deprecate[sd]?|drop(s|ped)?|"
     r"rename[sd]?|re-?format\w*|format\w*|moderni[sz]e[sd]?|upgrade[sd]?|move[sd]?|document\w*|docs?\b|tidy|"
     r"migrate[sd]?|sync\w*|type\s+hints?|annotate|lint\w*|tests?\b|more\s+tests|also\s+test|cover(s|ed)?\b|"
-    r"run\b|apply\b|applied\b|enforce[sd]?|prepare\b|bump\w*|various|misc\w*|relax\w*|repackag\w*)",
+    r"run\b|apply\b|applied\b|enforce[sd]?|prepare\b|bump\w*|various|misc\w*|relax\w*|repackag\w*|"
+    r"cache\b|memoi[sz]e[sd]?\b)",
     re.IGNORECASE,
 )
 #: Subjects of work that may be a fix or not ("Update __eq__ for numeric_range", "Replace the fill value logic"):
@@ -73,24 +74,28 @@ MAYBE_WORK_SUBJECT = re.compile(
 TOOLING_SUBJECT = (
     r"typos|lint\w*|linters?|flake8|pep\s?8|ruff|isort|pre-commit|pyupgrade|autotyping|codespell|mypy|pyright|"
     r"type[- ]?check(ers?|ing)|type[- ]?hints?|typing(?!\.)|type\s+annotations|ci|coverage|noqa|black\s+(formatting|style)|"
-    r"(apply|run)\s+black|static\s+(analysis|typing|checks?)|chores?|housekeeping"
+    r"(apply|run)\s+black|static\s+(analysis|typing|checks?)|chores?|housekeeping|"
+    r"(?<=[(,\s])[A-Z]{1,3}\d{3,4}(?=[,)])"  # a linter's rule code in parentheses: "(B017)", "(E501, W503)"
 )
 TOOLING = (
     rf"{TOOLING_SUBJECT}|spelling|docs|documentation|docstrings?|comments?|tests?|test\s+suite|review(\s+comments?)?|"
-    r"violations?|warnings?|import\s+order|readme|changelog|annotation"
+    r"violations?|warnings?|import\s+order|readme|changelog|annotation|packaging|setup|tox|builds?|jobs?"
 )
 TOOLING_WORD = re.compile(rf"\b({TOOLING_SUBJECT})\b", re.IGNORECASE)
 #: A fix word whose object is tooling ("fix typos", "fix the failing tests", "fix pep8 error", "lint fixes",
 #: "auto-fix codebase"): it says nothing about a bug.
 TOOLING_FIX = re.compile(
-    rf"\b(fix(es|ed|ing)?|correct(s|ed)?)\s+(\w[\w-]*\s+)?({TOOLING})\b|"
+    rf"\b(fix(es|ed|ing)?|correct(s|ed)?)\s+((a\s+few|a\s+couple\s+of|some|several|many|more|minor|small|all|the)\s+)?"
+    rf"(\w[\w-]*\s+)?({TOOLING})\b|"
     rf"\b({TOOLING}|auto|typo)[- ]fix(es|ed)?\b|\bautofix\w*",
     re.IGNORECASE,
 )
 #: Words anywhere in a subject that announce work other than a fix ("a few more py3 improvements", "Make functions
-#: private and deprecate public aliases").
+#: private and deprecate public aliases", "make the error more informative", "catch a more specific exception",
+#: "make star paths the default", "warn instead of raising for now").
 OTHER_WORK_PHRASE = re.compile(
-    r"\b(improvements?|clean-?ups?|refactor\w*|polish\w*|deprecat\w+|(error|exception|warning)\s+messages?)\b",
+    r"\b(improvements?|clean-?ups?|refactor\w*|polish\w*|deprecat\w+|(error|exception|warning)\s+messages?|"
+    r"more\s+(informative|helpful|descriptive|readable|useful|specific|explicit)|(by|the)\s+default|for\s+now)\b",
     re.IGNORECASE,
 )
 #: Speed and memory, in a subject or a message: work on how fast, not on what the code does.
@@ -102,9 +107,10 @@ SPEED_PHRASE = re.compile(
 #: A fix word that is part of an issue reference ("Fixes #31", "fix #350", "fixes: #393", "closes gh-7"): in a
 #: message body it is how pull requests end, features included, and says nothing about a bug.
 ISSUE_REFERENCE = re.compile(r"\s*:?\s*(#|gh-?|issue\s*#?)\d+", re.IGNORECASE)
-#: A `module: ...` prefix of a subject ("statsutils: add mode()", "tbutils: round-trip ..."): what the commit does
-#: comes after it.
-MODULE_PREFIX = re.compile(r"^\s*(?P<module>[\w./-]+):\s+(?=\S)")
+#: A `module: ...` prefix of a subject ("statsutils: add mode()", "tbutils: round-trip ...", "JSON Schema: Support
+#: ..."): what the commit does comes after it. A prefix of several words counts only when none of them is a fix
+#: word or opens a feature or other work ("Fix regression: ..." is no module).
+MODULE_PREFIX = re.compile(r"^\s*(?P<module>[\w./-]+(?:\s[\w./-]+){0,2}):\s+(?=\S)")
 #: Conventional-commit types that are not bug fixes (`feat: ...`, `refactor(core)!: ...`).
 NOT_A_FIX_TYPES = (
     "feat",
@@ -141,6 +147,10 @@ MAX_WORDLESS_FIX_LINES = 40
 MAX_ISSUE_FIX_LINES = 80
 #: ... and touch few existing functions: a clean-up or a linter's pass touches many a little.
 MAX_WORDLESS_FIX_FUNCTIONS = 3
+#: Of the lines a change touches, the share written since the last release above which a change admitted only on
+#: weak evidence (WEAK_RULES) is work on code that never shipped: a feature built in small commits, a change of
+#: mind, not a fix of released code.
+MAX_UNRELEASED_SHARE = 0.5
 #: Single-module test suites of older projects (`tests.py`), counted as test files too when mining.
 LONE_TEST_MODULES = {"tests.py", "test.py"}
 #: Test-file patterns used to split a commit: the agent's protected globs plus the lone test modules.
@@ -176,6 +186,12 @@ class Rule(StrEnum):
     ISSUE_FIXED = "issue named as fixed"
     FIX_SHAPE = "fix-shaped change"
     NO_FIX_WORD = "no fix word"
+    UNRELEASED = "changes code written since the last release"
+
+
+#: Rules that admit a fix on weak evidence (a weak or a body's fix word, an exception's name, an issue number, the
+#: change's shape alone): what they admit must change code that shipped (MAX_UNRELEASED_SHARE).
+WEAK_RULES = {Rule.ISSUE_FIX_SHAPE, Rule.MESSAGE_FIX_WORD, Rule.EXCEPTION, Rule.ISSUE_FIXED, Rule.FIX_SHAPE}
 
 
 class Reading(NamedTuple):
@@ -276,6 +292,20 @@ def _fix_shape(shape: ChangeShape, *, lines: int = MAX_WORDLESS_FIX_LINES) -> tu
     ), ""
 
 
+def _unreleased(shape: ChangeShape) -> str | None:
+    """Why the change is work on code that never shipped (more than MAX_UNRELEASED_SHARE of the lines it touches
+    were written since the last release), or None (it changes released code, or nothing is known: no tag)."""
+    release = shape.release()
+    if release is None or release.tag is None or not release.touched:
+        return None
+    if release.unreleased / release.touched <= MAX_UNRELEASED_SHARE:
+        return None
+    return (
+        f"{release.unreleased} of the {release.touched} source lines it touches were written since the last "
+        f"release ({release.tag}): work on code that has not shipped, not a fix of released code"
+    )
+
+
 def _announced(rest: str) -> str | None:
     """What a subject announces that is not a fix: a feature or other work (its opening words), a feature phrase,
     or tooling it names; None for a neutral subject."""
@@ -306,6 +336,18 @@ def _maybe_work(rest: str) -> str | None:
     return found.group(0).strip()
 
 
+def _is_module(prefix: str) -> bool:
+    """Whether a subject's `prefix:` names a part of the code, not a commit type or what the commit does."""
+    if prefix.lower() in NOT_A_FIX_TYPES:
+        return False
+    return " " not in prefix or not (
+        FIX_PATTERN.search(prefix)
+        or FEATURE_SUBJECT.match(prefix)
+        or OTHER_WORK_SUBJECT.match(prefix)
+        or MAYBE_WORK_SUBJECT.match(prefix)
+    )
+
+
 def _subject_parts(first: str) -> tuple[str, bool, bool]:
     """(what the subject says past its prefixes, whether it opened with a conventional `fix:` type, whether it
     opened with an issue reference). Prefixes set aside: a conventional `fix:`, a `module:` and a leading issue
@@ -316,7 +358,7 @@ def _subject_parts(first: str) -> tuple[str, bool, bool]:
             rest, conventional_fix = conventional["rest"], True
         elif (prefix := ISSUE_PREFIX.match(rest)) and prefix.end() > 0:
             rest, issue = rest[prefix.end() :], True
-        elif (module := MODULE_PREFIX.match(rest)) and module["module"].lower() not in NOT_A_FIX_TYPES:
+        elif (module := MODULE_PREFIX.match(rest)) and _is_module(module["module"]):
             rest = rest[module.end() :]
         else:
             return rest, conventional_fix, issue
@@ -354,6 +396,10 @@ def read_commit(message: str, subject: str | None = None, shape: ChangeShape | N
         make a fix;
     11. with none of those, a small change that reads like a fix (`_fix_shape`: 1 to MAX_WORDLESS_FIX_FUNCTIONS
         functions, MAX_WORDLESS_FIX_LINES lines) is one; anything else is not.
+    What rules 8 to 11 admit (on weak evidence: WEAK_RULES) must change code that shipped: when more than
+    MAX_UNRELEASED_SHARE of the lines it touches in its source files (any language) were written since the last
+    release tag before it, it is work on code that never shipped (a feature built in small commits, a change of
+    mind), not a fix (Rule.UNRELEASED; read_release). Without a tag nothing is known and this does not apply.
     Without a readable shape (no repository given, or a change with files the screen cannot read) rules 3, 5, 7,
     8 and 11 do not apply, only builtin exception names count, a leading issue reference counts as an issue
     named as fixed, and the reason says so.
@@ -367,6 +413,8 @@ def read_commit(message: str, subject: str | None = None, shape: ChangeShape | N
     )
 
     def decide(fix: bool, reason: str, rule: Rule) -> Reading:
+        if fix and rule in WEAK_RULES and known is not None and (unshipped := _unreleased(known)):
+            return Reading(False, f"{reason}, but {unshipped}", Rule.UNRELEASED)
         return Reading(fix, reason + words_only, rule)
 
     said_first = first
