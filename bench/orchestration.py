@@ -2,7 +2,7 @@
 
 Both sides do the same work on the same machine, in one run, interleaved by concurrency level:
 - **core**: `bugsweep.pipeline.solve_task` for each task (threads, at most C at once), then
-  `bugsweep.storage.upload_run` to a local-folder store: what a script without Prefect would do;
+  `bugsweep.upload.upload_run` to a local-folder store: what a script without Prefect would do;
 - **flow**: the `sweep` flow (`run_on="this-process"`, concurrency C) against a real `prefect server start`
   (SQLite) on this machine, with the same model, sandbox and a local-folder store; its tasks are the same steps
   as Prefect task runs (setup, baseline, solve, regrade, upload, per task; list-tasks and summarize per sweep).
@@ -68,7 +68,8 @@ def run_core(tasks: list[Any], base_url: str, concurrency: int, out: Path) -> di
     from bugsweep import pipeline
     from bugsweep.sandbox import get_provider
     from bugsweep.settings import AgentSettings, ModelSettings
-    from bugsweep.storage import LocalStore, run_key, upload_run
+    from bugsweep.storage import LocalStore, run_key
+    from bugsweep.upload import upload_run
 
     provider = get_provider("local")
     model = ModelSettings(base_url=base_url, model="scripted-model")

@@ -4,8 +4,9 @@ each, and which one the run keeps.
 A run makes up to `attempts` (bugsweep.runconfig.AgentLimits) independent attempts with its model, then as many
 with each model it escalates to (`RunConfig.escalate_to`), in order; a model's first attempt is at its own
 temperature, its later ones at `retry_temperature`. Each attempt is an agent run in its own sandbox made from the
-task state after setup, graded by the clean room (bugsweep.pipeline.solve_task orders them); the first attempt the
-clean room resolves ends the task. An attempt held for review, or not resolved, is never kept: the next one runs.
+task state after setup, graded by the clean room (`Cascade` makes them, for bugsweep.pipeline.solve_task, with the
+pipeline's steps; an attempt's steps carry its number: `step_name`); the first attempt the clean room resolves ends
+the task. An attempt held for review, or not resolved, is never kept: the next one runs.
 
 The grade keeps every attempt (`Grade.attempts`, records of this module's `AttemptRecord`) and which one it keeps
 (`Grade.kept_attempt`). Its verdict is the kept attempt's, or the last attempt's when none was resolved; its turns,
@@ -17,24 +18,32 @@ them.
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
+from bugsweep.errors import InfraError, describe, failure_kind
+
 if TYPE_CHECKING:
-    from bugsweep.agent.types import AgentProgress
+    from bugsweep.agent.types import AgentEvent, AgentProgress, AgentResult
     from bugsweep.grading import Grade, TestRun
+    from bugsweep.pipeline import PreparedTask, StepRunner
+    from bugsweep.runconfig import RunConfig
+    from bugsweep.sandbox.base import Sandbox
     from bugsweep.settings import AgentSettings, ModelSettings
 
 #: Where a run of more than one attempt keeps each attempt's files: ATTEMPTS_DIR/N/ in the run folder.
 ATTEMPTS_DIR = "attempts"
 #: The files of one attempt, copied to the run folder's top for the attempt the run keeps (else the last).
 ATTEMPT_FILES = ("trajectory.json", "patch.diff", "tests_after.log", "tests_mirror.log")
+#: Between a step's kind and its attempt's number in a step's name ('solve-attempt-2': `step_name`).
+ATTEMPT_STEP = "-attempt-"
 
 
 class AttemptRecord(BaseModel):
@@ -138,8 +147,6 @@ def cut_short(
     folder: str | None,
 ) -> AttemptRecord:
     """The record of an attempt that did not finish (an interrupt, a crash, an outage): what it had used."""
-    from bugsweep.errors import describe, failure_kind
-
     used = progress.grade_fields()
     return AttemptRecord(
         attempt=planned.attempt, model=planned.model.model, endpoint=planned.endpoint,
@@ -242,3 +249,173 @@ def resolved_at(grade: Grade) -> str:
     return f"not resolved in {made} attempt{'' if made == 1 else 's'}" + (
         f" (of {allowed})" if made < allowed else ""
     )
+
+
+# -- making the attempts (for bugsweep.pipeline.solve_task) --------------------------------------------------------
+
+
+@dataclass
+class Cascade:
+    """One run's attempts (bugsweep.pipeline.solve_task holds it): the plan, made in order until the clean room
+    resolves one; the attempts made and the one under way; what the grade records of them, also when the run is cut
+    short. The pipeline's steps an attempt runs are handed to `run`: this module is below the pipeline (the grade's
+    model imports it)."""
+
+    plan: list[PlannedAttempt]
+    out_dir: Path
+    """The run folder (in a run of more than one attempt, each attempt's files go to its attempts/N/)."""
+    made: list[AttemptOutcome] = field(default_factory=list)
+    progress: AgentProgress | None = None
+    """What the agent used in the attempt under way (else the last), kept up to date by the loop."""
+    current: tuple[PlannedAttempt, float, str | None] | None = None
+    """The attempt under way: its plan, when it started, its folder."""
+
+    @classmethod
+    def start(cls, models: Sequence[ModelSettings], agent: AgentSettings, out_dir: Path) -> Cascade:
+        """The attempts a run of `models` (its model, then those it escalates to) may make (`plan_attempts`), in a
+        run folder cleared of an earlier run's attempts: a folder's attempts are its own run's."""
+        shutil.rmtree(out_dir / ATTEMPTS_DIR, ignore_errors=True)
+        return cls(plan=plan_attempts(models, agent), out_dir=out_dir)
+
+    def run(
+        self,
+        prepared: PreparedTask,
+        before: TestRun,
+        agent_settings: AgentSettings,
+        *,
+        solve: Callable[..., AgentResult],
+        regrade: Callable[..., tuple[Grade, TestRun | None, str]],
+        runner: StepRunner,
+        step: Callable[[str, dict[str, Any]], None],
+        on_event: Callable[[AgentEvent], None] | None,
+        on_sandbox: Callable[[Sandbox], None] | None,
+        config: RunConfig | None,
+    ) -> None:
+        """Make the planned attempts in order until the clean room resolves one. `solve` and `regrade` are the
+        pipeline's steps (bugsweep.pipeline.solve_from_task_state and regrade), which `runner` runs."""
+        from bugsweep.agent.types import AgentProgress  # here: it loads the model client
+
+        many = len(self.plan) > 1
+        for planned in self.plan:
+            folder = f"{ATTEMPTS_DIR}/{planned.attempt}" if many else None
+            self.progress = AgentProgress()
+            self.current = (planned, time.monotonic(), folder)
+            self.made.append(
+                run_attempt(
+                    planned, prepared, before, agent_settings, solve=solve, regrade=regrade, runner=runner,
+                    progress=self.progress, out_dir=self.out_dir / folder if folder else self.out_dir,
+                    folder=folder, many=many, step=step, on_event=on_event, on_sandbox=on_sandbox, config=config,
+                )
+            )  # fmt: skip
+            self.current = None
+            if self.made[-1].grade.resolved:
+                break
+
+    def result(self, *, model: str) -> tuple[Grade, AttemptOutcome]:
+        """The task's grade from the attempts made (`combine`; `model`: the run's model), and the attempt whose
+        files the run folder's top now holds: the kept one, else the last."""
+        chosen = kept(self.made) or self.made[-1]
+        promote(self.out_dir, chosen.folder)
+        return combine(self.made, model=model), chosen
+
+    def cut_short_grade(self, failed: Grade, exc: BaseException) -> Grade:
+        """`failed`, the grade of a run cut short (Ctrl-C, SIGTERM, a crash), with what its attempts used: the
+        finished ones, and the one under way as the loop kept it reachable (its files at the folder's top)."""
+        records = [o.record() for o in self.made]
+        if self.current is not None and self.progress is not None:
+            planned, started, folder = self.current
+            records.append(cut_short(planned, self.progress, exc, started=started, folder=folder))
+            promote(self.out_dir, folder)
+        if not records:
+            return failed
+        used = self.progress.grade_fields() if self.progress is not None else {}
+        return failed.model_copy(update={**used, **totals(records), "attempts": records})
+
+
+def run_attempt(
+    planned: PlannedAttempt,
+    prepared: PreparedTask,
+    before: TestRun,
+    agent_settings: AgentSettings,
+    *,
+    solve: Callable[..., AgentResult],
+    regrade: Callable[..., tuple[Grade, TestRun | None, str]],
+    runner: StepRunner,
+    progress: AgentProgress,
+    out_dir: Path,
+    folder: str | None,
+    many: bool,
+    step: Callable[[str, dict[str, Any]], None],
+    on_event: Callable[[AgentEvent], None] | None,
+    on_sandbox: Callable[[Sandbox], None] | None,
+    config: RunConfig | None,
+) -> AttemptOutcome:
+    """One attempt: its sandbox (the setup's own for the first, a new one from the task state after setup for the
+    others, released here), the agent ('solve'), the clean room's grade ('regrade'); in a run of more than one
+    attempt its files go to `out_dir` (attempts/N) and its steps carry its number."""
+    started = time.monotonic()
+    number = planned.attempt if many else None
+    if many:
+        step(
+            "attempt",
+            {"attempt": planned.attempt, "model": planned.model.model, "temperature": planned.temperature},
+        )
+    own = planned.attempt > 1
+    task = (
+        runner(step_name("sandbox", number), attempt_sandbox, prepared, planned.attempt) if own else prepared
+    )
+    try:
+        if own and on_sandbox is not None:
+            on_sandbox(task.sandbox)
+        step("agent", {"model": planned.model.model, "failing": sorted(before.ids("failed", "error"))})
+        agent_result = runner(
+            step_name("solve", number), solve, task, planned.model, agent_settings, on_event,
+            out_dir, progress=progress, config=config, attempt=number,
+        )  # fmt: skip
+        step("regrade", {"stop_reason": agent_result.stop_reason})
+        verdict, after, patch = runner(
+            step_name("regrade", number), regrade, task, before, agent_result, model_name=planned.model.model,
+            agent_settings=agent_settings,
+        )  # fmt: skip
+    finally:
+        if own:
+            task.sandbox.release()
+    if many:
+        # imported here: the run folder's module imports the grade's model, which imports this one
+        from bugsweep.rundir import write_attempt_dir
+
+        write_attempt_dir(out_dir, patch=patch, after=after, mirror=task.mirror_run)
+    return AttemptOutcome(
+        planned=planned,
+        grade=verdict,
+        after=after,
+        patch=patch,
+        wall_s=time.monotonic() - started,
+        folder=folder,
+        mirror=task.mirror_run,
+    )
+
+
+def attempt_sandbox(prepared: PreparedTask, attempt: int) -> PreparedTask:
+    """The 'sandbox' step of an attempt after the first: a new sandbox made from the task state after setup (the
+    read-only `task_layer`: the repository and the task environment; a clean $HOME and /tmp), holding the task
+    as the first attempt's did. Nothing of an earlier attempt is in it. The caller releases it."""
+    if prepared.provider is None or prepared.task_layer is None:
+        raise InfraError(
+            "the task state after setup was not kept, so no sandbox can be made for another attempt"
+        )
+    sandbox = prepared.provider.create_from(
+        prepared.task_layer, labels={**prepared.labels, "role": "attempt", "attempt": str(attempt)}
+    )
+    return dataclasses.replace(prepared, sandbox=sandbox, started=time.monotonic(), mirror_run=None)
+
+
+def step_name(kind: str, attempt: int | None) -> str:
+    """The name a step runner gets: the step's kind ('setup', 'baseline', 'sandbox', 'solve', 'regrade'), with the
+    attempt's number in a run of more than one ('solve-attempt-2')."""
+    return kind if attempt is None else f"{kind}{ATTEMPT_STEP}{attempt}"
+
+
+def step_kind(name: str) -> str:
+    """The kind of a step from its name (`step_name`)."""
+    return name.split(ATTEMPT_STEP, 1)[0]

@@ -7,26 +7,14 @@ as a Prefect task, with its own retries, timeout and hooks. Either way the grade
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-import shutil
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from bugsweep.attempts import (
-    ATTEMPTS_DIR,
-    AttemptOutcome,
-    PlannedAttempt,
-    combine,
-    cut_short,
-    kept,
-    plan_attempts,
-    promote,
-    totals,
-)
+from bugsweep.attempts import Cascade
 from bugsweep.errors import (
     InfraError,
     NotARealTask,
@@ -42,7 +30,7 @@ from bugsweep.grading.regrade import regrade_change
 from bugsweep.grading.runs import TestRun, commit_task_state, run_tests, why_cannot_run
 from bugsweep.grading.verdict import Grade
 from bugsweep.runconfig import RunConfig
-from bugsweep.rundir import write_attempt_dir, write_run_dir
+from bugsweep.rundir import write_run_dir
 from bugsweep.sandbox.base import (
     Environment,
     RepoSource,
@@ -57,8 +45,6 @@ from bugsweep.spec import TaskSpec
 #: Seconds a setup or a test run (before or after the agent) may take: the core's own limit, over which the
 #: flows' steps add only a backstop (tasks.steps).
 STEP_TIMEOUT_S = 1800.0
-#: Between a step's kind and its attempt's number in a step's name ('solve-attempt-2': `step_name`).
-ATTEMPT_STEP = "-attempt-"
 
 if TYPE_CHECKING:
     from bugsweep.agent.loop import AgentEvent, AgentProgress, AgentResult
@@ -376,7 +362,7 @@ class StepRunner(Protocol):
     """Runs one named step of a task: `runner(name, fn, *args, **kwargs)` returns `fn(*args, **kwargs)`.
 
     The names are 'setup', 'baseline', 'solve' and 'regrade', and 'sandbox' (an attempt's own sandbox); in a run
-    of more than one attempt an attempt's steps carry its number ('solve-attempt-2': `step_name`, `step_kind`). A
+    of more than one attempt an attempt's steps carry its number ('solve-attempt-2': bugsweep.attempts.step_name). A
     runner may retry a step after an infrastructure failure no layer below retried ('setup' and 'sandbox' make a
     new sandbox; never 'solve', which would pay again for the turns made), time it out, or record it, but never
     changes its result.
@@ -488,21 +474,14 @@ def solve_task(
     exists (the flows track them for their crash hooks); every sandbox is released before this returns. `config`
     (what made the run) goes into grade.json and the trajectories.
     """
-    from bugsweep.agent.loop import AgentProgress
     from bugsweep.agent.model import ChatModel
 
     agent_settings = agent_settings or AgentSettings()
-    plan = plan_attempts([model_settings, *escalate_to], agent_settings)
-    many = len(plan) > 1
-    shutil.rmtree(out_dir / ATTEMPTS_DIR, ignore_errors=True)  # an earlier run's attempts are not this run's
-    progress = AgentProgress()
+    attempts = Cascade.start([model_settings, *escalate_to], agent_settings, out_dir)
     step = on_step or (lambda name, info: None)
     started = time.monotonic()
     prepared: PreparedTask | None = None
     before: TestRun | None = None
-    made: list[AttemptOutcome] = []
-    # The attempt under way: its plan, when it started, its folder.
-    current: tuple[PlannedAttempt, float, str | None] | None = None
     try:
         # The endpoints first: a wrong URL, key or model name fails in seconds, not after an install.
         for endpoint in [model_settings, *escalate_to]:
@@ -516,24 +495,12 @@ def solve_task(
             on_sandbox(prepared.sandbox)
         step("baseline", {"command": spec.test_command})
         before = runner("baseline", baseline, prepared, per_test_timeout=agent_settings.per_test_timeout_s)
-        for planned in plan:
-            folder = f"{ATTEMPTS_DIR}/{planned.attempt}" if many else None
-            progress = AgentProgress()
-            current = (planned, time.monotonic(), folder)
-            made.append(
-                run_attempt(
-                    planned, prepared, before, agent_settings, runner=runner, progress=progress,
-                    out_dir=out_dir / folder if folder else out_dir, folder=folder, many=many, step=step,
-                    on_event=on_event, on_sandbox=on_sandbox, config=config,
-                )
-            )  # fmt: skip
-            current = None
-            if made[-1].grade.resolved:
-                break
-        verdict = combine(made, model=model_settings.model)
+        attempts.run(
+            prepared, before, agent_settings, solve=solve_from_task_state, regrade=regrade, runner=runner,
+            step=step, on_event=on_event, on_sandbox=on_sandbox, config=config,
+        )  # fmt: skip
+        verdict, chosen = attempts.result(model=model_settings.model)
         verdict.wall_s = time.monotonic() - started
-        chosen = kept(made) or made[-1]
-        promote(out_dir, chosen.folder)
         write_run_dir(
             out_dir, verdict, patch=chosen.patch, before=before, after=chosen.after, mirror=chosen.mirror,
             setup_log=prepared.setup_log, spec=spec, environment=prepared.environment, config=config,
@@ -543,17 +510,7 @@ def solve_task(
         failed = failed_grade(
             spec, model_settings.model, exc, failed_before=before is not None, started=started
         )
-        # What the attempts used before the task was cut short (Ctrl-C, SIGTERM, a crash): the finished ones, and
-        # the one under way as the loop kept it reachable.
-        records = [o.record() for o in made]
-        if current is not None:
-            planned, attempt_started, folder = current
-            records.append(cut_short(planned, progress, exc, started=attempt_started, folder=folder))
-            promote(out_dir, folder)
-        if records:
-            failed = failed.model_copy(
-                update={**progress.grade_fields(), **totals(records), "attempts": records}
-            )
+        failed = attempts.cut_short_grade(failed, exc)
         if prepared is not None:
             record_resources(failed, prepared.sandbox)
         write_run_dir(
@@ -574,87 +531,3 @@ def solve_task(
     finally:
         if prepared is not None:
             prepared.sandbox.release()
-
-
-def run_attempt(
-    planned: PlannedAttempt,
-    prepared: PreparedTask,
-    before: TestRun,
-    agent_settings: AgentSettings,
-    *,
-    runner: StepRunner,
-    progress: AgentProgress,
-    out_dir: Path,
-    folder: str | None,
-    many: bool,
-    step: Callable[[str, dict[str, Any]], None],
-    on_event: Callable[[AgentEvent], None] | None,
-    on_sandbox: Callable[[Sandbox], None] | None,
-    config: RunConfig | None,
-) -> AttemptOutcome:
-    """One attempt: its sandbox (the setup's own for the first, a new one from the task state after setup for the
-    others, released here), the agent ('solve'), the clean room's grade ('regrade'); in a run of more than one
-    attempt its files go to `out_dir` (attempts/N) and its steps carry its number."""
-    started = time.monotonic()
-    number = planned.attempt if many else None
-    if many:
-        step(
-            "attempt",
-            {"attempt": planned.attempt, "model": planned.model.model, "temperature": planned.temperature},
-        )
-    own = planned.attempt > 1
-    task = (
-        runner(step_name("sandbox", number), attempt_sandbox, prepared, planned.attempt) if own else prepared
-    )
-    try:
-        if own and on_sandbox is not None:
-            on_sandbox(task.sandbox)
-        step("agent", {"model": planned.model.model, "failing": sorted(before.ids("failed", "error"))})
-        agent_result = runner(
-            step_name("solve", number), solve_from_task_state, task, planned.model, agent_settings, on_event,
-            out_dir, progress=progress, config=config, attempt=number,
-        )  # fmt: skip
-        step("regrade", {"stop_reason": agent_result.stop_reason})
-        verdict, after, patch = runner(
-            step_name("regrade", number), regrade, task, before, agent_result, model_name=planned.model.model,
-            agent_settings=agent_settings,
-        )  # fmt: skip
-    finally:
-        if own:
-            task.sandbox.release()
-    if many:
-        write_attempt_dir(out_dir, patch=patch, after=after, mirror=task.mirror_run)
-    return AttemptOutcome(
-        planned=planned,
-        grade=verdict,
-        after=after,
-        patch=patch,
-        wall_s=time.monotonic() - started,
-        folder=folder,
-        mirror=task.mirror_run,
-    )
-
-
-def attempt_sandbox(prepared: PreparedTask, attempt: int) -> PreparedTask:
-    """The 'sandbox' step of an attempt after the first: a new sandbox made from the task state after setup (the
-    read-only `task_layer`: the repository and the task environment; a clean $HOME and /tmp), holding the task
-    as the first attempt's did. Nothing of an earlier attempt is in it. The caller releases it."""
-    if prepared.provider is None or prepared.task_layer is None:
-        raise InfraError(
-            "the task state after setup was not kept, so no sandbox can be made for another attempt"
-        )
-    sandbox = prepared.provider.create_from(
-        prepared.task_layer, labels={**prepared.labels, "role": "attempt", "attempt": str(attempt)}
-    )
-    return dataclasses.replace(prepared, sandbox=sandbox, started=time.monotonic(), mirror_run=None)
-
-
-def step_name(kind: str, attempt: int | None) -> str:
-    """The name a step runner gets: the step's kind ('setup', 'baseline', 'sandbox', 'solve', 'regrade'), with the
-    attempt's number in a run of more than one ('solve-attempt-2')."""
-    return kind if attempt is None else f"{kind}{ATTEMPT_STEP}{attempt}"
-
-
-def step_kind(name: str) -> str:
-    """The kind of a step from its name (`step_name`)."""
-    return name.split(ATTEMPT_STEP, 1)[0]

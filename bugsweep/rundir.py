@@ -1,6 +1,6 @@
 """The run folder: what one task's run leaves on disk (grade.json last, so that a folder with a grade is complete),
 patch.diff, the test logs (before, after, and the regrade's mirror run: grade.json `mirror`), setup.log, environment.txt
-and task.json. trajectory.json is the loop's (saved after every step); bugsweep.storage uploads the folder. A run of
+and task.json. trajectory.json is the loop's (saved after every step); bugsweep.upload uploads the folder. A run of
 more than one attempt keeps each attempt's trajectory, patch and after-run and mirror logs in attempts/N/
 (bugsweep.attempts), and the kept (else the last) attempt's at the top.
 """

@@ -28,7 +28,8 @@ from bugsweep.errors import BugsweepError, ConfigError, InfraError, StorageError
 from bugsweep.grading import Grade, verdict_word
 from bugsweep.pipeline import failed_grade
 from bugsweep.spec import DEFAULT_SETUP_COMMAND, DEFAULT_TEST_COMMAND, TaskSpec, same_task
-from bugsweep.storage import GRADE_FILE, PENDING_FILE, mark_pending, pending_key, run_key
+from bugsweep.storage import GRADE_FILE, run_key
+from bugsweep.upload import PENDING_FILE, mark_pending, pending_key
 from flows.common import (
     LIVE_SANDBOXES,
     RELEASE_SANDBOXES_HOOKS,

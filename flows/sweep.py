@@ -30,8 +30,9 @@ from bugsweep.grading import Grade
 from bugsweep.pipeline import failed_grade
 from bugsweep.runconfig import CODE_FIELDS, chosen
 from bugsweep.spec import TaskSpec
-from bugsweep.storage import GRADE_FILE, key_part, pending_runs, run_key, upload_pending
+from bugsweep.storage import GRADE_FILE, key_part, run_key
 from bugsweep.swebench import write_predictions
+from bugsweep.upload import pending_runs, upload_pending
 from flows.common import (
     CRASH_RERUNS,
     RELEASE_SANDBOXES_HOOKS,

@@ -1,7 +1,7 @@
 """The steps of one bug-fix task as Prefect tasks: setup, baseline, solve, regrade (through `PrefectSteps`, the
 step runner `pipeline.solve_task` is given), upload, listing a sweep's tasks and its summary.
 
-Each task is a thin wrapper over a plain function of the core (bugsweep.pipeline, bugsweep.storage). What Prefect
+Each task is a thin wrapper over a plain function of the core (bugsweep.pipeline, bugsweep.upload). What Prefect
 adds here, and nothing else:
 - retries, only for infrastructure failures no layer below retried (a sandbox that could not be made, a command
   that could not be started in it): a model endpoint outage is retried by the model client inside the turn, an S3
@@ -30,14 +30,15 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
 from bugsweep import branches, discover
-from bugsweep.attempts import resolved_at
+from bugsweep.attempts import resolved_at, step_kind
 from bugsweep.discover import RepoBranch, TaskFile
 from bugsweep.errors import ConfigError, InfraError, SandboxGone, failure_kind, first_line
 from bugsweep.grading import Grade
-from bugsweep.pipeline import STEP_TIMEOUT_S, step_kind
+from bugsweep.pipeline import STEP_TIMEOUT_S
 from bugsweep.settings import AgentSettings, BranchSettings
 from bugsweep.spec import TaskSpec
-from bugsweep.storage import ArtifactStore, UploadResult, upload_run
+from bugsweep.storage import ArtifactStore
+from bugsweep.upload import UploadResult, upload_run
 from tasks.publish import ReviewPage, artifact_key, publish_patch, publish_review
 
 if TYPE_CHECKING:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from bugsweep.agent import prompts
+from bugsweep.agent import prompts, tool_specs
 from bugsweep.agent.loop import AgentRun
 from bugsweep.agent.model import ToolCall, recover_text_tool_calls
 from bugsweep.agent.small_model import SmallModelPolicy
@@ -579,7 +579,7 @@ def test_ordinary_json_in_a_reply_is_not_a_tool_call() -> None:
 def test_prompts_have_no_placeholders() -> None:
     """Small models copy placeholders verbatim: the model-facing text must not contain any."""
     text = prompts.system_prompt() + json.dumps(prompts.tool_schemas(300, 6000, 20000))
-    text += "".join(prompts.ARGUMENT_SHAPES.values())
+    text += "".join(tool_specs.ARGUMENT_SHAPES.values())
     for marker in ("/path/to", "<", "your_", "example.py", "foo", "TODO", "..."):
         assert marker not in text, marker
 
@@ -606,18 +606,18 @@ def test_read_files_description_says_what_each_policy_does_with_a_range() -> Non
 
 def test_each_tool_is_declared_once_and_the_model_the_loop_and_the_prompt_agree(box: Toolbox) -> None:
     """The schema sent to the model, the required arguments and types the loop checks, the tool the loop runs,
-    the system prompt's list and the error messages are all made from prompts.TOOLS: a tool added (or an argument
+    the system prompt's list and the error messages are all made from tool_specs.TOOLS: a tool added (or an argument
     made required) in one place only fails here."""
     import inspect
     import re
 
-    names = [tool.name for tool in prompts.TOOLS]
+    names = [tool.name for tool in tool_specs.TOOLS]
     schemas = {s["function"]["name"]: s["function"] for s in prompts.tool_schemas(300, 6000, 20000)}
-    assert list(schemas) == names == list(prompts.TOOL_NAMES) == list(prompts.ARGUMENT_SHAPES)
+    assert list(schemas) == names == list(tool_specs.TOOL_NAMES) == list(tool_specs.ARGUMENT_SHAPES)
     assert re.findall(r"^- (\w+): ", prompts.system_prompt(), re.M) == names, "the prompt lists every tool"
     listed = prompts.unknown_tool("nope")
     assert all(f"{name}" in listed for name in names), listed
-    for tool in prompts.TOOLS:
+    for tool in tool_specs.TOOLS:
         schema = schemas[tool.name]["parameters"]
         assert list(schema["properties"]) == [a.name for a in tool.arguments]
         assert schema["required"] == tool.required

@@ -284,7 +284,7 @@ def test_s3_down_for_a_whole_run_keeps_the_grade_and_the_next_run_uploads_it_wit
     from prefect.client.orchestration import get_client
 
     from bugsweep.errors import StorageError
-    from bugsweep.storage import PENDING_FILE
+    from bugsweep.upload import PENDING_FILE
     from flows.solve_bug import solve_bug
     from tests.support.seaweed import free_ports
 
@@ -335,7 +335,8 @@ def test_bugsweep_upload_puts_a_kept_run_folder_where_it_belongs(tmp_path: Path,
     from typer.testing import CliRunner
 
     from bugsweep.cli import app
-    from bugsweep.storage import PENDING_FILE, LocalStore, mark_pending
+    from bugsweep.storage import LocalStore
+    from bugsweep.upload import PENDING_FILE, mark_pending
 
     store = LocalStore(tmp_path / "store")
     kept = tmp_path / "local" / "nightly" / "calc-1" / "m"
@@ -934,7 +935,7 @@ def test_bugsweep_upload_to_a_named_s3_bucket_block(blocks, scripted_model, tmp_
     from typer.testing import CliRunner
 
     from bugsweep.cli import app
-    from bugsweep.storage import PENDING_FILE, mark_pending
+    from bugsweep.upload import PENDING_FILE, mark_pending
 
     made = blocks(scripted_model([]))
     store = made["_store"]

@@ -1,4 +1,4 @@
-"""The artifact store (bugsweep/storage.py).
+"""The artifact store (bugsweep/storage.py) and run folders uploaded into it (bugsweep/upload.py).
 
 Real parts: a real SeaweedFS S3 server (`weed mini`, started by the session fixture on free loopback ports) reached
 through real boto3 over HTTP, and real folders for the local store. No stand-ins.
@@ -23,8 +23,8 @@ from bugsweep.storage import (
     open_store,
     read_text,
     run_key,
-    upload_run,
 )
+from bugsweep.upload import upload_run
 
 if TYPE_CHECKING:
     from tests.support.seaweed import SeaweedServer

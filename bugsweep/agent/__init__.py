@@ -1,6 +1,7 @@
 """The agent: a model that fixes a bug by calling four tools in a sandbox.
 
-- prompts.py: every text the model reads (system prompt, tool descriptions, error messages, the nudge).
+- prompts.py: every text the model reads (system prompt, error messages, the nudge); tool_specs.py: the four tools
+  declared once (names, descriptions, arguments).
 - tools.py: run, read_file, edit_file, finish, on the sandbox interface; text.py: their pure text helpers.
 - model.py: the OpenAI-compatible client (retries, errors, usage, tool calls recovered from text).
 - loop.py: `run_agent`, the loop with its budgets and stop reasons; types.py its small types; conversation.py the

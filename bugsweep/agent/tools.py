@@ -1,6 +1,6 @@
 """The four tools the model calls: run, read_file, edit_file and finish, plain.
 
-Each tool is declared once, in prompts.TOOLS (its name, description, arguments, which are required, how they are
+Each tool is declared once, in tool_specs.TOOLS (its name, description, arguments, which are required, how they are
 spelled): the schemas sent to the model, the checks `Toolbox.call` makes and the system prompt's list are made
 from it, and Toolbox has one method per tool, of its name, taking exactly its arguments.
 
@@ -39,6 +39,7 @@ from bugsweep.agent.text import (
     snippet,
     split_lines,
 )
+from bugsweep.agent.tool_specs import TOOLS_BY_NAME
 from bugsweep.grading.testfiles import is_test_file
 from bugsweep.sandbox.base import Sandbox, tail
 from bugsweep.settings import AgentSettings
@@ -115,7 +116,7 @@ def parse_arguments(raw: str | dict[str, Any] | None) -> tuple[dict[str, Any] | 
 
 
 class Toolbox:
-    """The tools bound to one sandbox and one set of agent settings: one method per tool of prompts.TOOLS."""
+    """The tools bound to one sandbox and one set of agent settings: one method per tool of tool_specs.TOOLS."""
 
     def __init__(
         self,
@@ -147,7 +148,7 @@ class Toolbox:
     # -- dispatch ----------------------------------------------------------------------------------------------
     def call(self, name: str, raw_arguments: str | dict[str, Any] | None) -> ToolOutcome:
         """Run one tool call; never raises for the model's mistakes."""
-        tool = prompts.TOOLS_BY_NAME.get(name)
+        tool = TOOLS_BY_NAME.get(name)
         if tool is None:
             return ToolOutcome(
                 prompts.unknown_tool(name), ok=False, format_error=True, short_arg=short(name, 40)

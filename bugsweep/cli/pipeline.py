@@ -415,7 +415,7 @@ def upload_command(
     the patch artifacts the run would have made, and turns the run that ended Failed for its upload Completed.
     """
     from bugsweep.errors import BugsweepError
-    from bugsweep.storage import pending_runs, upload_pending
+    from bugsweep.upload import pending_runs, upload_pending
 
     folders = pending_runs(run_dir.expanduser().resolve())
     if not folders:
@@ -470,7 +470,7 @@ def _check_destination(folder: Path, location: str) -> None:
     import json
 
     from bugsweep.errors import ConfigError
-    from bugsweep.storage import PENDING_FILE
+    from bugsweep.upload import PENDING_FILE
 
     meant = json.loads((folder / PENDING_FILE).read_text(encoding="utf-8")).get("store")
     if meant and meant.rstrip("/") != location.rstrip("/"):

@@ -1,9 +1,10 @@
 """What bugsweep puts into a graded test run, and how the run is started.
 
-- **The probe** (bugsweep/grading/probe/) goes into the task environment's own site-packages: its two modules and a
-  `.pth` line that loads the first one, by its path, when the interpreter starts (`install_probe`). Nothing of it is
-  in the test process's environment: no variable, no path. It is written the same way into the regrade's two
-  fresh sandboxes, and taken out of the agent's sandbox after the baseline (`remove_probe`).
+- **The probe** (bugsweep/grading/probe/) goes into the task environment's own site-packages: its modules
+  (`PROBE_FILES`) and a `.pth` line that loads the first one, by its path, when the interpreter starts
+  (`install_probe`). Nothing of it is in the test process's environment: no variable, no path. It is written the
+  same way into the regrade's two fresh sandboxes, and taken out of the agent's sandbox after the baseline
+  (`remove_probe`).
 - **The environment's facts** (`EnvFacts`), read by the task's own interpreter before the change is applied: its
   site-packages, the top-level modules it provides (the shadowing rule, bugsweep.grading.testfiles), and the pytest
   plugins its setup installed (entry points of the group `pytest11`). Graded runs turn pytest's plugin autoloading
@@ -31,7 +32,9 @@ from bugsweep.sandbox.base import Sandbox
 
 #: The probe's files in site-packages; the .pth sorts before every other (its line runs first at start-up).
 PROBE_MODULE = "bugsweep_probe"
-PROBE_FILES = ("bugsweep_probe.py", "bugsweep_probe_inject.py", "bugsweep_probe_memory.py")
+PROBE_FILES = (
+    "bugsweep_probe.py", "bugsweep_probe_instruction.py", "bugsweep_probe_inject.py", "bugsweep_probe_memory.py",
+)  # fmt: skip
 PTH_NAME = "00-bugsweep-probe.pth"
 INSTRUCTION_FD, RECORD_FD = 97, 98
 MAGIC = "bugsweep-probe-1\n"
@@ -72,6 +75,7 @@ try:
 except Exception:
     pass
 names.discard("bugsweep_probe")
+names.discard("bugsweep_probe_instruction")
 names.discard("bugsweep_probe_inject")
 names.discard("bugsweep_probe_memory")
 print(json.dumps({"site": site, "modules": sorted(names), "plugins": plugins}))

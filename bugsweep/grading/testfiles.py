@@ -49,7 +49,7 @@ STARTUP_NAMES = frozenset({"sitecustomize.py", "usercustomize.py"})
 RUNNER_MODULES = frozenset(
     {
         "pytest", "_pytest", "pluggy", "py", "unittest", "nose", "nose2", "iniconfig", "xdist", "doctest",
-        "bugsweep_probe", "bugsweep_probe_inject", "bugsweep_probe_memory",
+        "bugsweep_probe", "bugsweep_probe_instruction", "bugsweep_probe_inject", "bugsweep_probe_memory",
     }
 )  # fmt: skip
 #: Packaging metadata, in any letter case: where Python's metadata lookup finds entry points (a pytest11 plugin) and

@@ -11,9 +11,9 @@ that no code that runs later in this process can read it, and writes what it rec
 the wrapper sends to the command's stderr (captured outside the sandbox: code can add lines there, never take one
 back). Both descriptors are closed for the process's children (a test that starts another Python gets no probe).
 In the regrade's two runs (the real one and the mirror) the descriptors, the files and the environment are the
-same; only the instruction differs (in one flag, and its nonce: of the same length), and only this module's memory
-keeps it: in closures made at start-up (`_private`), never in a module attribute that code could read or set by
-name.
+same; only the instruction differs (in one flag, and its nonce: of the same length), and only the probe's memory
+keeps it: in closures made at start-up (bugsweep_probe_instruction.py reads it and makes them), never in a module
+attribute that code could read or set by name.
 
 The instruction (one JSON object): `mirror` (0 or 1), `nonce` (32 hex digits, a new one for each run of the pair),
 `limit` (seconds one test may take; 0: none), `memory` (bytes the runner's process may hold while a test runs:
@@ -55,7 +55,6 @@ from typing import Any
 
 INSTRUCTION_FD = 97
 RECORD_FD = 98
-_MAGIC = b"bugsweep-probe-1\n"
 _write = os.write
 _dumps = json.dumps
 
@@ -82,111 +81,6 @@ def record(*fields):
         _write(RECORD_FD, ("\n" + _dumps(list(fields), default=str) + "\n").encode())
     except (OSError, ValueError, TypeError):
         pass
-
-
-def _read_instruction():
-    """The instruction on INSTRUCTION_FD (a pipe: read to its end; a file: read from its start), or None. The
-    descriptor is closed once read (a file's only when it held the instruction: a descriptor 97 of a process that
-    bugsweep did not start is left alone)."""
-    try:
-        mode = os.fstat(INSTRUCTION_FD).st_mode
-    except OSError:
-        return None
-    data = b""
-    close = True
-    try:
-        if stat.S_ISREG(mode):
-            data = os.pread(INSTRUCTION_FD, 1 << 24, 0)
-            close = data.startswith(_MAGIC)
-        elif stat.S_ISFIFO(mode):
-            os.set_blocking(INSTRUCTION_FD, False)
-            deadline = time.monotonic() + 2.0  # the host wrote it all before the command started
-            while time.monotonic() < deadline:
-                try:
-                    chunk = os.read(INSTRUCTION_FD, 1 << 20)
-                except BlockingIOError:
-                    if data and not _MAGIC.startswith(data[: len(_MAGIC)]):
-                        break  # not bugsweep's
-                    import select
-
-                    select.select([INSTRUCTION_FD], [], [], 0.05)
-                    continue
-                if not chunk:
-                    break
-                data += chunk
-        else:
-            close = False
-            return None
-    except OSError:
-        return None
-    finally:
-        if close:
-            try:  # noqa: SIM105
-                os.close(INSTRUCTION_FD)
-            except OSError:
-                pass
-    if not data.startswith(_MAGIC):
-        return None
-    try:
-        return json.loads(data[len(_MAGIC) :].decode())
-    except ValueError:
-        return None
-
-
-def _private(instruction):
-    """The run's secrets, and what the statement's answer depends on, in closures only: whether this is the mirror,
-    the run's nonce, the armed test, the code objects compiled with bugsweep's statement, the test the runner runs.
-
-    Returns (set_current, register, decide): the runner's hooks say which test runs (`set_current`), the compile
-    hooks give the code objects they made (`register`), and `expect`/`expect_args` ask `decide`. None of them is kept
-    in a module attribute; replacing `expect`, `expect_args` or `_decide` by name stops the "reached" records (the
-    real run then has none) and makes the mirror's armed test pass (caught either way)."""
-    mirror = bool(instruction.get("mirror"))
-    nonce = str(instruction.get("nonce") or "")
-    armed = instruction.get("armed") if isinstance(instruction.get("armed"), dict) else {}
-    armed_id = armed.get("id")
-    armed_key = (str(armed.get("file") or ""), str(armed.get("qualname") or ""))
-    keys: Any = {}  # id(code) -> (file, qualname) as the instruction names them
-    lines: Any = {}  # (file, qualname) -> the lines its statements carry
-    kept = []  # the registered code objects, alive so that their ids stay theirs
-    current: Any = [None]  # (test id, thread) while the runner runs a test's body
-    write, dumps, getframe, ident, fd = os.write, json.dumps, sys._getframe, threading.get_ident, RECORD_FD
-    ours = (expect.__code__, expect_args.__code__)
-
-    def set_current(test_id):
-        current[0] = (test_id, ident()) if test_id is not None else None
-
-    def register(key, codes, at):
-        for code in codes:
-            if id(code) not in keys:
-                kept.append(code)
-                keys[id(code)] = key
-        lines[key] = frozenset(lines.get(key, frozenset()) | frozenset(at))
-
-    def decide():
-        caller = getframe(1)
-        if not any(caller.f_code is c for c in ours):
-            return False
-        frame: Any = caller.f_back
-        key = keys.get(id(frame.f_code)) if frame is not None else None
-        if key is None or frame.f_lineno not in lines.get(key, ()):
-            return False
-        now = current[0]
-        if now is None or now[1] != ident():
-            return False
-        outer = frame.f_back  # its own outermost call only: not the test's function run again inside itself
-        while outer is not None:
-            if keys.get(id(outer.f_code)) == key:
-                return False
-            outer = outer.f_back
-        if nonce:
-            try:  # noqa: SIM105
-                write(fd, ("\n" + dumps(["reached", now[0], key[0], key[1], nonce]) + "\n").encode())
-            except (OSError, ValueError, TypeError):
-                pass
-        return mirror and now[0] == armed_id and key == armed_key
-
-    return set_current, register, decide
 
 
 def expect():
@@ -618,26 +512,14 @@ def _sibling(name):
 # -- start-up ----------------------------------------------------------------------------------------------------
 
 
-def _targets(instruction):
-    """{file: {qualname: line}}: the functions that get bugsweep's statement (the armed test's among them)."""
-    targets: Any = {}
-    for entry in instruction.get("inject") or ():
-        try:
-            file, functions = entry
-            for qualname, line in functions:
-                targets.setdefault(str(file), {})[str(qualname)] = int(line or 0)
-        except (TypeError, ValueError):
-            record("probe-error", "bad inject entry: " + repr(entry)[:200])
-    armed = instruction.get("armed")
-    if isinstance(armed, dict) and armed.get("file") and armed.get("qualname"):
-        functions = targets.setdefault(str(armed["file"]), {})
-        functions[str(armed["qualname"])] = int(armed.get("line") or 0)
-    return targets
-
-
 def _start_up():
     global _decide, pytest_addoption, pytest_configure
-    instruction = _read_instruction()
+    try:
+        os.fstat(INSTRUCTION_FD)
+    except OSError:
+        return  # no descriptor 97 (a process bugsweep did not start, a test's child): nothing to read or load
+    given = _sibling("bugsweep_probe_instruction")
+    instruction = given.read(INSTRUCTION_FD)
     if not isinstance(instruction, dict):
         return
     try:
@@ -655,9 +537,11 @@ def _start_up():
         _state.memory_bound = max(int(instruction.get("memory") or 0), 0)
     except (TypeError, ValueError):
         _state.memory_bound = 0
-    targets = _targets(instruction)
+    targets = given.targets(instruction, record)
     _state.pair = bool(targets)
-    set_current, register, _decide = _private(instruction)
+    set_current, register, _decide = given.private(
+        instruction, (expect.__code__, expect_args.__code__), RECORD_FD
+    )
     del instruction
     pytest_addoption, pytest_configure = _pytest_hooks(set_current, targets, register)
     record("hello")
