@@ -290,55 +290,6 @@ def test_words_elsewhere_do_not_outweigh_the_subject(tmp_path: Path, message: st
     assert isinstance(result, Rejection) and result.detail == detail
 
 
-def test_a_wordless_change_to_code_no_release_holds_is_not_a_fix(tmp_path: Path) -> None:
-    """A feature built in small commits after a release: its later steps change code that never shipped and read
-    like fixes by their shape; a fix corrects code a release holds. Without a tag nothing is known."""
-    repo = numbers_repo(tmp_path / "repo")
-    shipped = NUMBERS.replace("sign + str(n)", "sign + str(abs(n))")
-    result = screened(
-        repo,
-        {
-            "numbers_.py": shipped,
-            "tests/test_numbers.py": TEST_NUMBERS.replace("import total", "import fmt, total")
-            + "\n\ndef test_fmt_negative():\n    assert fmt(-1) == '-1'\n",
-        },
-        "Stop printing two minus signs",
-    )
-    assert isinstance(result, Screened) and result.rule == "fix-shaped change"  # no tag: nothing known
-    git(repo, "tag", "v1.0")
-    starred = shipped.replace(
-        "    return sum(values)",
-        "    if values and values[0] == '*':\n        return sum(values[1:])\n    return sum(values)",
-    )
-    write_files(repo, {"numbers_.py": starred})
-    commit_all(repo, "star totals kinda working")
-    result = screened(
-        repo,
-        {
-            "numbers_.py": starred.replace("values[0] == '*'", "values[0] in ('*', '**')"),
-            "tests/test_star.py": "from numbers_ import total\n\n\ndef test_star():\n    assert total(['**', 1]) == 1\n",
-        },
-        "** totals too",
-    )  # fmt: skip
-    assert isinstance(result, Rejection) and result.rule == "changes code written since the last release"
-    assert result.detail == (
-        "no fix word, but the change reads like a fix: it changes existing code (total, 2 lines, no new public "
-        "names) and tests assert on it (test_star), but 1 of the 1 source lines it touches were written since the "
-        "last release (v1.0): work on code that has not shipped, not a fix of released code"
-    )
-    # the same shape on code that shipped in v1.0 is a fix
-    result = screened(
-        repo,
-        {
-            "numbers_.py": starred.replace('sign = "-" if n < 0 else ""', 'sign = "-" if n < 0 else "+"'),
-            "tests/test_numbers.py": TEST_NUMBERS.replace("import total", "import fmt, total")
-            + "\n\ndef test_fmt_positive():\n    assert fmt(1) == '+1'\n",
-        },
-        "Show the sign of positive numbers",
-    )
-    assert isinstance(result, Screened) and result.rule == "fix-shaped change", result
-
-
 def test_changes_that_change_no_code_and_changes_it_cannot_read_say_so(tmp_path: Path) -> None:
     repo = numbers_repo(tmp_path / "repo")
     # docstrings, comments and annotations only: no behaviour changed, whatever the subject says

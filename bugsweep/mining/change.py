@@ -27,7 +27,6 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from bugsweep.mining.records import Commit
-from bugsweep.mining.release import Release, read_release
 
 #: Python files read per commit at most; a commit touching more is a sweeping change whose shape says little.
 MAX_FILES = 40
@@ -120,9 +119,6 @@ class ChangeShape:
     unread_exceptions: list[ast.Module] = field(default_factory=list, repr=False, compare=False)
     changelog: dict[str, list[str]] = field(default_factory=dict)
     """What the change's changelog entries say it is: kind ('fix', 'feature', 'removal') -> the files saying it."""
-    unread_release: tuple[Path, Commit, list[str]] | None = field(default=None, repr=False, compare=False)
-    """Where `release()` reads from (the repository, the commit, its source files), until it has."""
-    known_release: Release | None = field(default=None, repr=False, compare=False)
     unreadable: list[str] = field(default_factory=list)
     """Files the screen cannot read (a source file in another language, Python that does not parse), or why the
     change was not read (more than MAX_FILES Python files): the shape above is then unknown."""
@@ -146,14 +142,6 @@ class ChangeShape:
     def changelog_kind(self) -> str | None:
         """The one kind of change the changelog entries say (None: none, or several)."""
         return next(iter(self.changelog)) if len(self.changelog) == 1 else None
-
-    def release(self) -> Release | None:
-        """How much of the code the change touches had shipped in a release before it (read_release; read when a
-        rule first needs it: blaming is most of what it costs)."""
-        if self.unread_release is not None:
-            self.known_release = read_release(*self.unread_release)
-            self.unread_release = None
-        return self.known_release
 
     def is_exception(self, word: str) -> bool:
         """A real exception mention: a builtin exception, or one the code raises or catches that the commit did not
@@ -482,7 +470,6 @@ def read_change(
         )
     _read_tests(shape, {p: (*trees[p], *lines[p]) for p in py_tests})
     shape.unread_exceptions = [tree for pair in trees.values() for tree in pair]
-    shape.unread_release = (repo, commit, list(source_files))
     return shape
 
 

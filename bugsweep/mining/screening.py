@@ -147,10 +147,6 @@ MAX_WORDLESS_FIX_LINES = 40
 MAX_ISSUE_FIX_LINES = 80
 #: ... and touch few existing functions: a clean-up or a linter's pass touches many a little.
 MAX_WORDLESS_FIX_FUNCTIONS = 3
-#: Of the lines a change touches, the share written since the last release above which a change admitted only on
-#: weak evidence (WEAK_RULES) is work on code that never shipped: a feature built in small commits, a change of
-#: mind, not a fix of released code.
-MAX_UNRELEASED_SHARE = 0.5
 #: Single-module test suites of older projects (`tests.py`), counted as test files too when mining.
 LONE_TEST_MODULES = {"tests.py", "test.py"}
 #: Test-file patterns used to split a commit: the agent's protected globs plus the lone test modules.
@@ -186,12 +182,6 @@ class Rule(StrEnum):
     ISSUE_FIXED = "issue named as fixed"
     FIX_SHAPE = "fix-shaped change"
     NO_FIX_WORD = "no fix word"
-    UNRELEASED = "changes code written since the last release"
-
-
-#: Rules that admit a fix on weak evidence (a weak or a body's fix word, an exception's name, an issue number, the
-#: change's shape alone): what they admit must change code that shipped (MAX_UNRELEASED_SHARE).
-WEAK_RULES = {Rule.ISSUE_FIX_SHAPE, Rule.MESSAGE_FIX_WORD, Rule.EXCEPTION, Rule.ISSUE_FIXED, Rule.FIX_SHAPE}
 
 
 class Reading(NamedTuple):
@@ -292,20 +282,6 @@ def _fix_shape(shape: ChangeShape, *, lines: int = MAX_WORDLESS_FIX_LINES) -> tu
     ), ""
 
 
-def _unreleased(shape: ChangeShape) -> str | None:
-    """Why the change is work on code that never shipped (more than MAX_UNRELEASED_SHARE of the lines it touches
-    were written since the last release), or None (it changes released code, or nothing is known: no tag)."""
-    release = shape.release()
-    if release is None or release.tag is None or not release.touched:
-        return None
-    if release.unreleased / release.touched <= MAX_UNRELEASED_SHARE:
-        return None
-    return (
-        f"{release.unreleased} of the {release.touched} source lines it touches were written since the last "
-        f"release ({release.tag}): work on code that has not shipped, not a fix of released code"
-    )
-
-
 def _announced(rest: str) -> str | None:
     """What a subject announces that is not a fix: a feature or other work (its opening words), a feature phrase,
     or tooling it names; None for a neutral subject."""
@@ -396,10 +372,6 @@ def read_commit(message: str, subject: str | None = None, shape: ChangeShape | N
         make a fix;
     11. with none of those, a small change that reads like a fix (`_fix_shape`: 1 to MAX_WORDLESS_FIX_FUNCTIONS
         functions, MAX_WORDLESS_FIX_LINES lines) is one; anything else is not.
-    What rules 8 to 11 admit (on weak evidence: WEAK_RULES) must change code that shipped: when more than
-    MAX_UNRELEASED_SHARE of the lines it touches in its source files (any language) were written since the last
-    release tag before it, it is work on code that never shipped (a feature built in small commits, a change of
-    mind), not a fix (Rule.UNRELEASED; read_release). Without a tag nothing is known and this does not apply.
     Without a readable shape (no repository given, or a change with files the screen cannot read) rules 3, 5, 7,
     8 and 11 do not apply, only builtin exception names count, a leading issue reference counts as an issue
     named as fixed, and the reason says so.
@@ -413,8 +385,6 @@ def read_commit(message: str, subject: str | None = None, shape: ChangeShape | N
     )
 
     def decide(fix: bool, reason: str, rule: Rule) -> Reading:
-        if fix and rule in WEAK_RULES and known is not None and (unshipped := _unreleased(known)):
-            return Reading(False, f"{reason}, but {unshipped}", Rule.UNRELEASED)
         return Reading(fix, reason + words_only, rule)
 
     said_first = first
