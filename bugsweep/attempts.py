@@ -254,6 +254,21 @@ def resolved_at(grade: Grade) -> str:
 # -- making the attempts (for bugsweep.pipeline.solve_task) --------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class AttemptSteps:
+    """What the pipeline hands the attempts: its steps `solve` and `regrade` (bugsweep.pipeline.solve_from_task_state
+    and regrade), the `runner` that runs every step, and the run's callbacks and configuration. This module is below
+    the pipeline (the grade's model imports it), so it is given them rather than importing them."""
+
+    solve: Callable[..., AgentResult]
+    regrade: Callable[..., tuple[Grade, TestRun | None, str]]
+    runner: StepRunner
+    step: Callable[[str, dict[str, Any]], None]
+    on_event: Callable[[AgentEvent], None] | None
+    on_sandbox: Callable[[Sandbox], None] | None
+    config: RunConfig | None
+
+
 @dataclass
 class Cascade:
     """One run's attempts (bugsweep.pipeline.solve_task holds it): the plan, made in order until the clean room
@@ -278,21 +293,9 @@ class Cascade:
         return cls(plan=plan_attempts(models, agent), out_dir=out_dir)
 
     def run(
-        self,
-        prepared: PreparedTask,
-        before: TestRun,
-        agent_settings: AgentSettings,
-        *,
-        solve: Callable[..., AgentResult],
-        regrade: Callable[..., tuple[Grade, TestRun | None, str]],
-        runner: StepRunner,
-        step: Callable[[str, dict[str, Any]], None],
-        on_event: Callable[[AgentEvent], None] | None,
-        on_sandbox: Callable[[Sandbox], None] | None,
-        config: RunConfig | None,
+        self, prepared: PreparedTask, before: TestRun, agent_settings: AgentSettings, steps: AttemptSteps
     ) -> None:
-        """Make the planned attempts in order until the clean room resolves one. `solve` and `regrade` are the
-        pipeline's steps (bugsweep.pipeline.solve_from_task_state and regrade), which `runner` runs."""
+        """Make the planned attempts in order until the clean room resolves one, with the pipeline's `steps`."""
         from bugsweep.agent.types import AgentProgress  # here: it loads the model client
 
         many = len(self.plan) > 1
@@ -302,9 +305,8 @@ class Cascade:
             self.current = (planned, time.monotonic(), folder)
             self.made.append(
                 run_attempt(
-                    planned, prepared, before, agent_settings, solve=solve, regrade=regrade, runner=runner,
-                    progress=self.progress, out_dir=self.out_dir / folder if folder else self.out_dir,
-                    folder=folder, many=many, step=step, on_event=on_event, on_sandbox=on_sandbox, config=config,
+                    planned, prepared, before, agent_settings, steps, progress=self.progress,
+                    out_dir=self.out_dir / folder if folder else self.out_dir, folder=folder, many=many,
                 )
             )  # fmt: skip
             self.current = None
@@ -337,24 +339,19 @@ def run_attempt(
     prepared: PreparedTask,
     before: TestRun,
     agent_settings: AgentSettings,
+    steps: AttemptSteps,
     *,
-    solve: Callable[..., AgentResult],
-    regrade: Callable[..., tuple[Grade, TestRun | None, str]],
-    runner: StepRunner,
     progress: AgentProgress,
     out_dir: Path,
     folder: str | None,
     many: bool,
-    step: Callable[[str, dict[str, Any]], None],
-    on_event: Callable[[AgentEvent], None] | None,
-    on_sandbox: Callable[[Sandbox], None] | None,
-    config: RunConfig | None,
 ) -> AttemptOutcome:
     """One attempt: its sandbox (the setup's own for the first, a new one from the task state after setup for the
     others, released here), the agent ('solve'), the clean room's grade ('regrade'); in a run of more than one
     attempt its files go to `out_dir` (attempts/N) and its steps carry its number."""
     started = time.monotonic()
     number = planned.attempt if many else None
+    step, runner = steps.step, steps.runner
     if many:
         step(
             "attempt",
@@ -365,16 +362,16 @@ def run_attempt(
         runner(step_name("sandbox", number), attempt_sandbox, prepared, planned.attempt) if own else prepared
     )
     try:
-        if own and on_sandbox is not None:
-            on_sandbox(task.sandbox)
+        if own and steps.on_sandbox is not None:
+            steps.on_sandbox(task.sandbox)
         step("agent", {"model": planned.model.model, "failing": sorted(before.ids("failed", "error"))})
         agent_result = runner(
-            step_name("solve", number), solve, task, planned.model, agent_settings, on_event,
-            out_dir, progress=progress, config=config, attempt=number,
+            step_name("solve", number), steps.solve, task, planned.model, agent_settings, steps.on_event,
+            out_dir, progress=progress, config=steps.config, attempt=number,
         )  # fmt: skip
         step("regrade", {"stop_reason": agent_result.stop_reason})
         verdict, after, patch = runner(
-            step_name("regrade", number), regrade, task, before, agent_result, model_name=planned.model.model,
+            step_name("regrade", number), steps.regrade, task, before, agent_result, model_name=planned.model.model,
             agent_settings=agent_settings,
         )  # fmt: skip
     finally:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from bugsweep.attempts import Cascade
+from bugsweep.attempts import AttemptSteps, Cascade
 from bugsweep.errors import (
     InfraError,
     NotARealTask,
@@ -495,10 +495,11 @@ def solve_task(
             on_sandbox(prepared.sandbox)
         step("baseline", {"command": spec.test_command})
         before = runner("baseline", baseline, prepared, per_test_timeout=agent_settings.per_test_timeout_s)
-        attempts.run(
-            prepared, before, agent_settings, solve=solve_from_task_state, regrade=regrade, runner=runner,
-            step=step, on_event=on_event, on_sandbox=on_sandbox, config=config,
+        steps = AttemptSteps(
+            solve=solve_from_task_state, regrade=regrade, runner=runner, step=step, on_event=on_event,
+            on_sandbox=on_sandbox, config=config,
         )  # fmt: skip
+        attempts.run(prepared, before, agent_settings, steps)
         verdict, chosen = attempts.result(model=model_settings.model)
         verdict.wall_s = time.monotonic() - started
         write_run_dir(

@@ -265,6 +265,16 @@ def test_a_module_prefix_a_new_parameter_and_a_helper_assertion_are_read(tmp_pat
         ("Add an option to log tracebacks\n\n* Avoid an exception in the example\n* Fix pep8 error",
          "no fix word in the message, and the subject says 'Add'"),
         ("fix: expose total() to type checkers", "the subject is about tooling ('type checkers'), not the code's behaviour"),
+        # a squashed pull request's bullets: fixes of its packaging and setup say nothing about a bug
+        ("Add Python 3.12 (#285)\n\n* fix packaging tox job\n\n* fix setup, fix docs, add py312 to CI",
+         "no fix word in the message, and the subject says 'Add'"),
+        ("Catch more specific exception (B017).", "the subject is about tooling ('B017'), not the code's behaviour"),
+        # a module prefix of several words hides the verb no more
+        ("JSON Schema: Support lists of totals", "no fix word in the message, and the subject says 'Support'"),
+        ("Make the error of total() more informative", "no fix word in the message, and the subject says 'more informative'"),
+        ("Cache the totals of long lists", "no fix word in the message, and the subject says 'Cache'"),
+        ("flip total() back to lists for now", "no fix word in the message, and the subject says 'for now'"),
+        ("total: don't sum tuples by default", "no fix word in the message, and the subject says 'by default'"),
     ],
 )  # fmt: skip
 def test_words_elsewhere_do_not_outweigh_the_subject(tmp_path: Path, message: str, detail: str) -> None:

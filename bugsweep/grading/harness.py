@@ -28,13 +28,12 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
+from bugsweep.grading import probe
 from bugsweep.sandbox.base import Sandbox
 
 #: The probe's files in site-packages; the .pth sorts before every other (its line runs first at start-up).
-PROBE_MODULE = "bugsweep_probe"
-PROBE_FILES = (
-    "bugsweep_probe.py", "bugsweep_probe_instruction.py", "bugsweep_probe_inject.py", "bugsweep_probe_memory.py",
-)  # fmt: skip
+PROBE_MODULE = probe.MODULES[0]
+PROBE_FILES = tuple(f"{module}.py" for module in probe.MODULES)
 PTH_NAME = "00-bugsweep-probe.pth"
 INSTRUCTION_FD, RECORD_FD = 97, 98
 MAGIC = "bugsweep-probe-1\n"
@@ -74,12 +73,9 @@ try:
             plugins.append(ep.name)
 except Exception:
     pass
-names.discard("bugsweep_probe")
-names.discard("bugsweep_probe_instruction")
-names.discard("bugsweep_probe_inject")
-names.discard("bugsweep_probe_memory")
+names.difference_update(PROBE_MODULES)
 print(json.dumps({"site": site, "modules": sorted(names), "plugins": plugins}))
-"""
+""".replace("PROBE_MODULES", repr(probe.MODULES))
 
 
 @dataclass(frozen=True)

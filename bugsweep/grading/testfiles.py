@@ -21,6 +21,8 @@ from functools import lru_cache
 
 import pathspec
 
+from bugsweep.grading import probe
+
 
 @lru_cache(maxsize=64)
 def _spec(patterns: tuple[str, ...]) -> pathspec.PathSpec:
@@ -48,10 +50,19 @@ STARTUP_NAMES = frozenset({"sitecustomize.py", "usercustomize.py"})
 #: replace the runner.
 RUNNER_MODULES = frozenset(
     {
-        "pytest", "_pytest", "pluggy", "py", "unittest", "nose", "nose2", "iniconfig", "xdist", "doctest",
-        "bugsweep_probe", "bugsweep_probe_instruction", "bugsweep_probe_inject", "bugsweep_probe_memory",
+        "pytest",
+        "_pytest",
+        "pluggy",
+        "py",
+        "unittest",
+        "nose",
+        "nose2",
+        "iniconfig",
+        "xdist",
+        "doctest",
+        *probe.MODULES,
     }
-)  # fmt: skip
+)
 #: Packaging metadata, in any letter case: where Python's metadata lookup finds entry points (a pytest11 plugin) and
 #: installs are recorded. What the task's setup made is part of the task state; a change may not add or alter it.
 PACKAGING_SUFFIXES = (".dist-info", ".egg-info", ".egg-link")

@@ -56,7 +56,8 @@ OTHER_WORK_SUBJECT = re.compile(
     r"^\s*(optimi[sz]e[sd]?|speed\s+up|refactor\w*|clean\w*|minor|small|deprecate[sd]?|drop(s|ped)?|"
     r"rename[sd]?|re-?format\w*|format\w*|moderni[sz]e[sd]?|upgrade[sd]?|move[sd]?|document\w*|docs?\b|tidy|"
     r"migrate[sd]?|sync\w*|type\s+hints?|annotate|lint\w*|tests?\b|more\s+tests|also\s+test|cover(s|ed)?\b|"
-    r"run\b|apply\b|applied\b|enforce[sd]?|prepare\b|bump\w*|various|misc\w*|relax\w*|repackag\w*)",
+    r"run\b|apply\b|applied\b|enforce[sd]?|prepare\b|bump\w*|various|misc\w*|relax\w*|repackag\w*|"
+    r"cache\b|memoi[sz]e[sd]?\b)",
     re.IGNORECASE,
 )
 #: Subjects of work that may be a fix or not ("Update __eq__ for numeric_range", "Replace the fill value logic"):
@@ -73,24 +74,28 @@ MAYBE_WORK_SUBJECT = re.compile(
 TOOLING_SUBJECT = (
     r"typos|lint\w*|linters?|flake8|pep\s?8|ruff|isort|pre-commit|pyupgrade|autotyping|codespell|mypy|pyright|"
     r"type[- ]?check(ers?|ing)|type[- ]?hints?|typing(?!\.)|type\s+annotations|ci|coverage|noqa|black\s+(formatting|style)|"
-    r"(apply|run)\s+black|static\s+(analysis|typing|checks?)|chores?|housekeeping"
+    r"(apply|run)\s+black|static\s+(analysis|typing|checks?)|chores?|housekeeping|"
+    r"(?<=[(,\s])[A-Z]{1,3}\d{3,4}(?=[,)])"  # a linter's rule code in parentheses: "(B017)", "(E501, W503)"
 )
 TOOLING = (
     rf"{TOOLING_SUBJECT}|spelling|docs|documentation|docstrings?|comments?|tests?|test\s+suite|review(\s+comments?)?|"
-    r"violations?|warnings?|import\s+order|readme|changelog|annotation"
+    r"violations?|warnings?|import\s+order|readme|changelog|annotation|packaging|setup|tox|builds?|jobs?"
 )
 TOOLING_WORD = re.compile(rf"\b({TOOLING_SUBJECT})\b", re.IGNORECASE)
 #: A fix word whose object is tooling ("fix typos", "fix the failing tests", "fix pep8 error", "lint fixes",
 #: "auto-fix codebase"): it says nothing about a bug.
 TOOLING_FIX = re.compile(
-    rf"\b(fix(es|ed|ing)?|correct(s|ed)?)\s+(\w[\w-]*\s+)?({TOOLING})\b|"
+    rf"\b(fix(es|ed|ing)?|correct(s|ed)?)\s+((a\s+few|a\s+couple\s+of|some|several|many|more|minor|small|all|the)\s+)?"
+    rf"(\w[\w-]*\s+)?({TOOLING})\b|"
     rf"\b({TOOLING}|auto|typo)[- ]fix(es|ed)?\b|\bautofix\w*",
     re.IGNORECASE,
 )
 #: Words anywhere in a subject that announce work other than a fix ("a few more py3 improvements", "Make functions
-#: private and deprecate public aliases").
+#: private and deprecate public aliases", "make the error more informative", "catch a more specific exception",
+#: "make star paths the default", "warn instead of raising for now").
 OTHER_WORK_PHRASE = re.compile(
-    r"\b(improvements?|clean-?ups?|refactor\w*|polish\w*|deprecat\w+|(error|exception|warning)\s+messages?)\b",
+    r"\b(improvements?|clean-?ups?|refactor\w*|polish\w*|deprecat\w+|(error|exception|warning)\s+messages?|"
+    r"more\s+(informative|helpful|descriptive|readable|useful|specific|explicit)|(by|the)\s+default|for\s+now)\b",
     re.IGNORECASE,
 )
 #: Speed and memory, in a subject or a message: work on how fast, not on what the code does.
@@ -102,9 +107,10 @@ SPEED_PHRASE = re.compile(
 #: A fix word that is part of an issue reference ("Fixes #31", "fix #350", "fixes: #393", "closes gh-7"): in a
 #: message body it is how pull requests end, features included, and says nothing about a bug.
 ISSUE_REFERENCE = re.compile(r"\s*:?\s*(#|gh-?|issue\s*#?)\d+", re.IGNORECASE)
-#: A `module: ...` prefix of a subject ("statsutils: add mode()", "tbutils: round-trip ..."): what the commit does
-#: comes after it.
-MODULE_PREFIX = re.compile(r"^\s*(?P<module>[\w./-]+):\s+(?=\S)")
+#: A `module: ...` prefix of a subject ("statsutils: add mode()", "tbutils: round-trip ...", "JSON Schema: Support
+#: ..."): what the commit does comes after it. A prefix of several words counts only when none of them is a fix
+#: word or opens a feature or other work ("Fix regression: ..." is no module).
+MODULE_PREFIX = re.compile(r"^\s*(?P<module>[\w./-]+(?:\s[\w./-]+){0,2}):\s+(?=\S)")
 #: Conventional-commit types that are not bug fixes (`feat: ...`, `refactor(core)!: ...`).
 NOT_A_FIX_TYPES = (
     "feat",
@@ -306,6 +312,18 @@ def _maybe_work(rest: str) -> str | None:
     return found.group(0).strip()
 
 
+def _is_module(prefix: str) -> bool:
+    """Whether a subject's `prefix:` names a part of the code, not a commit type or what the commit does."""
+    if prefix.lower() in NOT_A_FIX_TYPES:
+        return False
+    return " " not in prefix or not (
+        FIX_PATTERN.search(prefix)
+        or FEATURE_SUBJECT.match(prefix)
+        or OTHER_WORK_SUBJECT.match(prefix)
+        or MAYBE_WORK_SUBJECT.match(prefix)
+    )
+
+
 def _subject_parts(first: str) -> tuple[str, bool, bool]:
     """(what the subject says past its prefixes, whether it opened with a conventional `fix:` type, whether it
     opened with an issue reference). Prefixes set aside: a conventional `fix:`, a `module:` and a leading issue
@@ -316,7 +334,7 @@ def _subject_parts(first: str) -> tuple[str, bool, bool]:
             rest, conventional_fix = conventional["rest"], True
         elif (prefix := ISSUE_PREFIX.match(rest)) and prefix.end() > 0:
             rest, issue = rest[prefix.end() :], True
-        elif (module := MODULE_PREFIX.match(rest)) and module["module"].lower() not in NOT_A_FIX_TYPES:
+        elif (module := MODULE_PREFIX.match(rest)) and _is_module(module["module"]):
             rest = rest[module.end() :]
         else:
             return rest, conventional_fix, issue
