@@ -4,11 +4,13 @@ A fix changes existing functions and adds or changes tests that check them; a fe
 tests that call those. `read_change` reads every file of a commit at its parent and at the commit:
 - Python source files and stubs (`.pyi`), parsed with the standard library's `ast`: new public names (functions,
   classes, methods, class and module attributes, parameters of existing functions), existing functions whose
-  code changed (docstrings, comments, formatting and type annotations set aside), the lines changed;
+  code changed (docstrings, comments, formatting, type annotations and statements that serve type checkers only
+  set aside: typing imports, TypeVars, type aliases, `if TYPE_CHECKING:` blocks), the lines changed;
 - test files: the tests added or changed, which of them assert (directly or through a helper of their module)
   and which use a new name;
-- changelog entries (towncrier fragments, reno notes, the added lines of CHANGES / CHANGELOG / NEWS / HISTORY):
-  what kind of change the project says it is (a fix, a feature, a removal);
+- changelog entries (towncrier fragments, reno notes, the added lines of CHANGES / CHANGELOG / NEWS / HISTORY, by
+  their first word or the section heading they are under, Markdown or reStructuredText): what kind of change the
+  project says it is (a fix, a feature, a removal);
 - documentation, changelogs and project tooling (CI, packaging, linters) change no behaviour; other files that
   ship with the code (data, translations) may.
 Source files in another language, Python that does not parse, or more than MAX_FILES Python files cannot be read:
@@ -69,6 +71,16 @@ ENTRY_KIND = re.compile(
 SECTION_KIND = re.compile(
     r"^\s*#+\s*(?:(?P<fix>fixed|bug\s?fixes)|(?P<feature>added)|(?P<removal>removed|deprecated))\b", re.I
 )
+#: A changelog's section headings (Markdown `## Fixed`, or reStructuredText underlined), by the kind they say:
+#: an entry added under one is of that kind ("Deprecations" / "* :gh:`160`: max_ver, min_ver").
+HEADING_KIND = re.compile(
+    r"^(?:(?P<fix>bug\s?-?fix(es)?|fixe[sd]|bugs(\s+fixed)?)|(?P<feature>(new\s+)?features?|added|additions|"
+    r"enhancements?|new)|(?P<removal>removals?|removed|deprecations?|deprecated|breaking(\s+changes)?))\s*:?$",
+    re.IGNORECASE,
+)
+MARKDOWN_HEADING = re.compile(r"^\s*#+\s+(?P<title>.*?)\s*#*\s*$")
+RST_UNDERLINE = re.compile(r"^([=\-~^*+#\"'`])\1{2,}\s*$")
+HUNK = re.compile(r"^@@ -\d+(?:,\d+)? \+(?P<start>\d+)(?:,(?P<count>\d+))? @@")
 #: Suffixes of files that hold no code: documentation, text, configuration.
 TEXT_SUFFIXES = {
     ".rst", ".md", ".txt", ".html", ".css", ".cfg", ".ini", ".toml", ".yaml", ".yml", ".json", ".lock", ".in",
@@ -207,9 +219,40 @@ def _is_public(qualified: str) -> bool:
     return not any(part.startswith("_") for part in qualified.split("."))
 
 
+#: Modules whose imports serve type annotations only.
+TYPING_MODULES = {"typing", "typing_extensions", "__future__"}
+#: Calls that make a name for type checkers only (`T = TypeVar("T")`).
+TYPING_CALLS = {"TypeVar", "ParamSpec", "TypeVarTuple", "NewType", "TypeAliasType"}
+
+
+def _dotted_last(node: ast.AST) -> str:
+    return node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name) else ""
+
+
+def _typing_only(node: ast.AST) -> bool:
+    """A statement that serves type checkers only: an import from typing, a TypeVar (or NewType, ParamSpec, ...)
+    made, a type alias declared (`X: TypeAlias = ...`, `type X = ...`), an `if TYPE_CHECKING:` block."""
+    if isinstance(node, ast.Import):
+        return all(alias.name.split(".")[0] in TYPING_MODULES for alias in node.names)
+    if isinstance(node, ast.ImportFrom):
+        return (node.module or "").split(".")[0] in TYPING_MODULES
+    if (
+        isinstance(node, ast.Assign | ast.AnnAssign)
+        and isinstance(node.value, ast.Call)
+        and _dotted_last(node.value.func) in TYPING_CALLS
+    ):
+        return True
+    if isinstance(node, ast.AnnAssign) and _dotted_last(node.annotation) == "TypeAlias":
+        return True
+    if type(node).__name__ == "TypeAlias":  # `type X = ...` (Python 3.12)
+        return True
+    return isinstance(node, ast.If) and _dotted_last(node.test) == "TYPE_CHECKING" and not node.orelse
+
+
 class _Behaviour(ast.NodeTransformer):
     """A copy of a tree without what does not change behaviour: docstrings and, with `annotations`, type
-    annotations (comments and formatting are not in the tree at all)."""
+    annotations and statements that serve type checkers only (`_typing_only`); comments and formatting are not in
+    the tree at all."""
 
     def __init__(self, annotations: bool) -> None:
         self.annotations = annotations
@@ -226,6 +269,11 @@ class _Behaviour(ast.NodeTransformer):
         ):
             node.body = body[1:] or [ast.Pass()]
         if self.annotations:
+            for name in ("body", "orelse", "finalbody"):
+                statements = getattr(node, name, None)
+                if isinstance(statements, list) and any(_typing_only(n) for n in statements):
+                    kept = [n for n in statements if not _typing_only(n)]
+                    setattr(node, name, kept or ([ast.Pass()] if name == "body" else []))
             if isinstance(node, ast.arg):
                 node.annotation = None
             elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
@@ -408,12 +456,41 @@ def _changelog_kinds(repo: Path, base: str, sha: str, path: str) -> set[str]:
         return {kind for key, kind in (("fixes", "fix"), ("features", "feature"), ("deprecations", "removal"),
                                        ("upgrade", "removal")) if key in sections}  # fmt: skip
     kinds: set[str] = set()
+    added: list[int] = []  # line numbers (from 1) of the added lines in the new file
     for line in _diff(repo, base, sha, [path], "-U0").splitlines():
+        if hunk := HUNK.match(line):
+            number = int(hunk["start"])
+            continue
         if not line.startswith("+") or line.startswith("+++"):
             continue
+        if line[1:].strip():
+            added.append(number)
+        number += 1
         for pattern in (ENTRY_KIND, SECTION_KIND):
             if found := pattern.match(line[1:]):
                 kinds.update(kind for kind, word in found.groupdict().items() if word)
+    if added:
+        kinds |= _section_kinds((_git_show(repo, sha, path) or "").splitlines(), added)
+    return kinds
+
+
+def _section_kinds(lines: list[str], added: list[int]) -> set[str]:
+    """The kinds the section headings say that the added lines (numbers from 1) of a changelog fall under."""
+    heading_at: dict[int, str] = {}  # line index -> the heading's title
+    for index, line in enumerate(lines):
+        if found := MARKDOWN_HEADING.match(line):
+            heading_at[index] = found["title"]
+        elif index and RST_UNDERLINE.match(line) and lines[index - 1].strip():
+            heading_at[index - 1] = lines[index - 1].strip()
+            heading_at[index] = ""  # the underline itself
+    kinds: set[str] = set()
+    for number in added:
+        index = number - 1
+        if index in heading_at or index >= len(lines):
+            continue
+        title = next((heading_at[i] for i in range(index - 1, -1, -1) if heading_at.get(i)), None)
+        if title is not None and (found := HEADING_KIND.match(title.strip().strip("*_`"))):
+            kinds.update(kind for kind, word in found.groupdict().items() if word)
     return kinds
 
 
