@@ -149,7 +149,7 @@ AND_FIX_CLAUSE = re.compile(r"\b(and|with|plus|[,;])\s+(?=(fix(es|ed)?|correct(s
 #: bytes"): behaviour asked for, not a failure fixed; the name is then no fix word ("raised TypeError" is a failure).
 RAISES_EXCEPTION = re.compile(r"\b(raises?|throws?)\s+(an?\s+)?(?P<name>[A-Z]\w*(Error|Exception))\b")
 #: A fix without a fix word must be small: source lines added plus removed, at most (40 until issue 37's round 5:
-#: over 20, the six sets labelled then held 6 not-fixes for 2 fixes; bench/README.md).
+#: over 20, the six sets labelled then held 4 not-fixes for 1 fix; bench/README.md).
 MAX_WORDLESS_FIX_LINES = 20
 #: ... or, with an issue reference opening the subject ("Issue 1214: Update __eq__ ..."), at most this many.
 MAX_ISSUE_FIX_LINES = 80
