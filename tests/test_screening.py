@@ -111,7 +111,8 @@ def test_wordless_changes_that_are_not_fixes_say_why(tmp_path: Path) -> None:
     )
     assert isinstance(result, Rejection)
     assert result.detail == (
-        "no fix word in the message (fix, bug, error, crash, ...), and its source change is large (46 lines, over 40)"
+        "no fix word in the subject nor a strong one in the message (fix, bug, crash, ...), and its source change is "
+        "large (46 lines, over 20)"
     )
     result = screened(
         repo,
@@ -351,6 +352,92 @@ def test_a_subject_about_tooling_outweighs_a_bug_fix_changelog_entry(tmp_path: P
     )  # fmt: skip
     assert isinstance(result, Rejection)
     assert result.detail == "the subject is about tooling ('typing'), not the code's behaviour"
+
+
+# -- round 5 (issue 37): structure read, not more phrases ----------------------------------------------------------
+
+
+def test_typing_only_statements_and_body_words_are_no_fix(tmp_path: Path) -> None:
+    """voluptuous' "fix: allow path to be a list of hashables" widened annotations and dropped a TypeVar; python-dotenv's
+    "Use logging instead of warnings" had only a weak word ("don't") in its body."""
+    repo = make_repo(
+        tmp_path / "repo",
+        {"numbers_.py": "import typing\n\nT = typing.TypeVar('T')\n\n\n" + NUMBERS.replace("def total(values):",
+                                                                                           "def total(values: list[T]):"),
+         "tests/test_numbers.py": TEST_NUMBERS, "pyproject.toml": PYPROJECT},
+    )  # fmt: skip
+    typing_only = (
+        "from __future__ import annotations\n\nimport typing\nfrom typing import TYPE_CHECKING, Hashable\n\n"
+        "if TYPE_CHECKING:\n    from collections.abc import Iterable\n\n\n"
+        + NUMBERS.replace("def total(values):", "def total(values: Iterable[Hashable]):")
+    )
+    tests = TEST_NUMBERS + "\n\ndef test_total_tuple():\n    assert total((1,)) == 1\n"
+    result = screened(
+        repo, {"numbers_.py": typing_only, "tests/test_numbers.py": tests}, "fix: allow any hashables"
+    )
+    assert isinstance(result, Rejection)
+    assert result.detail == "it changes no code (only type annotations, docstrings, comments or formatting)"
+    git(repo, "reset", "-q", "--hard", "HEAD~1")
+    # a weak word in the body explains; in the subject it is still evidence
+    change = {"numbers_.py": NUMBERS.replace("return sum(values)", "return sum(values, 0)") + "\n\nlog = print\n",
+              "tests/test_numbers.py": tests}  # fmt: skip
+    result = screened(
+        repo, change, "Use logging instead of warnings\n\nUsers don't know what to do with that."
+    )
+    assert isinstance(result, Rejection)
+    assert result.detail == (
+        "no fix word in the subject nor a strong one in the message (fix, bug, crash, ...), and it adds new public "
+        "names (log)"
+    )
+    git(repo, "reset", "-q", "--hard", "HEAD~1")
+    result = screened(repo, change, "Don't lose the start of a total")
+    assert isinstance(result, Screened) and result.why_fix == 'the message says "Don\'t"'
+
+
+@pytest.mark.parametrize(
+    ("message", "detail"),
+    [
+        # an issue reference is not a bug: "feat: ... (fixes #510)", "Fix 144: Add replace function"
+        ("feat: add parse_exception() (fixes #510)", "a 'feat' commit whose subject says fix only of an issue ('fixes #510')"),
+        ("Fix 144: Add parse_exception()",
+         "a feature: the subject says 'Add' and the change adds new public names (ParsedException, parse_exception)"),
+    ],
+)  # fmt: skip
+def test_an_issue_reference_is_no_bug(tmp_path: Path, message: str, detail: str) -> None:
+    repo = numbers_repo(tmp_path / "repo")
+    result = screened(repo, new_feature(repo), message)
+    assert isinstance(result, Rejection) and result.detail == detail
+
+
+def test_changelog_sections_and_merge_the_verb_are_read(tmp_path: Path) -> None:
+    """python-semver's "Deprecate max_ver and min_ver" added "* :gh:`160`: ..." under an rST "Deprecations" heading
+    (and "Fix bad doc link" to its body); an entry under Markdown's "### Fixed" is a fix whatever its first word;
+    tomlkit's "Merge AoT fragments when ..." merges no branch."""
+    changelog = "Changes\n=======\n\nVersion 2.10.2\n--------------\n\nDeprecations\n~~~~~~~~~~~~\n\nn/a\n"
+    repo = make_repo(
+        tmp_path / "repo",
+        {"numbers_.py": NUMBERS, "tests/test_numbers.py": TEST_NUMBERS, "pyproject.toml": PYPROJECT,
+         "CHANGELOG.rst": changelog, "CHANGELOG.md": "# Changelog\n\n## Unreleased\n\n### Fixed\n\n### Added\n"},
+    )  # fmt: skip
+    change = {
+        "numbers_.py": NUMBERS.replace("return sum(values)", "return sum(values or ())"),
+        "tests/test_numbers.py": TEST_NUMBERS + "\n\ndef test_total_none():\n    assert total(None) == 0\n",
+    }
+    deprecation = {"CHANGELOG.rst": changelog.replace("n/a", "* :gh:`160` (:pr:`264`):\n    * :func:`total`")}
+    result = screened(repo, change | deprecation, "Deprecate total(None) (#264)\n\n* Fix bad doc link")
+    assert isinstance(result, Rejection)
+    assert result.detail == "its changelog entry says a removal or deprecation (CHANGELOG.rst)"
+    git(repo, "reset", "-q", "--hard", "HEAD~1")
+    fixed = {
+        "CHANGELOG.md": "# Changelog\n\n## Unreleased\n\n### Fixed\n\n- `total(None)` is 0\n\n### Added\n"
+    }
+    result = screened(repo, change | fixed, "Let total take None")
+    assert (
+        isinstance(result, Screened) and result.why_fix == "its changelog entry says a bug fix (CHANGELOG.md)"
+    )
+    git(repo, "reset", "-q", "--hard", "HEAD~1")
+    result = screened(repo, change, "Merge the totals of empty inputs into zero")
+    assert isinstance(result, Screened) and result.rule == "fix-shaped change"
 
 
 # The corpus: the 15 real fixes of bench/real_bugs.jsonl, screened in their own histories when a bare clone of each

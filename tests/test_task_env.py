@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from bugsweep.errors import SandboxError
 from bugsweep.pipeline import baseline, prepare, setup, solve_task
 from bugsweep.sandbox.base import RepoSource
 from bugsweep.sandbox.local import LocalProvider
@@ -249,6 +250,31 @@ def test_a_fresh_sandbox_from_a_snapshot_has_the_task_state_and_nothing_the_agen
             assert tests.exit_code == 1 and "1 failed, 1 passed" in tests.output
         snapshot.release()
     assert not list(provider.state_dir.glob("snap-*")), "a released snapshot is gone once nothing uses it"
+
+
+@pytest.mark.parametrize("when", ["moving its files", "mounting it again"])
+def test_a_sandbox_released_by_another_thread_while_a_snapshot_is_taken_leaves_no_snapshot_behind(
+    provider, buggy_repo, monkeypatch, when
+):
+    """Mining stops on Ctrl-C or SIGTERM by releasing the sandboxes in flight from the main thread, while a
+    validation thread may be taking a snapshot of one (seen: a snap-* folder left in the state folder after
+    SIGTERM). Whatever step the snapshot was at, nothing of it is left: no folder, no mount."""
+    from bugsweep.sandbox.local import taskenv
+
+    with provider.create(RepoSource(str(buggy_repo))) as sbx:
+        step = taskenv.move_tree if when == "moving its files" else taskenv._restack
+
+        def released_meanwhile(*args, **kwargs):
+            sbx.release()  # as Stopper.stop() does from the main thread
+            return step(*args, **kwargs)
+
+        monkeypatch.setattr(taskenv, step.__name__, released_meanwhile)
+        with pytest.raises((OSError, SandboxError)):  # SandboxGone, or its files gone under it
+            sbx.snapshot()
+        assert sbx.released
+    left = [p.name for p in provider.state_dir.iterdir() if p.name.startswith(("snap-", "local-"))]
+    assert left == [], "no snapshot and no sandbox left in the state folder"
+    assert str(provider.state_dir) not in Path("/proc/mounts").read_text()
 
 
 def test_old_environments_are_evicted_but_never_one_in_use(tmp_path):

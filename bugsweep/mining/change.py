@@ -4,11 +4,13 @@ A fix changes existing functions and adds or changes tests that check them; a fe
 tests that call those. `read_change` reads every file of a commit at its parent and at the commit:
 - Python source files and stubs (`.pyi`), parsed with the standard library's `ast`: new public names (functions,
   classes, methods, class and module attributes, parameters of existing functions), existing functions whose
-  code changed (docstrings, comments, formatting and type annotations set aside), the lines changed;
+  code changed (docstrings, comments, formatting, type annotations and statements that serve type checkers only
+  set aside: typing imports, TypeVars, type aliases, `if TYPE_CHECKING:` blocks), the lines changed;
 - test files: the tests added or changed, which of them assert (directly or through a helper of their module)
   and which use a new name;
-- changelog entries (towncrier fragments, reno notes, the added lines of CHANGES / CHANGELOG / NEWS / HISTORY):
-  what kind of change the project says it is (a fix, a feature, a removal);
+- changelog entries (towncrier fragments, reno notes, the added lines of CHANGES / CHANGELOG / NEWS / HISTORY, by
+  their first word or the section heading they are under, Markdown or reStructuredText): what kind of change the
+  project says it is (a fix, a feature, a removal);
 - documentation, changelogs and project tooling (CI, packaging, linters) change no behaviour; other files that
   ship with the code (data, translations) may.
 Source files in another language, Python that does not parse, or more than MAX_FILES Python files cannot be read:
@@ -20,12 +22,12 @@ from __future__ import annotations
 import ast
 import builtins
 import copy
-import re
 import subprocess
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
+from bugsweep.mining.changelog import changelog_kinds, is_changelog
 from bugsweep.mining.records import Commit
 
 #: Python files read per commit at most; a commit touching more is a sweeping change whose shape says little.
@@ -40,35 +42,6 @@ BUILTIN_EXCEPTIONS = frozenset(
 RAISES_CALLS = {"raises", "assertRaises", "assertRaisesRegex", "assertRaisesRegexp", "failUnlessRaises"}
 #: Calls and statements that make a test line an assertion (leading underscores set aside: `self._assert_range`).
 ASSERT_CALL_PREFIXES = ("assert", "fail", "raises", "warns", "expect", "check")
-#: Folders of changelog fragments (towncrier and the like) and the fragment types, by the kind they say.
-FRAGMENT_DIRS = {
-    "changelog",
-    "changelog.d",
-    "changes",
-    "changes.d",
-    "newsfragments",
-    "news",
-    "news.d",
-    "towncrier",
-}
-FRAGMENT_KINDS = {
-    "bugfix": "fix", "bugfixes": "fix", "fix": "fix", "fixes": "fix", "fixed": "fix", "bug": "fix",
-    "feature": "feature", "features": "feature", "added": "feature", "enhancement": "feature",
-    "removal": "removal", "removed": "removal", "deprecation": "removal", "breaking": "removal",
-}  # fmt: skip
-#: Files whose added lines are changelog entries ("- Fixed ...", "* Added ...").
-CHANGELOG_NAME = re.compile(r"^(changes|changelog|news|history|releases?|versions)(\.\w+)?$", re.IGNORECASE)
-#: The first word of a changelog entry, by the kind it says.
-ENTRY_KIND = re.compile(
-    r"^\s*(?:[-*+]|\d+\.)\s+(?:\*\*|`)?(?:(?P<fix>fix(es|ed)?|bug\s?fix(es)?|corrected|resolved)|"
-    r"(?P<feature>add(s|ed)?|new|support(s|ed)?|implement(s|ed)?|introduced?|allow(s|ed)?)|"
-    r"(?P<removal>removed?|drop(s|ped)?))\b",
-    re.IGNORECASE,
-)
-#: Keep-a-changelog section headings among the added lines.
-SECTION_KIND = re.compile(
-    r"^\s*#+\s*(?:(?P<fix>fixed|bug\s?fixes)|(?P<feature>added)|(?P<removal>removed|deprecated))\b", re.I
-)
 #: Suffixes of files that hold no code: documentation, text, configuration.
 TEXT_SUFFIXES = {
     ".rst", ".md", ".txt", ".html", ".css", ".cfg", ".ini", ".toml", ".yaml", ".yml", ".json", ".lock", ".in",
@@ -207,9 +180,40 @@ def _is_public(qualified: str) -> bool:
     return not any(part.startswith("_") for part in qualified.split("."))
 
 
+#: Modules whose imports serve type annotations only.
+TYPING_MODULES = {"typing", "typing_extensions", "__future__"}
+#: Calls that make a name for type checkers only (`T = TypeVar("T")`).
+TYPING_CALLS = {"TypeVar", "ParamSpec", "TypeVarTuple", "NewType", "TypeAliasType"}
+
+
+def _dotted_last(node: ast.AST) -> str:
+    return node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name) else ""
+
+
+def _typing_only(node: ast.AST) -> bool:
+    """A statement that serves type checkers only: an import from typing, a TypeVar (or NewType, ParamSpec, ...)
+    made, a type alias declared (`X: TypeAlias = ...`, `type X = ...`), an `if TYPE_CHECKING:` block."""
+    if isinstance(node, ast.Import):
+        return all(alias.name.split(".")[0] in TYPING_MODULES for alias in node.names)
+    if isinstance(node, ast.ImportFrom):
+        return (node.module or "").split(".")[0] in TYPING_MODULES
+    if (
+        isinstance(node, ast.Assign | ast.AnnAssign)
+        and isinstance(node.value, ast.Call)
+        and _dotted_last(node.value.func) in TYPING_CALLS
+    ):
+        return True
+    if isinstance(node, ast.AnnAssign) and _dotted_last(node.annotation) == "TypeAlias":
+        return True
+    if type(node).__name__ == "TypeAlias":  # `type X = ...` (Python 3.12)
+        return True
+    return isinstance(node, ast.If) and _dotted_last(node.test) == "TYPE_CHECKING" and not node.orelse
+
+
 class _Behaviour(ast.NodeTransformer):
     """A copy of a tree without what does not change behaviour: docstrings and, with `annotations`, type
-    annotations (comments and formatting are not in the tree at all)."""
+    annotations and statements that serve type checkers only (`_typing_only`); comments and formatting are not in
+    the tree at all."""
 
     def __init__(self, annotations: bool) -> None:
         self.annotations = annotations
@@ -226,6 +230,11 @@ class _Behaviour(ast.NodeTransformer):
         ):
             node.body = body[1:] or [ast.Pass()]
         if self.annotations:
+            for name in ("body", "orelse", "finalbody"):
+                statements = getattr(node, name, None)
+                if isinstance(statements, list) and any(_typing_only(n) for n in statements):
+                    kept = [n for n in statements if not _typing_only(n)]
+                    setattr(node, name, kept or ([ast.Pass()] if name == "body" else []))
             if isinstance(node, ast.arg):
                 node.annotation = None
             elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
@@ -385,36 +394,11 @@ def file_role(path: str, is_test: bool, is_source: bool) -> str:
     return "data"
 
 
-def is_changelog(path: str) -> bool:
-    p = PurePosixPath(path)
-    if len(p.parts) > 1 and p.parts[-2].lower() in FRAGMENT_DIRS:
-        return True
-    if len(p.parts) > 2 and p.parts[-3:-1] == ("releasenotes", "notes"):
-        return True
-    return bool(CHANGELOG_NAME.match(p.name))
-
-
 def _changelog_kinds(repo: Path, base: str, sha: str, path: str) -> set[str]:
-    """What a changed changelog file says the change is: a fragment's type, a reno note's sections, or the first
-    words of the entries (and Keep-a-changelog headings) it adds."""
-    p = PurePosixPath(path)
-    if len(p.parts) > 1 and p.parts[-2].lower() in FRAGMENT_DIRS:
-        typed = {FRAGMENT_KINDS[part.lower()] for part in p.name.split(".") if part.lower() in FRAGMENT_KINDS}
-        if typed:
-            return typed
-    if p.parts[-3:-1] == ("releasenotes", "notes"):
-        text = _git_show(repo, sha, path) or ""
-        sections = set(re.findall(r"^(\w+):", text, re.MULTILINE))
-        return {kind for key, kind in (("fixes", "fix"), ("features", "feature"), ("deprecations", "removal"),
-                                       ("upgrade", "removal")) if key in sections}  # fmt: skip
-    kinds: set[str] = set()
-    for line in _diff(repo, base, sha, [path], "-U0").splitlines():
-        if not line.startswith("+") or line.startswith("+++"):
-            continue
-        for pattern in (ENTRY_KIND, SECTION_KIND):
-            if found := pattern.match(line[1:]):
-                kinds.update(kind for kind, word in found.groupdict().items() if word)
-    return kinds
+    """What a changed changelog file says the change is (changelog.changelog_kinds), read from git."""
+    return changelog_kinds(
+        path, lambda: _git_show(repo, sha, path) or "", lambda: _diff(repo, base, sha, [path], "-U0")
+    )
 
 
 def read_change(

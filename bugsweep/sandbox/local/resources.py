@@ -55,6 +55,13 @@ class Resources:
         if gone:
             raise SandboxGone(f"sandbox {sandbox_id}: its workspace {self.repo_dir} is gone")
 
+    def keep_snapshot(self, snapshot: LocalSnapshot) -> bool:
+        """Release `snapshot` with the sandbox; False when the sandbox was released already (by another thread)."""
+        with self._lock:
+            if not self.released:
+                self.snapshots_taken.append(snapshot)
+            return not self.released
+
     def track(self, cmd: Command) -> bool:
         with self._lock:
             if self.released:

@@ -20,7 +20,7 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from bugsweep.errors import SandboxError
+from bugsweep.errors import SandboxError, SandboxGone
 from bugsweep.sandbox.base import Environment, ExecResult
 from bugsweep.sandbox.local.files import open_regular
 from bugsweep.sandbox.local.layers import (
@@ -164,20 +164,33 @@ def take_snapshot(sbx: LocalSandbox) -> LocalSnapshot:
                 shutil.rmtree(overlay.work, ignore_errors=True)
                 overlay.work.mkdir()
     except BaseException:
-        _mount(sbx, res.layers)
+        # The folder goes first: the sandbox may have been released meanwhile (another thread stopping the run:
+        # mining's Ctrl-C or SIGTERM), and then it cannot be mounted again and nothing else knows of the folder.
+        shutil.rmtree(path, ignore_errors=True)
+        if not res.released:
+            _mount(sbx, res.layers)
+        raise
+    try:
+        source = sbx.source_lease()
+        snapshot = LocalSnapshot(
+            id=path.name,
+            layer=Layer(path),
+            below=[] if copies else [below.share() for below in res.layers],
+            source=source,
+            interpreter=sbx.interpreter,
+            disk_mib=sbx._disk_mib,
+        )
+    except BaseException:
         shutil.rmtree(path, ignore_errors=True)
         raise
-    snapshot = LocalSnapshot(
-        id=path.name,
-        layer=Layer(path),
-        below=[] if copies else [below.share() for below in res.layers],
-        source=sbx.source_lease(),
-        interpreter=sbx.interpreter,
-        disk_mib=sbx._disk_mib,
-    )
-    if not copies:
-        _restack(sbx, [snapshot.layer.share(), *res.layers], mounted=False)
-    res.snapshots_taken.append(snapshot)
+    try:
+        if not copies:
+            _restack(sbx, [snapshot.layer.share(), *res.layers], mounted=False)
+        if not res.keep_snapshot(snapshot):  # released meanwhile: its cleanup has run, without this snapshot
+            raise SandboxGone(f"sandbox {sbx.id} was released while a snapshot of it was taken")
+    except BaseException:
+        snapshot.release()
+        raise
     return snapshot
 
 
