@@ -293,8 +293,8 @@ def night(deployed: Deployed, nightly_file: Path, tmp_path_factory: pytest.TempP
         assert time.monotonic() < deadline, "no run asked the model in the 3 minutes after the kill"
         before = now
         time.sleep(0.02)
+    stopped_at = time.monotonic()  # that request is in flight now: it takes the server's 1 s to answer
     deployed.model.stop()
-    stopped_at = time.monotonic()
     time.sleep(30)
     deployed.model.start()  # on its port again, after 30 s
     record.outage = (stopped_at, time.monotonic())

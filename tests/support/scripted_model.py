@@ -149,11 +149,16 @@ class ScriptedModelServer:
         return self
 
     def stop(self) -> None:
-        """Stop listening and drop every open connection (a keep-alive one included), as a server that stops."""
+        """Drop every open connection (a keep-alive one included, a request being answered cut off at once) and stop
+        listening, as a server that stops; a connection accepted meanwhile is dropped too."""
+        self._drop_connections()
         if self._httpd:
             self._httpd.shutdown()
             self._httpd.server_close()
             self._httpd = None
+        self._drop_connections()
+
+    def _drop_connections(self) -> None:
         with self._lock:
             connections, self._connections = list(self._connections), set()
         for connection in connections:
