@@ -1,4 +1,4 @@
-"""The deployed project for the deployment tests (tests/test_deploy.py, tests/test_night.py), as a user deploys it:
+"""The deployed project for the deployment tests (tests/test_deploy.py), as a user deploys it:
 `prefect server start` (SQLite, its own PREFECT_HOME), `bugsweep blocks create` and `bugsweep deploy` run as
 commands, and `bugsweep worker` processes on "machines" (each a folder with its own HOME, sandbox state folder and
 local artifacts), each running the flows in their own processes with the local sandbox, a SeaweedFS S3 server.
