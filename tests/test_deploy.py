@@ -268,9 +268,13 @@ def night(deployed: Deployed, nightly_file: Path, tmp_path_factory: pytest.TempP
     record.killed_cgroups = cgroups_of(record.killed_sandboxes)
     sweep_pid = pid_of(deployed.api("GET", f"/flow_runs/{ids['night-a']}"))
     assert sweep_pid and sweep_pid not in doomed, "the sweep runs on worker-1"
-    for pid in (*doomed, sweep_pid):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
+    # All at once, as a machine lost: frozen first, so that worker-3a's Prefect worker cannot see its flow runs die
+    # and report them Crashed itself (seen once when a run's process was killed before its worker): the heartbeat
+    # automation is what must notice.
+    for sig in (signal.SIGSTOP, signal.SIGKILL):
+        for pid in (*doomed, sweep_pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
     record.killed_at = time.monotonic()
     # another user's bugsweep, with the powers to unmount and delete them, pointed at the machine's folder while the
     # killed runs' sandboxes are still there
