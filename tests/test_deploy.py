@@ -68,16 +68,10 @@ class Deployed:
 
     def __init__(self, server: Any, store: Any, model: ScriptedModelServer, workers: list[str]) -> None:
         self.server, self.store, self.model, self.workers = server, store, model, workers
-        self.http = httpx.Client(base_url=server.api_url, timeout=30)
 
     def api(self, method: str, path: str, **kwargs: Any) -> Any:
-        """One REST call. On a loaded 2-core machine the SQLite-backed server can answer 503 for a moment (a
-        database timeout): try again, as the UI does."""
-        for _ in range(15):
-            response = self.http.request(method, path, **kwargs)
-            if response.status_code != 503:
-                break
-            time.sleep(2)
+        """One REST call (a 503 for a moment is tried again: PrefectServer.request)."""
+        response = self.server.request(method, path, **kwargs)
         response.raise_for_status()
         return response.json()
 
@@ -145,11 +139,9 @@ def deployed(prefect_api, seaweed, tmp_path_factory: pytest.TempPathFactory) -> 
             "grow-benchmark/nightly-benchmark with its schedule PAUSED: its parameters name no repository"
             in deployed_out
         )
-        nightly = httpx.get(f"{prefect_api.api_url}/deployments/name/sweep/nightly-sweep", timeout=30).json()
+        nightly = prefect_api.request("GET", "/deployments/name/sweep/nightly-sweep").json()
         assert nightly["paused"] is True
-        solve_bug = httpx.get(
-            f"{prefect_api.api_url}/deployments/name/solve-bug/solve-bug", timeout=30
-        ).json()
+        solve_bug = prefect_api.request("GET", "/deployments/name/solve-bug/solve-bug").json()
         assert solve_bug["paused"] is False
         assert (
             "the run forms offer the saved blocks bugsweep-model, bugsweep-artifacts, already chosen"
