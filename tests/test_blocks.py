@@ -14,7 +14,6 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
 from tests.support.scripted_model import ScriptedModelServer
@@ -60,17 +59,14 @@ def create(prefect_api, seaweed, tmp_path: Path) -> Iterator:
         model.stop()
         for slug in SLUGS:
             if (document := saved_block(prefect_api, slug)) is not None:
-                httpx.delete(
-                    f"{prefect_api.api_url}/block_documents/{document['id']}", timeout=60
-                ).raise_for_status()
+                prefect_api.request("DELETE", f"/block_documents/{document['id']}").raise_for_status()
 
 
 def saved_block(prefect_api, slug: str) -> dict | None:
     """The block document saved as `slug` (TYPE/NAME), as the server holds it (the UI's Blocks page); None when
     there is none. Read through the server's REST API: a process importing Prefect per look costs seconds."""
     block_type, name = slug.split("/")
-    url = f"{prefect_api.api_url}/block_types/slug/{block_type}/block_documents/name/{name}"
-    answer = httpx.get(url, timeout=60)
+    answer = prefect_api.request("GET", f"/block_types/slug/{block_type}/block_documents/name/{name}")
     if answer.status_code == 404:
         return None
     answer.raise_for_status()

@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from bugsweep.spec import TaskSpec
@@ -107,16 +106,10 @@ class Deployed:
         self.workers = list(workers)
         self.deploy_out = ""
         """What `bugsweep deploy` printed (on one line)."""
-        self.http = httpx.Client(base_url=server.api_url, timeout=30)
 
     def api(self, method: str, path: str, **kwargs: Any) -> Any:
-        """One REST call. On a loaded 2-core machine the SQLite-backed server can answer 503 for a moment (a
-        database timeout): try again, as the UI does."""
-        for _ in range(15):
-            response = self.http.request(method, path, **kwargs)
-            if response.status_code != 503:
-                break
-            time.sleep(2)
+        """One REST call (a 503 for a moment is tried again: PrefectServer.request)."""
+        response = self.server.request(method, path, **kwargs)
         response.raise_for_status()
         return response.json()
 
@@ -202,11 +195,9 @@ def deploy_project(
             "grow-benchmark/nightly-benchmark with its schedule PAUSED: its parameters name no repository"
             in deployed_out
         )
-        nightly = httpx.get(f"{prefect_api.api_url}/deployments/name/sweep/nightly-sweep", timeout=30).json()
+        nightly = prefect_api.request("GET", "/deployments/name/sweep/nightly-sweep").json()
         assert nightly["paused"] is (nightly_tasks is None)
-        solve_bug = httpx.get(
-            f"{prefect_api.api_url}/deployments/name/solve-bug/solve-bug", timeout=30
-        ).json()
+        solve_bug = prefect_api.request("GET", "/deployments/name/solve-bug/solve-bug").json()
         assert solve_bug["paused"] is False
         assert (
             "the run forms offer the saved blocks bugsweep-model, bugsweep-artifacts, already chosen"
@@ -241,9 +232,9 @@ def deploy_project(
         # no saved blocks, as a team's first night does.
         for slug in SAVED_BLOCKS:
             block_type, name = slug.split("/")
-            url = f"{prefect_api.api_url}/block_types/slug/{block_type}/block_documents/name/{name}"
-            if (found := httpx.get(url, timeout=60)).status_code == 200:
-                httpx.delete(f"{prefect_api.api_url}/block_documents/{found.json()['id']}", timeout=60)
+            found = prefect_api.request("GET", f"/block_types/slug/{block_type}/block_documents/name/{name}")
+            if found.status_code == 200:
+                prefect_api.request("DELETE", f"/block_documents/{found.json()['id']}").raise_for_status()
 
 
 def calc_task(repo: Path, instance_id: str, problem: str | None = None) -> TaskSpec:

@@ -23,6 +23,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -83,6 +84,17 @@ class PrefectServer:
     @property
     def api_url(self) -> str:
         return f"http://127.0.0.1:{self.port}/api"
+
+    def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        """One REST call to the API (`path` after /api). On a loaded 2-core machine the SQLite-backed server can
+        answer 503 for a moment (a database timeout, seen in CI deleting a block): try again for up to 30 s, as
+        Prefect's own client and the UI do. Other answers, 404 included, are returned as they are."""
+        for _ in range(15):
+            response = httpx.request(method, f"{self.api_url}{path}", timeout=60, **kwargs)
+            if response.status_code != 503:
+                break
+            time.sleep(2)
+        return response
 
     def env(self, **extra: str) -> dict[str, str]:
         """The environment of a process that talks to this server (and never to another)."""

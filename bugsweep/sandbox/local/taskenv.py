@@ -163,14 +163,6 @@ def take_snapshot(sbx: LocalSandbox) -> LocalSnapshot:
                 overlay.upper.mkdir()
                 shutil.rmtree(overlay.work, ignore_errors=True)
                 overlay.work.mkdir()
-    except BaseException:
-        # The folder goes first: the sandbox may have been released meanwhile (another thread stopping the run:
-        # mining's Ctrl-C or SIGTERM), and then it cannot be mounted again and nothing else knows of the folder.
-        shutil.rmtree(path, ignore_errors=True)
-        if not res.released:
-            _mount(sbx, res.layers)
-        raise
-    try:
         source = sbx.source_lease()
         snapshot = LocalSnapshot(
             id=path.name,
@@ -181,7 +173,11 @@ def take_snapshot(sbx: LocalSandbox) -> LocalSnapshot:
             disk_mib=sbx._disk_mib,
         )
     except BaseException:
+        # The folder goes first: the sandbox may have been released meanwhile (another thread stopping the run:
+        # mining's Ctrl-C or SIGTERM), and then it cannot be mounted again and nothing else knows of the folder.
         shutil.rmtree(path, ignore_errors=True)
+        if not res.released:
+            _mount(sbx, res.layers)
         raise
     try:
         if not copies:
