@@ -13,6 +13,7 @@ import contextlib
 import json
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -44,9 +45,19 @@ SAVED_BLOCKS = (
 #: Worker -> machine. Each runs `bugsweep worker --limit 2`; only the first takes sweeps.
 
 
+class _Asked(threading.Condition):
+    asked = 0
+
+
+#: Requests of the night's first sweep answered so far (the nightly's first request waits for the next one).
+NIGHT_A_ASKED = _Asked()
+
+
 def fixer(body: dict[str, Any]) -> dict[str, Any]:
     """Fix on the first turn, finish on the next; works for any number of tasks at once. The nightly's task first
-    runs the tests NIGHTLY_LOOKS times, so that its requests span the other sweep's.
+    runs the tests NIGHTLY_LOOKS times, and its first request is answered only once a request of night-a came in
+    while it waited (up to 2 minutes): both sweeps then ask at once however the machine's load spaces their runs
+    (seen on a loaded machine: the nightly's requests all came between night-a's).
 
     A task whose text says CANCEL-ME instead runs a command, then stalls the next reply (a run mid-task, waiting
     for the model); one that says STALL-ME runs a command that sleeps in its sandbox."""
@@ -59,6 +70,16 @@ def fixer(body: dict[str, Any]) -> dict[str, Any]:
     if "STALL-ME" in asked:
         return tool_call("finish", summary="too late") if answered else tool_call("run", command="sleep 600")
     looked = sum(m.get("role") == "tool" for m in body["messages"])
+    if "[night-a]" in asked:
+        with NIGHT_A_ASKED:
+            NIGHT_A_ASKED.asked += 1
+            NIGHT_A_ASKED.notify_all()
+    if (
+        "[nightly]" in asked and looked == 0
+    ):  # its first request is answered once night-a asks too (both at once)
+        with NIGHT_A_ASKED:
+            since = NIGHT_A_ASKED.asked
+            NIGHT_A_ASKED.wait_for(lambda: NIGHT_A_ASKED.asked > since, timeout=120)
     # the nightly's task asks longer, so that both sweeps ask at once
     if "[nightly]" in asked and looked < NIGHTLY_LOOKS:
         return tool_call("run", command="python -m pytest -q || true")

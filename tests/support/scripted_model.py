@@ -11,7 +11,8 @@ scripted step. A step is one of
 When the script runs out, the server answers with a `finish` tool call, so a loop never hangs on a short script.
 Every request body is recorded in `server.requests`. `latency_s` delays every answer (a model's time to think);
 `in_flight` and `most_in_flight` count the chat requests being answered at once, and `spans` records each one's
-(start, end, first user message) on this process's monotonic clock, so a test can check an endpoint's limit. The
+(start, end, first user message) on this process's monotonic clock, so a test can check an endpoint's limit (a
+request cut off before its body came whole is neither answered, counted nor recorded). The
 server can be stopped and started again on the same port (`stop()`, `start()`): a model server restarting.
 """
 
@@ -90,14 +91,19 @@ class ScriptedModelServer:
                     self._send(404, {"error": {"message": "not found"}})
 
             def do_POST(self) -> None:
+                try:
+                    length = int(self.headers.get("Content-Length") or 0)
+                    body: dict[str, Any] = json.loads(self.rfile.read(length) or b"{}")
+                except (OSError, ValueError):
+                    body = {}
+                if not body:  # cut off before it was whole (the server stopped as it came in): never answered
+                    self.close_connection = True
+                    return
                 started = time.monotonic()
                 with server._lock:
                     server.in_flight += 1
                     server.most_in_flight = max(server.most_in_flight, server.in_flight)
-                body: dict[str, Any] = {}
                 try:
-                    length = int(self.headers.get("Content-Length") or 0)
-                    body = json.loads(self.rfile.read(length) or b"{}")
                     if server.latency_s:
                         time.sleep(server.latency_s)
                     self._answer(body)
