@@ -276,6 +276,11 @@ def test_a_module_prefix_a_new_parameter_and_a_helper_assertion_are_read(tmp_pat
         ("Cache the totals of long lists", "no fix word in the message, and the subject says 'Cache'"),
         ("flip total() back to lists for now", "no fix word in the message, and the subject says 'for now'"),
         ("total: don't sum tuples by default", "no fix word in the message, and the subject says 'by default'"),
+        # round 6: the items of a squashed pull request are steps of the work its subject names (pyjwt #786, #873)
+        ("Improve the accuracy of total() (#786)\n\n* refacto(tests): one class\n\n* fix(total): improve accuracy",
+         "no fix word in the message, and the subject says 'Improve'"),
+        ("Add complete types to total() (#873)\n\n* Use new style typing\n\n* Fix total for tuples",
+         "no fix word in the message, and the subject says 'Add'"),
     ],
 )  # fmt: skip
 def test_words_elsewhere_do_not_outweigh_the_subject(tmp_path: Path, message: str, detail: str) -> None:
@@ -438,6 +443,81 @@ def test_changelog_sections_and_merge_the_verb_are_read(tmp_path: Path) -> None:
     git(repo, "reset", "-q", "--hard", "HEAD~1")
     result = screened(repo, change, "Merge the totals of empty inputs into zero")
     assert isinstance(result, Screened) and result.rule == "fix-shaped change"
+
+
+# -- round 6 (issue 37): a gitmoji, an advisory's merge, squashed items, constructor parameters, case tables ----------
+
+
+def test_a_gitmoji_and_an_advisory_merged_from_its_fork_are_read(tmp_path: Path) -> None:
+    """filelock's "🧪 test: deflake ..." hid its conventional type behind a gitmoji; pyjwt's security fixes land as
+    "Merge commit from fork" (GitHub's title for an advisory's private fork), a single commit read by its body and
+    changelog entry, while a merge of other changes is still no fix."""
+    repo = make_repo(
+        tmp_path / "repo",
+        {"numbers_.py": NUMBERS, "tests/test_numbers.py": TEST_NUMBERS, "pyproject.toml": PYPROJECT,
+         "CHANGELOG.md": "# Changelog\n\n## Unreleased\n\n### Fixed\n\n### Added\n"},
+    )  # fmt: skip
+    change = {
+        "numbers_.py": NUMBERS.replace("return sum(values)", "return sum(list(values))"),
+        "tests/test_numbers.py": TEST_NUMBERS + "\n\ndef test_total_tuple():\n    assert total((1,)) == 1\n",
+    }
+    cases = [
+        ("🧪 test: deflake the totals (#704)", False, "a 'test' commit whose subject does not say fix"),
+        (":bug: fix(total): sum tuples (#705)", True, "a 'fix' commit"),
+        ("Merge commit from fork\n\nA bug introduced in 2.10: tuples were not summed.", True, "the message says 'bug'"),
+        ("Merge changes from 2.10.1\n\nA bug introduced in 2.10: tuples were not summed.", False,
+         "the subject starts with 'merge'"),
+    ]  # fmt: skip
+    for message, kept, why in cases:
+        result = screened(repo, change, message)
+        assert isinstance(result, Screened) == kept and why in (result.why_fix if kept else result.detail), (
+            result
+        )
+        git(repo, "reset", "-q", "--hard", "HEAD~1")
+    fixed = {
+        "CHANGELOG.md": "# Changelog\n\n## Unreleased\n\n### Fixed\n\n- tuples are summed\n\n### Added\n"
+    }
+    result = screened(repo, change | fixed, "Merge commit from fork\n\nCo-authored-by: A <a@example.com>")
+    assert isinstance(result, Screened) and result.rule == "changelog entry"
+
+
+def test_a_constructor_parameter_is_new_and_a_changed_case_table_changes_its_tests(tmp_path: Path) -> None:
+    """pyjwt's "Patch 1" added `ssl_context` to `PyJWKClient.__init__` (a new parameter of `PyJWKClient(...)`, not of
+    a private method); w3lib's fixes add cases to a module-level table read by `@pytest.mark.parametrize`, with no
+    test function changed."""
+    client = "class Client:\n    def __init__(self, url):\n        self.url = url.strip()\n"
+    test_client = "from client import Client\n\n\ndef test_url():\n    assert Client(' u ').url == 'u'\n"
+    cases = "import pytest\n\nfrom numbers_ import fmt\n\nCASES = [\n    (1, '1'),\n]\n\n\n"
+    test_fmt = (
+        "@pytest.mark.parametrize(('n', 'text'), CASES)\ndef test_fmt(n, text):\n    assert fmt(n) == text\n"
+    )
+    repo = make_repo(
+        tmp_path / "repo",
+        {"numbers_.py": NUMBERS, "client.py": client, "tests/test_client.py": test_client,
+         "tests/test_fmt.py": cases + test_fmt, "pyproject.toml": PYPROJECT},
+    )  # fmt: skip
+    result = screened(
+        repo,
+        {"client.py": client.replace("url):", "url, ssl_context=None):") + "        self.ssl = ssl_context\n",
+         "tests/test_client.py": test_client + "\n\ndef test_ssl():\n    assert Client('u', ssl_context=1).ssl == 1\n"},
+        "Patch 1 (#891)",
+    )  # fmt: skip
+    assert isinstance(result, Rejection)
+    assert result.detail == (
+        "a feature or refactor: it adds new public names (Client.__init__(ssl_context)) and its tests (test_ssl) "
+        "assert nothing about code that existed before"
+    )
+    result = screened(
+        repo,
+        {"numbers_.py": NUMBERS.replace("sign + str(n)", "sign + str(abs(n))"),
+         "tests/test_fmt.py": cases.replace("(1, '1'),", "(1, '1'),\n    (-1, '-1'),") + test_fmt},
+        "treat negative numbers once in fmt (#285)",
+    )  # fmt: skip
+    assert isinstance(result, Screened), result
+    assert result.why_fix == (
+        "no fix word, but the change reads like a fix: it changes existing code (fmt, 2 lines, no new public "
+        "names) and tests assert on it (test_fmt)"
+    )
 
 
 # The corpus: the 15 real fixes of bench/real_bugs.jsonl, screened in their own histories when a bare clone of each

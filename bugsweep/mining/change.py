@@ -3,11 +3,13 @@
 A fix changes existing functions and adds or changes tests that check them; a feature adds new public names and
 tests that call those. `read_change` reads every file of a commit at its parent and at the commit:
 - Python source files and stubs (`.pyi`), parsed with the standard library's `ast`: new public names (functions,
-  classes, methods, class and module attributes, parameters of existing functions), existing functions whose
+  classes, methods, class and module attributes, parameters of existing functions, a public class's `__init__`
+  included), existing functions whose
   code changed (docstrings, comments, formatting, type annotations and statements that serve type checkers only
   set aside: typing imports, TypeVars, type aliases, `if TYPE_CHECKING:` blocks), the lines changed;
-- test files: the tests added or changed, which of them assert (directly or through a helper of their module)
-  and which use a new name;
+- test files: the tests added or changed (a test reading a table of cases its module or class changed, as
+  `@pytest.mark.parametrize(..., CASES)` does, is changed), which of them assert (directly or through a helper of
+  their module) and which use a new name;
 - changelog entries (towncrier fragments, reno notes, the added lines of CHANGES / CHANGELOG / NEWS / HISTORY, by
   their first word or the section heading they are under, Markdown or reStructuredText): what kind of change the
   project says it is (a fix, a feature, a removal);
@@ -178,6 +180,17 @@ def _functions(tree: ast.Module) -> Iterator[tuple[str, Definition]]:
 
 def _is_public(qualified: str) -> bool:
     return not any(part.startswith("_") for part in qualified.split("."))
+
+
+def _is_dunder(name: str) -> bool:
+    return len(name) > 4 and name.startswith("__") and name.endswith("__")
+
+
+def _takes_public_arguments(qualified: str) -> bool:
+    """Whether callers pass arguments to this function: a public one, or a special method of a public class
+    (`Client.__init__`, `Client.__call__`: a new parameter there is a new parameter of `Client(...)`)."""
+    owner, _, short = qualified.rpartition(".")
+    return _is_public(qualified) or (bool(owner) and _is_dunder(short) and _is_public(owner))
 
 
 #: Modules whose imports serve type annotations only.
@@ -505,7 +518,7 @@ def _read_sources(
             and _stripped_code(old) != _stripped_code(node)
         ):
             shape.changed_functions.append(name)
-        if _is_public(name):
+        if _takes_public_arguments(name):
             for param in _parameters(node):
                 added = f"{name}({param})"
                 if (
@@ -544,6 +557,10 @@ def _read_tests(
     for before, after, old_lines, new_lines in tests.values():
         helpers = _asserting_helpers(after)
         old = dict(_functions(before))
+        # tables of cases a test module or class holds (`CASES = [(input, expected), ...]`, read by
+        # `@pytest.mark.parametrize(..., CASES)` or a loop): a test reading a changed one is a changed test
+        old_tables, new_tables = _attributes(before), _attributes(after)
+        tables = {n.rsplit(".", 1)[-1] for n, code in new_tables.items() if old_tables.get(n) != code}
         for name, node in _functions(after):
             short = name.rsplit(".", 1)[-1]
             if not short.startswith("test") or isinstance(node, ast.ClassDef):
@@ -554,7 +571,7 @@ def _read_tests(
                 # the same lines are the same code; other lines may be only other formatting
                 _lines_of(old_lines, old[name]) != _lines_of(new_lines, node)
                 and ast.dump(old[name]) != ast.dump(node)
-            ):
+            ) or (tables and _names_used(node) & tables):
                 shape.changed_tests.append(name)
             else:
                 continue

@@ -128,6 +128,9 @@ NOT_A_FIX_TYPES = (
     "ci",
 )
 CONVENTIONAL_SUBJECT = re.compile(r"^\s*(?P<type>[A-Za-z]+)(\([^)]*\))?!?:\s*(?P<rest>.*)$")
+#: A gitmoji (or its `:shortcode:`) opening a subject ("🐛 fix(api): ...", "🧪 test: ...", ":bug: fix ..."): set
+#: aside, so that the conventional type after it is read.
+GITMOJI = re.compile(r"^\s*(?:[^\x00-\x7f\w]|:[a-z0-9_+-]+:)+\s*")
 #: What a conventional-commit subject of another type must say to count as a fix anyway ("refactor: fix ...").
 SAYS_FIX = re.compile(r"\b(fix(es|ed|ing)?|bug(s|fix)?|hotfix|regression|crash(es|ed|ing)?)\b", re.IGNORECASE)
 #: Conventional-commit types that are fixes (`fix: ...`, `fix(parser): ...`).
@@ -142,6 +145,12 @@ NOT_A_FIX_PATTERN = re.compile(
     r"upstream|origin|master|main|develop|trunk|['\"]|[\w.-]+/)|release\b|bump\b|prepare release)",
     re.IGNORECASE,
 )
+#: The items of a squashed pull request's message ("* Fix mypy errors", "* fix(PyJWKSet): improve ..."): the
+#: steps of the work the subject names, read as evidence of a fix only when the subject announces nothing else.
+SQUASHED_ITEM = re.compile(r"^[ \t]*\*[ \t]+.*$", re.MULTILINE)
+#: GitHub's title for a security advisory's fix merged from its private fork: it says nothing of the change, so the
+#: commit is read without it (its body, changelog entry and change), not as a merge of branches.
+ADVISORY_MERGE = re.compile(r"^\s*merge\s+commit\s+from\s+fork\s*$", re.IGNORECASE)
 #: A later clause of a release or bump subject that fixes something ("Bump version to 1.5.6 and fix setitem ..."):
 #: the subject is then read past its release part.
 AND_FIX_CLAUSE = re.compile(r"\b(and|with|plus|[,;])\s+(?=(fix(es|ed)?|correct(s|ed)?)\s+\w)", re.IGNORECASE)
@@ -352,7 +361,9 @@ def _subject_parts(first: str) -> tuple[str, bool, bool]:
 def read_commit(message: str, subject: str | None = None, shape: ChangeShape | None = None) -> Reading:
     """Whether a commit is a bug fix to learn from, by its message and, when known, its change (read_change).
 
-    In order, the first rule that decides (Rule):
+    A gitmoji opening the subject ("🐛 fix(api): ...") is set aside first, and a subject that says nothing of the
+    change (GitHub's "Merge commit from fork" for a security advisory's fix) is set aside whole: the commit is then
+    read by its body, changelog entry and change. In order, the first rule that decides (Rule):
     1. a subject starting with revert, a merge of branches or changes ("Merge branch ...", "Merge changes
        from ...", not the verb: "Merge AoT fragments ..."), release or bump is no fix, unless a release or bump
        also fixes something ("Bump version to 1.5.6 and fix setitem ..."): then the subject is read from that
@@ -378,7 +389,8 @@ def read_commit(message: str, subject: str | None = None, shape: ChangeShape | N
        public names, tests asserting on existing names: `_fix_shape`, any size) is a fix, unless the subject
        announces a feature or other work (OTHER_WORK_SUBJECT);
     9. a subject announcing a feature or other work (Refactor, Clean up, Update, Remove, Replace, docs, typing,
-       "can also accept", ...) is a fix only with a strong fix word in the message, not about tooling;
+       "can also accept", ...) is a fix only with a strong fix word in the message, not about tooling and not in
+       the items of a squashed pull request ("* Fix mypy errors": the steps of the work the subject names);
     10. otherwise a fix word in the subject (also error, exception, fail, handle, prevent, avoid, correct,
         don't, ...), a strong one in the body (a weak word there explains whatever the commit did: "Use logging
         instead of warnings ... users don't know what to do with that"), a real exception's name (not one the
@@ -391,6 +403,9 @@ def read_commit(message: str, subject: str | None = None, shape: ChangeShape | N
     named as fixed, and the reason says so.
     """
     first = subject if subject is not None else (message.strip().splitlines()[0] if message.strip() else "")
+    if ADVISORY_MERGE.match(first):
+        message, first = message.replace(first, "", 1), ""
+    first = GITMOJI.sub("", first, count=1)
     known = shape if shape is not None and shape.readable else None
     words_only = (
         f" (words only: the change has files the screen cannot read: {_listed(shape.unreadable)})"
@@ -469,7 +484,9 @@ def read_commit(message: str, subject: str | None = None, shape: ChangeShape | N
         announced = f"{speed.group(0)} (in the message)"
     if announced:
         # "Fixes #31" at the end of a feature's message names the issue that asked for it
-        if strong := _fix_word(body, known, weak=False, references=bool(_maybe_work(rest))):
+        if strong := _fix_word(
+            SQUASHED_ITEM.sub("", body), known, weak=False, references=bool(_maybe_work(rest))
+        ):
             return decide(True, f"the message says {strong!r}", Rule.MESSAGE_FIX_WORD)
         return decide(
             False, f"no fix word in the message, and the subject says {announced!r}", Rule.OTHER_WORK
