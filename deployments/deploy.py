@@ -1,5 +1,6 @@
 """`deploy()`: create the work pool if it is missing, deploy everything prefect.yaml lists, and the automations that
-mark a flow run whose heartbeats stopped as Crashed and run a crashed solve-bug run or sweep again."""
+mark a flow run whose heartbeats stopped (or whose process never started) as Crashed and run a crashed solve-bug run or
+sweep again."""
 
 from __future__ import annotations
 
@@ -24,6 +25,12 @@ HEARTBEAT_S = 30
 MISSED_HEARTBEATS = 2
 #: The automation `deploy` creates (or replaces).
 CRASH_AUTOMATION = "bugsweep: mark runs without heartbeats as crashed"
+#: The automation `deploy` creates (or replaces) that marks a run Crashed when its process never started.
+PENDING_AUTOMATION = "bugsweep: mark runs whose process never started as crashed"
+#: Seconds a run may stay Pending (taken by a worker, its process starting) before it counts as lost: a run's process
+#: reports Running within seconds (27 s at most in a loaded night on 2 shared cores, measured); one still Pending
+#: after this had its worker or machine lost between taking it and starting it, and no heartbeat ever comes from it.
+PENDING_LIMIT_S = 120
 #: The tag every bugsweep deployment carries (prefect.yaml), which the automation matches on.
 TAG = "bugsweep"
 #: The automation `deploy` creates (or replaces) that runs a crashed solve-bug run or sweep again.
@@ -50,6 +57,7 @@ class DeployResult:
     paused: dict[str, str] = field(default_factory=dict)
     """Deployment -> why it was deployed with its schedule paused."""
     automation: str = ""
+    pending_automation: str = ""
     rerun_automation: str = ""
     task_sources: dict[str, str] = field(default_factory=dict)
     """Deployment -> the task file its runs read (an s3:// object of the artifact store, or a path)."""
@@ -142,6 +150,7 @@ def deploy(
         if missing:
             result.paused[full_name] = missing
     result.automation = ensure_crash_automation(heartbeat_s)
+    result.pending_automation = ensure_pending_automation()
     result.rerun_automation = ensure_rerun_automation(RERUN_DEPLOYMENTS)
     return result
 
@@ -240,7 +249,6 @@ def ensure_crash_automation(heartbeat_s: int) -> str:
     within MISSED_HEARTBEATS of them, the process is gone (killed, out of memory, the machine lost), and the
     automation sets the run Crashed, so it does not stay Running for good. Returns the automation's name.
     """
-    from prefect.client.orchestration import get_client
     from prefect.client.schemas.objects import StateType
     from prefect.events.actions import ChangeFlowRunState
     from prefect.events.schemas.automations import AutomationCore, EventTrigger, Posture
@@ -278,11 +286,68 @@ def ensure_crash_automation(heartbeat_s: int) -> str:
             )
         ],
     )
+    _replace_automation(automation)
+    return CRASH_AUTOMATION
+
+
+def ensure_pending_automation() -> str:
+    """Create (or replace) the automation that marks a bugsweep flow run Crashed when it stays Pending for
+    PENDING_LIMIT_S: a worker took it and was lost (killed, its machine gone) before the run's process started, so
+    neither a heartbeat nor a state will ever come from it (seen in a night whose worker was killed: the run stayed
+    Pending for good, and its sweep waited for it). Crashed, it is run again like any crashed run. Returns the
+    automation's name."""
+    from prefect.client.schemas.objects import StateType
+    from prefect.events.actions import ChangeFlowRunState
+    from prefect.events.schemas.automations import AutomationCore, EventTrigger, Posture
+
+    moved_on = {
+        "Running",
+        "Completed",
+        "Failed",
+        "Cancelled",
+        "Cancelling",
+        "Crashed",
+        "Scheduled",
+        "AwaitingRetry",
+    }
+    automation = AutomationCore(
+        name=PENDING_AUTOMATION,
+        description=(
+            f"A flow run tagged {TAG!r} still Pending {PENDING_LIMIT_S} s after a worker took it (its process never "
+            "started: the worker or its machine lost) is marked Crashed. Shipped by `bugsweep deploy`."
+        ),
+        trigger=EventTrigger(
+            match={"prefect.resource.id": "prefect.flow-run.*"},
+            match_related={"prefect.resource.role": "tag", "prefect.resource.id": f"prefect.tag.{TAG}"},
+            after={"prefect.flow-run.Pending"},
+            expect={f"prefect.flow-run.{state}" for state in moved_on},
+            for_each={"prefect.resource.id"},
+            posture=Posture.Proactive,
+            threshold=1,
+            within=timedelta(seconds=PENDING_LIMIT_S),
+        ),
+        actions=[
+            ChangeFlowRunState(
+                name=None,
+                force=False,
+                state=StateType.CRASHED,
+                message=f"still Pending {PENDING_LIMIT_S} s after a worker took it: its process never started "
+                "(the worker or its machine lost).",
+            )
+        ],
+    )
+    _replace_automation(automation)
+    return PENDING_AUTOMATION
+
+
+def _replace_automation(automation: Any) -> None:
+    """The automation of that name on the server, replaced by `automation` (created when there is none)."""
+    from prefect.client.orchestration import get_client
+
     with get_client(sync_client=True) as client:
-        for old in client.read_automations_by_name(CRASH_AUTOMATION):
+        for old in client.read_automations_by_name(automation.name):
             client.delete_automation(old.id)
         client.create_automation(automation)
-    return CRASH_AUTOMATION
 
 
 def ensure_rerun_automation(deployments: tuple[str, ...]) -> str:
@@ -333,9 +398,7 @@ def ensure_rerun_automation(deployments: tuple[str, ...]) -> str:
                 )
             ],
         )
-        for old in client.read_automations_by_name(RERUN_AUTOMATION):
-            client.delete_automation(old.id)
-        client.create_automation(automation)
+    _replace_automation(automation)
     return RERUN_AUTOMATION
 
 

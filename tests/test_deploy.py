@@ -24,6 +24,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from dataclasses import field as default
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -202,6 +203,8 @@ class Night:
     nightly_out: str = ""
     """What `bugsweep deploy --tasks FILE` printed."""
     nightly_file: Path | None = None
+    lost_pending: dict[str, Any] = default(default_factory=dict)
+    """A solve-bug run a worker took and lost before its process started, once finished."""
 
 
 def task_of(text: str) -> str:
@@ -229,6 +232,20 @@ def night(deployed: Deployed, nightly_file: Path, tmp_path_factory: pytest.TempP
     record = Night(tasks={"night-a": [f"night-a-{i}" for i in range(12)], "nightly": ["calc-nightly"]})
     record.nightly_file, record.nightly_out = nightly_file, deployed.deploy_out
     dump_tasks([night_task(repo, "night-a", i) for i in range(12)], tmp / "night-a.jsonl")
+    # A run a worker took and was lost with before the run's process started (seen once when worker-3a was killed
+    # just after taking one): Pending, as a worker sets a run it takes, with no process behind it. Made first (for
+    # an hour from now, so no worker takes it before it is Pending), so that its two minutes pass during the night.
+    later = (datetime.now(UTC) + timedelta(hours=1)).isoformat()
+    lost = deployed.run_deployment(
+        "solve-bug/solve-bug",
+        {
+            "repo": str(repo),
+            "problem": "[lost] (lost-pending) add() returns the wrong result.",
+            "sweep": "lost",
+        },
+        state={"type": "SCHEDULED", "state_details": {"scheduled_time": later}},
+    )
+    deployed.api("POST", f"/flow_runs/{lost}/set_state", json={"state": {"type": "PENDING"}, "force": True})
     ids = {
         "night-a": deployed.run_deployment(
             "sweep/nightly-sweep",
@@ -311,6 +328,7 @@ def night(deployed: Deployed, nightly_file: Path, tmp_path_factory: pytest.TempP
 
     for sweep, flow_run_id in ids.items():
         record.sweeps[sweep] = deployed.wait(flow_run_id, timeout_s=600, through_rerun=True)
+    record.lost_pending = deployed.wait(lost, timeout_s=300, through_rerun=True)
     return record
 
 
@@ -414,6 +432,21 @@ def test_a_worker_killed_mid_night_its_runs_finish_on_the_others_and_nothing_is_
     assert [d for m in deployed.machines.values() for d in sandboxes_in(m.state_dir)] == []
     mounts = Path("/proc/mounts").read_text()
     assert not [m for m in deployed.machines.values() if f"{m.state_dir}/" in mounts], "no mount left"
+
+
+def test_a_run_lost_before_its_process_started_is_marked_crashed_and_run_again(
+    deployed: Deployed, night: Night
+) -> None:
+    """A run left Pending by a worker lost just after taking it (no process, so no heartbeat ever) is marked Crashed
+    by the pending automation of `bugsweep deploy`, run again by the rerun automation, and graded."""
+    run = night.lost_pending
+    assert run["state"]["type"] == "COMPLETED", run["state"]
+    states = deployed.api("GET", "/flow_run_states/", params={"flow_run_id": run["id"]})
+    seen = [(st["type"], st["name"], (st["message"] or "")[:120]) for st in states]
+    assert any(st["type"] == "CRASHED" and "never started" in (st["message"] or "") for st in states), seen
+    assert any(st["name"] == "AwaitingRetry" for st in states), seen
+    (grade,) = [k for k in deployed.store.list("lost/") if k.endswith("/grade.json")]
+    assert '"resolved": true' in deployed.store.get_bytes(grade).decode()
 
 
 def test_a_sweep_killed_mid_night_is_run_again_and_collects_its_runs_instead_of_starting_them_twice(

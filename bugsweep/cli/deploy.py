@@ -81,6 +81,7 @@ def deploy_command(
             "the worker's environment"
         )
     console.print(f"automation [bold]{result.automation}[/] (heartbeats every {heartbeat_s} s)")
+    console.print(f"automation [bold]{result.pending_automation}[/]")
     console.print(f"automation [bold]{result.rerun_automation}[/]")
     console.print(
         f"next: start a worker with `{worker_command(result.pool)}`, then run a deployment from the UI"

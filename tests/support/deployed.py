@@ -137,10 +137,10 @@ class Deployed:
     def deployment_id(self, name: str) -> str:
         return str(self.api("GET", f"/deployments/name/{name}")["id"])
 
-    def run_deployment(self, name: str, parameters: dict[str, Any]) -> str:
-        """What the UI's Run button does (with a custom parameter form)."""
+    def run_deployment(self, name: str, parameters: dict[str, Any], **run: Any) -> str:
+        """What the UI's Run button does (with a custom parameter form); `run`: more of the flow run (its state)."""
         url = f"/deployments/{self.deployment_id(name)}/create_flow_run"
-        return str(self.api("POST", url, json={"parameters": parameters})["id"])
+        return str(self.api("POST", url, json={"parameters": parameters, **run})["id"])
 
     def wait(self, flow_run_id: str, timeout_s: float = 240, through_rerun: bool = False) -> dict[str, Any]:
         """The run once it is final (`through_rerun`: a first crash is not, the rerun automation runs it again)."""
