@@ -25,11 +25,12 @@ HEARTBEAT_S = 30
 MISSED_HEARTBEATS = 2
 #: The automation `deploy` creates (or replaces).
 CRASH_AUTOMATION = "bugsweep: mark runs without heartbeats as crashed"
-#: The automation `deploy` creates (or replaces) that marks a run Crashed when its process never started.
-PENDING_AUTOMATION = "bugsweep: mark runs whose process never started as crashed"
-#: Seconds a run may stay Pending (taken by a worker, its process starting) before it counts as lost: a run's process
-#: reports Running within seconds (27 s at most in a loaded night on 2 shared cores, measured); one still Pending
-#: after this had its worker or machine lost between taking it and starting it, and no heartbeat ever comes from it.
+#: The automation `deploy` creates (or replaces) that marks a run Crashed when it never sent a heartbeat.
+PENDING_AUTOMATION = "bugsweep: mark runs that never sent a heartbeat as crashed"
+#: Seconds from a worker taking a run (Pending) to its first heartbeat, at most: a run's process reports Running
+#: within seconds (27 s at most in a loaded night on 2 shared cores, measured) and sends its first heartbeat as it
+#: starts its flow. A run with none by then had its worker or machine lost before or just after its process started,
+#: and no heartbeat will ever come from it.
 PENDING_LIMIT_S = 120
 #: The tag every bugsweep deployment carries (prefect.yaml), which the automation matches on.
 TAG = "bugsweep"
@@ -291,17 +292,18 @@ def ensure_crash_automation(heartbeat_s: int) -> str:
 
 
 def ensure_pending_automation() -> str:
-    """Create (or replace) the automation that marks a bugsweep flow run Crashed when it stays Pending for
-    PENDING_LIMIT_S: a worker took it and was lost (killed, its machine gone) before the run's process started, so
-    neither a heartbeat nor a state will ever come from it (seen in a night whose worker was killed: the run stayed
-    Pending for good, and its sweep waited for it). Crashed, it is run again like any crashed run. Returns the
-    automation's name."""
+    """Create (or replace) the automation that marks a bugsweep flow run Crashed when no heartbeat (nor a final
+    state) came PENDING_LIMIT_S after a worker took it (Pending): the worker was lost (killed, its machine gone)
+    before the run's process started, or the process died before its first heartbeat, so the heartbeat automation,
+    whose windows start at a heartbeat, never sees it (seen twice in nights whose worker was killed: a run stayed
+    Pending, and one Running, for good, and their sweep waited for them). Crashed, it is run again like any crashed
+    run. Returns the automation's name."""
     from prefect.client.schemas.objects import StateType
     from prefect.events.actions import ChangeFlowRunState
     from prefect.events.schemas.automations import AutomationCore, EventTrigger, Posture
 
     moved_on = {
-        "Running",
+        "heartbeat",
         "Completed",
         "Failed",
         "Cancelled",
@@ -313,8 +315,9 @@ def ensure_pending_automation() -> str:
     automation = AutomationCore(
         name=PENDING_AUTOMATION,
         description=(
-            f"A flow run tagged {TAG!r} still Pending {PENDING_LIMIT_S} s after a worker took it (its process never "
-            "started: the worker or its machine lost) is marked Crashed. Shipped by `bugsweep deploy`."
+            f"A flow run tagged {TAG!r} with no heartbeat nor final state {PENDING_LIMIT_S} s after a worker took it "
+            "(its process never started, or died before its first heartbeat: the worker or its machine lost) is "
+            "marked Crashed. Shipped by `bugsweep deploy`."
         ),
         trigger=EventTrigger(
             match={"prefect.resource.id": "prefect.flow-run.*"},
@@ -331,8 +334,8 @@ def ensure_pending_automation() -> str:
                 name=None,
                 force=False,
                 state=StateType.CRASHED,
-                message=f"still Pending {PENDING_LIMIT_S} s after a worker took it: its process never started "
-                "(the worker or its machine lost).",
+                message=f"no heartbeat {PENDING_LIMIT_S} s after a worker took it: its process never started, or "
+                "died before its first heartbeat (the worker or its machine lost).",
             )
         ],
     )
