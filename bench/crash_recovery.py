@@ -27,18 +27,60 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bugsweep.spec import TaskSpec
 from tests.support.prefect_server import PrefectServer
-from tests.support.repos import make_repo
-from tests.support.scripted_model import ScriptedModelServer
+from tests.support.repos import PYTEST_SETUP, make_repo
+from tests.support.scripted_model import ScriptedModelServer, tool_call
 from tests.support.seaweed import SeaweedServer
-from tests.test_deploy import KILLED, POOL, PROJECT, Deployed, fixer, sandbox_leftovers, start_stalling_run
+from tests.test_deploy import POOL, PROJECT, Deployed, pid_of, sandbox_leftovers, sandboxes_in
+
+#: Set once the KILL-ME run's processes are killed: its rerun is then answered like any other task.
+KILLED = {"rerun": False}
+
+
+def fixer(body: dict[str, object]) -> dict[str, object]:
+    """Fix on the first turn, finish on the next; a task saying KILL-ME (until it was killed) runs a command, then
+    stalls its next reply, so that it is mid-task when it is killed."""
+    messages: list[dict[str, object]] = body["messages"]  # type: ignore[assignment]
+    answered = any(m.get("role") == "tool" for m in messages)
+    if "KILL-ME" in json.dumps(messages[:2]) and not KILLED["rerun"]:
+        return (
+            {"sleep": 300, **tool_call("finish", summary="too late")}
+            if answered
+            else tool_call("run", command="true")
+        )
+    if answered:
+        return tool_call("finish", summary="add() now adds")
+    return tool_call("edit_file", path="calc.py", old="return a - b", new="return a + b")
+
+
+def start_stalling_run(
+    deployed: Deployed, repo: Path, marker: str, state_dir: Path
+) -> tuple[str, int, list[Path]]:
+    """A solve-bug run whose agent ran a command and now waits for the model: its id, its process, its sandboxes."""
+    task = TaskSpec(instance_id=f"calc-{marker.lower()}", repo=str(repo), problem_statement=marker,
+                    test_command="python -m pytest -q", setup_command=PYTEST_SETUP)  # fmt: skip
+    run_id = deployed.run_deployment(
+        "solve-bug/solve-bug",
+        {"repo": task.repo, "problem": marker, "task": task.model_dump(mode="json"), "sweep": marker},
+    )
+
+    def stalled() -> bool:
+        return any(marker in json.dumps(r["messages"][:2]) and any(m.get("role") == "tool" for m in r["messages"])
+                   for r in list(deployed.model.requests))  # fmt: skip
+
+    deadline = time.monotonic() + 180
+    while not stalled() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    pid = pid_of(deployed.api("GET", f"/flow_runs/{run_id}"))
+    return run_id, pid, sandboxes_in(state_dir, {pid})
 
 
 def one_crash(deployed: Deployed, root: Path, i: int) -> dict[str, float]:
     state_dir = root / f"sandboxes-{i}"
     env = {"PREFECT_WORKER_QUERY_SECONDS": "1", "PREFECT_WORKER_PREFETCH_SECONDS": "0",
            "BUGSWEEP_SANDBOX_STATE_DIR": str(state_dir), "BUGSWEEP_STORE_LOCAL_DIR": str(root / "local")}  # fmt: skip
-    worker = [sys.executable, "-m", "bugsweep", "worker", "--pool", POOL, "--"]
+    worker = [sys.executable, "-m", "bugsweep", "worker", "--pool", POOL, "--no-sweeps"]
     doomed = deployed.server.spawn(f"doomed-{i}", [*worker, "--name", f"doomed-{i}"], cwd=root, **env)
     KILLED["rerun"] = False
     marker = f"KILL-ME-{i}"
@@ -93,7 +135,7 @@ def main() -> None:
     try:
         server.run([sys.executable, "-m", "bugsweep", "blocks", "create"], cwd=PROJECT, **env)
         server.run([sys.executable, "-m", "bugsweep", "deploy", "--pool", POOL], cwd=PROJECT, **env)
-        deployed = Deployed(server, store, model, [])
+        deployed = Deployed(server, store, model, {})
         for i in range(args.runs):
             row = one_crash(deployed, root, i)
             print(json.dumps(row), flush=True)

@@ -165,6 +165,18 @@ class ModelFields(BaseModel):
     """Cap on completion tokens per reply, so a rambling model cannot stall a turn."""
     temperature: float = Field(default=0.0, ge=0)
     """Sampling temperature."""
+    max_concurrent_requests: int = Field(default=8, ge=0)
+    """Requests the endpoint may hold at once, shared by every run that uses it on any machine (sweeps, comparisons,
+    runs from the UI): a Prefect global concurrency limit named after the endpoint, made or resized to this size by
+    the first run that finds it missing or different. Without Prefect (`bugsweep solve`), within the one process.
+    The embedded model: its server's slots. 0: no limit."""
+    max_requests_per_minute: int = Field(default=0, ge=0)
+    """Requests per minute the provider allows, shared the same way (a Prefect rate limit: a global concurrency
+    limit whose slots decay); 0: none."""
+    outage_wait_s: float = Field(default=300.0, ge=0)
+    """How long a request waits, retrying with backoff, for an endpoint that answered before and now refuses
+    connections (a server restarting): then the run fails as an outage (infra). An endpoint that never answered is
+    a wrong address: a configuration failure at once."""
 
 
 #: The prefix of the model endpoint's settings in the environment (bugsweep.settings.ModelSettings): LLM_MODEL, ...
@@ -288,9 +300,12 @@ class ModelConfig(BaseModel):
 
 #: A model's prices: part of a run's configuration only under a cost limit.
 PRICE_FIELDS = {"price_prompt_per_mtok", "price_completion_per_mtok", "price_cached_prompt_per_mtok"}
-#: ModelFields that never change a verdict (how long a reply may take to come, how often a request is retried):
+#: ModelFields that never change a verdict (how long a reply may take to come, how often a request is retried, how
+#: many requests the endpoint takes at once and how long a run waits out its outage):
 #: left out of a run's configuration. Every other field of ModelFields is in it (prices under a cost limit).
-MODEL_FIELDS_NOT_IN_CONFIG = {"request_timeout_s", "max_retries"}
+MODEL_FIELDS_NOT_IN_CONFIG = {
+    "request_timeout_s", "max_retries", "max_concurrent_requests", "max_requests_per_minute", "outage_wait_s",
+}  # fmt: skip
 #: What names the code in a configuration.
 CODE_FIELDS = {"bugsweep_version", "bugsweep_code"}
 #: RuntimeFields that never change a verdict (the VM's lifetime cap, the spending cap, prices, the SDK's retries

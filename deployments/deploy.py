@@ -1,5 +1,6 @@
 """`deploy()`: create the work pool if it is missing, deploy everything prefect.yaml lists, and the automations that
-mark a flow run whose heartbeats stopped as Crashed and run a crashed solve-bug run again."""
+mark a flow run whose heartbeats stopped (or whose process never started) as Crashed and run a crashed solve-bug run or
+sweep again."""
 
 from __future__ import annotations
 
@@ -24,13 +25,28 @@ HEARTBEAT_S = 30
 MISSED_HEARTBEATS = 2
 #: The automation `deploy` creates (or replaces).
 CRASH_AUTOMATION = "bugsweep: mark runs without heartbeats as crashed"
+#: The automation `deploy` creates (or replaces) that marks a run Crashed when it never sent a heartbeat.
+PENDING_AUTOMATION = "bugsweep: mark runs that never sent a heartbeat as crashed"
+#: Seconds from a worker taking a run (Pending) to its first heartbeat, at most: a run's process reports Running
+#: within seconds (27 s at most in a loaded night on 2 shared cores, measured) and sends its first heartbeat as it
+#: starts its flow. A run with none by then had its worker or machine lost before or just after its process started,
+#: and no heartbeat will ever come from it.
+PENDING_LIMIT_S = 120
 #: The tag every bugsweep deployment carries (prefect.yaml), which the automation matches on.
 TAG = "bugsweep"
-#: The automation `deploy` creates (or replaces) that runs a crashed solve-bug run again.
-RERUN_AUTOMATION = "bugsweep: run crashed solve-bug runs again"
-#: The deployment whose crashed runs are run again: a crash never loses a graded result (an upload that failed is
-#: kept and uploaded by the next run, without the agent), so running the task again only redoes unfinished work.
-RERUN_DEPLOYMENT = "solve-bug/solve-bug"
+#: The automation `deploy` creates (or replaces) that runs a crashed solve-bug run or sweep again.
+RERUN_AUTOMATION = "bugsweep: run crashed solve-bug runs and sweeps again"
+#: The deployments whose crashed runs are run again: a crash never loses a graded result (an upload that failed is
+#: kept and uploaded by the next run, without the agent), so running a task again only redoes unfinished work; a
+#: sweep run again finds the runs it had started (tasks/fanout.py) and collects them instead of starting them twice.
+RERUN_DEPLOYMENTS = ("solve-bug/solve-bug", "sweep/nightly-sweep")
+#: Seconds a run stays Crashed before the rerun automation schedules it again: a process worker reports a killed
+#: run's crash twice, once at once and once when its watch of the process ends (about 15 s later, measured); the
+#: second report, proposed to a run already Crashed, is refused (a run scheduled again at once would be crashed by
+#: it as it starts, and started twice).
+RERUN_AFTER_S = 45
+#: Where `deploy` puts the nightly's task file in an S3 artifact store, so a sweep on any machine reads it.
+TASK_FILES = "task-files"
 
 
 @dataclass
@@ -42,7 +58,10 @@ class DeployResult:
     paused: dict[str, str] = field(default_factory=dict)
     """Deployment -> why it was deployed with its schedule paused."""
     automation: str = ""
+    pending_automation: str = ""
     rerun_automation: str = ""
+    task_sources: dict[str, str] = field(default_factory=dict)
+    """Deployment -> the task file its runs read (an s3:// object of the artifact store, or a path)."""
     chosen_blocks: list[str] = field(default_factory=list)
     """The saved blocks every run form offers already chosen (`bugsweep-model`, `bugsweep-artifacts`,
     `bugsweep-branches`)."""
@@ -81,12 +100,14 @@ def deploy(
     heartbeat_s: int = HEARTBEAT_S,
     nightly_tasks: str | None = None,
 ) -> DeployResult:
-    """Create `pool` if needed, deploy every deployment of `prefect_file` onto it, and ship the crash automation.
+    """Create `pool` if needed, deploy every deployment of `prefect_file` onto it, and ship the crash automations.
 
-    `project_dir` (default: the folder this runs in) is recorded as the folder process workers run the flows from.
-    The nightly's task source is one a worker can always find: `nightly_tasks` (a tasks file, made absolute here,
-    or s3://), else prefect.yaml's `source` with a relative path made absolute against `project_dir`. A deployment
-    whose schedule has no task source to read is deployed with its schedule paused, and the result says why.
+    `project_dir` (default: the folder this runs in) holds prefect.yaml; the deployments record no path of it (their
+    entrypoints are modules of the installed bugsweep). The nightly's task source is one a sweep on any machine
+    can read: `nightly_tasks` (a tasks file, or s3://), else prefect.yaml's `source` (a relative path taken from
+    `project_dir`); a file on this machine is put into the artifact store when that is S3 (`task_file_source`).
+    A deployment whose schedule has no task source to read is deployed with its schedule paused, and the result
+    says why.
     """
     project_dir = (project_dir or Path.cwd()).resolve()
     if not (project_dir / prefect_file).is_file():
@@ -115,6 +136,8 @@ def deploy(
             raise _failure(f"`prefect deploy --name {name}` failed", done)
         result.deployments.append(full_name)
         result.output += done.stdout
+        if source is not None and source.get("path"):
+            result.task_sources[full_name] = str(source["path"])
         if source is not None:
             deployment = {
                 **deployment,
@@ -128,7 +151,8 @@ def deploy(
         if missing:
             result.paused[full_name] = missing
     result.automation = ensure_crash_automation(heartbeat_s)
-    result.rerun_automation = ensure_rerun_automation(RERUN_DEPLOYMENT)
+    result.pending_automation = ensure_pending_automation()
+    result.rerun_automation = ensure_rerun_automation(RERUN_DEPLOYMENTS)
     return result
 
 
@@ -155,25 +179,36 @@ def register_block_types() -> None:
 
 def task_source(deployment: dict[str, Any], project_dir: Path, tasks: str | None) -> dict[str, Any] | None:
     """The `source` parameter a scheduled sweep deployment is deployed with, or None to leave prefect.yaml's: a
-    tasks file given on the command line (made absolute against the folder deploy runs in), or prefect.yaml's
-    relative path made absolute against the project folder, so that a worker running anywhere finds it."""
+    tasks file given on the command line (relative to the folder deploy runs in), or prefect.yaml's relative path
+    (relative to the project folder), as `task_file_source` records it."""
     params = deployment.get("parameters") or {}
     if "source" not in params:
         return None
     if tasks is not None:
         path = tasks if tasks.startswith("s3://") else str(Path(tasks).expanduser().resolve())
-        return {"kind": "file", "path": path}
+        return {"kind": "file", "path": task_file_source(path)}
     source = dict(params["source"] or {})
     path = str(source.get("path") or "")
-    if (
-        source.get("kind", "file") == "file"
-        and path
-        and not path.startswith("s3://")
-        and not Path(path).is_absolute()
-    ):
-        source["path"] = str((project_dir / path).resolve())
+    if source.get("kind", "file") == "file" and path and (project_dir / path).is_file():
+        source["path"] = task_file_source(str((project_dir / path).resolve()))
         return source
-    return None
+    return None  # s3://, a repository, or a file not there (deployed paused, as prefect.yaml names it)
+
+
+def task_file_source(path: str) -> str:
+    """Where the nightly reads a task file from: an s3:// file as it is; a file on this machine put into the
+    artifact store (the `bugsweep-artifacts` bucket block, else BUGSWEEP_STORE_URL) as TASK_FILES/NAME when that is
+    S3, so that the sweep reads it on whichever machine it runs (with the store's keys); else (a folder store: one
+    machine) its absolute path. A file that does not exist stays a path (the deployment is paused, saying so)."""
+    if path.startswith("s3://") or not Path(path).is_file():
+        return path
+    from bugsweep.storage import S3Store
+    from flows.common import load_store
+
+    store, _ = load_store(None)
+    if not isinstance(store, S3Store):
+        return path
+    return store.put_file(f"{TASK_FILES}/{Path(path).name}", Path(path))
 
 
 def missing_task_source(deployment: dict[str, Any], project_dir: Path) -> str | None:
@@ -198,9 +233,9 @@ def missing_task_source(deployment: dict[str, Any], project_dir: Path) -> str | 
         return None
     if not path:
         return "its parameters name no task source (`source`)"
-    if not (project_dir / path).is_file():
+    if not (project_dir / path).is_file():  # an absolute path is taken as it is
         return (
-            f"its task source {path!r} does not exist on this machine: write one (`bugsweep mine REPO --out "
+            f"its task source {str(project_dir / path)!r} does not exist on this machine: write one (`bugsweep mine REPO --out "
             f"{path}`), or deploy with `--tasks FILE` (a tasks file here, or s3://BUCKET/KEY), or point `source` in "
             "prefect.yaml at a repository, then deploy again (or resume the deployment in the UI once the file is "
             "there)"
@@ -215,7 +250,6 @@ def ensure_crash_automation(heartbeat_s: int) -> str:
     within MISSED_HEARTBEATS of them, the process is gone (killed, out of memory, the machine lost), and the
     automation sets the run Crashed, so it does not stay Running for good. Returns the automation's name.
     """
-    from prefect.client.orchestration import get_client
     from prefect.client.schemas.objects import StateType
     from prefect.events.actions import ChangeFlowRunState
     from prefect.events.schemas.automations import AutomationCore, EventTrigger, Posture
@@ -253,49 +287,108 @@ def ensure_crash_automation(heartbeat_s: int) -> str:
             )
         ],
     )
-    with get_client(sync_client=True) as client:
-        for old in client.read_automations_by_name(CRASH_AUTOMATION):
-            client.delete_automation(old.id)
-        client.create_automation(automation)
+    _replace_automation(automation)
     return CRASH_AUTOMATION
 
 
-def ensure_rerun_automation(deployment: str) -> str:
-    """Create (or replace) the automation that schedules a crashed run of `deployment` again, as the same flow run
-    (same parameters, its run count one higher), for the next worker of the pool to take.
+def ensure_pending_automation() -> str:
+    """Create (or replace) the automation that marks a bugsweep flow run Crashed when no heartbeat (nor a final
+    state) came PENDING_LIMIT_S after a worker took it (Pending): the worker was lost (killed, its machine gone)
+    before the run's process started, or the process died before its first heartbeat, so the heartbeat automation,
+    whose windows start at a heartbeat, never sees it (seen twice in nights whose worker was killed: a run stayed
+    Pending, and one Running, for good, and their sweep waited for them). Crashed, it is run again like any crashed
+    run. Returns the automation's name."""
+    from prefect.client.schemas.objects import StateType
+    from prefect.events.actions import ChangeFlowRunState
+    from prefect.events.schemas.automations import AutomationCore, EventTrigger, Posture
 
-    Only solve-bug: running a task again is safe (a graded result is never lost; one kept after a failed upload is
-    uploaded without running the agent), while a sweep that crashed may have left its solve-bug runs running, and a
-    second sweep would start them twice. The flow refuses a run crashed more than `flows.common.CRASH_RERUNS`
-    times (it then ends Failed, which no automation repeats), so a task that kills its process every time (out of
-    memory) is not run forever. Returns the automation's name.
+    moved_on = {
+        "heartbeat",
+        "Completed",
+        "Failed",
+        "Cancelled",
+        "Cancelling",
+        "Crashed",
+        "Scheduled",
+        "AwaitingRetry",
+    }
+    automation = AutomationCore(
+        name=PENDING_AUTOMATION,
+        description=(
+            f"A flow run tagged {TAG!r} with no heartbeat nor final state {PENDING_LIMIT_S} s after a worker took it "
+            "(its process never started, or died before its first heartbeat: the worker or its machine lost) is "
+            "marked Crashed. Shipped by `bugsweep deploy`."
+        ),
+        trigger=EventTrigger(
+            match={"prefect.resource.id": "prefect.flow-run.*"},
+            match_related={"prefect.resource.role": "tag", "prefect.resource.id": f"prefect.tag.{TAG}"},
+            after={"prefect.flow-run.Pending"},
+            expect={f"prefect.flow-run.{state}" for state in moved_on},
+            for_each={"prefect.resource.id"},
+            posture=Posture.Proactive,
+            threshold=1,
+            within=timedelta(seconds=PENDING_LIMIT_S),
+        ),
+        actions=[
+            ChangeFlowRunState(
+                name=None,
+                force=False,
+                state=StateType.CRASHED,
+                message=f"no heartbeat {PENDING_LIMIT_S} s after a worker took it: its process never started, or "
+                "died before its first heartbeat (the worker or its machine lost).",
+            )
+        ],
+    )
+    _replace_automation(automation)
+    return PENDING_AUTOMATION
+
+
+def _replace_automation(automation: Any) -> None:
+    """The automation of that name on the server, replaced by `automation` (created when there is none)."""
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        for old in client.read_automations_by_name(automation.name):
+            client.delete_automation(old.id)
+        client.create_automation(automation)
+
+
+def ensure_rerun_automation(deployments: tuple[str, ...]) -> str:
+    """Create (or replace) the automation that schedules a crashed run of any of `deployments` again, as the same
+    flow run (same parameters, its run count one higher), for the next worker of the pool to take.
+
+    solve-bug and the nightly sweep: running a task again is safe (a graded result is never lost; one kept after a
+    failed upload is uploaded without running the agent), and a sweep run again (the same flow run) finds the
+    solve-bug runs it had started by their idempotency keys and collects them, whatever state they are in, rather
+    than starting them twice (tasks/fanout.py). The flows refuse a run crashed more than `CRASH_RERUNS` times (it
+    then ends Failed, which no automation repeats), so a task that kills its process every time (out of memory) is
+    not run forever. Returns the automation's name.
     """
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.objects import StateType
     from prefect.events.actions import ChangeFlowRunState
     from prefect.events.schemas.automations import AutomationCore, EventTrigger, Posture
 
-    from flows.common import CRASH_RERUNS
+    from tasks.fanout import CRASH_RERUNS
 
     with get_client(sync_client=True) as client:
-        deployment_id = client.read_deployment_by_name(deployment).id
+        ids = [f"prefect.deployment.{client.read_deployment_by_name(name).id}" for name in deployments]
         automation = AutomationCore(
             name=RERUN_AUTOMATION,
             description=(
-                f"A run of {deployment} that ends Crashed (its process killed, out of memory, its machine lost) is "
-                f"scheduled again, at most {CRASH_RERUNS} time(s). Shipped by `bugsweep deploy`."
+                f"A run of {' or '.join(deployments)} that ends Crashed (its process killed, out of memory, its "
+                f"machine lost) is scheduled again {RERUN_AFTER_S} s later, at most {CRASH_RERUNS} time(s). Shipped "
+                "by `bugsweep deploy`."
             ),
-            trigger=EventTrigger(
+            trigger=EventTrigger(  # a run Crashed that nothing moved on from within RERUN_AFTER_S
                 match={"prefect.resource.id": "prefect.flow-run.*"},
-                match_related={
-                    "prefect.resource.role": "deployment",
-                    "prefect.resource.id": f"prefect.deployment.{deployment_id}",
-                },
-                expect={"prefect.flow-run.Crashed"},
+                match_related={"prefect.resource.role": "deployment", "prefect.resource.id": ids},
+                after={"prefect.flow-run.Crashed"},
+                expect={"prefect.flow-run.*"},
                 for_each={"prefect.resource.id"},
-                posture=Posture.Reactive,
+                posture=Posture.Proactive,
                 threshold=1,
-                within=timedelta(0),
+                within=timedelta(seconds=RERUN_AFTER_S),
             ),
             actions=[
                 ChangeFlowRunState(
@@ -303,13 +396,12 @@ def ensure_rerun_automation(deployment: str) -> str:
                     force=True,
                     state=StateType.SCHEDULED,
                     message="crashed: scheduled again by the automation "
-                    f"{RERUN_AUTOMATION!r} (a graded result is never lost, so running the task again is safe)",
+                    f"{RERUN_AUTOMATION!r} (a graded result is never lost, and a sweep collects the runs it had "
+                    "started, so running it again is safe)",
                 )
             ],
         )
-        for old in client.read_automations_by_name(RERUN_AUTOMATION):
-            client.delete_automation(old.id)
-        client.create_automation(automation)
+    _replace_automation(automation)
     return RERUN_AUTOMATION
 
 

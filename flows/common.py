@@ -13,11 +13,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import logging
 import threading
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -25,11 +23,11 @@ from pydantic import Field
 
 from bugsweep import runconfig
 from bugsweep.errors import BugsweepError, ConfigError, InfraError, first_line
-from bugsweep.grading import Grade
-from bugsweep.runbuilder import Run, backend_of, build_run, sandbox_provider
-from bugsweep.settings import AgentSettings, BranchSettings, ModelSettings
-from bugsweep.spec import TaskSpec, same_task
-from bugsweep.storage import GRADE_FILE, ArtifactStore, LocalStore, StoreSettings, open_store
+from bugsweep.runbuilder import backend_of, build_run, sandbox_provider
+from bugsweep.settings import BranchSettings, ModelSettings
+from bugsweep.storage import ArtifactStore, LocalStore, StoreSettings, open_store
+from bugsweep.sweep import RunSetup as RunSetup  # the flows' run, re-exported
+from tasks.fanout import CRASH_RERUNS as CRASH_RERUNS  # the reruns the crash automation makes, re-exported
 
 if TYPE_CHECKING:
     from prefect import Flow
@@ -43,9 +41,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 SandboxName = Literal["local", "runtime"]
-#: How many times a crashed solve-bug run is run again (deployments.deploy.ensure_rerun_automation schedules it;
-#: `refuse_endless_reruns` ends a run that has crashed more often Failed).
-CRASH_RERUNS = 1
 #: The label every sandbox of a flow run carries, so the flow's hooks (and `bugsweep sandboxes cleanup`) find it.
 FLOW_RUN_LABEL = "prefect-flow-run"
 
@@ -136,41 +131,6 @@ def limits_field(help: str) -> Any:
 # -- the run configuration --------------------------------------------------------------------------------------
 
 
-@dataclass
-class RunSetup:
-    """Everything a task needs besides its spec: the model, the agent's limits, where sandboxes and artifacts go,
-    and the configuration they make (`config`, whose digest keys the results)."""
-
-    model: ModelSettings
-    agent: AgentSettings
-    provider: SandboxProvider
-    store: ArtifactStore
-    local_dir: Path
-    """Run folders are written here (LOCAL_DIR/SWEEP/TASK/MODEL/CONFIG) and uploaded from here."""
-    config: runconfig.RunConfig
-    setup_network: bool = True
-    labels: dict[str, str] = field(default_factory=dict)
-    """Put on every sandbox (with the task's id): the flow run, so hooks and cleanups can find them."""
-    branches: BranchSettings | None = None
-    """Where resolved fixes are pushed as branches (with the token); None: no branches."""
-    escalate_to: list[ModelSettings] = field(default_factory=list)
-    """The models (with their keys) a task escalates to, in order, each only on what the ones before did not
-    resolve (`config.escalate_to` names them)."""
-
-    @classmethod
-    def of(
-        cls, built: Run, store: ArtifactStore, local_dir: Path, flow_run_id: str | None,
-        branches: BranchSettings | None = None,
-    ) -> RunSetup:  # fmt: skip
-        """A run built by bugsweep.runbuilder.build_run, with where its artifacts go and its sandboxes' labels."""
-        return cls(
-            model=built.model, agent=built.agent, provider=built.provider, store=store, local_dir=local_dir,
-            config=built.config, setup_network=built.setup_network,
-            labels={FLOW_RUN_LABEL: flow_run_id} if flow_run_id else {}, branches=branches,
-            escalate_to=list(built.escalate_to),
-        )  # fmt: skip
-
-
 def load_block(block_class: Any, name: str, default_name: str) -> Any | None:
     """The block saved under `name`; None when the default name was never created (then the environment is used)."""
     try:
@@ -223,8 +183,14 @@ def load_run_config(
     )  # fmt: skip
     artifacts, local_dir = load_store(store)
     return RunSetup.of(
-        built, artifacts, local_dir, flow_run_id, branches=load_branches(branches) if push_branches else None
-    )
+        built, artifacts, local_dir, labels=run_labels(flow_run_id),
+        branches=load_branches(branches) if push_branches else None,
+    )  # fmt: skip
+
+
+def run_labels(flow_run_id: str | None) -> dict[str, str]:
+    """The labels a flow run's sandboxes carry: the run's id, so its hooks (and cleanups) find them."""
+    return {FLOW_RUN_LABEL: flow_run_id} if flow_run_id else {}
 
 
 def load_endpoint(model: ModelEndpoint | None) -> ModelSettings | None:
@@ -309,8 +275,7 @@ def model_endpoint(run: RunSetup) -> Iterator[RunSetup]:
 
     log.info("no model endpoint configured (block or LLM_BASE_URL): using the embedded open model")
     with ensure_embedded_model(progress=lambda message: log.info("%s", message)) as endpoint:
-        model = run.model.model_copy(update={"base_url": endpoint.base_url, "model": endpoint.model})
-        yield dataclasses.replace(run, model=model)
+        yield dataclasses.replace(run, model=endpoint.serving(run.model))
 
 
 def refuse_endless_reruns() -> None:
@@ -379,6 +344,22 @@ class LiveSandboxes:
                 return [s for held in self._by_run.values() for s in held]
             return list(self._by_run.get(run_id, []))
 
+    @contextlib.contextmanager
+    def held_by(self, run_id: str | None) -> Iterator[Callable[[Sandbox], None]]:
+        """A task's `on_sandbox`: each sandbox it is given is held by flow run `run_id` until the block ends (the
+        task has released it by then)."""
+        held: list[Sandbox] = []
+
+        def hold(sandbox: Sandbox) -> None:
+            held.append(sandbox)
+            self.add(run_id, sandbox)
+
+        try:
+            yield hold
+        finally:
+            for sandbox in held:
+                self.discard(run_id, sandbox)
+
     def release_all(self, run_id: str | None) -> int:
         with self._lock:
             held = self._by_run.pop(run_id or "", [])
@@ -421,29 +402,3 @@ RELEASE_SANDBOXES_HOOKS: dict[str, Any] = {
     "on_crashed": [release_sandboxes],
     "on_cancellation": [release_sandboxes],
 }
-
-
-# -- grades -----------------------------------------------------------------------------------------------------
-
-
-def previous_grade(store: ArtifactStore, key: str, spec: TaskSpec) -> Grade | None:
-    """The grade already stored under `key` for this very task (bugsweep.spec.same_task), if it was graded.
-
-    A failed attempt (setup failed, an outage) does not count: a rerun tries it again. Neither does a grade of a
-    task with the same name but another definition (another commit, test command, setup, test patch, named tests),
-    nor one whose task.json cannot be read (then nothing says what was graded).
-    """
-    try:
-        verdict = Grade.model_validate(json.loads(store.get_bytes(f"{key}/{GRADE_FILE}")))
-    except FileNotFoundError:
-        return None
-    except ValueError:
-        log.warning("ignoring an unreadable %s/%s", key, GRADE_FILE)
-        return None
-    if verdict.error:
-        return None
-    try:
-        stored = TaskSpec.model_validate(json.loads(store.get_bytes(f"{key}/task.json")))
-    except (FileNotFoundError, ValueError):
-        return None
-    return verdict if same_task(stored, spec) else None

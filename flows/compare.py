@@ -45,10 +45,12 @@ from flows.common import (
     failed_state,
     load_sandboxes,
     load_store,
+    run_labels,
 )
 from flows.solve_bug import Job, solve_many
 from flows.sweep import TaskSource
 from tasks import quiet_prefect_logs, steps
+from tasks.limits import use_prefect_limits
 from tasks.publish import artifact_key
 
 #: Report files, written next to the runs and uploaded with them.
@@ -95,7 +97,7 @@ def run_setups(
         raise ConfigError(f"model names must be unique: {names}")
     return [
         (m, RunSetup.of(build_run(merge_choices(limits, m.limits), endpoint=m.settings(), provider=provider),
-                        store, local_dir, flow_run_id))
+                        store, local_dir, run_labels(flow_run_id)))
         for m in models
     ]  # fmt: skip
 
@@ -123,6 +125,7 @@ def compare_models(
     comparison's folder next to the runs) and to the artifact store under NAME/.
     """
     quiet_prefect_logs()
+    use_prefect_limits()
     logger = get_run_logger()
     try:  # an outcome bugsweep expects (a bad task file, a model or store that refuses): one line, no traceback
         if not models:

@@ -1,18 +1,15 @@
 """The `sweep` flow: many bug-fix tasks at once, each graded and uploaded, with a summary at the end.
 
-Tasks run either in this flow's process (threads, at most `concurrency` at once) or as runs of the `solve-bug`
-deployment (`run_on="workers"`), so that every worker of the deployment's work pool, on any number of machines,
-takes a share of one sweep; the sweep then collects each run's grade from the artifact store.
+Tasks run either in this flow's process (threads, at most `concurrency` at once: one machine) or as runs of the
+`solve-bug` deployment (`run_on="workers"`), created at once and scheduled by Prefect over every worker of the
+deployment's work pool, on any number of machines (tasks/fanout.py); the sweep then collects each run's grade from
+the artifact store as it ends. What a sweep decides besides (what was graded before, results kept after a failed
+upload, the predictions file) is plain code in bugsweep.sweep.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
 import re
-import time
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -22,22 +19,21 @@ from prefect_aws import S3Bucket
 from pydantic import Field
 
 from blocks import GitBranches, ModelEndpoint
+from bugsweep.agent import endpoint
 from bugsweep.agent.model import ChatModel
-from bugsweep.branches import BRANCH_FILE
 from bugsweep.discover import RepoBranch, TaskFile
-from bugsweep.errors import BugsweepError, ConfigError, InfraError, StorageError, first_line
+from bugsweep.errors import BugsweepError, StorageError, first_line
 from bugsweep.grading import Grade
-from bugsweep.pipeline import failed_grade
-from bugsweep.runconfig import CODE_FIELDS, chosen
+from bugsweep.runconfig import chosen
 from bugsweep.spec import TaskSpec
-from bugsweep.storage import GRADE_FILE, key_part, run_key
+from bugsweep.storage import key_part
 from bugsweep.swebench import write_predictions
-from bugsweep.upload import pending_runs, upload_pending
+from bugsweep.sweep import RunSetup, TaskOutcome
+from bugsweep.sweep.collect import prediction_runs
+from bugsweep.sweep.graded import Graded, other_configurations, split_graded, upload_kept
 from flows.common import (
-    CRASH_RERUNS,
     RELEASE_SANDBOXES_HOOKS,
     AgentChoices,
-    RunSetup,
     SandboxName,
     block_ref,
     branches_field,
@@ -49,21 +45,18 @@ from flows.common import (
     load_run_config,
     model_endpoint,
     model_field,
-    previous_grade,
     push_branches_field,
+    refuse_endless_reruns,
     sandbox_field,
     store_field,
 )
-from flows.solve_bug import Job, TaskOutcome, configured, solve_many
-from tasks import quiet_prefect_logs, steps
-from tasks.publish import RUN_FILE, ReviewPage, after_late_upload
+from flows.solve_bug import Job, solve_many
+from tasks import fanout, quiet_prefect_logs, steps
+from tasks.limits import use_prefect_limits
+from tasks.publish import ReviewPage, after_late_upload
 
 #: A plain union (not a discriminated one): the Prefect UI draws it as a choice of two forms, not a JSON box.
 TaskSource = TaskFile | RepoBranch
-#: How often the sweep looks at its solve-bug runs when they run on workers.
-POLL_S = 2.0
-#: How long the sweep waits for a crashed solve-bug run to be scheduled again by the rerun automation.
-RERUN_GRACE_S = 30.0
 
 
 @flow(
@@ -89,13 +82,16 @@ def sweep(
         "BUGSWEEP_* variable, else the default."
     ),
     concurrency: Annotated[int, Field(ge=1, le=256)] = form_field(
-        4, "Tasks at once", "In this run's process, or solve-bug runs in flight on the workers."
+        4,
+        "Tasks at once",
+        "In this run's process (this-process). On workers Prefect decides: each worker's --limit, the pool's "
+        "limit and the solve-bug deployment's concurrency limit.",
     ),
     run_on: Literal["this-process", "workers"] = form_field(
         "this-process",
         "Run tasks on",
-        "this-process: in the sweep's own process; workers: each task as a run of the solve-bug deployment, taken "
-        "by any worker of its pool.",
+        "this-process: in the sweep's own process; workers: each task as a run of the solve-bug deployment, all "
+        "created at once and taken by the workers of its pool (any machine) as their limits allow.",
     ),
     deployment: str = form_field(
         "solve-bug/solve-bug",
@@ -141,33 +137,66 @@ def sweep(
     Each parameter's title and help (what the run form shows) are in its declaration above.
     """
     quiet_prefect_logs()
+    use_prefect_limits()
+    logger = get_run_logger()
     try:
+        refuse_endless_reruns()
         run = load_run_config(
             model, sandbox, store, limits, flow_run_id=current_flow_run_id(), push_branches=push_branches,
             branches=branches, escalate_to=escalate_to,
         )  # fmt: skip
         sweep_name = name or default_name(source)
-        # a wrong URL, key or model name fails now, not after a branch's setup
-        for endpoint in [run.model, *run.escalate_to]:
-            if endpoint.base_url:
-                ChatModel(endpoint).check()
-        upload_kept(run, sweep_name)
+        # a wrong URL, key or model name fails now, not after a branch's setup; a sweep run again reached its
+        # endpoints before it crashed: a refusal now is a server restarting, waited for
+        for settings in [run.model, *run.escalate_to]:
+            if settings.base_url and fanout.run_again():
+                endpoint.mark_answered(settings)
+            if settings.base_url:
+                ChatModel(settings).check()
+        upload_kept(run.store, run.local_dir, sweep_name, log=logger, after=late_upload_by(sweep_name))
         list_tasks = steps.list_tasks.with_options(retry_delay_seconds=steps.retry_delays_s())
         specs = list_tasks(source, run.provider, run.store, setup_network=run.setup_network)
-        todo, graded = (specs, Graded()) if redo_graded else split_graded(specs, run, sweep_name)
+        todo, graded = (specs, Graded()) if redo_graded else split_graded(specs, run, sweep_name, log=logger)
         if graded.by_other_code and keep_graded_by_other_code:
-            graded.keep_other_code()
-            todo = [spec for spec in todo if spec.instance_id not in graded.kept]
+            todo = graded.keep_other_code(todo, log=logger)
         if run_on == "workers":
+            todo = resumed(specs, todo, graded)
             shared = worker_parameters(model, sandbox, store, limits, push_branches, branches, escalate_to)
-            outcomes = run_on_workers(todo, run, sweep_name, concurrency, deployment, shared)
+            outcomes = fanout.run_on_workers(todo, run, sweep_name, deployment, shared, log=logger)
         else:
             with model_endpoint(run) as run:
                 outcomes = solve_many([Job(spec, run, sweep_name) for spec in todo], concurrency)
     except BugsweepError as exc:  # the night could not run (its tasks, its model, its store): one line
         return failed_state(exc)
+    return publish_night(sweep_name, specs, run, graded, outcomes)
+
+
+def late_upload_by(sweep_name: str) -> Any:
+    """What a sweep does for each result an earlier run kept and it uploaded as it started: the artifacts that run
+    would have made, and that run set Completed."""
+    return lambda store, key, folder: after_late_upload(
+        store, key, folder, by=f"sweep {sweep_name} as it started"
+    )
+
+
+def resumed(specs: list[TaskSpec], todo: list[TaskSpec], graded: Graded) -> list[TaskSpec]:
+    """A sweep run again after a crash (the rerun automation) collects every task it had started as a run, graded
+    by now or not, instead of counting it as graded before; on a first run, `todo` as it is."""
+    again = fanout.tasks_started_before()
+    if not again:
+        return todo
+    get_run_logger().warning("run again after a crash: collecting the %d run(s) it had started", len(again))
+    graded.same = [grade for grade in graded.same if grade.instance_id not in again]
+    return [spec for spec in specs if spec.instance_id in again or spec in todo]
+
+
+def publish_night(
+    sweep_name: str, specs: list[TaskSpec], run: RunSetup, graded: Graded, outcomes: list[TaskOutcome]
+) -> Any:
+    """The night's summary, predictions file and review page, and its final state (Completed only when every task
+    was graded and stored)."""
     rows = summary_rows(graded, outcomes)
-    notes = ([skipped_note(graded.same)] if graded.same else []) + graded.notes()
+    notes = graded.notes()
     try:
         predictions = write_predictions(
             run.store, key_part(sweep_name), run.model.model,
@@ -186,21 +215,17 @@ def sweep(
             why = str(page) if isinstance(page, BaseException) else made.message or "its step failed"
             notes.append(f"No review page: {first_line(why)}")
             get_run_logger().warning("%s", notes[-1])
-    others = other_configurations(run, sweep_name, specs, shown={key for key, _ in graded.kept.values()})
-    steps.summarize(sweep_name, rows + others, run.store.location, review, notes)
+    shown = {key for key, _ in graded.kept.values()}
+    others = other_configurations(run, sweep_name, specs, shown)
+    steps.summarize(
+        sweep_name, rows + [steps.summary_row(g, other_configuration=True) for g in others], run.store.location,
+        review, notes,
+    )  # fmt: skip
     grades = graded.grades() + [o.grade for o in outcomes]
     message = "; ".join([f"sweep {sweep_name} {steps.sweep_outcome(rows)}", *notes])
     if not all(r["ran"] for r in rows):
         return failed_state(SweepFailed(message, grades), message)
     return Completed(message=message, data=grades)
-
-
-def skipped_note(graded: list[Grade]) -> str:
-    """What a rerun says about the tasks it did not run again."""
-    return (
-        f"{len(graded)} task(s) already graded under this configuration were not run again (redo_graded, "
-        "`bugsweep sweep --redo-graded`, runs them again)"
-    )
 
 
 class SweepFailed(BugsweepError):
@@ -222,106 +247,6 @@ def default_name(source: TaskFile | RepoBranch) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", f"{repo}-{source.branch}")
 
 
-def upload_kept(run: RunSetup, sweep_name: str) -> None:
-    """Upload what earlier runs of this sweep kept on this machine when their upload failed, so that their tasks
-    count as graded and the agent does not run on them again. What still fails stays for the next time."""
-    logger = get_run_logger()
-    for folder in pending_runs(run.local_dir / key_part(sweep_name)):
-        try:
-            uploaded = upload_pending(run.store, folder)
-        except StorageError as exc:
-            logger.error("the result kept in %s is still not uploaded: %s", folder, exc)
-            continue
-        logger.warning(
-            "uploaded the result an earlier run kept in %s (its upload had failed) to %s/%s",
-            folder, uploaded.location, uploaded.key,
-        )  # fmt: skip
-        after_late_upload(run.store, uploaded.key, folder, by=f"sweep {sweep_name} as it started")
-
-
-@dataclass
-class Graded:
-    """The tasks of a sweep graded before: under this configuration, and (by instance id) under this configuration
-    made by another bugsweep (another code digest; a grade from before an upgrade)."""
-
-    same: list[Grade] = field(default_factory=list)
-    by_other_code: dict[str, tuple[str, Grade]] = field(default_factory=dict)
-    """instance id -> (run key, grade)."""
-    kept: dict[str, tuple[str, Grade]] = field(default_factory=dict)
-    """Those of `by_other_code` kept by choice (keep_graded_by_other_code) instead of running again."""
-
-    def keep_other_code(self) -> None:
-        self.kept, self.by_other_code = self.by_other_code, {}
-        get_run_logger().warning(
-            "%d graded by another bugsweep: keeping their grades (keep_graded_by_other_code)", len(self.kept)
-        )
-
-    def grades(self) -> list[Grade]:
-        return self.same + [grade for _, grade in self.kept.values()]
-
-    def notes(self) -> list[str]:
-        """What the sweep's summary says of them."""
-        notes = []
-        if self.by_other_code:
-            notes.append(
-                f"{len(self.by_other_code)} graded by another bugsweep (another code digest): run again, the "
-                "earlier grades kept under their configurations"
-            )
-        if self.kept:
-            notes.append(
-                f"{len(self.kept)} graded by another bugsweep: their grades kept by choice (keep_graded_by_other_code, "
-                f"`--keep-graded-by-other-code`), not run with this bugsweep: {', '.join(sorted(self.kept))}"
-            )
-        return notes
-
-
-def split_graded(specs: list[TaskSpec], run: RunSetup, sweep_name: str) -> tuple[list[TaskSpec], Graded]:
-    """(tasks still to run, what was graded before): a task counts as graded when this model graded this very task
-    (bugsweep.spec.same_task) under this configuration; one graded under this configuration by another bugsweep
-    is still to run (and said so in one line), unless the sweep keeps those grades."""
-    todo: list[TaskSpec] = []
-    graded = Graded()
-    for spec in specs:
-        key = run_key(sweep_name, spec.instance_id, run.model.model, run.config.digest)
-        earlier = previous_grade(run.store, key, spec)
-        if earlier is None:
-            todo.append(spec)
-        else:
-            graded.same.append(earlier)
-    logger = get_run_logger()
-    if graded.same:
-        logger.warning("%s: %s (model %s, configuration %s)", skipped_note(graded.same),
-                       ", ".join(g.instance_id for g in graded.same), run.model.model, run.config.digest)  # fmt: skip
-    graded.by_other_code = graded_by_other_code(run, sweep_name, todo)
-    if graded.by_other_code:
-        logger.warning("%d graded by another bugsweep: running again", len(graded.by_other_code))
-    return todo, graded
-
-
-def graded_by_other_code(
-    run: RunSetup, sweep_name: str, specs: list[TaskSpec]
-) -> dict[str, tuple[str, Grade]]:
-    """Per task of `specs` (by instance id), a grade this model made of it under this very configuration but by
-    another bugsweep: the same configuration once its code (bugsweep_version, bugsweep_code) is left out, and the
-    same task (bugsweep.spec.same_task). One listing of the sweep's folder."""
-    wanted = {key_part(spec.instance_id): spec for spec in specs}
-    model, ours = key_part(run.model.model), run.config.without_code()
-    found: dict[str, tuple[str, Grade]] = {}
-    for key in run.store.list(key_part(sweep_name) + "/"):
-        parts = key.split("/")  # SWEEP/TASK/MODEL/CONFIG/grade.json
-        if len(parts) != 5 or parts[4] != GRADE_FILE or parts[2] != model or parts[3] == run.config.digest:
-            continue
-        spec = wanted.get(parts[1])
-        if spec is None or spec.instance_id in found:
-            continue
-        folder = key.rsplit("/", 1)[0]
-        grade = previous_grade(run.store, folder, spec)
-        config = dict(grade.config or {}) if grade is not None else {}
-        if grade is not None and {k: v for k, v in config.items() if k not in CODE_FIELDS} == ours:
-            found[spec.instance_id] = (folder, grade)
-    return found
-
-
 def worker_parameters(
     model: ModelEndpoint | None, sandbox: str | None, store: S3Bucket | None, limits: AgentChoices,
     push_branches: bool, branches: GitBranches | None, escalate_to: list[ModelEndpoint] | None = None,
@@ -333,175 +258,6 @@ def worker_parameters(
         "push_branches": push_branches, "branches": block_ref(branches),
         "escalate_to": [block_ref(block) for block in escalate_to or []],
     }  # fmt: skip
-
-
-def run_on_workers(
-    specs: list[TaskSpec],
-    run: RunSetup,
-    sweep_name: str,
-    concurrency: int,
-    deployment: str,
-    parameters: dict[str, Any],
-) -> list[TaskOutcome]:
-    """Each task as a run of the solve-bug deployment, at most `concurrency` at once; whichever worker of the pool
-    is free picks it up. Each run's grade is read back from the artifact store (so use S3 across machines).
-
-    `parameters` are the sweep's own that each solve-bug run takes too (`worker_parameters`).
-    """
-    from prefect.client.orchestration import get_client
-
-    logger = get_run_logger()
-    pending = list(specs)
-    running: dict[Any, tuple[TaskSpec, float]] = {}
-    outcomes: list[TaskOutcome] = []
-    with get_client(sync_client=True) as client:
-        try:
-            while pending or running:
-                while pending and len(running) < concurrency:
-                    spec = pending.pop(0)
-                    flow_run = start_solve_bug(deployment, spec, sweep_name, parameters)
-                    logger.info("%s -> flow run %s", spec.instance_id, flow_run.name)
-                    running[flow_run.id] = (spec, time.monotonic())
-                time.sleep(POLL_S)
-                for run_id, (spec, started) in list(running.items()):
-                    flow_run = client.read_flow_run(run_id)
-                    if flow_run.state is None or not flow_run.state.is_final() or awaiting_rerun(flow_run):
-                        continue
-                    del running[run_id]
-                    outcomes.append(collect(spec, str(run_id), flow_run.state, run, sweep_name, started))
-                    logger.info("%s: %s", spec.instance_id, flow_run.state.name)
-        except BaseException:
-            cancel_runs(client, list(running))  # the sweep was cancelled or crashed: its tasks stop too
-            raise
-    return outcomes
-
-
-def awaiting_rerun(flow_run: Any) -> bool:
-    """A solve-bug run that just crashed for the first time: the rerun automation (`bugsweep deploy`) is about to
-    schedule it again, so the sweep follows it instead of counting the task as lost. Given up after RERUN_GRACE_S
-    (a server without that automation)."""
-    from prefect.client.schemas.objects import StateType
-
-    state = flow_run.state
-    if state.type != StateType.CRASHED or flow_run.run_count > CRASH_RERUNS:
-        return False
-    return (datetime.now(UTC) - state.timestamp).total_seconds() < RERUN_GRACE_S
-
-
-def start_solve_bug(deployment: str, spec: TaskSpec, sweep_name: str, parameters: dict[str, Any]) -> Any:
-    """A new run of the solve-bug deployment for one task (returns at once; a worker picks it up)."""
-    from prefect.deployments import run_deployment
-    from prefect.exceptions import ObjectNotFound
-
-    try:
-        return run_deployment(
-            deployment,
-            parameters={
-                **parameters,
-                "repo": spec.repo,
-                "problem": spec.problem_statement,
-                "task": spec.model_dump(mode="json"),
-                "sweep": sweep_name,
-            },
-            timeout=0,
-            tags=[f"sweep:{sweep_name}"],
-        )
-    except ObjectNotFound as exc:
-        raise ConfigError(
-            f"no deployment {deployment!r} to run the tasks on: deploy it first (`bugsweep deploy`)"
-        ) from exc
-
-
-def cancel_runs(client: Any, run_ids: list[Any]) -> None:
-    """Ask the workers to cancel these flow runs (best effort: the sweep is ending anyway)."""
-    from prefect.states import Cancelling
-
-    for run_id in run_ids:
-        try:
-            client.set_flow_run_state(run_id, Cancelling(message="its sweep ended"), force=True)
-        except Exception:
-            get_run_logger().warning("could not cancel flow run %s", run_id, exc_info=True)
-
-
-def collect(
-    spec: TaskSpec, run_id: str, state: Any, run: RunSetup, sweep_name: str, started: float
-) -> TaskOutcome:
-    """The outcome of one solve-bug run, from the grade it uploaded (only if that run wrote it, not an older one).
-
-    A worker makes the run's configuration from its own settings; one that made another configuration than the
-    sweep's (other BUGSWEEP_*/LLM_* settings, another bugsweep version) stored its grade under another digest,
-    and the task is a configuration failure that says so."""
-    key = run_key(sweep_name, spec.instance_id, run.model.model, run.config.digest)
-    stored_at = f"{run.store.location}/{key}"
-    try:
-        written_by = json.loads(run.store.get_bytes(f"{key}/{RUN_FILE}")).get("flow_run_id")
-        if written_by != run_id:
-            raise FileNotFoundError(f"{stored_at} holds flow run {written_by}'s results, not this run's")
-        verdict = Grade.model_validate_json(run.store.get_bytes(f"{key}/{GRADE_FILE}"))
-    except (FileNotFoundError, ValueError) as exc:
-        elsewhere = [k.split("/")[-2] for k in written_by_run(run, key.rsplit("/", 1)[0], run_id)]
-        why: BugsweepError = InfraError(
-            f"solve-bug run {run_id} ended {state.name} with no grade in the store ({exc})"
-        )
-        if elsewhere:
-            why = ConfigError(
-                f"solve-bug run {run_id} ran under configuration {elsewhere[0]} on its worker, not the sweep's "
-                f"{run.config.digest}: the worker's settings (LLM_*, BUGSWEEP_*, its blocks) or bugsweep version "
-                "differ from this machine's (compare the two grade.json `config`s)"
-            )
-        verdict = configured(failed_grade(spec, run.model.model, why, started=started), run)
-        return TaskOutcome(grade=verdict, key=key, local_dir=run.local_dir / key)
-    outcome = TaskOutcome(grade=verdict, key=key, local_dir=run.local_dir / key, stored_at=stored_at)
-    if run.branches is not None and verdict.resolved:
-        stored_branch(outcome, run, key)
-    return outcome
-
-
-def stored_branch(outcome: TaskOutcome, run: RunSetup, key: str) -> None:
-    """The branch a solve-bug run on a worker pushed, or why it could not, from the branch.json it stored."""
-    try:
-        record = json.loads(run.store.get_bytes(f"{key}/{BRANCH_FILE}"))
-    except (FileNotFoundError, ValueError):
-        record = {"error": "the solve-bug run stored no branch.json"}
-    if record.get("commit"):
-        outcome.branch = (
-            f"branch {record.get('branch')} ({str(record['commit'])[:12]}) on {record.get('remote')}"
-        )
-    else:
-        outcome.branch_error = f"the fix was not pushed as a branch: {record.get('error')}"
-
-
-def written_by_run(run: RunSetup, task_prefix: str, run_id: str) -> list[str]:
-    """The run.json files under SWEEP/TASK/MODEL that flow run `run_id` wrote (under any configuration)."""
-    found = []
-    for key in run.store.list(task_prefix + "/"):
-        if key.endswith(f"/{RUN_FILE}") and key.count("/") == task_prefix.count("/") + 2:
-            with contextlib.suppress(FileNotFoundError, ValueError):
-                if json.loads(run.store.get_bytes(key)).get("flow_run_id") == run_id:
-                    found.append(key)
-    return found
-
-
-def prediction_runs(
-    specs: list[TaskSpec],
-    run: RunSetup,
-    sweep_name: str,
-    outcomes: list[TaskOutcome],
-    graded: Graded | None = None,
-) -> list[tuple[str, str, Path | None]]:
-    """(instance_id, run key, local run folder) of every task of the sweep in task-file order, for its
-    predictions: read from the store (a grade kept from another bugsweep: its own folder), or from the run folder
-    on this machine when its upload failed."""
-    local: dict[str, tuple[str, Path | None]] = {
-        task: (key, None) for task, (key, _) in (graded.kept if graded else {}).items()
-    }
-    local.update({o.grade.instance_id: (o.key, None if o.stored_at else o.local_dir) for o in outcomes})
-    found: list[tuple[str, str, Path | None]] = []
-    for spec in specs:
-        key, folder = local.get(spec.instance_id, (run_key(sweep_name, spec.instance_id, run.model.model,
-                                                           run.config.digest), None))  # fmt: skip
-        found.append((spec.instance_id, key, folder))
-    return found
 
 
 def summary_rows(graded: Graded, outcomes: list[TaskOutcome]) -> list[dict[str, Any]]:
@@ -517,29 +273,3 @@ def summary_rows(graded: Graded, outcomes: list[TaskOutcome]) -> list[dict[str, 
             )
         )  # fmt: skip
     return rows
-
-
-def other_configurations(
-    run: RunSetup,
-    sweep_name: str,
-    specs: list[TaskSpec],
-    shown: set[str] = frozenset(),  # type: ignore[assignment]
-) -> list[dict[str, Any]]:
-    """Summary rows of the grades these tasks have in the store under this model's other configurations (another
-    policy, turn budget, temperature, bugsweep, ...), so that a sweep's summary shows them side by side with its
-    own; those of the run folders in `shown` are among the sweep's own rows already. One listing of the sweep's
-    folder; a failed attempt is no grade and is not listed."""
-    tasks = {key_part(spec.instance_id): i for i, spec in enumerate(specs)}
-    model = key_part(run.model.model)
-    found: list[tuple[int, str, Grade]] = []
-    for key in run.store.list(key_part(sweep_name) + "/"):
-        parts = key.split("/")  # SWEEP/TASK/MODEL/CONFIG/grade.json
-        if len(parts) != 5 or parts[4] != GRADE_FILE or parts[1] not in tasks or parts[2] != model:
-            continue
-        if parts[3] == run.config.digest or key.rsplit("/", 1)[0] in shown:
-            continue
-        with contextlib.suppress(FileNotFoundError, ValueError):
-            other = Grade.model_validate_json(run.store.get_bytes(key))
-            if not other.error:
-                found.append((tasks[parts[1]], parts[3], other))
-    return [steps.summary_row(g, other_configuration=True) for _, _, g in sorted(found, key=lambda f: f[:2])]

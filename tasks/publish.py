@@ -14,7 +14,6 @@ artifact names the path, and the content that fits is in the artifact itself.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
@@ -26,13 +25,12 @@ from prefect.artifacts import create_link_artifact, create_markdown_artifact
 
 from bugsweep.grading import Grade, verdict_word
 from bugsweep.storage import GRADE_FILE, ArtifactStore, Link, key_part
+from bugsweep.sweep.task import made_by
 
 log = logging.getLogger(__name__)
 
 #: The most of a patch the markdown artifact shows (the whole patch is in the store).
 PATCH_SHOWN_CHARS = 30_000
-#: The run folder's record of the flow run that made it (flows.solve_bug.write_run_record).
-RUN_FILE = "run.json"
 
 
 def artifact_key(*parts: str) -> str:
@@ -93,8 +91,20 @@ def publish_patch(store: ArtifactStore, key: str, verdict: Grade, local_dir: Pat
     """The link to the stored patch (when the store has links) and the diff itself, as artifacts of the current
     flow run (or, outside one, of none: they are still listed under their keys)."""
     patch_file = local_dir / "patch.diff"
-    if not patch_file.is_file():
+    if patch_file.is_file():
+        publish_patch_text(store, key, verdict, patch_file.read_text(encoding="utf-8", errors="replace"))
+
+
+def publish_stored_patch(store: ArtifactStore, key: str, verdict: Grade) -> None:
+    """The same artifacts for a run folder already in the store (a task a worker ran: the sweep shows it too)."""
+    try:
+        patch = store.get_bytes(f"{key}/patch.diff").decode("utf-8", errors="replace")
+    except FileNotFoundError:
         return
+    publish_patch_text(store, key, verdict, patch)
+
+
+def publish_patch_text(store: ArtifactStore, key: str, verdict: Grade, patch: str) -> None:
     where = store.uri(f"{key}/patch.diff")
     link = store.link(f"{key}/patch.diff")
     status = verdict_word(verdict)
@@ -107,7 +117,7 @@ def publish_patch(store: ArtifactStore, key: str, verdict: Grade, local_dir: Pat
             f"{link.until()} (BUGSWEEP_STORE_LINK_DAYS); the object stays at {where}.",
         )
     create_markdown_artifact(
-        patch_markdown(verdict, patch_file.read_text(encoding="utf-8", errors="replace"), where, link),
+        patch_markdown(verdict, patch, where, link),
         key=artifact_key("diff", key),
         description=f"The diff of {verdict.instance_id} by {verdict.model} ({status}).",
     )
@@ -145,14 +155,6 @@ def publish_review(store: ArtifactStore, sweep: str) -> ReviewPage:
             f"{store.uri(key_part(sweep))} -o review.html` makes it again.",
         )
     return page
-
-
-def made_by(local_dir: Path) -> str | None:
-    """The id of the flow run that wrote this run folder, if it recorded one."""
-    try:
-        return json.loads((local_dir / RUN_FILE).read_text(encoding="utf-8")).get("flow_run_id") or None
-    except (OSError, ValueError, AttributeError):
-        return None
 
 
 def complete_late(flow_run_id: str, where: str, by: str) -> bool:

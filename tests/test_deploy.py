@@ -1,21 +1,30 @@
-"""Deployment end to end, as a user runs it: server, blocks, deploy, runs from the UI's API, process workers:
-one run, a sweep shared by two workers, and a run cancelled mid-task.
-
-Real parts: `prefect server start` (SQLite, its own PREFECT_HOME), `bugsweep blocks create` and `bugsweep deploy`
-run as commands, two `prefect worker start` process workers running the flows in their own processes, the
-local sandbox, a SeaweedFS S3 server. The run is created with `POST /api/deployments/{id}/create_flow_run`,
-the call the UI's Run button makes. Stand-in: the scripted model server (real HTTP) in place of a model.
+"""Deployment end to end, as a team runs it (the deployed project: tests/support/deployed.py), on one deployed
+project and four workers on three machines:
+- a night: two sweeps at once (12 tasks, and the nightly deployed with its task file) spread over the workers while a
+  worker and a sweep are killed and the model server stops for 30 s, the endpoint's limit held over both; the
+  reviewer's morning in a browser after it;
+- then a run from the UI's form on a worker, the run form filled in a browser, and a sweep on workers cancelled from
+  the UI.
+Real parts: Prefect server and workers, the local sandbox, SeaweedFS, SIGKILL, another user's `bugsweep sandboxes
+cleanup`, Chromium; stand-in: the scripted model server (1 s an answer).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
+import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
+from dataclasses import field as default
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -23,174 +32,435 @@ import httpx
 import pytest
 
 from bugsweep.spec import TaskSpec, dump_tasks
-from tests.support.repos import PYTEST_SETUP, make_repo
-from tests.support.scripted_model import ScriptedModelServer, tool_call
+from tests.support.deployed import (
+    CHROMIUM,
+    ENDPOINT_LIMIT,
+    Deployed,
+    calc_task,
+    cgroups_of,
+    deploy_project,
+    pid_of,
+    processes_of,
+    sandbox_leftovers,
+    sandboxes_in,
+)
+from tests.support.repos import make_repo
 
 pytest_plugins = ["tests.support.prefect_server", "tests.support.seaweed"]
-pytestmark = [pytest.mark.prefect, pytest.mark.s3]
+#: The night takes 5-8 minutes on a loaded 2-core machine, within its first test (the fixtures run there).
+pytestmark = [pytest.mark.prefect, pytest.mark.s3, pytest.mark.timeout(900)]
 
-PROJECT = Path(__file__).resolve().parent.parent
-POOL = "bugsweep-test"
-#: The shortest heartbeat Prefect allows: the crash automation then marks a silent run Crashed after 90 s.
-HEARTBEAT_S = 30
-FINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
-
-
-#: Set once the KILL-ME run's processes are killed: its rerun is then answered like any other task.
-KILLED = {"rerun": False}
-
-
-def fixer(body: dict[str, Any]) -> dict[str, Any]:
-    """Fix on the first turn, finish on the next; works for any number of tasks at once.
-
-    A task whose text says CANCEL-ME (or KILL-ME, until it was killed) instead runs a command, then stalls the next
-    reply, so the run is mid-task when the test cancels (or kills) it."""
-    cancel_me = "CANCEL-ME" in json.dumps(body["messages"][:2])
-    kill_me = "KILL-ME" in json.dumps(body["messages"][:2]) and not KILLED["rerun"]
-    answered = any(m.get("role") == "tool" for m in body["messages"])
-    if kill_me:  # stalls long enough for the test to kill the worker and see the run marked Crashed
-        return (
-            {"sleep": 300, **tool_call("finish", summary="too late")}
-            if answered
-            else tool_call("run", command="true")
-        )
-    if cancel_me:
-        if answered:
-            return {"sleep": 45, **tool_call("finish", summary="too late")}
-        return tool_call("run", command="python -m pytest -q || true")
-    if answered:
-        return tool_call("finish", summary="add() now adds")
-    return tool_call("edit_file", path="calc.py", old="return a - b", new="return a + b")
-
-
-class Deployed:
-    """The deployed project: the server, the S3 store the runs write to, and helpers for the REST API."""
-
-    def __init__(self, server: Any, store: Any, model: ScriptedModelServer, workers: list[str]) -> None:
-        self.server, self.store, self.model, self.workers = server, store, model, workers
-
-    def api(self, method: str, path: str, **kwargs: Any) -> Any:
-        """One REST call (a 503 for a moment is tried again: PrefectServer.request)."""
-        response = self.server.request(method, path, **kwargs)
-        response.raise_for_status()
-        return response.json()
-
-    def deployment_id(self, name: str) -> str:
-        return str(self.api("GET", f"/deployments/name/{name}")["id"])
-
-    def run_deployment(self, name: str, parameters: dict[str, Any]) -> str:
-        """What the UI's Run button does (with a custom parameter form)."""
-        url = f"/deployments/{self.deployment_id(name)}/create_flow_run"
-        return str(self.api("POST", url, json={"parameters": parameters})["id"])
-
-    def wait(self, flow_run_id: str, timeout_s: float = 240, through_rerun: bool = False) -> dict[str, Any]:
-        """The run once it is final (`through_rerun`: a first crash is not, the rerun automation runs it again)."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            run = self.api("GET", f"/flow_runs/{flow_run_id}")
-            crashed_once = run["state"] and run["state"]["type"] == "CRASHED" and run["run_count"] < 2
-            if run["state"] and run["state"]["type"] in FINAL and not (through_rerun and crashed_once):
-                return dict(run)
-            time.sleep(1)
-        raise AssertionError(
-            f"flow run {flow_run_id} not finished after {timeout_s} s; worker logs in {self.server.logs}"
-        )
-
-    def worker_log(self, name: str) -> str:
-        return (self.server.logs / f"{name}.log").read_text(errors="replace")
-
-    def run_folder(self, prefix: str) -> str:
-        """The one run folder under SWEEP/TASK/MODEL: SWEEP/TASK/MODEL/CONFIG (the configuration's digest)."""
-        (grade,) = [k for k in self.store.list(prefix) if k.endswith("/grade.json")]
-        return grade.rsplit("/", 1)[0]
+#: Worker -> machine. Each runs `bugsweep worker --limit 2`; only the first takes sweeps. The third machine runs two
+#: workers, so a worker killed there leaves a live one of the same user on its machine.
+WORKERS = {
+    "worker-1": "machine-1",
+    "worker-2": "machine-2",
+    "worker-3a": "machine-3",
+    "worker-3b": "machine-3",
+}
 
 
 @pytest.fixture(scope="module")
-def deployed(prefect_api, seaweed, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployed]:
-    """Blocks created and deployments deployed through the CLI, and two process workers on the pool."""
-    model = ScriptedModelServer([fixer] * 200).start()
-    store = seaweed.new_store(prefix="runs")
-    env = {
-        "LLM_BASE_URL": model.base_url,
-        "LLM_MODEL": "scripted-model",
-        "LLM_API_KEY": "sk-deploy-secret",
-        "BUGSWEEP_STORE_URL": f"s3://{store.bucket}/runs",
-        "BUGSWEEP_STORE_LOCAL_DIR": str(tmp_path_factory.mktemp("local-artifacts")),
-        "AWS_ENDPOINT_URL": seaweed.endpoint_url,
-        "AWS_ACCESS_KEY_ID": "bugsweep-test",
-        "AWS_SECRET_ACCESS_KEY": "bugsweep-test-secret",
-        "BUGSWEEP_RETRY_DELAYS_S": "0.5,1",
-    }
-    bugsweep = [sys.executable, "-m", "bugsweep"]
-    try:
-        created = prefect_api.run([*bugsweep, "blocks", "create"], cwd=PROJECT, **env)
-        assert "sk-deploy-secret" not in created and "bugsweep-test-secret" not in created
-        assert "bugsweep-model" in created and "bugsweep-artifacts" in created
-        deploy = [*bugsweep, "deploy", "--pool", POOL, "--heartbeat-s", str(HEARTBEAT_S)]
-        deployed_out = " ".join(prefect_api.run(deploy, cwd=PROJECT, **env).split())
-        assert "solve-bug/solve-bug" in deployed_out and "sweep/nightly-sweep" in deployed_out
-        # The project has no tasks.jsonl: the nightly schedule would fail every night, so it is deployed paused.
-        assert not (PROJECT / "tasks.jsonl").exists()
-        assert (
-            f"sweep/nightly-sweep with its schedule PAUSED: its task source '{PROJECT / 'tasks.jsonl'}' does not "
-            "exist on this machine" in deployed_out
-        )
-        assert (
-            "grow-benchmark/nightly-benchmark with its schedule PAUSED: its parameters name no repository"
-            in deployed_out
-        )
-        nightly = prefect_api.request("GET", "/deployments/name/sweep/nightly-sweep").json()
-        assert nightly["paused"] is True
-        solve_bug = prefect_api.request("GET", "/deployments/name/solve-bug/solve-bug").json()
-        assert solve_bug["paused"] is False
-        assert (
-            "the run forms offer the saved blocks bugsweep-model, bugsweep-artifacts, already chosen"
-            in deployed_out
-        )
-        assert set(solve_bug["parameters"]) >= {"model", "store"}, solve_bug["parameters"]
-        assert "sk-deploy-secret" not in json.dumps(solve_bug) + json.dumps(nightly)
-        assert solve_bug["job_variables"]["env"]["PREFECT_FLOWS_HEARTBEAT_FREQUENCY"] == str(HEARTBEAT_S)
-        workers = ["worker-a", "worker-b"]
-        for name in workers:
-            prefect_api.spawn(
-                name,
-                [
-                    sys.executable,
-                    "-m",
-                    "prefect",
-                    "worker",
-                    "start",
-                    "--pool",
-                    POOL,
-                    "--name",
-                    name,
-                    "--limit",
-                    "2",
-                ],
-                cwd=tmp_path_factory.mktemp(name),
-                PREFECT_WORKER_QUERY_SECONDS="1",
-                PREFECT_WORKER_PREFETCH_SECONDS="0",
-                # the worker's own settings (the store's bucket and keys come from the blocks)
-                **{k: v for k, v in env.items() if k.startswith(("BUGSWEEP_RETRY", "BUGSWEEP_STORE_LOCAL"))},
-            )
-        yield Deployed(prefect_api, store, model, workers)
-    finally:
-        for proc in prefect_api.processes[
-            1:
-        ]:  # the workers (and the flow runs they started); the server stays
-            prefect_api.stop_process(proc)
-        del prefect_api.processes[1:]
-        model.stop()
+def deployed(
+    prefect_api, seaweed, tmp_path_factory: pytest.TempPathFactory, nightly_file: Path
+) -> Iterator[Deployed]:
+    """Blocks created and deployments deployed through the CLI, and the workers of three machines on the pool."""
+    with deploy_project(
+        prefect_api, seaweed, tmp_path_factory, WORKERS, nightly_tasks=nightly_file
+    ) as result:
+        yield result
 
 
-def calc_task(repo: Path, instance_id: str) -> TaskSpec:
-    return TaskSpec(
-        instance_id=instance_id,
-        repo=str(repo),
-        problem_statement="tests/test_calc.py::test_add fails: add() returns the wrong result. Fix the code.",
-        test_command="python -m pytest -q",
-        setup_command=PYTEST_SETUP,
+@pytest.fixture(scope="module")
+def nightly_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The team's nightly task file, given to `bugsweep deploy --tasks` (the first night's step): one task."""
+    folder = tmp_path_factory.mktemp("team")
+    problem = "[nightly] (calc-nightly) tests/test_calc.py::test_add fails: add() returns the wrong result."
+    dump_tasks([calc_task(make_repo(folder / "calc"), "calc-nightly", problem)], folder / "nightly.jsonl")
+    return folder / "nightly.jsonl"
+
+
+@pytest.fixture(scope="module")
+def nightly(night: Night) -> dict[str, Any]:
+    """`bugsweep deploy --tasks FILE` (the first night's step), then a run of the nightly as its schedule makes it
+    (no parameters), its task run taken by a worker (run during the night, as its second sweep): what `deploy`
+    printed, the file, the run."""
+    return {"out": night.nightly_out, "tasks_file": night.nightly_file, "run": night.sweeps["nightly"]}
+
+
+def test_the_nightly_deployed_with_a_tasks_file_is_resumed_and_a_worker_runs_it(
+    deployed: Deployed, nightly: dict[str, Any]
+) -> None:
+    """`bugsweep deploy --tasks FILE`: the nightly is deployed active, its task file put into the artifact store
+    (S3: a sweep on any machine reads it), and a run of it as the schedule makes it completes on the workers, with
+    the task's grade in S3 and a final message that says what the night did."""
+    out, tasks_file, run = nightly["out"], nightly["tasks_file"], nightly["run"]
+    assert "deployed sweep/nightly-sweep" in out and "nightly-sweep with its schedule PAUSED" not in out
+    in_store = f"s3://{deployed.store.bucket}/runs/task-files/nightly.jsonl"
+    assert f"its tasks: {in_store}" in out
+    assert deployed.store.get_bytes("task-files/nightly.jsonl") == tasks_file.read_bytes()
+    nightly_deployment = deployed.api("GET", "/deployments/name/sweep/nightly-sweep")
+    assert nightly_deployment["paused"] is False
+    assert nightly_deployment["parameters"]["source"] == {"kind": "file", "path": in_store}
+    assert nightly_deployment["parameters"]["run_on"] == "workers"
+    fields = nightly_deployment["parameter_openapi_schema"]["properties"]
+    untitled = [
+        n
+        for n, f in fields.items()
+        if not f.get("description") or f.get("title", n) == n or "_" in f.get("title", "")
+    ]
+    assert untitled == [], f"the sweep form shows raw names or no help for {untitled}"
+    assert "sk-deploy-secret" not in json.dumps(nightly_deployment), (
+        "no block's fields (a key) in a deployment"
     )
+    solve_bug = deployed.api("GET", "/deployments/name/solve-bug/solve-bug")
+    assert "sk-deploy-secret" not in json.dumps(solve_bug) and "bugsweep-test-secret" not in json.dumps(
+        solve_bug
+    )
+    assert run["state"]["type"] == "COMPLETED", run["state"]
+    assert run["state"]["message"] == (
+        "sweep nightly COMPLETED: 1 task(s) graded: 1 resolved, 0 not resolved, 0 held for review, 0 could not run"
+    )
+    assert (
+        '"resolved": true'
+        in deployed.store.get_bytes(
+            f"{deployed.run_folder('nightly/calc-nightly/scripted-model')}/grade.json"
+        ).decode()
+    )
+
+
+@pytest.mark.skipif(
+    not CHROMIUM.exists(), reason="Debian's chromium is not installed (apt-get install chromium)"
+)
+def test_a_reviewer_opens_the_patch_and_the_review_page_from_the_run_page_on_a_private_bucket(
+    deployed: Deployed, nightly: dict[str, Any], tmp_path: Path
+) -> None:
+    """The morning in Chromium: the bucket is private (an anonymous GET is refused), yet from the nightly run's
+    page in the Prefect UI (its Artifacts tab, an artifact, its link) the patch opens as the diff and the review
+    page as the page, each link saying until when it opens."""
+    from playwright.sync_api import sync_playwright
+
+    folder = deployed.run_folder("nightly/calc-nightly/scripted-model")
+    patch = deployed.store.get_bytes(f"{folder}/patch.diff").decode()
+    endpoint = deployed.store.client.meta.endpoint_url
+    for key in (f"{folder}/patch.diff", "nightly/review.html"):
+        assert httpx.get(f"{endpoint}/{deployed.store.bucket}/runs/{key}").status_code == 403, (
+            "a private bucket"
+        )
+    base = deployed.server.api_url.removesuffix("/api")
+    digest = folder.rsplit("/", 1)[1]
+    wanted = {
+        f"patch-nightly-calc-nightly-scripted-model-{digest}": "+    return a + b",
+        "sweep-nightly-review": "",
+    }
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=["--no-sandbox"])
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1400})
+            for key, expected in wanted.items():
+                page.goto(f"{base}/runs/flow-run/{nightly['run']['id']}")
+                page.locator("li.p-tab#artifacts").click()
+                page.get_by_text(key, exact=True).click(timeout=60_000)  # the artifact's card: its own page
+                link = page.locator("a.markdown-renderer__link").first
+                link.wait_for(timeout=60_000)
+                assert "opens until" in link.inner_text(), link.inner_text()
+                with page.context.expect_page() as opened:  # the UI opens links in a new tab
+                    link.click()
+                tab = opened.value
+                tab.wait_for_load_state()
+                if expected:  # the patch: the diff as text, exactly what the store holds
+                    assert tab.locator("body").inner_text().strip() == patch.strip()
+                else:  # the review page: the page itself, listing the night's task with its verdict
+                    row = tab.locator("#index tbody tr", has_text="calc-nightly")
+                    assert row.locator("td.verdict").inner_text() == "resolved"
+                tab.screenshot(path=str(tmp_path / f"{key}.png"))
+                tab.close()
+        finally:
+            browser.close()
+
+
+# -- a night on three machines --------------------------------------------------------------------------------
+
+
+@dataclass
+class Night:
+    """What the night did: its sweeps' runs, the killed worker's runs and sandboxes, what the model saw."""
+
+    sweeps: dict[str, dict[str, Any]] = default(default_factory=dict)
+    """Sweep name -> its flow run, once finished."""
+    tasks: dict[str, list[str]] = default(default_factory=dict)
+    """Sweep name -> its task ids."""
+    killed_runs: list[str] = default(default_factory=list)
+    """The solve-bug runs the killed worker was running."""
+    killed_tasks: set[str] = default(default_factory=set)
+    killed_sandboxes: list[Path] = default(default_factory=list)
+    killed_cgroups: dict[Path, list[str]] = default(default_factory=dict)
+    killed_at: float = 0.0
+    reaped_within_s: float | None = None
+    other_user_out: str = ""
+    outage: tuple[float, float] = (0.0, 0.0)
+    """When the model server was stopped and started again (monotonic)."""
+    nightly_out: str = ""
+    """What `bugsweep deploy --tasks FILE` printed."""
+    nightly_file: Path | None = None
+    lost_pending: dict[str, Any] = default(default_factory=dict)
+    """A solve-bug run a worker took and lost before its process started, once finished."""
+
+
+def task_of(text: str) -> str:
+    """The task a request is for, from its first user message (night_task's problem text)."""
+    found = re.search(r"\] \(([\w.-]+)\) ", text)
+    return found.group(1) if found else ""
+
+
+def night_task(repo: Path, sweep: str, i: int) -> TaskSpec:
+    """A task of the night, its text naming its sweep and itself (what the model server sees of each request)."""
+    problem = f"[{sweep}] ({sweep}-{i}) tests/test_calc.py::test_add fails: add() returns the wrong result."
+    return calc_task(repo, f"{sweep}-{i}", problem)
+
+
+@pytest.fixture(scope="module")
+def night(deployed: Deployed, nightly_file: Path, tmp_path_factory: pytest.TempPathFactory) -> Night:
+    """Two sweeps at once on workers, as the UI or a schedule starts them: 12 tasks, and the nightly (one task)
+    after `bugsweep deploy --tasks FILE`, run as its schedule runs it (no parameters); every task a solve-bug
+    run, spread over the machines' workers. Mid-night, worker-3a is killed with SIGKILL with everything it runs
+    (a worker lost with its runs), the first sweep's own process is killed, and the model server stops for 30 s."""
+    from tests.support.leftovers import as_user, other_user
+
+    tmp = tmp_path_factory.mktemp("night")
+    repo = make_repo(tmp / "calc")
+    record = Night(tasks={"night-a": [f"night-a-{i}" for i in range(12)], "nightly": ["calc-nightly"]})
+    record.nightly_file, record.nightly_out = nightly_file, deployed.deploy_out
+    dump_tasks([night_task(repo, "night-a", i) for i in range(12)], tmp / "night-a.jsonl")
+    # A run a worker took and was lost with before the run's process started (seen once when worker-3a was killed
+    # just after taking one): Pending, as a worker sets a run it takes, with no process behind it. Made first (for
+    # an hour from now, so no worker takes it before it is Pending), so that its two minutes pass during the night.
+    later = (datetime.now(UTC) + timedelta(hours=1)).isoformat()
+    lost = deployed.run_deployment(
+        "solve-bug/solve-bug",
+        {
+            "repo": str(repo),
+            "problem": "[lost] (lost-pending) add() returns the wrong result.",
+            "sweep": "lost",
+        },
+        state={"type": "SCHEDULED", "state_details": {"scheduled_time": later}},
+    )
+    deployed.api("POST", f"/flow_runs/{lost}/set_state", json={"state": {"type": "PENDING"}, "force": True})
+    ids = {
+        "night-a": deployed.run_deployment(
+            "sweep/nightly-sweep",
+            {
+                "source": {"kind": "file", "path": str(tmp / "night-a.jsonl")},
+                "name": "night-a",
+                "run_on": "workers",
+            },
+        ),
+        "nightly": deployed.run_deployment("sweep/nightly-sweep", {}),
+    }
+
+    # Mid-night: once worker-3a runs a task of the first sweep whose agent has had an answer.
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        on_3a = [r for r in deployed.runs_tagged("sweep:night-a")
+                 if r["state"]["type"] == "RUNNING" and pid_of(r) in processes_of("worker-3a")]  # fmt: skip
+        asked = " ".join(json.dumps(r["messages"][:2]) for r in list(deployed.model.requests))
+        if any(f"({r['parameters']['task']['instance_id']})" in asked for r in on_3a):
+            break
+        time.sleep(0.5)
+    else:
+        ran = {
+            w: sum(r["id"] in deployed.worker_log(w) for r in deployed.runs_tagged("sweep:night-a"))
+            for w in WORKERS
+        }
+        states = [r["state"]["type"] for r in deployed.runs_tagged("sweep:night-a")]
+        raise AssertionError(
+            f"worker-3a never ran a task of night-a: runs {states}, by worker {ran}, the model asked "
+            f"{len(deployed.model.requests)} time(s); worker-3a's log ends:\n{deployed.worker_log('worker-3a')[-3000:]}"
+        )
+    machine = deployed.machines["machine-3"]
+    doomed = set(processes_of("worker-3a"))
+    record.killed_runs = [r["id"] for r in on_3a]
+    record.killed_tasks = {r["parameters"]["task"]["instance_id"] for r in on_3a}
+    record.killed_sandboxes = sandboxes_in(machine.state_dir, doomed)
+    record.killed_cgroups = cgroups_of(record.killed_sandboxes)
+    sweep_pid = pid_of(deployed.api("GET", f"/flow_runs/{ids['night-a']}"))
+    assert sweep_pid and sweep_pid not in doomed, "the sweep runs on worker-1"
+    # All at once, as a machine lost: frozen first, so that worker-3a's Prefect worker cannot see its flow runs die
+    # and report them Crashed itself (seen once when a run's process was killed before its worker): the heartbeat
+    # automation is what must notice.
+    for sig in (signal.SIGSTOP, signal.SIGKILL):
+        for pid in (*doomed, sweep_pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+    record.killed_at = time.monotonic()
+    # another user's bugsweep, with the powers to unmount and delete them, pointed at the machine's folder while the
+    # killed runs' sandboxes are still there
+    uid, gid = other_user(tmp / "other-home")
+    record.other_user_out = subprocess.run(
+        [*as_user(uid, gid), sys.executable, "-m", "bugsweep", "sandboxes", "cleanup"],
+        env={**os.environ, "HOME": str(tmp / "other-home"), "BUGSWEEP_SANDBOX_STATE_DIR": str(machine.state_dir)},
+        capture_output=True, text=True, timeout=120,
+    ).stdout  # fmt: skip
+
+    def watch_reaping() -> None:  # when the live worker of the same user has removed them (up to 2 minutes)
+        while sandbox_leftovers(record.killed_sandboxes, record.killed_cgroups):
+            if time.monotonic() - record.killed_at > 120:
+                return
+            time.sleep(0.5)
+        record.reaped_within_s = time.monotonic() - record.killed_at
+
+    reaping = threading.Thread(target=watch_reaping, daemon=True)
+    reaping.start()
+    # The model server stops just after a live run's request came in (the killed runs' last ones have ended by
+    # then), so that request is cut off mid-answer. On a loaded machine the next request can be a minute away (the
+    # live runs are between turns, the next ones in their setup): wait for it.
+    deadline, before = time.monotonic() + 180, deployed.model.in_flight
+    while (now := deployed.model.in_flight) <= before:
+        assert time.monotonic() < deadline, "no run asked the model in the 3 minutes after the kill"
+        before = now
+        time.sleep(0.02)
+    stopped_at = time.monotonic()  # that request is in flight now: it takes the server's 1 s to answer
+    deployed.model.stop()
+    time.sleep(30)
+    deployed.model.start()  # on its port again, after 30 s
+    record.outage = (stopped_at, time.monotonic())
+    reaping.join()
+
+    for sweep, flow_run_id in ids.items():
+        record.sweeps[sweep] = deployed.wait(flow_run_id, timeout_s=600, through_rerun=True)
+    record.lost_pending = deployed.wait(lost, timeout_s=300, through_rerun=True)
+    return record
+
+
+def test_a_night_on_three_machines_grades_every_task_exactly_once_spread_over_the_workers(
+    deployed: Deployed, night: Night
+) -> None:
+    for sweep, tasks in night.tasks.items():
+        run = night.sweeps[sweep]
+        assert run["state"]["type"] == "COMPLETED", run["state"]
+        assert run["state"]["message"].startswith(
+            f"sweep {sweep} COMPLETED: {len(tasks)} task(s) graded: {len(tasks)} resolved"
+        )
+        children = deployed.runs_tagged(f"sweep:{sweep}")
+        assert sorted(c["parameters"]["task"]["instance_id"] for c in children) == sorted(tasks), (
+            "one run a task"
+        )
+        assert all(c["state"]["type"] == "COMPLETED" for c in children)
+        for task in tasks:  # one grade a task, made by its one run
+            grades = [k for k in deployed.store.list(f"{sweep}/{task}/") if k.endswith("/grade.json")]
+            assert len(grades) == 1, grades
+            (child,) = [c for c in children if c["parameters"]["task"]["instance_id"] == task]
+            written = json.loads(deployed.store.get_bytes(grades[0].replace("grade.json", "run.json")))
+            assert written["flow_run_id"] == child["id"]
+    ran_by = {
+        w: sum(c["id"] in deployed.worker_log(w) for c in deployed.runs_tagged("sweep:night-a"))
+        for w in WORKERS
+    }
+    assert all(ran_by.values()), f"every worker took a share of the night: {ran_by}"
+
+
+def test_the_model_endpoints_limit_holds_over_two_sweeps_at_once(deployed: Deployed, night: Night) -> None:
+    """Every request took a slot of the endpoint's global concurrency limit (made by the runs, sized by the model
+    block's max_concurrent_requests): the model never answered more than that many at once, across both sweeps
+    on every machine, while both sweeps were asking."""
+    from bugsweep.agent.endpoint import endpoint_name
+    from bugsweep.settings import ModelSettings
+
+    name = endpoint_name(ModelSettings(base_url=deployed.model.base_url, model="scripted-model"))
+    limit = deployed.api("GET", f"/v2/concurrency_limits/{name}")
+    assert limit["limit"] == ENDPOINT_LIMIT and limit["slot_decay_per_second"] == 0
+    assert 2 <= deployed.model.most_in_flight <= ENDPOINT_LIMIT, deployed.model.most_in_flight
+    spans = deployed.model.spans
+    a = [(start, end) for start, end, text in spans if "[night-a]" in text]
+    b = [(start, end) for start, end, text in spans if "[nightly]" in text]
+    assert any(sa < eb and sb < ea for sa, ea in a for sb, eb in b), "the two sweeps asked at the same time"
+
+
+def test_a_model_server_stopped_for_30_s_mid_night_is_waited_for_and_no_task_fails(
+    deployed: Deployed, night: Night
+) -> None:
+    """The server stops (every connection dropped) while a live run's request is being answered, and listens again
+    30 s later: that run's request is asked again after the restart (an outage waited for, not a configuration
+    error), and every task of both sweeps is graded resolved, none failed."""
+    stopped, back = night.outage
+    assert back - stopped >= 30
+    spans = deployed.model.spans
+    cut = {task_of(text) for start, end, text in spans if start < stopped < end} - night.killed_tasks
+    asked_after = {task_of(text) for start, _, text in spans if start > back}
+    assert cut & asked_after, (
+        f"a run cut off by the stop asked again after it: cut {cut}, after {asked_after}"
+    )
+    for sweep in night.tasks:
+        for key in deployed.store.list(f"{sweep}/"):
+            if key.endswith("/grade.json"):
+                grade = json.loads(deployed.store.get_bytes(key))
+                assert grade["resolved"] and not grade["error"], grade
+
+
+def test_a_worker_killed_mid_night_its_runs_finish_on_the_others_and_nothing_is_left(
+    deployed: Deployed, night: Night
+) -> None:
+    """SIGKILL of worker-3a and every process it ran (its Prefect workers, its flow runs): the crash automation
+    marks its runs Crashed once their heartbeats stop, the rerun automation schedules them again as the same flow
+    runs, and the other workers run and grade them. Another user's bugsweep (with the powers to unmount and
+    delete them) leaves the killed runs' sandboxes alone; the live worker of the same user on that machine
+    (worker-3b: its reaper, or a run it started) removes their mounts, cgroups and folders within a minute, without
+    a new worker starting."""
+    assert night.killed_runs and night.killed_sandboxes
+    assert "0 left-over local sandbox(es) removed" in night.other_user_out, night.other_user_out
+    assert night.reaped_within_s is not None and night.reaped_within_s < 60, "reaped within a minute"
+    removed = " ".join(deployed.worker_log("worker-3b").split())
+    # by worker-3b's reaper or by a run it started meanwhile, which reaps the machine's leftovers as it makes its
+    # sandbox: both log "removing sandbox NAME left behind by process PID" (bugsweep.sandbox.local.stale)
+    reaped = re.findall(r"removing sandbox (local-\w+) left behind by process", removed)
+    names = " ".join(reaped)
+    assert any(d.name in names for d in night.killed_sandboxes), "by the live worker of the same user"
+    for run_id in night.killed_runs:
+        run = deployed.api("GET", f"/flow_runs/{run_id}")
+        states = deployed.api("GET", "/flow_run_states/", params={"flow_run_id": run_id})
+        assert run["state"]["type"] == "COMPLETED" and run["run_count"] == 2, "run once more, as the same run"
+        seen = [(st["type"], st["name"], (st["message"] or "")[:160]) for st in states]
+        assert any(st["type"] == "CRASHED" and "no heartbeat" in (st["message"] or "") for st in states), seen
+        assert any(st["name"] == "AwaitingRetry" for st in states)
+        assert any(run_id in deployed.worker_log(w) for w in WORKERS if w != "worker-3a"), (
+            "finished elsewhere"
+        )
+    assert processes_of("worker-3a") == []
+    deadline = time.monotonic() + 30  # the last runs' processes release their sandboxes as they exit
+    while any(sandboxes_in(m.state_dir) for m in deployed.machines.values()) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert [d for m in deployed.machines.values() for d in sandboxes_in(m.state_dir)] == []
+    mounts = Path("/proc/mounts").read_text()
+    assert not [m for m in deployed.machines.values() if f"{m.state_dir}/" in mounts], "no mount left"
+
+
+def test_a_run_lost_before_its_process_started_is_marked_crashed_and_run_again(
+    deployed: Deployed, night: Night
+) -> None:
+    """A run left Pending by a worker lost just after taking it (no process, so no heartbeat ever) is marked Crashed
+    by the pending automation of `bugsweep deploy`, run again by the rerun automation, and graded."""
+    run = night.lost_pending
+    assert run["state"]["type"] == "COMPLETED", run["state"]
+    states = deployed.api("GET", "/flow_run_states/", params={"flow_run_id": run["id"]})
+    seen = [(st["type"], st["name"], (st["message"] or "")[:120]) for st in states]
+    assert any(st["type"] == "CRASHED" and "never started" in (st["message"] or "") for st in states), seen
+    assert any(st["name"] == "AwaitingRetry" for st in states), seen
+    (grade,) = [k for k in deployed.store.list("lost/") if k.endswith("/grade.json")]
+    assert '"resolved": true' in deployed.store.get_bytes(grade).decode()
+
+
+def test_a_sweep_killed_mid_night_is_run_again_and_collects_its_runs_instead_of_starting_them_twice(
+    deployed: Deployed, night: Night
+) -> None:
+    run = night.sweeps["night-a"]
+    assert run["run_count"] == 2, "the same flow run, run again by the rerun automation"
+    states = deployed.api("GET", "/flow_run_states/", params={"flow_run_id": run["id"]})
+    assert any(st["type"] == "CRASHED" for st in states)
+    children = deployed.runs_tagged("sweep:night-a")
+    assert len(children) == len(night.tasks["night-a"]), "no task started twice"
+
+
+# -- after the night: the UI's run form and a cancelled sweep ---------------------------------------------------
 
 
 def test_a_run_from_the_ui_form_is_run_by_a_worker_and_its_patch_lands_in_s3(
@@ -234,9 +504,6 @@ def test_a_run_from_the_ui_form_is_run_by_a_worker_and_its_patch_lands_in_s3(
     grade = deployed.store.get_bytes(f"{folder}/grade.json").decode()
     assert '"resolved": true' in grade
     assert any(run_id in deployed.worker_log(w) for w in deployed.workers)
-
-
-CHROMIUM = Path("/usr/bin/chromium")  # Debian's, driven by Playwright (no browser download)
 
 
 @pytest.mark.skipif(
@@ -359,363 +626,46 @@ def test_a_person_fills_in_the_run_form_in_a_browser_and_the_run_completes(
     assert "sk-deploy-secret" not in json.dumps(run["parameters"])
 
 
-@pytest.fixture(scope="module")
-def nightly(deployed: Deployed, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """`bugsweep deploy --tasks FILE` (the first night's step), then a run of the nightly as its schedule makes it
-    (no parameters), taken by a worker that runs in another folder: what `deploy` printed, the file, the run."""
-    tmp_path = tmp_path_factory.mktemp("nightly")
-    repo = make_repo(tmp_path / "calc")
-    tasks_file = tmp_path / "team" / "nightly.jsonl"
-    tasks_file.parent.mkdir()
-    dump_tasks([calc_task(repo, "calc-nightly")], tasks_file)
-    bugsweep = [sys.executable, "-m", "bugsweep", "deploy", "--pool", POOL, "--heartbeat-s", str(HEARTBEAT_S)]
-    out = " ".join(deployed.server.run([*bugsweep, "--tasks", str(tasks_file)], cwd=PROJECT).split())
-    run = deployed.wait(deployed.run_deployment("sweep/nightly-sweep", {}))
-    return {"out": out, "tasks_file": tasks_file, "run": run}
-
-
-def test_the_nightly_deployed_with_a_tasks_file_is_resumed_and_a_worker_runs_it(
-    deployed: Deployed, nightly: dict[str, Any]
-) -> None:
-    """`bugsweep deploy --tasks FILE`: the nightly is deployed active, with the file's absolute path as its source,
-    and a run of it as the schedule makes it completes on a worker, with the task's grade in S3 and a final
-    message that says what the night did."""
-    out, tasks_file, run = nightly["out"], nightly["tasks_file"], nightly["run"]
-    assert "deployed sweep/nightly-sweep" in out and "nightly-sweep with its schedule PAUSED" not in out
-    nightly_deployment = deployed.api("GET", "/deployments/name/sweep/nightly-sweep")
-    assert nightly_deployment["paused"] is False
-    assert nightly_deployment["parameters"]["source"] == {"kind": "file", "path": str(tasks_file)}
-    fields = nightly_deployment["parameter_openapi_schema"]["properties"]
-    untitled = [
-        n
-        for n, f in fields.items()
-        if not f.get("description") or f.get("title", n) == n or "_" in f.get("title", "")
-    ]
-    assert untitled == [], f"the sweep form shows raw names or no help for {untitled}"
-    assert "sk-deploy-secret" not in json.dumps(nightly_deployment), (
-        "no block's fields (a key) in a deployment"
-    )
-    solve_bug = deployed.api("GET", "/deployments/name/solve-bug/solve-bug")
-    assert "sk-deploy-secret" not in json.dumps(solve_bug) and "bugsweep-test-secret" not in json.dumps(
-        solve_bug
-    )
-    assert run["state"]["type"] == "COMPLETED", run["state"]
-    assert run["state"]["message"] == (
-        "sweep nightly COMPLETED: 1 task(s) graded: 1 resolved, 0 not resolved, 0 held for review, 0 could not run"
-    )
-    assert (
-        '"resolved": true'
-        in deployed.store.get_bytes(
-            f"{deployed.run_folder('nightly/calc-nightly/scripted-model')}/grade.json"
-        ).decode()
-    )
-
-
-@pytest.mark.skipif(
-    not CHROMIUM.exists(), reason="Debian's chromium is not installed (apt-get install chromium)"
-)
-def test_a_reviewer_opens_the_patch_and_the_review_page_from_the_run_page_on_a_private_bucket(
-    deployed: Deployed, nightly: dict[str, Any], tmp_path: Path
-) -> None:
-    """The morning in Chromium: the bucket is private (an anonymous GET is refused), yet from the nightly run's
-    page in the Prefect UI (its Artifacts tab, an artifact, its link) the patch opens as the diff and the review
-    page as the page, each link saying until when it opens."""
-    from playwright.sync_api import sync_playwright
-
-    folder = deployed.run_folder("nightly/calc-nightly/scripted-model")
-    patch = deployed.store.get_bytes(f"{folder}/patch.diff").decode()
-    endpoint = deployed.store.client.meta.endpoint_url
-    for key in (f"{folder}/patch.diff", "nightly/review.html"):
-        assert httpx.get(f"{endpoint}/{deployed.store.bucket}/runs/{key}").status_code == 403, (
-            "a private bucket"
-        )
-    base = deployed.server.api_url.removesuffix("/api")
-    digest = folder.rsplit("/", 1)[1]
-    wanted = {
-        f"patch-nightly-calc-nightly-scripted-model-{digest}": "+    return a + b",
-        "sweep-nightly-review": "",
-    }
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=["--no-sandbox"])
-        try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1400})
-            for key, expected in wanted.items():
-                page.goto(f"{base}/runs/flow-run/{nightly['run']['id']}")
-                page.locator("li.p-tab#artifacts").click()
-                page.get_by_text(key, exact=True).click(timeout=60_000)  # the artifact's card: its own page
-                link = page.locator("a.markdown-renderer__link").first
-                link.wait_for(timeout=60_000)
-                assert "opens until" in link.inner_text(), link.inner_text()
-                with page.context.expect_page() as opened:  # the UI opens links in a new tab
-                    link.click()
-                tab = opened.value
-                tab.wait_for_load_state()
-                if expected:  # the patch: the diff as text, exactly what the store holds
-                    assert tab.locator("body").inner_text().strip() == patch.strip()
-                else:  # the review page: the page itself, listing the night's task with its verdict
-                    row = tab.locator("#index tbody tr", has_text="calc-nightly")
-                    assert row.locator("td.verdict").inner_text() == "resolved"
-                tab.screenshot(path=str(tmp_path / f"{key}.png"))
-                tab.close()
-        finally:
-            browser.close()
-
-
-def test_a_sweep_fans_out_to_both_workers_and_collects_every_grade(
+def test_cancelling_a_sweep_cancels_its_task_run_and_releases_its_sandbox(
     deployed: Deployed, tmp_path: Path
 ) -> None:
-    repo = make_repo(tmp_path / "calc")
-    ids = [f"calc-fan-{i}" for i in range(4)]
-    tasks_file = tmp_path / "fanout.jsonl"
-    dump_tasks([calc_task(repo, i) for i in ids], tasks_file)
-
-    sweep_id = deployed.run_deployment(
-        "sweep/nightly-sweep",
-        {
-            "source": {"kind": "file", "path": str(tasks_file)},
-            "name": "fanout",
-            "run_on": "workers",
-            "concurrency": 4,
-        },
-    )
-    sweep_run = deployed.wait(sweep_id, timeout_s=420)
-
-    assert sweep_run["state"]["type"] == "COMPLETED", sweep_run["state"]
-    children = deployed.api(
-        "POST", "/flow_runs/filter", json={"flow_runs": {"tags": {"all_": ["sweep:fanout"]}}}
-    )
-    assert sorted(c["parameters"]["task"]["instance_id"] for c in children) == ids
-    assert all(c["state"]["type"] == "COMPLETED" for c in children)
-    ran_by = {w: [c["id"] for c in children if c["id"] in deployed.worker_log(w)] for w in deployed.workers}
-    assert all(ran_by.values()), f"both workers take a share of the sweep: {ran_by}"
-    for task_id in ids:
-        assert deployed.store.exists(f"{deployed.run_folder(f'fanout/{task_id}/scripted-model')}/patch.diff")
-    table = deployed.api(
-        "POST", "/artifacts/filter", json={"artifacts": {"key": {"any_": ["sweep-fanout-table"]}}}
-    )
-    assert table, "the sweep publishes its table"
-    rows = table[0]["data"]
-    assert all(re.search(rf"{task_id}.*?true", str(rows), re.IGNORECASE) for task_id in ids), (
-        "every grade collected, resolved"
-    )
-
-
-def sandboxes_of(pid: int, state_dir: Path | None = None) -> list[Path]:
-    """The local sandboxes a process made (their meta.json names the owner process)."""
-    from bugsweep.sandbox.local.stale import default_state_dir
-
-    root = state_dir or default_state_dir()
-    found = []
-    for meta in root.glob("local-*/meta.json"):
-        try:
-            data = json.loads(meta.read_text())
-            if data.get("owner_pid") == pid:
-                found.append(meta.parent)
-        except (OSError, ValueError):
-            continue
-    return found
-
-
-def sandbox_leftovers(sandbox_dirs: list[Path]) -> list[str]:
-    """Mounts, processes and cgroups of these local sandboxes still on the machine."""
-    mounts = Path("/proc/mounts").read_text()
-    found = [f"mount {d}" for d in sandbox_dirs if str(d) in mounts]
-    for proc in Path("/proc").iterdir():
-        try:
-            cmdline = (proc / "cmdline").read_bytes().decode(errors="replace") if proc.name.isdigit() else ""
-        except OSError:
-            continue
-        found += [f"process {proc.name}" for d in sandbox_dirs if d.name in cmdline]
-    for d in sandbox_dirs:
-        meta = d / "meta.json"
-        cgroups = json.loads(meta.read_text()).get("cgroups", []) if meta.exists() else []
-        found += [f"cgroup {c}" for c in cgroups if Path(c).exists()]
-    return found
-
-
-def start_stalling_run(
-    deployed: Deployed, repo: Path, marker: str, state_dir: Path | None = None
-) -> tuple[str, int, list[Path]]:
-    """A solve-bug run whose agent ran a command and now waits for the model (the fixer stalls on `marker`):
-    its id, its flow-run process and the sandboxes that process holds."""
-    task = TaskSpec(instance_id=f"calc-{marker.lower()}", repo=str(repo), problem_statement=marker,
-                    test_command="python -m pytest -q", setup_command=PYTEST_SETUP)  # fmt: skip
-    run_id = deployed.run_deployment(
-        "solve-bug/solve-bug",
-        {
-            "repo": task.repo,
-            "problem": task.problem_statement,
-            "task": task.model_dump(mode="json"),
-            "sweep": marker,
-        },
-    )
-
-    def stalled() -> bool:  # the second model request has come: the agent ran a command and now waits
-        return any(marker in json.dumps(r["messages"][:2]) and any(m.get("role") == "tool" for m in r["messages"])
-                   for r in list(deployed.model.requests))  # fmt: skip
-
-    deadline = time.monotonic() + 180
-    while not stalled() and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert stalled(), f"the run reached the agent loop; worker logs in {deployed.server.logs}"
-    run = deployed.api("GET", f"/flow_runs/{run_id}")
-    pid = int(str(run["infrastructure_pid"]).rsplit(":", 1)[-1])
-    sandboxes = sandboxes_of(pid, state_dir)
-    assert sandboxes and sandbox_leftovers(sandboxes), "the run holds a mounted sandbox"
-    return run_id, pid, sandboxes
-
-
-def test_cancelling_a_run_from_the_ui_releases_its_sandbox(deployed: Deployed, tmp_path: Path) -> None:
-    """Cancel from the UI (the API call its Cancel button makes) while the agent waits for the model."""
-    run_id, _, sandboxes = start_stalling_run(deployed, make_repo(tmp_path / "calc"), "CANCEL-ME")
-
-    deployed.api(
-        "POST", f"/flow_runs/{run_id}/set_state", json={"state": {"type": "CANCELLING"}, "force": True}
-    )
-    run = deployed.wait(run_id, timeout_s=120)
-
-    assert run["state"]["type"] == "CANCELLED"
-    deadline = (
-        time.monotonic() + 20
-    )  # the state is set as the run's process ends: allow its cleanup to finish
-    while sandbox_leftovers(sandboxes) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert sandbox_leftovers(sandboxes) == []
-
-
-def test_cancelling_a_sweep_on_workers_cancels_its_task_runs(deployed: Deployed, tmp_path: Path) -> None:
-    """Without the sweep passing the cancellation on, its solve-bug runs would finish (COMPLETED) 45 s later."""
-    repo = make_repo(tmp_path / "calc")
-    ids = ["calc-cancel-sweep-0", "calc-cancel-sweep-1"]
+    """Cancel a sweep on workers from the UI (the API call its Cancel button makes) while its task's agent runs a
+    command in its sandbox: Prefect cancels the sweep's runs (they are its subflows), and the cancelled run's
+    sandbox is released."""
     tasks_file = tmp_path / "cancel.jsonl"
-    specs = [TaskSpec(instance_id=i, repo=str(repo), problem_statement="CANCEL-ME", test_command="python -m pytest -q",
-                      setup_command=PYTEST_SETUP)
-             for i in ids]  # fmt: skip
-    dump_tasks(specs, tasks_file)
+    dump_tasks(
+        [calc_task(make_repo(tmp_path / "calc"), "calc-cancel", "STALL-ME: add() subtracts")], tasks_file
+    )
     sweep_id = deployed.run_deployment(
         "sweep/nightly-sweep",
         {"source": {"kind": "file", "path": str(tasks_file)}, "name": "cancel-sweep", "run_on": "workers"},
     )
 
-    def children() -> list[dict[str, Any]]:
-        return list(
-            deployed.api(
-                "POST", "/flow_runs/filter", json={"flow_runs": {"tags": {"all_": ["sweep:cancel-sweep"]}}}
-            )
-        )
+    def stalled() -> bool:  # the agent asked for the sleep and got no answer since: it sleeps in its sandbox
+        return any("STALL-ME" in json.dumps(r["messages"][:2]) for r in list(deployed.model.requests))
 
-    deadline = time.monotonic() + 150
-    while time.monotonic() < deadline and not (
-        len(children()) == 2 and all(c["state"]["type"] == "RUNNING" for c in children())
-    ):
-        time.sleep(1)
-    assert [c["state"]["type"] for c in children()] == ["RUNNING", "RUNNING"]
+    deadline = time.monotonic() + 180
+    while not stalled() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert stalled(), f"the task's agent started; worker logs in {deployed.server.logs}"
+    (child,) = deployed.runs_tagged("sweep:cancel-sweep")
+    assert child["state"]["type"] == "RUNNING" and child["parent_task_run_id"], "a subflow of the sweep"
+    machine = deployed.machines[
+        next(m for w, m in deployed.worker_machines.items() if pid_of(child) in processes_of(w))
+    ]
+    sandboxes = sandboxes_in(machine.state_dir, {pid_of(child)})
+    assert sandboxes and sandbox_leftovers(sandboxes), "the run holds a mounted sandbox"
+    cgroups = cgroups_of(sandboxes)
 
     deployed.api(
         "POST", f"/flow_runs/{sweep_id}/set_state", json={"state": {"type": "CANCELLING"}, "force": True}
     )
 
     assert deployed.wait(sweep_id, timeout_s=120)["state"]["type"] == "CANCELLED"
-    assert [deployed.wait(c["id"], timeout_s=120)["state"]["type"] for c in children()] == [
-        "CANCELLED",
-        "CANCELLED",
-    ]
-
-
-# Last in the module: it stops the module's workers.
-def test_a_worker_killed_with_its_run_mid_solve_is_cleaned_up_by_a_live_worker_of_its_user_and_rerun(
-    deployed: Deployed, tmp_path: Path
-) -> None:
-    """SIGKILL a worker and its flow-run process while the agent waits for the model (an OOM kill, a lost node).
-    Another user's bugsweep (with the powers to unmount and delete them, pointed at the folder) leaves the run's
-    sandbox alone; the live `bugsweep worker` of the same user on the machine removes its mounts, cgroups and
-    folder within a minute, without a new process starting. Nothing in the dead process can report: the crash
-    automation `bugsweep deploy` shipped marks the run Crashed once its heartbeats stop, the rerun automation
-    schedules it again, and the live worker runs it and grades the task."""
-    import contextlib
-    import os
-    import signal
-
-    from tests.support.leftovers import as_user, other_user
-
-    for proc in deployed.server.processes[
-        1:
-    ]:  # the module's workers step aside: the doomed worker takes the run
-        deployed.server.stop_process(proc)
-    bugsweep_worker = [sys.executable, "-m", "bugsweep", "worker", "--pool", POOL, "--"]
-    # A state folder of their own: other processes' sandboxes in the shared one would sweep ours when they start.
-    state_dir = tmp_path / "sandboxes"
-    fast_polling = {
-        "PREFECT_WORKER_QUERY_SECONDS": "1",
-        "PREFECT_WORKER_PREFETCH_SECONDS": "0",
-        "BUGSWEEP_SANDBOX_STATE_DIR": str(state_dir),
-        "BUGSWEEP_STORE_LOCAL_DIR": str(tmp_path / "local-artifacts"),
-    }
-    doomed = deployed.server.spawn(
-        "worker-doomed", [*bugsweep_worker, "--name", "worker-doomed"], cwd=tmp_path, **fast_polling
-    )
-    run_id, flow_run_pid, sandboxes = start_stalling_run(
-        deployed, make_repo(tmp_path / "calc"), "KILL-ME", state_dir
-    )
-    # a second worker of the same user on the machine, started once the doomed one holds the run
-    deployed.server.spawn(
-        "worker-live", [*bugsweep_worker, "--name", "worker-live"], cwd=tmp_path, **fast_polling
-    )
-    deadline = time.monotonic() + 120
-    while "starting: prefect worker start" not in deployed.worker_log("worker-live"):
-        assert time.monotonic() < deadline, deployed.worker_log("worker-live")[-2000:]
+    assert deployed.wait(child["id"], timeout_s=120)["state"]["type"] == "CANCELLED"
+    deadline = (
+        time.monotonic() + 20
+    )  # the state is set as the run's process ends: allow its cleanup to finish
+    while sandbox_leftovers(sandboxes, cgroups) and time.monotonic() < deadline:
         time.sleep(0.5)
-
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(doomed.pid, signal.SIGKILL)  # the worker, and the flow-run process if it shares its group
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(flow_run_pid, signal.SIGKILL)
-    killed_at = time.monotonic()
-    doomed.wait(timeout=30)
-    KILLED["rerun"] = True  # the rerun's agent gets the fix
-    assert sandbox_leftovers(sandboxes), "the killed run's sandbox is left behind"
-
-    uid, gid = other_user(tmp_path / "other-home")
-    other = subprocess.run(
-        [*as_user(uid, gid), sys.executable, "-m", "bugsweep", "sandboxes", "cleanup"],
-        env={**os.environ, "HOME": str(tmp_path / "other-home"), "BUGSWEEP_SANDBOX_STATE_DIR": str(state_dir)},
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert other.returncode == 0 and "0 left-over local sandbox(es) removed" in other.stdout, other
-    removed_line = f"removed {sandboxes[0].name} (left by process {flow_run_pid}"
-    assert sandbox_leftovers(sandboxes) or removed_line in " ".join(
-        deployed.worker_log("worker-live").split()
-    ), "another user's process left them (unless the live worker had removed them already)"
-
-    def said_removed() -> bool:  # the worker says what it removed once it has removed it
-        return removed_line in " ".join(deployed.worker_log("worker-live").split())
-
-    while (sandbox_leftovers(sandboxes) or not said_removed()) and time.monotonic() - killed_at < 60:
-        time.sleep(0.5)
-    assert sandbox_leftovers(sandboxes) == [] and not any(d.exists() for d in sandboxes), (
-        f"still there a minute after the kill; worker logs in {deployed.server.logs}"
-    )
-    assert said_removed(), "by the live worker of the same user"
-
-    def states() -> list[dict[str, Any]]:
-        return list(deployed.api("GET", "/flow_run_states/", params={"flow_run_id": run_id}))
-
-    deadline = time.monotonic() + HEARTBEAT_S * 3 + 150
-    while not any(st["type"] == "CRASHED" for st in states()) and time.monotonic() < deadline:
-        time.sleep(1)
-    (crashed,) = [st for st in states() if st["type"] == "CRASHED"]
-    assert "no heartbeat" in crashed["message"]
-    # Crashed until the rerun automation schedules it again: not yet final
-    run = deployed.wait(run_id, timeout_s=240, through_rerun=True)
-    assert run["state"]["type"] == "COMPLETED", run["state"]
-    assert run["run_count"] == 2, "run once more, as the same flow run"
-    assert any(st["name"] == "AwaitingRetry" for st in states())
-    grade = json.loads(
-        deployed.store.get_bytes(f"{deployed.run_folder('KILL-ME/calc-kill-me/scripted-model')}/grade.json")
-    )
-    assert grade["resolved"] is True
-    # nothing of the killed process is left on the machine, and the rerun's process leaves nothing once it has exited
-    deadline = time.monotonic() + 60
-    while f"{state_dir}/" in Path("/proc/mounts").read_text() and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert f"{state_dir}/" not in Path("/proc/mounts").read_text()
+    assert sandbox_leftovers(sandboxes, cgroups) == []

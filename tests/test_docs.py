@@ -28,7 +28,7 @@ OTHER_PROGRAMS_OPTIONS = {
     "--base-job-template", "--build-arg", "--cached", "--cap-add", "--cap-drop", "--deselect", "--device-cgroup-rule",
     "--enable-auto-tool-choice", "--first-parent", "--git", "--host", "--include", "--network", "--predictions",
     "--privileged", "--rm", "--security-opt", "--tool-call-parser", "--type", "--user", "--variant", "--watch",
-    "--watch-timeout", "--limit", "--pool", "--name", "--params", "--job-variable", "--prefect-file",
+    "--watch-timeout", "--limit", "--pool", "--name", "--params", "--job-variable", "--prefect-file", "--no-deps",
 }  # fmt: skip
 
 
@@ -167,20 +167,23 @@ def quoted_numbers() -> list[tuple[str, str]]:
     from bugsweep.agent.focus import FIRST_PROMPT_MAX_CHARS
     from bugsweep.agent.model import MAX_RETRY_AFTER_S
     from bugsweep.agent.small_model.whole_function import SAMPLE_TEMPERATURE
-    from bugsweep.cli.pipeline import WORKER_QUERY_S
+    from bugsweep.cli.deploy import WORKER_QUERY_S
+    from bugsweep.embedded import EmbeddedSettings
     from bugsweep.grading.runs import LOG_HEAD_BYTES
     from bugsweep.runconfig import AgentLimits, SandboxLimits
     from bugsweep.settings import AgentSettings, ModelSettings, SandboxSettings
     from bugsweep.storage import StoreSettings
-    from deployments.deploy import HEARTBEAT_S, MISSED_HEARTBEATS
+    from deployments.deploy import HEARTBEAT_S, MISSED_HEARTBEATS, RERUN_AFTER_S
     from flows.common import CRASH_RERUNS
-    from flows.sweep import RERUN_GRACE_S
+    from tasks.fanout import RERUN_GRACE_S
+    from tasks.limits import LEASE_S
     from tasks.steps import STEP_OPTIONS, TIMEOUT_MARGIN_S
 
-    agent, limits, sandbox = (
+    agent, limits, sandbox, model = (
         AgentSettings.model_fields,
         AgentLimits.model_fields,
         SandboxSettings.model_fields,
+        ModelSettings.model_fields,
     )
     delays = [f"{d:g}" for d in default_retry_delays()]
     attempts = StoreSettings.model_fields["attempts"].default
@@ -213,8 +216,14 @@ def quoted_numbers() -> list[tuple[str, str]]:
         ("docs/pipeline.md", f"after {MISSED_HEARTBEATS} missed heartbeats ({HEARTBEAT_S} s each)"),
         ("docs/pipeline.md", f"| {words[CRASH_RERUNS]} (`CRASH_RERUNS`);"),
         ("docs/pipeline.md", f"waits up to {RERUN_GRACE_S:g} s for the rerun"),
+        ("docs/pipeline.md", f"is scheduled again, {RERUN_AFTER_S} s later"),
         ("docs/pipeline.md", f"wait `BUGSWEEP_RETRY_DELAYS_S` seconds (default `{','.join(delays)}`)"),
-        ("docs/pipeline.md", f"asks the server for new runs every {WORKER_QUERY_S} s"),
+        ("docs/pipeline.md", f"ask the server for new runs every {WORKER_QUERY_S} s"),
+        ("docs/pipeline.md", f"for `LLM_OUTAGE_WAIT_S` seconds from the first refusal (default "
+                             f"{model['outage_wait_s'].default:g})"),
+        ("docs/pipeline.md", f"a comparison entry's; default {model['max_concurrent_requests'].default}; 0: no limit"),
+        ("docs/pipeline.md", f"a slot is leased for {LEASE_S:g} s"),
+        ("docs/pipeline.md", f"(`BUGSWEEP_MODEL_N_PARALLEL`, {EmbeddedSettings.model_fields['n_parallel'].default})"),
     ]  # fmt: skip
 
 

@@ -512,7 +512,7 @@ def run_one_with(
 
     from bugsweep.runconfig import RunConfig
     from bugsweep.settings import AgentSettings, ModelSettings
-    from flows.common import RunSetup
+    from bugsweep.sweep import RunSetup
     from flows.solve_bug import solve_one
 
     model, agent = (
@@ -745,49 +745,6 @@ def run_logs(flow_run_id: Any) -> str:
     return "\n".join(entry.message for entry in found)
 
 
-def test_a_rerun_skips_only_real_grades_of_the_same_task(tmp_path: Path) -> None:
-    """The skip rule on its own (no Prefect): a stored grade counts only if it is a grade and its task.json is the
-    same task (bugsweep.spec.same_task, the rule the kept-grade check uses too): another commit, test command,
-    setup, test patch or named tests is another task; its history (when it was added) is not."""
-    from bugsweep.grading import Grade
-    from bugsweep.storage import LocalStore
-    from flows.common import previous_grade
-    from flows.solve_bug import kept_grade
-
-    store = LocalStore(tmp_path / "store")
-    spec = calc_task(tmp_path / "repo", "calc-1", base_commit="a" * 40)
-
-    def stored(grade: Grade, **task: Any) -> None:
-        store.put_bytes("s/calc-1/m/grade.json", grade.model_dump_json().encode())
-        store.put_bytes("s/calc-1/m/task.json", spec.model_copy(update=task).model_dump_json().encode())
-
-    assert previous_grade(store, "s/calc-1/m", spec) is None, "nothing stored yet"
-    stored(Grade(instance_id="calc-1", resolved=False))
-    assert previous_grade(store, "s/calc-1/m", spec) is not None, "not resolved is still a grade"
-    graded = Grade(instance_id="calc-1", model="m", config_digest="c0ffee", resolved=True)
-    folder = tmp_path / "store" / "s/calc-1/m"
-    stored(graded, added_at="2026-01-01T00:00:00Z", fix_commit="f" * 40)
-    (folder / "upload-pending.json").write_text(json.dumps({"key": "s/calc-1/m"}))
-    assert previous_grade(store, "s/calc-1/m", spec) is not None, "the same task, whenever it was added"
-    assert kept_grade(folder, spec, "m", "c0ffee") is not None, (
-        "the same task's grade, kept after its upload failed"
-    )
-    for edited in (
-        {"base_commit": "b" * 40}, {"test_command": "python -m pytest -q -x"}, {"setup_command": "pip install -e ."},
-        {"FAIL_TO_PASS": ["tests/test_calc.py::test_add"]}, {"test_patch": "diff --git a/x b/x"}, {"python": "python3.12"},
-    ):  # fmt: skip
-        stored(graded, **edited)
-        assert previous_grade(store, "s/calc-1/m", spec) is None, f"graded as another task: {edited}"
-        assert kept_grade(folder, spec, "m", "c0ffee") is None, f"a kept grade of another task: {edited}"
-    stored(Grade(instance_id="calc-1", error="setup failed", failure_kind="task"))
-    assert previous_grade(store, "s/calc-1/m", spec) is None, "a failure is tried again"
-    store.put_bytes(
-        "s/calc-1/m/grade.json", Grade(instance_id="calc-1", resolved=True).model_dump_json().encode()
-    )
-    (tmp_path / "store" / "s/calc-1/m/task.json").unlink()
-    assert previous_grade(store, "s/calc-1/m", spec) is None, "no task.json: nothing says what was graded"
-
-
 def test_a_sweep_on_workers_without_the_deployment_says_to_deploy(
     blocks, scripted_model, tmp_path: Path
 ) -> None:
@@ -918,7 +875,7 @@ def test_a_sweep_on_workers_follows_a_crashed_task_run_into_its_rerun() -> None:
     from prefect.client.schemas.objects import FlowRun
     from prefect.states import Completed, Crashed
 
-    from flows.sweep import RERUN_GRACE_S, awaiting_rerun
+    from tasks.fanout import RERUN_GRACE_S, awaiting_rerun
 
     def run(state: Any, run_count: int) -> FlowRun:
         return FlowRun(flow_id=uuid.uuid4(), run_count=run_count, state=state)

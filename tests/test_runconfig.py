@@ -387,15 +387,15 @@ def test_a_worker_that_ran_under_another_configuration_is_named_not_lost(tmp_pat
     from bugsweep.runconfig import RunConfig
     from bugsweep.settings import AgentSettings, ModelSettings, SandboxSettings
     from bugsweep.storage import LocalStore
-    from flows.common import RunSetup
-    from flows.sweep import collect
+    from bugsweep.sweep import RunSetup
+    from bugsweep.sweep.collect import collect
 
     model, agent = ModelSettings(base_url="http://models/v1", model="m"), AgentSettings(policy="plain")
     provider = SimpleNamespace(name="local", settings=SandboxSettings())
     store = LocalStore(tmp_path / "store")
     run = RunSetup(model, agent, provider, store, tmp_path / "local", RunConfig.of(model, agent, provider))  # type: ignore[arg-type]
     spec = calc_task(tmp_path, "calc-w")
-    ended = SimpleNamespace(name="Completed")
+    ended = "Completed"
 
     def written(digest: str, flow_run: str) -> None:
         store.put_bytes(f"s/calc-w/m/{digest}/run.json", json.dumps({"flow_run_id": flow_run}).encode())

@@ -5,9 +5,14 @@ only here: a request retried here is the same turn, so an outage never costs the
 client's own retries are off, and the solve step is never run again). 429, 5xx, timeouts and dropped connections
 are retried with exponential backoff (honouring Retry-After), LLM_MAX_RETRIES times;
 400/401/403/404, and an address where nothing listens (connection refused, unknown host), mean the settings are
-wrong and raise ConfigError at once; a context-length error raises
+wrong and raise ConfigError at once; but a refused connection to an endpoint that answered before
+(bugsweep.agent.endpoint.answered_before: a server restarting) is an outage, retried with backoff for
+LLM_OUTAGE_WAIT_S seconds. A context-length error raises
 ContextLengthExceeded so that the loop can shorten the history and go on. Tool calls that a small model writes as text
 instead of `tool_calls` are recovered here too (`recover_text_tool_calls`).
+
+Every request holds a slot of its endpoint while it is sent and answered, never while a retry waits
+(bugsweep.agent.endpoint: the endpoint's limit, shared through Prefect by every run that uses it).
 """
 
 from __future__ import annotations
@@ -25,8 +30,9 @@ from typing import Any
 
 import openai
 from openai.types.chat import ChatCompletion
-from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt
+from tenacity import RetryCallState, Retrying, retry_if_exception
 
+from bugsweep.agent import endpoint
 from bugsweep.errors import ConfigError, ModelUnavailable
 from bugsweep.settings import ModelSettings
 
@@ -132,6 +138,8 @@ class ChatModel:
         self.on_retry = on_retry
         self.backoff_initial_s = backoff_initial_s
         self.backoff_max_s = backoff_max_s
+        self.request_slot = endpoint.request_slot(settings)
+        """Held around each request: the endpoint's limit (bugsweep.agent.endpoint)."""
         self._secret = settings.api_key.get_secret_value()
         # Our own retries (tenacity), so the client must not retry underneath them.
         self.client = openai.OpenAI(
@@ -162,23 +170,19 @@ class ChatModel:
             nonlocal tries
             tries += 1
             try:
-                return [m.id for m in client.models.list().data]
+                with self._answers():
+                    return [m.id for m in client.models.list().data]
             except openai.NotFoundError:
                 body = {
                     "model": self.settings.model,
                     "messages": [{"role": "user", "content": "ok"}],
                     "max_tokens": 1,
                 }
-                client.post("/chat/completions", body=body, cast_to=ChatCompletion)
+                with self.request_slot(), self._answers():
+                    client.post("/chat/completions", body=body, cast_to=ChatCompletion)
                 return []
 
-        retrying = Retrying(
-            retry=retry_if_exception(_is_transient),
-            stop=stop_after_attempt(max(1, min(attempts, self.settings.max_retries + 1))),
-            wait=self._wait,
-            before_sleep=self._before_sleep,
-            reraise=True,
-        )
+        retrying = self._retrying(max(1, min(attempts, self.settings.max_retries + 1)))
         try:
             served = retrying(ask)
         except openai.APIStatusError as exc:
@@ -193,6 +197,13 @@ class ChatModel:
         return served
 
     def _unreachable(self, exc: openai.APIConnectionError, attempts: int) -> Exception:
+        if self._outage(exc):
+            return ModelUnavailable(
+                f"the model endpoint {self.settings.base_url} answered before and has refused connections since, "
+                f"for longer than LLM_OUTAGE_WAIT_S ({self.settings.outage_wait_s:.0f} s; {attempts} attempts): "
+                f"{self._redact(str(exc.__cause__ or exc))}",
+                retried=attempts - 1,
+            )
         if _is_refused(exc):
             return ConfigError(
                 f"nothing answers at the model endpoint {self.settings.base_url} (after {attempts} attempt: "
@@ -227,13 +238,7 @@ class ChatModel:
         if seed is not None:
             body["seed"] = seed
         started = time.monotonic()
-        retrying = Retrying(
-            retry=retry_if_exception(_is_transient),
-            stop=stop_after_attempt(self.settings.max_retries + 1),
-            wait=self._wait,
-            before_sleep=self._before_sleep,
-            reraise=True,
-        )
+        retrying = self._retrying(self.settings.max_retries + 1)
         attempts = 0
         try:
             for attempt in retrying:
@@ -243,7 +248,8 @@ class ChatModel:
                     # the SDK's TypedDict transform, which costs milliseconds per turn and grows with the
                     # history (measured: most of the loop's own time at 200 turns). The body here is plain JSON
                     # already; errors, auth and the typed ChatCompletion reply are the same.
-                    response = self.client.post("/chat/completions", body=body, cast_to=ChatCompletion)
+                    with self.request_slot(), self._answers():
+                        response = self.client.post("/chat/completions", body=body, cast_to=ChatCompletion)
         except openai.APIStatusError as exc:
             raise self._translate(exc, attempts) from None
         except openai.APIConnectionError as exc:
@@ -285,6 +291,40 @@ class ChatModel:
         return ModelReply(message, calls, usage, latency, choice.finish_reason, attempts)
 
     # -- retries -----------------------------------------------------------------------------------------------
+    def _retrying(self, attempts: int) -> Retrying:
+        """Passing failures retried `attempts` times in all; an outage (`_outage`) for LLM_OUTAGE_WAIT_S seconds from
+        its first refused connection, however many tries that takes."""
+        outage_since: list[float] = []
+
+        def stop(state: RetryCallState) -> bool:
+            exc = state.outcome.exception() if state.outcome else None
+            if exc is not None and self._outage(exc):
+                outage_since[:1] = outage_since[:1] or [time.monotonic()]
+                return time.monotonic() - outage_since[0] >= self.settings.outage_wait_s
+            return state.attempt_number >= attempts
+
+        return Retrying(
+            retry=retry_if_exception(lambda exc: _is_transient(exc) or self._outage(exc)),
+            stop=stop,
+            wait=self._wait,
+            before_sleep=self._before_sleep,
+            reraise=True,
+        )
+
+    def _outage(self, exc: BaseException) -> bool:
+        """A refused connection to an endpoint that answered before: a server restarting, not a wrong address."""
+        return _is_refused(exc) and endpoint.answered_before(self.settings)
+
+    @contextlib.contextmanager
+    def _answers(self) -> Iterator[None]:
+        """Record that the endpoint answered (any HTTP status) once a request got a response."""
+        try:
+            yield
+        except openai.APIStatusError:
+            endpoint.mark_answered(self.settings)
+            raise
+        endpoint.mark_answered(self.settings)
+
     def _wait(self, state: RetryCallState) -> float:
         exc = state.outcome.exception() if state.outcome else None
         retry_after = _retry_after(exc)

@@ -78,10 +78,11 @@ def status(
 ) -> None:
     """Whether the embedded model server is running, and where. Exit code 0 if it answers, 1 if not."""
     from bugsweep.embedded import DEFAULT_MODEL
-    from bugsweep.embedded.server import read_state, served_models
+    from bugsweep.embedded.server import live_leases, read_state, served_models
 
     settings = _settings(port)
     state = read_state(settings)
+    using = live_leases(settings)
     models = served_models(settings.port)
     ready = models is not None and DEFAULT_MODEL.name in models
     info = {
@@ -95,15 +96,22 @@ def status(
         "uptime_s": round(__import__("time").time() - state.started_at) if state else None,
         "log": state.log_path if state else None,
         "model_file": str(settings.models_dir / DEFAULT_MODEL.file_name),
+        "leased": bool(state and state.leased),
+        "runs_using_it": using,
     }
     if as_json:
         typer.echo(json.dumps(info, indent=2))
     elif ready:
         owner = (
             f"pid {state.pid}, up {info['uptime_s']} s, {state.threads} threads, context {state.ctx}, "
-            f"log {state.log_path}"
+            f"log {state.log_path}; "
+            + (
+                f"started for runs, stops when the last of them ends; {len(using)} use it now"
+                if state.leased
+                else "started by `bugsweep model serve`, runs until `bugsweep model stop`"
+            )
             if state
-            else "not started by `bugsweep model serve`"
+            else "not started by bugsweep"
         )
         typer.echo(f"ready: {DEFAULT_MODEL.name} at {settings.base_url} ({owner})")
     elif state is not None:
@@ -119,14 +127,22 @@ def status(
 
 @model_app.command("stop")
 def stop(port: Annotated[int | None, typer.Option(help="Port on 127.0.0.1 (default 8012).")] = None) -> None:
-    """Stop the embedded model server started by `bugsweep model serve`."""
-    from bugsweep.embedded.server import stop_background
+    """Stop the embedded model server (started by `bugsweep model serve`, or by runs on this machine, which stop it
+    themselves when the last of them ends), even while runs use it: they then wait for it (LLM_OUTAGE_WAIT_S) and
+    fail as an outage if it does not come back."""
+    from bugsweep.embedded.server import live_leases, stop_background
 
-    state = stop_background(_settings(port))
+    settings = _settings(port)
+    using = live_leases(settings)
+    state = stop_background(settings)
     if state is None:
         typer.echo("No embedded model server was running.")
     else:
         typer.echo(f"Stopped the embedded model server (pid {state.pid}).")
+        if using:
+            typer.echo(
+                f"{len(using)} run(s) on this machine were using it (processes {', '.join(map(str, using))})."
+            )
 
 
 @model_app.command("check")

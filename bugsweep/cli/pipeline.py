@@ -1,5 +1,5 @@
-"""`bugsweep sweep`, `bugsweep deploy`, `bugsweep upload` and `bugsweep worker`: the Prefect pipeline from the
-command line (`bugsweep blocks` is in blocks.py).
+"""`bugsweep sweep` and `bugsweep upload`: the Prefect pipeline from the command line (`bugsweep deploy` and
+`bugsweep worker` are in deploy.py, `bugsweep blocks` in blocks.py).
 
 These talk to the Prefect server at PREFECT_API_URL; with none set, `sweep` (and `compare`) start a temporary one
 for the command (about 30 s; its log goes to a file, not the terminal): `prefect server start` keeps one running.
@@ -43,8 +43,9 @@ err = Console(stderr=True, highlight=False)
 
 
 def register(app: typer.Typer) -> None:
-    """Add `sweep`, `deploy`, `upload` and the `blocks` group to the main app."""
+    """Add `sweep`, `deploy`, `upload`, `worker` and the `blocks` group to the main app."""
     from bugsweep.cli.blocks import blocks_app
+    from bugsweep.cli.deploy import deploy_command, worker_command
 
     app.command("sweep")(sweep_command)
     app.command("deploy")(deploy_command)
@@ -66,8 +67,6 @@ def _hint_server() -> None:
         )
 
 
-#: How often `bugsweep worker` asks the server for new runs (Prefect's default is 10 s).
-WORKER_QUERY_S = 2
 #: Seconds to wait for a temporary Prefect server to answer (it takes 20-35 s on a loaded machine).
 SERVER_START_TIMEOUT_S = 180.0
 
@@ -180,7 +179,13 @@ def sweep_command(
     name: Annotated[
         str | None, typer.Option(help="Sweep name (the S3 folder); default: the task file's or repo's name.")
     ] = None,
-    concurrency: Annotated[int, typer.Option(min=1, help="Tasks at once.")] = 4,
+    concurrency: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="Tasks at once in this process (with --on-workers, the workers' limits decide instead).",
+        ),
+    ] = 4,
     sandbox: Annotated[
         str | None,
         typer.Option(help=f"Sandbox backend: 'local' (bubblewrap) or 'runtime'. {BACKEND_UNSET}"),
@@ -199,7 +204,11 @@ def sweep_command(
         ),
     ] = None,
     on_workers: Annotated[
-        bool, typer.Option(help="Run each task as a run of the solve-bug deployment, on the pool's workers.")
+        bool,
+        typer.Option(
+            help="Run each task as a run of the solve-bug deployment, all created at once and taken by the pool's "
+            "workers on any machine as their limits allow; Ctrl-C leaves them running (they store their grades)."
+        ),
     ] = False,
     redo_graded: Annotated[
         bool,
@@ -478,107 +487,3 @@ def _check_destination(folder: Path, location: str) -> None:
             f"it belongs in {meant}, but the configured store is {location}: set BUGSWEEP_STORE_URL (and its "
             "credentials) or pass --store-block"
         )
-
-
-# -- deploy -------------------------------------------------------------------------------------------------------
-
-
-def deploy_command(
-    pool: Annotated[str, typer.Option(help="Work pool to create (if missing) and deploy onto.")] = "bugsweep",
-    pool_type: Annotated[
-        str, typer.Option(help="Work pool type when it is created: process, docker, kubernetes, ...")
-    ] = "process",
-    heartbeat_s: Annotated[
-        int,
-        typer.Option(
-            min=30,
-            help="Seconds between a flow run's heartbeats (30 is Prefect's shortest); a run silent for two of them "
-            "is marked Crashed, and a crashed solve-bug run is run again.",
-        ),
-    ] = 30,
-    tasks: Annotated[
-        str | None,
-        typer.Option(
-            help="The nightly sweep's tasks file: a path on this machine (recorded absolute, so a worker running "
-            "anywhere on it finds it) or s3://BUCKET/KEY; default: prefect.yaml's `source`."
-        ),
-    ] = None,
-) -> None:
-    """Create the work pool, deploy what prefect.yaml lists (solve-bug, nightly-sweep, nightly-benchmark), and the
-    crash automations.
-
-    Run it in the project folder (the one holding prefect.yaml): process workers run the flows from there. Needs a
-    running Prefect server (PREFECT_API_URL). `nightly-sweep` is deployed with its schedule paused, and says why,
-    when its task source does not exist. A run whose heartbeats stop is marked Crashed, and a crashed solve-bug run
-    is run once more. Then start a worker with `bugsweep worker --pool POOL` on every machine that should take
-    runs, and trigger runs from the UI.
-    """
-    if not os.environ.get("PREFECT_API_URL"):
-        _fail(
-            "set PREFECT_API_URL to your Prefect server (e.g. http://127.0.0.1:4200/api after `prefect server start`)"
-        )
-    from bugsweep.errors import BugsweepError
-    from deployments import deploy, worker_command
-
-    try:
-        result = deploy(pool=pool, pool_type=pool_type, heartbeat_s=heartbeat_s, nightly_tasks=tasks)
-    except BugsweepError as exc:
-        _fail(str(exc))
-    console.print(f"work pool [bold]{result.pool}[/] {'created' if result.pool_created else 'already there'}")
-    for name in result.deployments:
-        if name in result.paused:
-            console.print(
-                f"deployed [bold]{name}[/] [yellow]with its schedule PAUSED[/]: {result.paused[name]}"
-            )
-        else:
-            console.print(f"deployed [bold]{name}[/]")
-    if result.chosen_blocks:
-        console.print(
-            f"the run forms offer the saved blocks {', '.join(result.chosen_blocks)}, already chosen"
-        )
-    else:
-        console.print(
-            "no saved blocks to choose in the run forms (`bugsweep blocks create`, then deploy again); runs use "
-            "the worker's environment"
-        )
-    console.print(f"automation [bold]{result.automation}[/] (heartbeats every {heartbeat_s} s)")
-    console.print(f"automation [bold]{result.rerun_automation}[/]")
-    console.print(
-        f"next: start a worker with `{worker_command(result.pool)}`, then run a deployment from the UI"
-    )
-
-
-def worker_command(
-    pool: Annotated[str, typer.Option(help="Work pool to take runs from.")] = "bugsweep",
-    extra: Annotated[
-        list[str] | None, typer.Argument(help="More options for `prefect worker start` (after --).")
-    ] = None,
-) -> None:
-    """Remove the sandboxes this user's dead processes left on this machine, then run `prefect worker start --pool
-    POOL` in this process, removing them again every 30 s while it runs.
-
-    A worker killed with its flow runs (out of memory, a lost node) leaves their local sandboxes behind (overlay
-    mounts, cgroups, folders); a live worker of the same user on the machine removes them within about 30 s, and
-    a new one as it starts. Another user's sandboxes are never touched. The worker looks for new runs every 2 s
-    (PREFECT_WORKER_QUERY_SECONDS, Prefect's default 10 s), so a run started from the UI starts sooner
-    (bench/README.md).
-    """
-    from bugsweep.cli.sandboxes import cleanup_local, say_removed
-    from bugsweep.sandbox.local import LocalProvider
-    from bugsweep.settings import SandboxSettings
-
-    cleanup_local()
-
-    def report(removed: list[str], known: dict[str, dict[str, object]]) -> None:
-        say_removed(removed, known)
-        sys.stdout.flush()
-
-    LocalProvider(SandboxSettings()).reaper(report=report).start()
-    os.environ.setdefault("PREFECT_WORKER_QUERY_SECONDS", str(WORKER_QUERY_S))
-    args = ["worker", "start", "--pool", pool, *(extra or [])]
-    console.print(f"starting: prefect {' '.join(args)}", soft_wrap=True)
-    sys.stdout.flush()
-    from prefect.cli import app as prefect_cli
-
-    sys.argv = ["prefect", *args]
-    prefect_cli()  # until the worker stops; its exit code is the command's

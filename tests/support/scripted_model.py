@@ -9,12 +9,18 @@ scripted step. A step is one of
 - a drop: {"drop": True} closes the connection without answering
 - a callable taking the request body (dict) and returning one of the above (to react to what the agent sent).
 When the script runs out, the server answers with a `finish` tool call, so a loop never hangs on a short script.
-Every request body is recorded in `server.requests`.
+Every request body is recorded in `server.requests`. `latency_s` delays every answer (a model's time to think);
+`in_flight` and `most_in_flight` count the chat requests being answered at once, and `spans` records each one's
+(start, end, first user message) on this process's monotonic clock, so a test can check an endpoint's limit (a
+request cut off before its body came whole is neither answered, counted nor recorded). The
+server can be stopped and started again on the same port (`stop()`, `start()`): a model server restarting.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import socket
 import threading
 import time
 import uuid
@@ -36,16 +42,23 @@ def text_reply(content: str) -> dict[str, Any]:
 
 class ScriptedModelServer:
     def __init__(
-        self, steps: Iterable[Step] = (), model: str = "scripted-model", served: list[str] | None = None
-    ) -> None:
+        self, steps: Iterable[Step] = (), model: str = "scripted-model", served: list[str] | None = None,
+        latency_s: float = 0.0, port: int = 0,
+    ) -> None:  # fmt: skip
         self.steps: list[Step] = list(steps)
         self.model = model
+        self.latency_s = latency_s
+        self.port = port
+        self.in_flight = 0
+        self.most_in_flight = 0
+        self.spans: list[tuple[float, float, str]] = []
         #: What GET /models lists: by default nothing (a stand-in that answers for any model name); a list makes
         #: it a server of those models only (for a wrong-model-name check).
         self.served = served
         self.requests: list[dict[str, Any]] = []
         self.request_headers: list[dict[str, str]] = []
         self._lock = threading.Lock()
+        self._connections: set[socket.socket] = set()
         self._httpd: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
 
@@ -60,6 +73,16 @@ class ScriptedModelServer:
             def log_message(self, *args: Any) -> None:
                 pass
 
+            def setup(self) -> None:
+                super().setup()
+                with server._lock:
+                    server._connections.add(self.connection)
+
+            def finish(self) -> None:
+                with server._lock:
+                    server._connections.discard(self.connection)
+                super().finish()
+
             def do_GET(self) -> None:
                 if self.path.rstrip("/").endswith("/models"):
                     listed = [{"id": name, "object": "model"} for name in server.served or []]
@@ -68,8 +91,28 @@ class ScriptedModelServer:
                     self._send(404, {"error": {"message": "not found"}})
 
             def do_POST(self) -> None:
-                length = int(self.headers.get("Content-Length") or 0)
-                body = json.loads(self.rfile.read(length) or b"{}")
+                try:
+                    length = int(self.headers.get("Content-Length") or 0)
+                    body: dict[str, Any] = json.loads(self.rfile.read(length) or b"{}")
+                except (OSError, ValueError):
+                    body = {}
+                if not body:  # cut off before it was whole (the server stopped as it came in): never answered
+                    self.close_connection = True
+                    return
+                started = time.monotonic()
+                with server._lock:
+                    server.in_flight += 1
+                    server.most_in_flight = max(server.most_in_flight, server.in_flight)
+                try:
+                    if server.latency_s:
+                        time.sleep(server.latency_s)
+                    self._answer(body)
+                finally:
+                    with server._lock:
+                        server.in_flight -= 1
+                        server.spans.append((started, time.monotonic(), _first_user_message(body)))
+
+            def _answer(self, body: dict[str, Any]) -> None:
                 with server._lock:
                     server.requests.append(body)
                     server.request_headers.append({k.lower(): v for k, v in self.headers.items()})
@@ -104,17 +147,29 @@ class ScriptedModelServer:
                 self.end_headers()
                 self.wfile.write(data)
 
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        self.port = self._httpd.server_address[1]
         self._httpd.daemon_threads = True
         self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
         self._thread.start()
         return self
 
     def stop(self) -> None:
+        """Drop every open connection (a keep-alive one included, a request being answered cut off at once) and stop
+        listening, as a server that stops; a connection accepted meanwhile is dropped too."""
+        self._drop_connections()
         if self._httpd:
             self._httpd.shutdown()
             self._httpd.server_close()
             self._httpd = None
+        self._drop_connections()
+
+    def _drop_connections(self) -> None:
+        with self._lock:
+            connections, self._connections = list(self._connections), set()
+        for connection in connections:
+            with contextlib.suppress(OSError):
+                connection.shutdown(socket.SHUT_RDWR)
 
     def __enter__(self) -> ScriptedModelServer:
         return self.start()
@@ -124,8 +179,8 @@ class ScriptedModelServer:
 
     @property
     def base_url(self) -> str:
-        assert self._httpd is not None, "server not started"
-        return f"http://127.0.0.1:{self._httpd.server_address[1]}/v1"
+        assert self.port, "server not started"
+        return f"http://127.0.0.1:{self.port}/v1"
 
     def add(self, *steps: Step) -> None:
         with self._lock:
@@ -165,3 +220,10 @@ class ScriptedModelServer:
             "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls" if calls else "stop"}],
             "usage": usage,
         }
+
+
+def _first_user_message(body: dict[str, Any]) -> str:
+    for message in body.get("messages") or []:
+        if message.get("role") == "user":
+            return str(message.get("content") or "")
+    return ""
