@@ -250,44 +250,17 @@ def ensure_crash_automation(heartbeat_s: int) -> str:
     within MISSED_HEARTBEATS of them, the process is gone (killed, out of memory, the machine lost), and the
     automation sets the run Crashed, so it does not stay Running for good. Returns the automation's name.
     """
-    from prefect.client.schemas.objects import StateType
-    from prefect.events.actions import ChangeFlowRunState
-    from prefect.events.schemas.automations import AutomationCore, EventTrigger, Posture
-
-    window = timedelta(seconds=heartbeat_s * MISSED_HEARTBEATS)
-    automation = AutomationCore(
-        name=CRASH_AUTOMATION,
-        description=(
-            f"A flow run tagged {TAG!r} whose heartbeats (every {heartbeat_s} s) stop for {window.seconds} s "
-            "without a final state is marked Crashed. Shipped by `bugsweep deploy`."
-        ),
-        trigger=EventTrigger(
-            match={"prefect.resource.id": "prefect.flow-run.*"},
-            match_related={"prefect.resource.role": "tag", "prefect.resource.id": f"prefect.tag.{TAG}"},
-            after={"prefect.flow-run.heartbeat"},
-            expect={
-                "prefect.flow-run.heartbeat",
-                "prefect.flow-run.Completed",
-                "prefect.flow-run.Failed",
-                "prefect.flow-run.Cancelled",
-                "prefect.flow-run.Crashed",
-            },
-            for_each={"prefect.resource.id"},
-            posture=Posture.Proactive,
-            threshold=1,
-            within=window,
-        ),
-        actions=[
-            ChangeFlowRunState(
-                name=None,
-                force=False,
-                state=StateType.CRASHED,
-                message=f"no heartbeat for {window.seconds} s: the flow run's process is gone (killed, out of "
-                "memory, or its machine lost). Its sandboxes are removed when a worker or run starts on that machine.",
-            )
-        ],
+    window = heartbeat_s * MISSED_HEARTBEATS
+    _crash_when_silent(
+        CRASH_AUTOMATION,
+        description=f"A flow run tagged {TAG!r} whose heartbeats (every {heartbeat_s} s) stop for {window} s "
+        "without a final state is marked Crashed. Shipped by `bugsweep deploy`.",
+        after="heartbeat",
+        expect={"heartbeat", "Completed", "Failed", "Cancelled", "Crashed"},
+        within_s=window,
+        message=f"no heartbeat for {window} s: the flow run's process is gone (killed, out of memory, or its "
+        "machine lost). Its sandboxes are removed when a worker or run starts on that machine.",
     )
-    _replace_automation(automation)
     return CRASH_AUTOMATION
 
 
@@ -298,49 +271,54 @@ def ensure_pending_automation() -> str:
     whose windows start at a heartbeat, never sees it (seen twice in nights whose worker was killed: a run stayed
     Pending, and one Running, for good, and their sweep waited for them). Crashed, it is run again like any crashed
     run. Returns the automation's name."""
+    _crash_when_silent(
+        PENDING_AUTOMATION,
+        description=f"A flow run tagged {TAG!r} with no heartbeat nor final state {PENDING_LIMIT_S} s after a worker "
+        "took it (its process never started, or died before its first heartbeat: the worker or its machine lost) "
+        "is marked Crashed. Shipped by `bugsweep deploy`.",
+        after="Pending",
+        expect={
+            "heartbeat",
+            "Completed",
+            "Failed",
+            "Cancelled",
+            "Cancelling",
+            "Crashed",
+            "Scheduled",
+            "AwaitingRetry",
+        },
+        within_s=PENDING_LIMIT_S,
+        message=f"no heartbeat {PENDING_LIMIT_S} s after a worker took it: its process never started, or died before "
+        "its first heartbeat (the worker or its machine lost).",
+    )
+    return PENDING_AUTOMATION
+
+
+def _crash_when_silent(
+    name: str, description: str, after: str, expect: set[str], within_s: int, message: str
+) -> None:
+    """The automation `name`, made or replaced: a flow run tagged TAG whose event `prefect.flow-run.AFTER` is not
+    followed by one of `prefect.flow-run.EXPECT` within `within_s` is set Crashed with `message`."""
     from prefect.client.schemas.objects import StateType
     from prefect.events.actions import ChangeFlowRunState
     from prefect.events.schemas.automations import AutomationCore, EventTrigger, Posture
 
-    moved_on = {
-        "heartbeat",
-        "Completed",
-        "Failed",
-        "Cancelled",
-        "Cancelling",
-        "Crashed",
-        "Scheduled",
-        "AwaitingRetry",
-    }
     automation = AutomationCore(
-        name=PENDING_AUTOMATION,
-        description=(
-            f"A flow run tagged {TAG!r} with no heartbeat nor final state {PENDING_LIMIT_S} s after a worker took it "
-            "(its process never started, or died before its first heartbeat: the worker or its machine lost) is "
-            "marked Crashed. Shipped by `bugsweep deploy`."
-        ),
+        name=name,
+        description=description,
         trigger=EventTrigger(
             match={"prefect.resource.id": "prefect.flow-run.*"},
             match_related={"prefect.resource.role": "tag", "prefect.resource.id": f"prefect.tag.{TAG}"},
-            after={"prefect.flow-run.Pending"},
-            expect={f"prefect.flow-run.{state}" for state in moved_on},
+            after={f"prefect.flow-run.{after}"},
+            expect={f"prefect.flow-run.{event}" for event in expect},
             for_each={"prefect.resource.id"},
             posture=Posture.Proactive,
             threshold=1,
-            within=timedelta(seconds=PENDING_LIMIT_S),
+            within=timedelta(seconds=within_s),
         ),
-        actions=[
-            ChangeFlowRunState(
-                name=None,
-                force=False,
-                state=StateType.CRASHED,
-                message=f"no heartbeat {PENDING_LIMIT_S} s after a worker took it: its process never started, or "
-                "died before its first heartbeat (the worker or its machine lost).",
-            )
-        ],
+        actions=[ChangeFlowRunState(name=None, force=False, state=StateType.CRASHED, message=message)],
     )
     _replace_automation(automation)
-    return PENDING_AUTOMATION
 
 
 def _replace_automation(automation: Any) -> None:
