@@ -42,22 +42,17 @@ SAVED_BLOCKS = (
     "aws-credentials/bugsweep-artifacts",
     "bugsweep-local-sandbox/bugsweep-local",
 )
-#: Worker -> machine. Each runs `bugsweep worker --limit 2`; only the first takes sweeps.
-
-
-class _Asked(threading.Condition):
-    asked = 0
-
-
-#: Requests of the night's first sweep answered so far (the nightly's first request waits for the next one).
-NIGHT_A_ASKED = _Asked()
+#: Requests of the night's two sweeps answered so far, by sweep (each sweep's first request waits for the other's).
+ASKED = {"night-a": 0, "nightly": 0}
+ASKED_CHANGED = threading.Condition()
 
 
 def fixer(body: dict[str, Any]) -> dict[str, Any]:
     """Fix on the first turn, finish on the next; works for any number of tasks at once. The nightly's task first
-    runs the tests NIGHTLY_LOOKS times, and its first request is answered only once a request of night-a came in
-    while it waited (up to 2 minutes): both sweeps then ask at once however the machine's load spaces their runs
-    (seen on a loaded machine: the nightly's requests all came between night-a's).
+    runs the tests NIGHTLY_LOOKS times, and the first request of each of the night's two sweeps is answered only
+    once the other sweep has asked too (up to 5 minutes): whichever asks first is still being answered when the
+    other's first request comes, so both sweeps ask at once however the machine's load spaces their runs (seen: on
+    a loaded machine the nightly's requests all came between night-a's, and on a quiet one after all of them).
 
     A task whose text says CANCEL-ME instead runs a command, then stalls the next reply (a run mid-task, waiting
     for the model); one that says STALL-ME runs a command that sleeps in its sandbox."""
@@ -70,16 +65,14 @@ def fixer(body: dict[str, Any]) -> dict[str, Any]:
     if "STALL-ME" in asked:
         return tool_call("finish", summary="too late") if answered else tool_call("run", command="sleep 600")
     looked = sum(m.get("role") == "tool" for m in body["messages"])
-    if "[night-a]" in asked:
-        with NIGHT_A_ASKED:
-            NIGHT_A_ASKED.asked += 1
-            NIGHT_A_ASKED.notify_all()
-    if (
-        "[nightly]" in asked and looked == 0
-    ):  # its first request is answered once night-a asks too (both at once)
-        with NIGHT_A_ASKED:
-            since = NIGHT_A_ASKED.asked
-            NIGHT_A_ASKED.wait_for(lambda: NIGHT_A_ASKED.asked > since, timeout=120)
+    for sweep, other in (("night-a", "nightly"), ("nightly", "night-a")):
+        if f"[{sweep}]" in asked:  # a sweep's first request is answered once the other sweep asks too
+            with ASKED_CHANGED:
+                first = ASKED[sweep] == 0
+                ASKED[sweep] += 1
+                ASKED_CHANGED.notify_all()
+                if first:
+                    ASKED_CHANGED.wait_for(lambda other=other: ASKED[other] > 0, timeout=300)
     # the nightly's task asks longer, so that both sweeps ask at once
     if "[nightly]" in asked and looked < NIGHTLY_LOOKS:
         return tool_call("run", command="python -m pytest -q || true")

@@ -50,6 +50,7 @@ class ScriptedModelServer:
         self.latency_s = latency_s
         self.port = port
         self.in_flight = 0
+        self.stops, self.stopped_at = 0, 0.0
         self.most_in_flight = 0
         self.spans: list[tuple[float, float, str]] = []
         #: What GET /models lists: by default nothing (a stand-in that answers for any model name); a list makes
@@ -103,14 +104,19 @@ class ScriptedModelServer:
                 with server._lock:
                     server.in_flight += 1
                     server.most_in_flight = max(server.most_in_flight, server.in_flight)
+                    stops = server.stops
                 try:
                     if server.latency_s:
                         time.sleep(server.latency_s)
                     self._answer(body)
                 finally:
-                    with server._lock:
-                        server.in_flight -= 1
-                        server.spans.append((started, time.monotonic(), _first_user_message(body)))
+                    with (
+                        server._lock
+                    ):  # a request a stop cut off ended there (stop() took it out of in_flight)
+                        cut = server.stops != stops
+                        server.in_flight -= 0 if cut else 1
+                        ended = server.stopped_at if cut else time.monotonic()
+                        server.spans.append((started, ended, _first_user_message(body)))
 
             def _answer(self, body: dict[str, Any]) -> None:
                 with server._lock:
@@ -156,7 +162,10 @@ class ScriptedModelServer:
 
     def stop(self) -> None:
         """Drop every open connection (a keep-alive one included, a request being answered cut off at once) and stop
-        listening, as a server that stops; a connection accepted meanwhile is dropped too."""
+        listening, as a server that stops; a connection accepted meanwhile is dropped too. The requests being answered
+        end there: no longer in flight, their spans end at the stop (their handlers may still run out their script)."""
+        with self._lock:
+            self.stops, self.stopped_at, self.in_flight = self.stops + 1, time.monotonic(), 0
         self._drop_connections()
         if self._httpd:
             self._httpd.shutdown()
