@@ -92,8 +92,6 @@ class SmallModelPolicy(Policy):
             if not calls:
                 self.functions.answer(run, pending, reply.content)
                 return True
-        elif not calls and code_in_reply(run, self.notes, reply.content):
-            return True
         elif len(calls) == 1 and calls[0].name == "edit_file":
             span = function_to_rewrite(run.toolbox, calls[0].arguments, asked=self.notes.asked)
             if span is not None:
@@ -105,9 +103,7 @@ class SmallModelPolicy(Policy):
 
     def after_tool(self, run: AgentRun, call: ToolCall, outcome: ToolOutcome) -> ToolOutcome:
         if outcome.finished:
-            refused = None if self.finish_refused else answer_failing_finish(run, outcome)
-            self.finish_refused = self.finish_refused or refused is not None
-            return refused or outcome
+            return outcome
         if call.name == "run":
             outcome = self.repeats.focus_run(run, call, outcome)
         elif call.name == "read_file":

@@ -38,8 +38,6 @@ def _edit_arguments(call: ToolCall) -> tuple[str, str, str] | None:
 def help_with_edit(run: AgentRun, call: ToolCall, outcome: ToolOutcome) -> ToolOutcome:
     """A refused edit_file call: for a test file, name the code under test; for an `old` found nowhere, apply
     the edit where it matches once whitespace (or quotes) are ignored, or say more of where the text is."""
-    if outcome.problem == "test_file":
-        return _name_code_under_test(run, call, outcome)
     edit = _edit_arguments(call)
     if outcome.problem != "old_not_found" or edit is None or not edit[1].strip():
         return outcome
@@ -50,20 +48,7 @@ def help_with_edit(run: AgentRun, call: ToolCall, outcome: ToolOutcome) -> ToolO
     real, rel, content = found
     # A 1.5B model wrote old as one line for a two-line function, four times in a row; the only such place is
     # the edit it meant. Only the amount and kind of whitespace may differ (text.loose_matches).
-    spans = loose_matches(content, old)
-    if len(spans) > 1:
-        lines = [content.count("\n", 0, i) + 1 for i, _ in spans]
-        return _answer(outcome, prompts.old_not_unique(rel, len(spans), lines))
-    if spans:
-        if old == new:
-            return _answer(outcome, prompts.old_equals_new(rel))
-        applied = run.toolbox.apply_edit(real, rel, content, *spans[0], new, loose=True)
-        run.trajectory.add("edit_loose", turn=run.turn, path=rel, applied=applied.ok)
-        applied.arguments = outcome.arguments
-        return applied
-    return _edit_normalised(run, path, rel, content, old, new) or _where_old_is(
-        run, outcome, rel, content, old
-    )
+    return _where_old_is(run, outcome, rel, content, old)
 
 
 def _answer(outcome: ToolOutcome, content: str) -> ToolOutcome:
@@ -100,6 +85,7 @@ def _where_old_is(run: AgentRun, outcome: ToolOutcome, rel: str, content: str, o
             toolbox.seen[rel] = _range_of(closest)
             run.trajectory.add("unread_file_region", turn=run.turn, path=rel)
             return _answer(outcome, prompts.UNREAD_FILE.format(path=rel, closest=closest))
+    return outcome
     elsewhere = files_containing(toolbox, old, exclude=rel)
     if not elsewhere:
         return outcome
@@ -144,8 +130,6 @@ def read_help(run: AgentRun, notes: Notes, call: ToolCall, outcome: ToolOutcome)
     ranged = any(args.get(k) not in (None, "") for k in ("start_line", "end_line"))
     if ranged:
         return _read_whole(run, args, outcome, found[1], found[2])
-    if outcome.ok:
-        return _outline_long_read(run, notes, outcome, found[1], found[2])
     return outcome
 
 
