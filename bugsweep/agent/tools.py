@@ -388,9 +388,7 @@ class Toolbox:
             self.workdir,
         )
         if self.is_protected(rel, lexical_rel):
-            return ToolOutcome(
-                prompts.protected_file(rel, [], []), ok=False, short_arg=rel, problem="test_file"
-            )
+            return ToolOutcome(prompts.protected_file(rel), ok=False, short_arg=rel, problem="test_file")
         if old == "":
             return self._create(real, rel, kind, parent_exists, new)
         refusal = self._refuse_kind(kind, rel)
