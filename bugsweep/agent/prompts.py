@@ -301,14 +301,9 @@ def _check_step(test_command: str | None) -> str:
     return "Run the tests to check the fix."
 
 
-def edit_done(
-    path: str, first: int, last: int, snippet: str, loose: bool = False, test_command: str | None = None
-) -> str:
-    how = (
-        " (old matched the file only when differences in spaces and line breaks are ignored)" if loose else ""
-    )
+def edit_done(path: str, first: int, last: int, snippet: str, test_command: str | None = None) -> str:
     return (
-        f"Edited {path}{how}. Lines {first}-{last} changed; with the lines around them the file now reads:\n"
+        f"Edited {path}. Lines {first}-{last} changed; with the lines around them the file now reads:\n"
         f"{snippet}\n{_check_step(test_command)}"
     )
 
