@@ -378,6 +378,14 @@ def test_read_file_line_range_of_a_long_file(repo: Path) -> None:
     assert out.content.splitlines() == ["long.py, lines 3000-3001 of 4000:", "v3000 = 3000", "v3001 = 3001"]
 
 
+def test_a_short_file_is_read_whole_whatever_the_range_under_small_model_only(box: Toolbox) -> None:
+    one_line = args(path="calc.py", start_line=1, end_line=1)
+    out = small(box).call("read_file", one_line)
+    assert out.content.splitlines()[0] == "calc.py (6 lines):" and "return a - b" in out.content
+    plain = box.call("read_file", one_line)
+    assert plain.content == "calc.py, lines 1-1 of 6:\ndef add(a, b):"
+
+
 def test_read_file_is_capped_and_says_where_to_go_on(repo: Path) -> None:
     (repo / "big.py").write_text("".join(f"x{i} = {i}\n" for i in range(5000)))
     box = Toolbox(DirSandbox(repo), AgentSettings(read_file_max_chars=20000))
@@ -516,6 +524,18 @@ def test_binary_files_are_neither_shown_nor_rewritten(box: Toolbox, repo: Path) 
     assert "not a text file" in box.call("read_file", args(path="logo.png")).content
     assert "not a text file" in box.call("edit_file", args(path="logo.png", old="PNG", new="GIF")).content
     assert (repo / "logo.png").read_bytes() == blob
+
+
+def test_read_files_description_says_what_each_policy_does_with_a_range() -> None:
+    from bugsweep.agent import prompts
+
+    def described(whole: bool) -> str:
+        (read,) = [t for t in prompts.tool_schemas(30, 6000, 20000, short_files_whole=whole)
+                   if t["function"]["name"] == "read_file"]  # fmt: skip
+        return str(read["function"]["description"])
+
+    assert "the lines from start_line to end_line" in described(False)
+    assert "A file of up to 20000 characters is returned whole." in described(True)
 
 
 def test_each_tool_is_declared_once_and_the_model_the_loop_and_the_prompt_agree(box: Toolbox) -> None:

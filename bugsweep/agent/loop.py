@@ -121,7 +121,7 @@ class AgentRun(Conversation):
             raise
 
     def _start(self) -> None:
-        self.tools = self.toolbox.schemas()
+        self.tools = self.toolbox.schemas(short_files_whole=self.policy.reads_short_files_whole)
         self.trajectory.add(
             "meta",
             model=self.model.name,

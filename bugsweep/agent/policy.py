@@ -53,6 +53,8 @@ class Policy:
     """The `plain` policy, and the base class of every other: hooks that do nothing."""
 
     name: ClassVar[str] = "plain"
+    reads_short_files_whole: ClassVar[bool] = False
+    """Whether read_file returns a short file whole whatever range is asked for (its description says which)."""
 
     def start(self, run: AgentRun) -> None:
         """Once, before the first request."""

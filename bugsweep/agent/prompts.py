@@ -91,9 +91,14 @@ def tool_schemas(
     output_tail_chars: int,
     read_file_max_chars: int,
     repo_dir: str = REPO_DIR,
+    short_files_whole: bool = False,
 ) -> list[dict[str, Any]]:
-    """The tools as OpenAI function tools (TOOLS). Descriptions state the limits the model will run into."""
-    limits = ToolLimits(command_timeout_s, output_tail_chars, read_file_max_chars, repo_dir)
+    """The tools as OpenAI function tools (TOOLS). Descriptions state the limits the model will run into, and what
+    read_file does: a policy that returns short files whole whatever the range (small-model) says so; plain returns
+    the range asked for."""
+    limits = ToolLimits(
+        command_timeout_s, output_tail_chars, read_file_max_chars, repo_dir, short_files_whole
+    )
     return [tool.schema(limits) for tool in TOOLS]
 
 

@@ -9,12 +9,14 @@ from typing import Any, Literal
 
 @dataclass(frozen=True)
 class ToolLimits:
-    """What the tools' descriptions state: the limits the model will run into and where the repository is."""
+    """What the tools' descriptions state: the limits the model will run into, where the repository is, and
+    whether read_file returns short files whole (a policy's choice)."""
 
     command_timeout_s: float
     output_tail_chars: int
     read_file_max_chars: int
     repo_dir: str
+    short_files_whole: bool = False
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,11 @@ class Tool:
 
 
 def _read_file(t: ToolLimits) -> str:
+    if t.short_files_whole:
+        return (
+            f"Read a text file of the repository. A file of up to {t.read_file_max_chars} characters is returned "
+            "whole. A longer file is cut there; then start_line and end_line choose the part to read."
+        )
     return (
         f"Read a text file of the repository: the lines from start_line to end_line, or without them the whole "
         f"file, cut at {t.read_file_max_chars} characters."

@@ -139,10 +139,10 @@ class Toolbox:
         self.disk_full = False
         """Whether the sandbox's disk was full at the last command or write of a tool."""
 
-    def schemas(self) -> list[dict[str, Any]]:
+    def schemas(self, short_files_whole: bool = False) -> list[dict[str, Any]]:
         s = self.settings
         return prompts.tool_schemas(
-            s.command_timeout_s, s.output_tail_chars, s.read_file_max_chars, self.workdir
+            s.command_timeout_s, s.output_tail_chars, s.read_file_max_chars, self.workdir, short_files_whole
         )
 
     # -- dispatch ----------------------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ With it the embedded model resolved the demo 5 of 5 times (bench/README.md, "who
 - A failed edit_file call leaves the conversation: the reply and its result are replaced by one note saying what
   went wrong (once a wrong `old` is in the history, the model sends it again and again).
 - A read_file or edit_file call that fails exactly as an identical earlier call did is told so.
+- A read_file with a range of a file that fits is shown whole (seen: one line read, then an edit made blind).
 On real repositories (bench/README.md, "Real bugs"), also:
 - A small first prompt: the failing tests, how they fail, the files their traceback names and the files that
   define what the failing tests import, instead of the
@@ -35,20 +36,20 @@ On real repositories (bench/README.md, "Real bugs"), also:
 - Within an 8k window, the failing assertion is never lost: it is in the first message, which the loop's
   context-length shortening never elides (only old tool outputs go).
 Every change is recorded in the trajectory (first_prompt_focused, run_focused, rewrite_requested, edit_tried,
-rewrite_sampled, model_sample, forgotten, unread_file_region events and the messages).
+rewrite_sampled, model_sample, forgotten, unread_file_region, read_whole events and the messages).
 
 Removed after plain and small-model were run side by side on 10 real mined tasks (bench/README.md, "plain vs
 small-model" and "the parts that changed nothing"), where none of them changed an outcome: the first finish refused
 while the tests fail, a reply's code block tried in place of a function, loose and normalised `old` matches
 applied, `old` found in other files (and the definitions of what a copied test line calls), the refusal of a test
-file naming the code under test, short files read whole whatever the range, and outlines of long files.
+file naming the code under test, and outlines of long files.
 
 The parts, each small enough to read on its own:
 - policy.py: `SmallModelPolicy`, what it keeps of a run and which part each hook calls.
 - whole_function.py: the whole-function requests and their answers (rewrite.py parses and splices functions).
 - tried.py: an edit inside one function tried against the task's tests.
 - repeats.py: failed edits taken out of the conversation, repeats said to be repeats, test output focused.
-- tool_help.py: help with the plain tools' answers (an unread file's region).
+- tool_help.py: help with the plain tools' answers (an unread file's region, whole short files).
 - lookups.py: the code under test a test imports (for the first prompt); common.py: what the parts share.
 Its model-facing text is in prompts.py with the rest; focus.py holds the pure text helpers for real repositories.
 """

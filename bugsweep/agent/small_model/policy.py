@@ -13,7 +13,7 @@ from bugsweep.agent.policy import Policy
 from bugsweep.agent.small_model.common import Notes
 from bugsweep.agent.small_model.lookups import code_under_test
 from bugsweep.agent.small_model.repeats import Repeats
-from bugsweep.agent.small_model.tool_help import help_with_edit
+from bugsweep.agent.small_model.tool_help import help_with_edit, read_help
 from bugsweep.agent.small_model.tried import edit_passes_tests
 from bugsweep.agent.small_model.whole_function import WholeFunctions, function_to_rewrite
 from bugsweep.agent.tools import ToolOutcome
@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
 class SmallModelPolicy(Policy):
     name = "small-model"
+    reads_short_files_whole = True  # tool_help.py: a short file is read whole, so it is never edited blind
 
     def __init__(self) -> None:
         self.notes = Notes()
@@ -103,6 +104,8 @@ class SmallModelPolicy(Policy):
             return outcome
         if call.name == "run":
             outcome = self.repeats.focus_run(run, call, outcome)
+        elif call.name == "read_file":
+            outcome = read_help(run, call, outcome)
         elif call.name == "edit_file" and not outcome.ok and not outcome.format_error:
             outcome = help_with_edit(run, call, outcome)
         self.repeats.last_outcome = outcome = self.repeats.mark(run, call, outcome)

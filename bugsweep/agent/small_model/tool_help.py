@@ -1,17 +1,17 @@
 """Help with the plain tools' answers: what the small-model policy does after a read_file or edit_file call ran.
 
-The plain tools (tools.py) do exactly what they are asked and say precisely why they did not. The step below takes
-their answer to an edit of a file the model never read and does more; it is recorded in the trajectory
-(unread_file_region). The other help this module gave (loose and normalised matches applied, `old` found in other
-files, the refusal of a test file naming the code under test, short files read whole, outlines of long reads) was
-removed after the side-by-side runs on real tasks (bench/README.md, "plain vs small-model"): none of it changed an
-outcome there.
+The plain tools (tools.py) do exactly what they are asked and say precisely why they did not. The two steps below
+take their answer and do more, for a model that edits files it never read or reads one line at a time; each is
+recorded in the trajectory (unread_file_region, read_whole). The other help this module gave (loose and
+normalised matches applied, `old` found in other files, the refusal of a test file naming the code under test,
+outlines of long reads) was removed after the side-by-side run on real tasks (bench/README.md, "plain vs
+small-model"): none of it changed an outcome there.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from bugsweep.agent import prompts
 from bugsweep.agent.model import ToolCall
@@ -54,3 +54,33 @@ def _range_of(closest: str) -> tuple[int, int]:
     """The line range in a closest_lines header ("lines 12-20:" or "line 7:")."""
     numbers = closest.split(":", 1)[0].split()[-1].split("-")
     return int(numbers[0]), int(numbers[-1])
+
+
+def read_help(run: AgentRun, call: ToolCall, outcome: ToolOutcome) -> ToolOutcome:
+    """A read_file call with a range of a file that fits comes back whole."""
+    args, _ = parse_arguments(call.arguments)
+    if not args or outcome.format_error:
+        return outcome
+    found = repo_file(run.toolbox, str(args.get("path", "")))
+    ranged = any(args.get(k) not in (None, "") for k in ("start_line", "end_line"))
+    if found is None or not ranged:
+        return outcome
+    return _read_whole(run, args, outcome, found[1], found[2])
+
+
+def _read_whole(
+    run: AgentRun, args: dict[str, Any], outcome: ToolOutcome, rel: str, text: str
+) -> ToolOutcome:
+    """A file that fits is shown whole whatever the range: small models ask for one line and then lack the lines
+    around it (seen on the 1.5B model: start_line=end_line=1, then an edit made blind)."""
+    if (
+        not (outcome.ok or outcome.problem == "bad_line_range")
+        or len(text) > run.toolbox.settings.read_file_max_chars
+    ):
+        return outcome
+    whole = run.toolbox.read_file(str(args["path"]))
+    if whole.content == outcome.content:
+        return outcome
+    run.trajectory.add("read_whole", turn=run.turn, path=rel)
+    whole.arguments = outcome.arguments
+    return whole
