@@ -571,33 +571,6 @@ def test_the_plain_policy_leaves_the_conversation_as_it_happened(
     assert result.policy == "plain" and trajectory[-1]["policy"] == "plain"
 
 
-@pytest.mark.parametrize("policy", ["plain", "small-model"])
-def test_an_old_that_matches_only_loosely_is_refused_by_plain_and_applied_by_small_model(
-    scripted_model, sandbox: Sandbox, tmp_path: Path, policy: str
-) -> None:
-    """Plain means plain: the plain edit_file says precisely why it changed nothing (old differs from the file
-    only in whitespace) and the file stays as it was; the small-model policy applies the edit where it matches
-    once whitespace is ignored, and records that in the trajectory."""
-    loose = tool_call(
-        "edit_file", path="pyproject.toml", old='pythonpath  =  ["."]', new='pythonpath = [".", "src"]'
-    )
-    server = scripted_model([loose, tool_call("finish", summary="x")])
-    solve(server, sandbox, tmp_path, settings=AgentSettings(policy=policy, rewrite_samples=0))
-    answer = server.requests[1]["messages"][-1]["content"]
-    text = sandbox.files.read_text(f"{sandbox.workdir}/pyproject.toml")
-    applied = [e for e in load(tmp_path / "run" / "trajectory.json") if e["type"] == "edit_loose"]
-    if policy == "plain":
-        assert "not found in pyproject.toml, so nothing was changed" in answer
-        assert "differs from the file only in spaces, indentation or line breaks" in answer
-        assert 'pythonpath = ["."]' in text and not applied
-    else:
-        assert answer.startswith(
-            "Edited pyproject.toml (old matched the file only when differences in spaces"
-        )
-        assert 'pythonpath = [".", "src"]' in text
-        assert [(e["path"], e["applied"]) for e in applied] == [("pyproject.toml", True)]
-
-
 def test_no_policy_setting_means_plain_whatever_the_model(
     scripted_model, sandbox: Sandbox, tmp_path: Path
 ) -> None:
@@ -876,63 +849,6 @@ def test_the_failures_shown_with_a_request_are_those_of_the_last_failing_test_ru
     assert "The failing tests say:\n```\nassert add(0, 0) == 1\nassert 0 == 1\n```" in request
 
 
-def test_a_reply_whose_code_block_fixes_a_function_of_the_code_under_test_is_kept(
-    scripted_model, sandbox: Sandbox, tmp_path: Path
-) -> None:
-    """Seen on the 1.5B model (the demo on a freshly started server): the first reply wrote the right function
-    as text, with no tool call, and the nudge that followed made it call finish. Under the small-model policy
-    that function is tried against the tests and kept when they pass."""
-    server = scripted_model(
-        [
-            text_reply("The bug is in add. The fix:\n" + ADD_FIXED + "```\nThen the tests pass."),
-            tool_call("finish", summary="add adds"),
-        ]
-    )
-    result, events = solve(server, sandbox, tmp_path, settings=WHOLE)
-
-    assert result.stop_reason == "finished"
-    code = sandbox.files.read_text(f"{sandbox.workdir}/calc.py")
-    assert code == "def add(a, b):\n    return a + b\n\n\ndef mul(a, b):\n    return a * b\n"
-    answer = server.requests[1]["messages"][-1]
-    assert answer["role"] == "user" and answer["content"].startswith("Your reply had no tool call")
-    assert answer["content"].endswith(prompts.tests_pass_after_edit(TEST_COMMAND))
-    assert not any(e.kind == "nudge" for e in events)
-    tried = [e for e in load(tmp_path / "run" / "trajectory.json") if e["type"] == "reply_code_tried"]
-    assert [(e["function"], e["path"], e["kept"]) for e in tried] == [("add", "calc.py", True)]
-
-
-@pytest.mark.parametrize(
-    "reply",
-    [
-        "```python\ndef add(a, b):\n    return a * b\n```",  # wrong: the tests still fail
-        "```python\ndef test_add():\n    assert True\n```",  # a test function: never tried
-        "```python\ndef subtract(a, b):\n    return a - b\n```",  # defined nowhere
-        "```python\ndef add(a, b):\n    return a - b\n```",  # the function as it is
-    ],
-)
-def test_a_reply_whose_code_block_does_not_fix_the_code_changes_nothing_and_gets_the_nudge(
-    scripted_model, sandbox: Sandbox, tmp_path: Path, reply: str
-) -> None:
-    server = scripted_model(
-        [text_reply(reply), tool_call("finish", summary="x"), tool_call("finish", summary="x")]
-    )
-    solve(server, sandbox, tmp_path, settings=WHOLE)
-
-    assert "return a - b" in sandbox.files.read_text(f"{sandbox.workdir}/calc.py")
-    assert server.requests[1]["messages"][-1] == {"role": "user", "content": prompts.NUDGE}
-    tried = [e for e in load(tmp_path / "run" / "trajectory.json") if e["type"] == "reply_code_tried"]
-    assert [(e["function"], e["kept"]) for e in tried] == ([("add", False)] if "a * b" in reply else [])
-
-
-def test_under_the_plain_policy_a_code_block_in_a_reply_is_only_text(
-    scripted_model, sandbox: Sandbox, tmp_path: Path
-) -> None:
-    server = scripted_model([text_reply(ADD_FIXED), tool_call("finish", summary="x")])
-    solve(server, sandbox, tmp_path)
-    assert "return a - b" in sandbox.files.read_text(f"{sandbox.workdir}/calc.py")
-    assert server.requests[1]["messages"][-1] == {"role": "user", "content": prompts.NUDGE}
-
-
 def test_an_edit_that_changes_nothing_inside_a_function_asks_for_that_function_once(
     scripted_model, sandbox: Sandbox, tmp_path: Path
 ) -> None:
@@ -963,37 +879,6 @@ def test_an_edit_that_changes_nothing_inside_a_function_asks_for_that_function_o
     trajectory = load(tmp_path / "run" / "trajectory.json")
     assert [e["function"] for e in trajectory if e["type"] == "rewrite_requested"] == ["add"]
     assert "return a - b" in sandbox.files.read_text(f"{sandbox.workdir}/calc.py")
-
-
-def test_a_whole_read_of_a_long_file_comes_back_as_its_outline(scripted_model, tmp_path: Path) -> None:
-    """Seen on real bugs (prettytable): read_file of a 2,602-line file without a range, again and again; each
-    answer overflowed the 8k window. Under the small-model policy it is answered with the file's classes and
-    functions and their lines (the ones the failing tests name first); a read with a range is as before."""
-    filler = "".join(f"def helper_{i}(x):\n    return x + {i}  # {'-' * 60}\n\n\n" for i in range(300))
-    files = {
-        "big.py": filler + "def target(a, b):\n    return a - b\n",
-        "tests/test_big.py": "from big import target\n\n\ndef test_target():\n    assert target(2, 3) == 5\n",
-    }
-    repo = make_repo(tmp_path / "big", files)
-    server = scripted_model(
-        [
-            tool_call("read_file", path="big.py"),
-            tool_call("read_file", path="big.py", start_line=1201, end_line=1202),
-            tool_call("finish", summary="x"),
-            tool_call("finish", summary="x"),
-        ]
-    )
-    with with_pytest(get_provider("local").create(RepoSource(str(repo)))) as sbx:
-        solve(server, sbx, tmp_path, settings=WHOLE)
-    whole = server.requests[1]["messages"][-1]["content"]
-    assert whole.startswith("big.py has 1202 lines (") and "too long to read whole" in whole
-    assert "lines 1201-1202: def target" in whole, "the function the failing test names is listed"
-    assert "lines 1-2: def helper_0" in whole and "(and 241 more)" in whole
-    assert len(whole) < 3000
-    part = server.requests[2]["messages"][-1]["content"]
-    assert part.startswith("big.py, lines 1201-1202 of 1202:") and "return a - b" in part
-    outlined = [e for e in load(tmp_path / "run" / "trajectory.json") if e["type"] == "read_outlined"]
-    assert [(e["path"], e["entries"]) for e in outlined] == [("big.py", 60)]
 
 
 ADD_UNCHANGED = "```python\ndef add(a, b):\n    return a - b\n```"

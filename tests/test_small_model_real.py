@@ -7,7 +7,6 @@ model). Each test checks what the model is sent, as a user reading the conversat
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -183,36 +182,6 @@ def test_an_edit_to_an_unread_file_gets_the_region_most_like_its_old(
     assert sandbox.files.read_text("/workspace/repo/calc.py") == BUGGY_CALC["calc.py"]
 
 
-def test_an_old_with_other_quotes_and_spacing_is_applied_where_it_matches(
-    scripted_model, tmp_path: Path
-) -> None:
-    repo = make_repo(
-        tmp_path / "greet",
-        {
-            "greet.py": "def greet(name):\n    return 'hello, ' + name\n",
-            "tests/test_greet.py": "from greet import greet\n\n\ndef test_greet():\n"
-            "    assert greet('bob') == 'hello, bob!'\n",
-            "pyproject.toml": BUGGY_CALC["pyproject.toml"],
-        },
-    )
-    edit = tool_call(
-        "edit_file", path="greet.py", old='return "hello, "  +  name', new="return 'hello, ' + name + '!'"
-    )
-    server = scripted_model([edit, FINISH])
-    for sbx in sandbox_for(repo):
-        solve(server, sbx, tmp_path)
-        assert sbx.files.read_text("/workspace/repo/greet.py") == (
-            "def greet(name):\n    return 'hello, ' + name + '!'\n"
-        )
-    text = last_tool_text(server.requests[1])
-    assert text.startswith(
-        "Note: old was not in greet.py exactly as written, but it matched one place (line 2) once quotes and "
-        "whitespace were normalised. The edit was applied there."
-    )
-    trajectory = json.dumps(load(tmp_path / "run" / "trajectory.json"))
-    assert "edit_normalised" in trajectory
-
-
 def test_a_full_context_window_keeps_the_failing_assertion(
     scripted_model, sandbox: Sandbox, tmp_path: Path
 ) -> None:
@@ -236,21 +205,6 @@ def test_a_full_context_window_keeps_the_failing_assertion(
     assert (
         "2000" not in tool_texts[0] and "7000" in tool_texts[1]
     )  # the oldest output went, the newest stayed
-
-
-def test_a_finish_while_the_tests_fail_is_answered_once_with_what_they_say(
-    scripted_model, sandbox: Sandbox, tmp_path: Path
-) -> None:
-    server = scripted_model([FINISH, FINISH])
-    result = solve(server, sandbox, tmp_path)
-    answer = last_tool_text(server.requests[1])
-    assert answer.startswith(
-        "Not finished: the tests still fail (python -m pytest -q exited with 1). They say:"
-    )
-    assert "assert add(2, 3) == 5" in answer and "A second finish call ends the work as it is." in answer
-    assert result.stop_reason == "finished" and result.turns == 2
-    refused = [e for e in load(tmp_path / "run" / "trajectory.json") if e["type"] == "finish_refused"]
-    assert [e["tests_exit_code"] for e in refused] == [1]
 
 
 def test_under_the_plain_policy_finish_ends_the_run_whatever_the_tests(

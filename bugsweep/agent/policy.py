@@ -13,7 +13,8 @@ can tell whether two models ran under the same harness.
 Policies:
 - `plain` (this base class): every hook does nothing; the plain seed loop with its plain tools (tools.py:
   edit_file replaces exactly one exact occurrence and otherwise says precisely why not, read_file shows what it is
-  asked for, every mistake is a message). Any help beyond that (loose matching, lookups, whole reads) is a policy's.
+  asked for, every mistake is a message). Any help beyond that (whole-function edits, focused prompts, whole reads)
+  is a policy's.
 - `small-model` (small_model/): the help the embedded 1.5B model needs to resolve the demo (bench/README.md).
 
 The contract. A policy is one object per run (it may keep state), a subclass of `Policy` with a unique `name`,

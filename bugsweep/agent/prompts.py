@@ -9,14 +9,14 @@ do next, in words the model can act on directly.
 Tuned against the embedded Qwen2.5-Coder-1.5B (temperature 0, local sandbox) on two one-line bugs: the calc repo
 (add subtracts) and a package whose __init__ re-exports a module with a word-count bug. What it did, and the change:
 - read the test, tried to edit it, then called finish with the refusal text as its summary ("finish when you cannot
-  make progress" invited that): finish is now "after the tests pass", and the refusal names the file that defines
-  what the test imports (found with grep; under the small-model policy), not the re-exporting __init__ it edited
-  instead;
+  make progress" invited that): finish is now "after the tests pass" (the refusal also named the file that defines
+  what the test imports under the small-model policy; removed after the run on real tasks, where it changed no
+  outcome);
 - read one line (start_line=end_line=1) and edited blind: a file that fits in the cap is now returned whole (under
   the small-model policy);
-- wrote `old` with the function's two lines joined on one line, four times in a row: a single whitespace-insensitive
-  match is now applied under the small-model policy (the plain tools say that `old` differs only in whitespace),
-  and an edit that would break Python syntax is refused;
+- wrote `old` with the function's two lines joined on one line, four times in a row: the tools say that `old`
+  differs only in whitespace (applying such a match under the small-model policy changed no outcome on real tasks
+  and was removed), and an edit that would break Python syntax is refused;
 - edited, then finished without running the tests: a successful edit now names the test command as the next step;
 - replaced only a `def` line, was refused for the syntax error, took the would-be file shown in the refusal for the
   real one, and repeated the edit with old == new until max_turns: the refusal now shows the file as it still is,
@@ -230,19 +230,6 @@ def read_header(path: str, first: int, last: int, total: int) -> str:
     return f"{path}, lines {first}-{last} of {total}:"
 
 
-def read_outline(path: str, total: int, chars: int, entries: Sequence[str], left_out: int) -> str:
-    """A whole-file read too long for a small model's window (small_model/tool_help.py): where things are instead."""
-    more = f"\n(and {left_out} more)" if left_out else ""
-    return (
-        f"{path} has {total} lines ({chars} characters), too long to read whole here. Its classes and "
-        f"functions:\n"
-        + "\n".join(entries)
-        + more
-        + "\nRead the part you need: read_file with start_line and "
-        "end_line (a function's lines above)."
-    )
-
-
 def read_cut(next_line: int, max_chars: int) -> str:
     return (
         f"[cut here: only {max_chars} characters are shown at a time. "
@@ -257,21 +244,12 @@ def bad_line_range(path: str, total: int) -> str:
 # -- edit_file -----------------------------------------------------------------------------------------------
 
 
-def protected_file(path: str, names: list[str], code_files: list[str]) -> str:
-    """The refusal names the code under test when it can: that is where the fix belongs."""
-    text = (
+def protected_file(path: str) -> str:
+    return (
         f"Error: {path} is a test file and cannot be edited. The test describes the correct behaviour; "
-        "the bug is in the code under test."
+        "the bug is in the code under test. Find the file that defines the code the test calls and fix the bug "
+        "there."
     )
-    where = "those files" if len(code_files) > 1 else "that file"
-    if code_files and names:
-        shown = ", ".join(names[:6])
-        text += f" {path} uses {shown} from {' and '.join(code_files)}: read {where} and fix the bug there."
-    elif code_files:
-        text += f" {path} imports code from {' and '.join(code_files)}: read {where} and fix the bug there."
-    else:
-        text += " Find the file that defines the code the test calls and fix the bug there."
-    return text
 
 
 def file_exists_not_empty(path: str) -> str:
@@ -285,48 +263,17 @@ def old_equals_new(path: str) -> str:
     return f"Error: old and new are the same, so {path} was not changed. Put the corrected text in new."
 
 
-def old_not_found(
-    path: str,
-    closest: str,
-    other_files: Sequence[str] = (),
-    test_files: Sequence[str] = (),
-    whitespace_only: bool = False,
-) -> str:
-    """`old` is in the file nowhere as written. The plain tools say where it is most alike, and whether it differs
-    from the file only in whitespace; the other files that hold it are the small-model policy's (small_model/)."""
+def old_not_found(path: str, closest: str, whitespace_only: bool = False) -> str:
+    """`old` is in the file nowhere as written: where it is most alike, and whether it differs from the file only
+    in whitespace."""
     text = f"Error: The text in old was not found in {path}, so nothing was changed."
     if whitespace_only:
         text += " It differs from the file only in spaces, indentation or line breaks."
-    if test_files:
-        # Seen on the 1.5B model: it copies the failing assertion from the test and tries to "fix" it in the code.
-        text += (
-            f" That text is in {' and '.join(test_files)}, a test file: the test is right and stays as it is. "
-            f"Change the code in {path} that gives the wrong result, so that the test passes."
-        )
-    elif other_files:
-        text += (
-            f" That text is in {' and '.join(other_files)}: call edit_file with that path if you meant it."
-        )
     if not closest:
         return text + f" Call read_file on {path} and copy the exact text to replace into old."
     return (
         f"{text}\nThe {path} text most like old is at {closest}\n"
         "To change those lines, copy them exactly into old and call edit_file again."
-    )
-
-
-def old_from_test(path: str, test_files: Sequence[str], definitions: Sequence[tuple[str, int, str]]) -> str:
-    """old was copied from a test: point at the code the test calls, which is where the fix goes."""
-    text = (
-        f"Error: The text in old was not found in {path}, so nothing was changed. That text is in "
-        f"{' and '.join(test_files)}, a test file: the test is right and stays as it is.\n"
-    )
-    for name, line, source in definitions:
-        text += f"The test calls {name}, defined in {path} at line {line}:\n{source}\n"
-    names = " or ".join(name for name, _, _ in definitions)
-    return text + (
-        f"The bug is in {names}: find the line that gives the wrong result, copy that line into old, "
-        "and write the corrected line in new."
     )
 
 
@@ -359,14 +306,9 @@ def _check_step(test_command: str | None) -> str:
     return "Run the tests to check the fix."
 
 
-def edit_done(
-    path: str, first: int, last: int, snippet: str, loose: bool = False, test_command: str | None = None
-) -> str:
-    how = (
-        " (old matched the file only when differences in spaces and line breaks are ignored)" if loose else ""
-    )
+def edit_done(path: str, first: int, last: int, snippet: str, test_command: str | None = None) -> str:
     return (
-        f"Edited {path}{how}. Lines {first}-{last} changed; with the lines around them the file now reads:\n"
+        f"Edited {path}. Lines {first}-{last} changed; with the lines around them the file now reads:\n"
         f"{snippet}\n{_check_step(test_command)}"
     )
 
@@ -479,15 +421,6 @@ def function_gone(name: str, path: str) -> str:
     return f"Error: {path} no longer defines {name}, so nothing was changed. Read {path} again."
 
 
-def reply_code_applied(span: FunctionSpan, last: int, snippet: str, test_command: str) -> str:
-    """The answer to a reply without a tool call whose code block fixed the function (small_model/tried.py)."""
-    return (
-        f"Your reply had no tool call, but its code block defines {span.name}, so it was tried in place of "
-        f"{span.name} in {span.path} (lines {span.first}-{span.last}). Lines {span.first}-{last} of "
-        f"{span.path} now read:\n{snippet}\n{tests_pass_after_edit(test_command)}"
-    )
-
-
 def function_rewritten(span: FunctionSpan, last: int, snippet: str, test_command: str | None = None) -> str:
     return (
         f"Replaced {span.name} in {span.path} (lines {span.first}-{span.last}) with your version. "
@@ -504,15 +437,6 @@ REPEAT_SAME = (
 )
 REPEAT_CHANGED = (
     "Note: this is the same command as in turn {turn}. What is new in its output since then:\n{lines}"
-)
-EDIT_NORMALISED = (
-    "Note: old was not in {path} exactly as written, but it matched one place (line {line}) once quotes and "
-    "whitespace were normalised. The edit was applied there."
-)
-FINISH_REFUSED = (
-    "Not finished: the tests still fail ({command} exited with {code}). They say:\n```\n{says}\n```\n"
-    "Find the code that gives the wrong result, fix it, run the tests, and call finish when they pass. "
-    "A second finish call ends the work as it is."
 )
 UNREAD_FILE = (
     "Error: The text in old was not found in {path}, so nothing was changed. You have not read {path}: edit only "

@@ -103,19 +103,6 @@ def enclosing_function(
 _DEF_NAME = re.compile(r"\bdef\s+(\w+)\s*\(")
 
 
-def functions_named(
-    source: str, path: str, name: str, max_lines: int = MAX_FUNCTION_LINES
-) -> list[FunctionSpan]:
-    """Every definition of `name` in `source` no longer than `max_lines` (none when the file does not parse)."""
-    spans = [_span(source, path, node, max_lines) for node in _functions(source) or [] if node.name == name]
-    return [span for span in spans if span is not None]
-
-
-def defined_names(text: str) -> list[str]:
-    """The names of the functions that the code blocks of a reply define, in order, each once."""
-    return list(dict.fromkeys(name for block in code_blocks(text) for name in _DEF_NAME.findall(block)))
-
-
 _WORD = re.compile(r"[A-Za-z_]\w*|\d+")
 
 
@@ -224,27 +211,6 @@ def function_from_reply(text: str, name: str) -> str:
                 lines = code.split("\n")[_top(node) - 1 : node.end_lineno]
                 return textwrap.dedent("\n".join(lines))
     raise RewriteError(problem)
-
-
-def outline(source: str) -> list[tuple[int, int, str]] | None:
-    """(first line, last line, "class Name" / "def name" / "def Class.method") of a module's classes and
-    functions, methods included, in file order; None when it does not parse."""
-    try:
-        tree = ast.parse(source)
-    except (SyntaxError, ValueError):
-        return None
-    entries: list[tuple[int, int, str]] = []
-
-    def visit(nodes: list[ast.stmt], prefix: str) -> None:
-        for node in nodes:
-            if isinstance(node, ast.ClassDef):
-                entries.append((node.lineno, node.end_lineno or node.lineno, f"class {prefix}{node.name}"))
-                visit(node.body, f"{prefix}{node.name}.")
-            elif isinstance(node, _Function):
-                entries.append((_top(node), node.end_lineno or node.lineno, f"def {prefix}{node.name}"))
-
-    visit(tree.body, "")
-    return entries
 
 
 def keep_docstring(original: str, function: str) -> str:

@@ -109,28 +109,3 @@ def closest_lines(content: str, old: str, context: int = 1, max_lines: int = 20)
 
 
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-
-
-def definitions_named_in(content: str, text: str, max_lines: int = 30) -> list[tuple[str, int, str]]:
-    """(name, first line, source) of each function or class defined in `content` whose name appears in `text`.
-
-    A definition runs from its `def`/`class` line to the last line indented deeper than it.
-    """
-    lines = split_lines(content)
-    wanted = set(_IDENTIFIER.findall(text))
-    found: list[tuple[str, int, str]] = []
-    for index, line in enumerate(lines):
-        match = re.match(r"(\s*)(?:async\s+)?(?:def|class)\s+([A-Za-z_][A-Za-z0-9_]*)", line)
-        if not match or match.group(2) not in wanted:
-            continue
-        indent = len(match.group(1))
-        end = index + 1
-        while end < len(lines) and (
-            not lines[end].strip() or len(lines[end]) - len(lines[end].lstrip()) > indent
-        ):
-            end += 1
-        while end > index + 1 and not lines[end - 1].strip():
-            end -= 1
-        block = lines[index : min(end, index + max_lines)]
-        found.append((match.group(2), index + 1, "".join(block).rstrip("\n")))
-    return found[:3]

@@ -7,8 +7,8 @@ from it, and Toolbox has one method per tool, of its name, taking exactly its ar
 edit_file replaces exactly one exact occurrence of `old`; otherwise nothing changes and the answer says precisely
 why (found nowhere: the closest lines, and whether `old` differs from them only in whitespace; found several times:
 how many and at which lines; an edit that would break Python syntax: where). read_file shows the lines asked for.
-Help beyond that for weak models (loose matching, lookups in other files, whole reads) is the small-model policy's
-(small_model/tool_help.py), which acts on the `problem` these answers carry.
+Help beyond that for weak models (whole-function edits, the region of a file never read) is the small-model
+policy's (small_model/), which acts on the `problem` these answers carry.
 
 Everything happens inside the sandbox through its interface (`exec`, `files`), so the same tools work on the local
 bubblewrap sandbox and on Runtime microVMs. The tools never raise for a mistake of the model: every mistake comes back
@@ -388,9 +388,7 @@ class Toolbox:
             self.workdir,
         )
         if self.is_protected(rel, lexical_rel):
-            return ToolOutcome(
-                prompts.protected_file(rel, [], []), ok=False, short_arg=rel, problem="test_file"
-            )
+            return ToolOutcome(prompts.protected_file(rel), ok=False, short_arg=rel, problem="test_file")
         if old == "":
             return self._create(real, rel, kind, parent_exists, new)
         refusal = self._refuse_kind(kind, rel)
@@ -422,11 +420,8 @@ class Toolbox:
             return ToolOutcome(prompts.old_equals_new(rel), ok=False, short_arg=rel)
         return self.apply_edit(real, rel, content, *spans[0], new)
 
-    def apply_edit(
-        self, real: str, rel: str, content: str, start: int, end: int, new: str, loose: bool = False
-    ) -> ToolOutcome:
-        """Replace content[start:end] with `new` and write the file, unless that breaks Python syntax; `loose`:
-        the place was found with whitespace ignored (the small-model policy), which the answer says."""
+    def apply_edit(self, real: str, rel: str, content: str, start: int, end: int, new: str) -> ToolOutcome:
+        """Replace content[start:end] with `new` and write the file, unless that breaks Python syntax."""
         updated = content[:start] + new + content[end:]
         first = updated.count("\n", 0, start) + 1
         last = first + max(new.count("\n") - (1 if new.endswith("\n") else 0), 0)
@@ -441,7 +436,7 @@ class Toolbox:
                 return ToolOutcome(prompts.edit_breaks_syntax(rel, broken[1], shown), ok=False, short_arg=rel)
         if not self.write_if_room(real, updated):
             return ToolOutcome(prompts.disk_full_error("edit_file"), ok=False, short_arg=rel)
-        text = prompts.edit_done(rel, first, last, snippet(updated, first, last), loose, self.test_command)
+        text = prompts.edit_done(rel, first, last, snippet(updated, first, last), self.test_command)
         return ToolOutcome(text, short_arg=rel)
 
     def _create(self, real: str, rel: str, kind: str, parent_exists: bool, new: str) -> ToolOutcome:

@@ -15,22 +15,11 @@ With it the embedded model resolved the demo 5 of 5 times (bench/README.md, "who
   An answer that leaves the task's tests failing is followed by up to `rewrite_samples` answers to the same request
   at temperature 0.8 (each a turn), each tried against the tests; the first they pass with is kept (seen on real
   bugs: at temperature 0 the function came back unchanged, a sample at 0.8 wrote the fix).
-- A reply without a tool call whose ```python block defines a function of the code under test is tried in place
-  of that function and kept when the task's tests pass with it (seen: the demo on a freshly started server, whose
-  first reply wrote the right function as text; bench/README.md, "code in a reply"). A function written whole
-  gets back the docstring and annotated signature it left out (rewrite.keep_docstring).
-- The first finish call while the task's tests still fail is answered with what they say; a second one ends the
-  run (seen on real bugs: finish after edits to the wrong file, the test unchanged).
+- A function written whole gets back the docstring and annotated signature it left out (rewrite.keep_docstring).
 - A failed edit_file call leaves the conversation: the reply and its result are replaced by one note saying what
   went wrong (once a wrong `old` is in the history, the model sends it again and again).
 - A read_file or edit_file call that fails exactly as an identical earlier call did is told so.
-- Help with the plain tools' answers (the plain `edit_file` replaces exactly one exact occurrence and says
-  precisely why not; `read_file` shows the lines asked for): an `old` that matches one place once runs of
-  whitespace are ignored is applied there, and said so (seen: a two-line function written as one line, four
-  times in a row); where it matches nowhere, the other files that hold it are named, and for text copied from a
-  test, the definitions here of what the test calls; the refusal of an edit to a test file names the files that
-  define what the test imports; a read_file with a range of a file that fits is shown whole (seen: one line read,
-  then an edit made blind).
+- A read_file with a range of a file that fits is shown whole (seen: one line read, then an edit made blind).
 On real repositories (bench/README.md, "Real bugs"), also:
 - A small first prompt: the failing tests, how they fail, the files their traceback names and the files that
   define what the failing tests import, instead of the
@@ -42,26 +31,26 @@ On real repositories (bench/README.md, "Real bugs"), also:
   is (seen: the same `python -m pytest tests` eight times in a row until the context was full). A failing test run
   repeated with nothing changed is followed by a request for the function where its traceback ends, when that is
   code under test and was not asked for before (seen: the same run ten times in a row despite that note).
-- An edit_file `old` found nowhere as written but in exactly one place once quotes and whitespace are normalised
-  is applied there, and the answer says so.
 - An edit_file call on a file the model never read that finds no match gets the region of the file that best
   matches its `old`, with more context than usual (seen: three "old text not found" in a row on an unread file).
-- A read_file without a range of a Python file longer than read_file shows at once comes back as the file's
-  outline (classes and functions with their lines, those the failing tests name first): seen on real bugs, whole
-  reads of a 2,602-line file, each overflowing the 8k window.
 - Within an 8k window, the failing assertion is never lost: it is in the first message, which the loop's
   context-length shortening never elides (only old tool outputs go).
-Every change is recorded in the trajectory (rewrite_requested, edit_tried, rewrite_sampled, model_sample,
-forgotten, edit_loose, edit_normalised, old_found_elsewhere, read_whole, read_outlined, ... events and the
-messages).
+Every change is recorded in the trajectory (first_prompt_focused, run_focused, rewrite_requested, edit_tried,
+rewrite_sampled, model_sample, forgotten, unread_file_region, read_whole events and the messages).
+
+Removed after plain and small-model were run side by side on 10 real mined tasks (bench/README.md, "plain vs
+small-model" and "the parts that changed nothing"), where none of them changed an outcome: the first finish refused
+while the tests fail, a reply's code block tried in place of a function, loose and normalised `old` matches
+applied, `old` found in other files (and the definitions of what a copied test line calls), the refusal of a test
+file naming the code under test, and outlines of long files.
 
 The parts, each small enough to read on its own:
 - policy.py: `SmallModelPolicy`, what it keeps of a run and which part each hook calls.
 - whole_function.py: the whole-function requests and their answers (rewrite.py parses and splices functions).
-- tried.py: an edit, a reply's code block or a finish call tried against the task's tests.
+- tried.py: an edit inside one function tried against the task's tests.
 - repeats.py: failed edits taken out of the conversation, repeats said to be repeats, test output focused.
-- tool_help.py: help with the plain tools' answers (loose matches, lookups, whole short files, outlines).
-- lookups.py: the greps behind those lookups; common.py: what the parts share.
+- tool_help.py: help with the plain tools' answers (an unread file's region, whole short files).
+- lookups.py: the code under test a test imports (for the first prompt); common.py: what the parts share.
 Its model-facing text is in prompts.py with the rest; focus.py holds the pure text helpers for real repositories.
 """
 

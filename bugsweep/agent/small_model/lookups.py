@@ -88,22 +88,6 @@ def imported_module_files(toolbox: Toolbox, source: str, rel: str) -> list[str]:
     return found
 
 
-def files_containing(toolbox: Toolbox, text: str, exclude: str) -> list[str]:
-    """Repository files (at most five) that contain the first line of `text`: a small model often copies
-    `old` from another file it read, typically the test."""
-    needle = next((line.strip() for line in text.split("\n") if line.strip()), "")
-    if len(needle) < 4:
-        return []
-    # -I: text files only (seen: a .pyc in __pycache__ named as the place of a docstring line).
-    command = f"grep -rlIF --exclude-dir=.git --exclude-dir=__pycache__ -e {shlex.quote(needle)} . | head -5"
-    try:
-        result = toolbox.sandbox.exec(command, timeout=30, stdin="")
-    except Exception:  # only a hint: never let it turn an error message into a crash
-        return []
-    found = [line.removeprefix("./") for line in result.stdout.split("\n") if line.strip()]
-    return [f for f in found if f != exclude]
-
-
 #: `from m import a, b`, `from m import (a,\n    b,\n)` (names over several lines: seen on prettytable, whose tests
 #: import a dozen names so) and `import m`: group 1 the module of a from-import, 2 its names, 3 a plain import's.
 _IMPORT = re.compile(

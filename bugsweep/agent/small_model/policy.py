@@ -14,7 +14,7 @@ from bugsweep.agent.small_model.common import Notes
 from bugsweep.agent.small_model.lookups import code_under_test
 from bugsweep.agent.small_model.repeats import Repeats
 from bugsweep.agent.small_model.tool_help import help_with_edit, read_help
-from bugsweep.agent.small_model.tried import answer_failing_finish, code_in_reply, edit_passes_tests
+from bugsweep.agent.small_model.tried import edit_passes_tests
 from bugsweep.agent.small_model.whole_function import WholeFunctions, function_to_rewrite
 from bugsweep.agent.tools import ToolOutcome
 
@@ -31,8 +31,6 @@ class SmallModelPolicy(Policy):
         """What the policy has learned of the task: the failing tests' digest, the code files, what it asked for."""
         self.repeats = Repeats(self.notes)
         self.functions = WholeFunctions(self.notes)
-        self.finish_refused = False
-        """Whether a finish call was already answered with the failing tests (only the first one is)."""
 
     def start(self, run: AgentRun) -> None:
         """Replace the first message's file list with the failing tests and how they fail (see focus.first_prompt)."""
@@ -92,8 +90,6 @@ class SmallModelPolicy(Policy):
             if not calls:
                 self.functions.answer(run, pending, reply.content)
                 return True
-        elif not calls and code_in_reply(run, self.notes, reply.content):
-            return True
         elif len(calls) == 1 and calls[0].name == "edit_file":
             span = function_to_rewrite(run.toolbox, calls[0].arguments, asked=self.notes.asked)
             if span is not None:
@@ -105,13 +101,11 @@ class SmallModelPolicy(Policy):
 
     def after_tool(self, run: AgentRun, call: ToolCall, outcome: ToolOutcome) -> ToolOutcome:
         if outcome.finished:
-            refused = None if self.finish_refused else answer_failing_finish(run, outcome)
-            self.finish_refused = self.finish_refused or refused is not None
-            return refused or outcome
+            return outcome
         if call.name == "run":
             outcome = self.repeats.focus_run(run, call, outcome)
         elif call.name == "read_file":
-            outcome = read_help(run, self.notes, call, outcome)
+            outcome = read_help(run, call, outcome)
         elif call.name == "edit_file" and not outcome.ok and not outcome.format_error:
             outcome = help_with_edit(run, call, outcome)
         self.repeats.last_outcome = outcome = self.repeats.mark(run, call, outcome)

@@ -1,31 +1,26 @@
 """Help with the plain tools' answers: what the small-model policy does after a read_file or edit_file call ran.
 
-The plain tools (tools.py) do exactly what they are asked and say precisely why they did not. Each step below takes
-their answer and does more, for a model that copies text loosely, reads one line at a time or reads files too long
-for its window; each change to a file or to an answer is recorded in the trajectory (an event named after it).
+The plain tools (tools.py) do exactly what they are asked and say precisely why they did not. The two steps below
+take their answer and do more, for a model that edits files it never read or reads one line at a time; each is
+recorded in the trajectory (unread_file_region, read_whole). The other help this module gave (loose and
+normalised matches applied, `old` found in other files, the refusal of a test file naming the code under test,
+outlines of long reads) was removed after the side-by-side run on real tasks (bench/README.md, "plain vs
+small-model"): none of it changed an outcome there.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from bugsweep.agent import prompts
-from bugsweep.agent.focus import normalised_matches
 from bugsweep.agent.model import ToolCall
-from bugsweep.agent.rewrite import outline
-from bugsweep.agent.small_model.common import Notes, repo_file
-from bugsweep.agent.small_model.lookups import code_under_test, files_containing
-from bugsweep.agent.text import closest_lines, definitions_named_in, loose_matches
+from bugsweep.agent.small_model.common import repo_file
+from bugsweep.agent.text import closest_lines
 from bugsweep.agent.tools import ToolOutcome, parse_arguments
 
 if TYPE_CHECKING:
     from bugsweep.agent.loop import AgentRun
-
-_WORDS = re.compile(r"[A-Za-z_]\w*")
-#: At most this many outline entries (those named in the failing tests first).
-OUTLINE_MAX_ENTRIES = 60
 
 
 def _edit_arguments(call: ToolCall) -> tuple[str, str, str] | None:
@@ -36,80 +31,23 @@ def _edit_arguments(call: ToolCall) -> tuple[str, str, str] | None:
 
 
 def help_with_edit(run: AgentRun, call: ToolCall, outcome: ToolOutcome) -> ToolOutcome:
-    """A refused edit_file call: for a test file, name the code under test; for an `old` found nowhere, apply
-    the edit where it matches once whitespace (or quotes) are ignored, or say more of where the text is."""
-    if outcome.problem == "test_file":
-        return _name_code_under_test(run, call, outcome)
+    """An edit_file call whose `old` is found nowhere in a file the model never read: the region of the file
+    most like `old`, with more context than the plain answer (seen: three "old text not found" in a row on an
+    unread file; on cachetools-57d2e4813d it led to the function that was then fixed)."""
     edit = _edit_arguments(call)
     if outcome.problem != "old_not_found" or edit is None or not edit[1].strip():
         return outcome
-    path, old, new = edit
-    found = repo_file(run.toolbox, path)
-    if found is None:
-        return outcome
-    real, rel, content = found
-    # A 1.5B model wrote old as one line for a two-line function, four times in a row; the only such place is
-    # the edit it meant. Only the amount and kind of whitespace may differ (text.loose_matches).
-    spans = loose_matches(content, old)
-    if len(spans) > 1:
-        lines = [content.count("\n", 0, i) + 1 for i, _ in spans]
-        return _answer(outcome, prompts.old_not_unique(rel, len(spans), lines))
-    if spans:
-        if old == new:
-            return _answer(outcome, prompts.old_equals_new(rel))
-        applied = run.toolbox.apply_edit(real, rel, content, *spans[0], new, loose=True)
-        run.trajectory.add("edit_loose", turn=run.turn, path=rel, applied=applied.ok)
-        applied.arguments = outcome.arguments
-        return applied
-    return _edit_normalised(run, path, rel, content, old, new) or _where_old_is(
-        run, outcome, rel, content, old
-    )
-
-
-def _answer(outcome: ToolOutcome, content: str) -> ToolOutcome:
-    return replace(outcome, content=content, problem=None)
-
-
-def _edit_normalised(
-    run: AgentRun, path: str, rel: str, content: str, old: str, new: str
-) -> ToolOutcome | None:
-    """Apply the edit where `old` matches once quotes and whitespace are normalised (seen on real bugs:
-    typographic quotes, spacing around operators), and say so; None when it matches no single place."""
-    spans = normalised_matches(content, old)
-    if len(spans) != 1:
-        return None
-    start, end = spans[0]
-    applied = run.toolbox.call("edit_file", {"path": path, "old": content[start:end], "new": new})
-    if not applied.ok:
-        return None
-    line = content.count("\n", 0, start) + 1
-    run.trajectory.add("edit_normalised", turn=run.turn, path=rel, line=line)
-    note = prompts.EDIT_NORMALISED.format(path=rel, line=line)
-    return replace(applied, content=note + "\n" + applied.content)
-
-
-def _where_old_is(run: AgentRun, outcome: ToolOutcome, rel: str, content: str, old: str) -> ToolOutcome:
-    """An `old` found nowhere: for a file the model never read, the region of it most like `old`, with more
-    context (seen: three "old text not found" in a row on an unread file); else the other files that hold it,
-    and for text copied from a test the definitions in this file of what the test calls (a 1.5B model sent the
-    failing assertion as `old`, and the lines that merely looked alike sent it to a call site)."""
     toolbox = run.toolbox
-    if rel not in toolbox.seen:
-        closest = closest_lines(content, old, context=6, max_lines=40)
-        if closest:
-            toolbox.seen[rel] = _range_of(closest)
-            run.trajectory.add("unread_file_region", turn=run.turn, path=rel)
-            return _answer(outcome, prompts.UNREAD_FILE.format(path=rel, closest=closest))
-    elsewhere = files_containing(toolbox, old, exclude=rel)
-    if not elsewhere:
+    found = repo_file(toolbox, edit[0])
+    if found is None or found[1] in toolbox.seen:
         return outcome
-    tests = [f for f in elsewhere if toolbox.is_protected(f)]
-    others = [f for f in elsewhere if f not in tests]
-    run.trajectory.add("old_found_elsewhere", turn=run.turn, path=rel, files=elsewhere)
-    definitions = definitions_named_in(content, old) if tests else []
-    if definitions:
-        return _answer(outcome, prompts.old_from_test(rel, tests, definitions))
-    return _answer(outcome, prompts.old_not_found(rel, closest_lines(content, old), others, tests))
+    _, rel, content = found
+    closest = closest_lines(content, edit[1], context=6, max_lines=40)
+    if not closest:
+        return outcome
+    toolbox.seen[rel] = _range_of(closest)
+    run.trajectory.add("unread_file_region", turn=run.turn, path=rel)
+    return replace(outcome, content=prompts.UNREAD_FILE.format(path=rel, closest=closest), problem=None)
 
 
 def _range_of(closest: str) -> tuple[int, int]:
@@ -118,35 +56,16 @@ def _range_of(closest: str) -> tuple[int, int]:
     return int(numbers[0]), int(numbers[-1])
 
 
-def _name_code_under_test(run: AgentRun, call: ToolCall, outcome: ToolOutcome) -> ToolOutcome:
-    """The refusal of an edit to a test file names what the test imports and the files that define it (found
-    with grep): seen on the 1.5B model, it edited the package's re-exporting __init__ instead."""
-    edit = _edit_arguments(call)
-    resolved = run.toolbox.resolve(edit[0]) if edit is not None else None
-    if resolved is None or isinstance(resolved, ToolOutcome) or resolved[2] != "file":
-        return outcome
-    real, rel, _, _ = resolved
-    names, code = code_under_test(run.toolbox, real, rel)
-    if not code:
-        return outcome
-    return _answer(outcome, prompts.protected_file(rel, names, code))
-
-
-def read_help(run: AgentRun, notes: Notes, call: ToolCall, outcome: ToolOutcome) -> ToolOutcome:
-    """A read_file call with a range of a file that fits comes back whole; one without a range of a long Python
-    file comes back as its outline."""
+def read_help(run: AgentRun, call: ToolCall, outcome: ToolOutcome) -> ToolOutcome:
+    """A read_file call with a range of a file that fits comes back whole."""
     args, _ = parse_arguments(call.arguments)
     if not args or outcome.format_error:
         return outcome
     found = repo_file(run.toolbox, str(args.get("path", "")))
-    if found is None:
-        return outcome
     ranged = any(args.get(k) not in (None, "") for k in ("start_line", "end_line"))
-    if ranged:
-        return _read_whole(run, args, outcome, found[1], found[2])
-    if outcome.ok:
-        return _outline_long_read(run, notes, outcome, found[1], found[2])
-    return outcome
+    if found is None or not ranged:
+        return outcome
+    return _read_whole(run, args, outcome, found[1], found[2])
 
 
 def _read_whole(
@@ -165,31 +84,3 @@ def _read_whole(
     run.trajectory.add("read_whole", turn=run.turn, path=rel)
     whole.arguments = outcome.arguments
     return whole
-
-
-def _outline_long_read(run: AgentRun, notes: Notes, outcome: ToolOutcome, rel: str, text: str) -> ToolOutcome:
-    """A read without a range of a Python file longer than read_file shows at once (read_file_max_chars)
-    comes back as its outline: classes and functions with their lines (those the failing tests name first),
-    and how to read a part.
-
-    Seen on real bugs (prettytable, bench/README.md): read_file of a 2,602-line file without a range, four
-    times in 12 turns; each answer (20,000 characters, ~6k tokens) overflowed the 8k window, so the loop
-    elided the older messages, the model lost what it had read, and read the whole file again.
-    """
-    if not rel.endswith(".py") or len(text) <= run.toolbox.settings.read_file_max_chars:
-        return outcome
-    entries = outline(text)
-    if not entries:
-        return outcome
-    named = set(_WORDS.findall(notes.failures or ""))
-    first = [e for e in entries if e[2].rsplit(" ", 1)[-1].rsplit(".", 1)[-1] in named]
-    rest = [e for e in entries if e not in first][: max(OUTLINE_MAX_ENTRIES - len(first), 0)]
-    shown = sorted(first + rest)
-    lines = [f"lines {a}-{b}: {what}" for a, b, what in shown]
-    run.toolbox.seen.pop(rel, None)  # none of its code was shown
-    run.trajectory.add("read_outlined", turn=run.turn, path=rel, chars=len(text), entries=len(shown))
-    total = text.count("\n") + (0 if text.endswith("\n") else 1)
-    return replace(
-        outcome,
-        content=prompts.read_outline(rel, total, len(text), lines, len(entries) - len(shown)),
-    )
