@@ -95,7 +95,7 @@ def test_a_fix_without_a_fix_word_is_tried(tmp_path: Path) -> None:
     assert isinstance(result, Screened), result
     assert result.why_fix == (
         "no fix word, but the change reads like a fix: it changes existing code (fmt, 2 lines, no new public "
-        "names) and tests assert on it (test_fmt_negative)"
+        "names) and new tests assert on it (test_fmt_negative)"
     )
 
 
@@ -144,7 +144,57 @@ def test_a_real_exception_still_makes_a_fix(tmp_path: Path) -> None:
         },
         "total(None) raised TypeError",
     )
-    assert isinstance(result, Screened) and result.why_fix == "the message says 'TypeError'"
+    assert isinstance(result, Screened) and result.why_fix == (
+        "the message says 'TypeError' and it changes existing code (total, 2 lines, no new public names) and new "
+        "tests assert on it (test_total_none)"
+    )
+
+
+def test_no_fix_word_or_only_an_exception_needs_a_new_test_of_existing_code(tmp_path: Path) -> None:
+    """Issue 37, round 7: a change of a few lines that only changes what an existing test expects reads as a fix
+    no more (over the eight labelled sets such wordless changes were 14 fixes, 7 not-fixes, 7 borderline)."""
+    repo = numbers_repo(tmp_path / "repo")
+    expect_more = TEST_NUMBERS.replace("[1, 2]) == 3", "[1, 2, None]) == 3")
+    result = screened(
+        repo,
+        {
+            "numbers_.py": NUMBERS.replace("sum(values)", "sum(v for v in values if v is not None)"),
+            "tests/test_numbers.py": expect_more,
+        },
+        "Sum what is there",
+    )
+    assert isinstance(result, Rejection) and result.reason == RejectReason.NOT_A_FIX
+    assert result.detail == (
+        "no fix word in the subject nor a strong one in the message (fix, bug, crash, ...), and it adds no test "
+        "of existing code (it only changes what existing tests expect)"
+    )
+    result = screened(
+        repo,
+        {
+            "numbers_.py": NUMBERS.replace("return sign", "return '' if n is None else sign"),
+            "tests/test_numbers.py": expect_more.replace("import total", "import fmt, total")
+            + "    assert fmt(None) == ''\n",
+        },
+        "fmt(None) raised TypeError",
+    )
+    assert isinstance(result, Rejection) and result.reason == RejectReason.NOT_A_FIX
+    assert "but an exception's name ('TypeError'), and it adds no test of existing code" in result.detail
+    # a case added to `@pytest.mark.parametrize` is a new test for pytest (`test_fmt[-1--1]`), the others kept
+    test_fmt = (
+        "import pytest\n\nfrom numbers_ import fmt\n\n\n@pytest.mark.parametrize(('n', 'text'), [{}])\n"
+        "def test_fmt(n, text):\n    assert fmt(n) == text\n"
+    )
+    write_files(repo, {"tests/test_fmt.py": test_fmt.format("(1, '1')")})
+    commit_all(repo, "Test fmt")
+    result = screened(
+        repo,
+        {"numbers_.py": NUMBERS.replace("sign + str(n)", "sign + str(abs(n))"),
+         "tests/test_fmt.py": test_fmt.format("(1, '1'), (-1, '-1')")},
+        "Print one minus sign",
+    )  # fmt: skip
+    assert isinstance(result, Screened) and result.why_fix.endswith("new tests assert on it (test_fmt)"), (
+        result
+    )
 
 
 # -- the whole change is read: stubs, other languages, changelogs, docstrings (issue 37) --------------------------
@@ -516,8 +566,17 @@ def test_a_constructor_parameter_is_new_and_a_changed_case_table_changes_its_tes
     assert isinstance(result, Screened), result
     assert result.why_fix == (
         "no fix word, but the change reads like a fix: it changes existing code (fmt, 2 lines, no new public "
-        "names) and tests assert on it (test_fmt)"
+        "names) and new tests assert on it (test_fmt)"
     )
+    # a case changed, not added: what an existing test expects changed (round 7: no new test, no fix by shape)
+    git(repo, "reset", "-q", "--hard", "HEAD~1")
+    result = screened(
+        repo,
+        {"numbers_.py": NUMBERS.replace("str(n)", "format(n, '+')"),
+         "tests/test_fmt.py": cases.replace("(1, '1'),", "(1, '+1'),") + test_fmt},
+        "show the sign of positive numbers in fmt (#285)",
+    )  # fmt: skip
+    assert isinstance(result, Rejection) and "it adds no test of existing code" in result.detail, result
 
 
 # The corpus: the 15 real fixes of bench/real_bugs.jsonl, screened in their own histories when a bare clone of each

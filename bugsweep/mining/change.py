@@ -29,6 +29,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
+from bugsweep.mining.cases import grown_cases
 from bugsweep.mining.changelog import changelog_kinds, is_changelog
 from bugsweep.mining.records import Commit
 
@@ -83,6 +84,8 @@ class ChangeShape:
     """Test functions the commit added."""
     changed_tests: list[str] = field(default_factory=list)
     """Test functions that existed before and whose code (decorators included) changed."""
+    grown_tests: list[str] = field(default_factory=list)
+    """Of the changed tests, those that only gained cases (new test nodes for pytest: bugsweep/mining/cases.py)."""
     tests_on_new_names: list[str] = field(default_factory=list)
     """Of the new and changed tests, those that use a name the commit added."""
     asserting_tests: list[str] = field(default_factory=list)
@@ -573,6 +576,8 @@ def _read_tests(
                 and ast.dump(old[name]) != ast.dump(node)
             ) or (tables and _names_used(node) & tables):
                 shape.changed_tests.append(name)
+                if grown_cases(before, after, old[name], node, _names_used(node)):
+                    shape.grown_tests.append(name)
             else:
                 continue
             if _names_used(node) & added_short:

@@ -276,10 +276,13 @@ def _feature_shape(shape: ChangeShape) -> str | None:
     )
 
 
-def _fix_shape(shape: ChangeShape, *, lines: int = MAX_WORDLESS_FIX_LINES) -> tuple[str | None, str]:
+def _fix_shape(
+    shape: ChangeShape, *, lines: int = MAX_WORDLESS_FIX_LINES, new_test: bool = False
+) -> tuple[str | None, str]:
     """(why the change reads as a fix, or None; else why not): existing functions changed, no new public names,
-    tests asserting on existing names, and a small source change (MAX_WORDLESS_FIX_FUNCTIONS functions, `lines`
-    lines)."""
+    tests asserting on existing names (with `new_test`, one the commit adds: a changed expectation of an existing
+    test is what a deliberate change of behaviour makes too), and a small source change
+    (MAX_WORDLESS_FIX_FUNCTIONS functions, `lines` lines)."""
     if shape.added_names:
         return None, f"it adds new public names ({_listed(shape.added_names)})"
     if not shape.changed_functions:
@@ -293,10 +296,15 @@ def _fix_shape(shape: ChangeShape, *, lines: int = MAX_WORDLESS_FIX_LINES) -> tu
         return None, f"its source change is large ({shape.source_lines} lines, over {lines})"
     if not shape.tests_on_existing_names:
         return None, "no test it adds or changes asserts anything"
+    new = {*shape.new_tests, *shape.grown_tests}  # a case added to a test's table is a new test for pytest
+    tests = [t for t in shape.tests_on_existing_names if t in new] if new_test else []
+    if new_test and not tests:
+        return None, "it adds no test of existing code (it only changes what existing tests expect)"
     return (
         f"it changes existing code ({_listed(shape.changed_functions)}, {shape.source_lines} "
         f"line{'' if shape.source_lines == 1 else 's'}, no new public "
-        f"names) and tests assert on it ({_listed(shape.tests_on_existing_names)})"
+        f"names) and {'new ' if new_test else ''}tests assert on it "
+        f"({_listed(tests or shape.tests_on_existing_names)})"
     ), ""
 
 
@@ -394,10 +402,14 @@ def read_commit(message: str, subject: str | None = None, shape: ChangeShape | N
     10. otherwise a fix word in the subject (also error, exception, fail, handle, prevent, avoid, correct,
         don't, ...), a strong one in the body (a weak word there explains whatever the commit did: "Use logging
         instead of warnings ... users don't know what to do with that"), a real exception's name (not one the
-        subject says the code now raises: "Make viewkeys raise AttributeError"), or an issue named as fixed in
-        the subject ("closes #12") make a fix;
+        subject says the code now raises: "Make viewkeys raise AttributeError"; with a readable change, only
+        with a strong word in the body or a change that reads like a fix and adds a test of existing code, as
+        in rule 11 up to MAX_ISSUE_FIX_LINES lines), or an issue named as fixed in the subject ("closes #12")
+        make a fix;
     11. with none of those, a small change that reads like a fix (`_fix_shape`: 1 to MAX_WORDLESS_FIX_FUNCTIONS
-        functions, MAX_WORDLESS_FIX_LINES lines) is one; anything else is not.
+        functions, MAX_WORDLESS_FIX_LINES lines) and adds a test asserting on existing code (changing what
+        existing tests expect is not enough: deliberate changes of behaviour do that too) is one; anything
+        else is not.
     Without a readable shape (no repository given, or a change with files the screen cannot read) rules 3, 5, 7,
     8 and 11 do not apply, only builtin exception names count, a leading issue reference counts as an issue
     named as fixed, and the reason says so.
@@ -494,18 +506,29 @@ def read_commit(message: str, subject: str | None = None, shape: ChangeShape | N
     # a weak word (error, handle, don't, ...) is evidence in the subject; in the body it explains whatever was
     # done ("Use logging instead of warnings: users don't know what to do with that"), so there only a strong
     # word or a real exception's name counts
-    if word := _fix_word(rest, known, raised=raised) or _fix_word(body, known, weak=False, exceptions=True):
+    word = _fix_word(rest, known, raised=raised) or _fix_word(body, known, weak=False, exceptions=True)
+    named = ""
+    if word and known is not None and EXCEPTION_WORD.fullmatch(word):
+        # an exception's name alone is weak evidence (a feature raises one too): a strong word in the body, or
+        # a change that reads like a fix and adds a test of existing code, must back it
+        if strong := _fix_word(body, known, weak=False, exceptions=False):
+            word = strong
+        elif (why := _fix_shape(known, lines=MAX_ISSUE_FIX_LINES, new_test=True)[0]) is not None:
+            return decide(True, f"the message says {word!r} and {why}", Rule.EXCEPTION)
+        else:
+            word, named = None, f" but an exception's name ({word!r})"
+    if word:
         rule = Rule.EXCEPTION if EXCEPTION_WORD.fullmatch(word) else Rule.MESSAGE_FIX_WORD
         return decide(True, f"the message says {word!r}", rule)
     if ISSUE_PATTERN.search(rest if known is not None else first):
         return decide(True, "the subject names an issue as fixed", Rule.ISSUE_FIXED)
     if known is not None:
-        why, why_not = _fix_shape(known)
+        why, why_not = _fix_shape(known, new_test=True)
         if why:
             return decide(True, f"no fix word, but the change reads like a fix: {why}", Rule.FIX_SHAPE)
         return decide(
             False,
-            f"no fix word in the subject nor a strong one in the message (fix, bug, crash, ...), and {why_not}",
+            f"no fix word in the subject nor a strong one in the message (fix, bug, crash, ...){named}, and {why_not}",
             Rule.NO_FIX_WORD,
         )
     if ISSUE_PATTERN.search(message) or re.search(r"(^|\s)\(?#\d+\b", message):
