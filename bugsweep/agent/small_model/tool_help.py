@@ -61,9 +61,10 @@ def read_help(run: AgentRun, call: ToolCall, outcome: ToolOutcome) -> ToolOutcom
     args, _ = parse_arguments(call.arguments)
     if not args or outcome.format_error:
         return outcome
+    if not any(args.get(k) not in (None, "") for k in ("start_line", "end_line")):
+        return outcome  # a read without a range is already whole (or cut at the cap), as asked
     found = repo_file(run.toolbox, str(args.get("path", "")))
-    ranged = any(args.get(k) not in (None, "") for k in ("start_line", "end_line"))
-    if found is None or not ranged:
+    if found is None:
         return outcome
     return _read_whole(run, args, outcome, found[1], found[2])
 
