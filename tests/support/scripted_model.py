@@ -110,11 +110,11 @@ class ScriptedModelServer:
                         time.sleep(server.latency_s)
                     self._answer(body)
                 finally:
-                    with (
-                        server._lock
-                    ):  # a request a stop cut off ended there (stop() took it out of in_flight)
+                    with server._lock:
+                        # a request a stop cut off ended there (stop() already took it out of in_flight)
                         cut = server.stops != stops
-                        server.in_flight -= 0 if cut else 1
+                        if not cut:
+                            server.in_flight -= 1
                         ended = server.stopped_at if cut else time.monotonic()
                         server.spans.append((started, ended, _first_user_message(body)))
 
