@@ -114,6 +114,20 @@ def test_wordless_changes_that_are_not_fixes_say_why(tmp_path: Path) -> None:
         "no fix word in the subject nor a strong one in the message (fix, bug, crash, ...), and its source change is "
         "large (46 lines, over 20)"
     )
+    # round 8: a fix changes code, a feature grows it (13 lines added, none removed, a new test of total())
+    git(repo, "reset", "-q", "--hard", "HEAD~1")
+    grown = NUMBERS.replace(
+        "return sum(values)", "result = 0\n" + "    result += 0\n" * 12 + "    return sum(values)"
+    )
+    new_test = TEST_NUMBERS + "\n\ndef test_total_tuple():\n    assert total((1,)) == 1\n"
+    result = screened(
+        repo, {"numbers_.py": grown, "tests/test_numbers.py": new_test}, "Sum the values one by one"
+    )
+    assert isinstance(result, Rejection)
+    assert result.detail.endswith("and it adds 13 lines (over 12: new behaviour rather than a fix)"), (
+        result.detail
+    )
+    git(repo, "reset", "-q", "--hard", "HEAD~1")
     result = screened(
         repo,
         {"numbers_.py": NUMBERS.replace("return sum(values)", "return sum(values, 0)")},

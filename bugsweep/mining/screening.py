@@ -12,7 +12,7 @@ from typing import NamedTuple
 from bugsweep.grading.testfiles import is_test_file
 from bugsweep.mining.change import BUILTIN_EXCEPTIONS, ChangeShape, read_change
 from bugsweep.mining.records import Commit, Rejection, RejectReason, Screened
-from bugsweep.mining.shapes import MAX_ISSUE_FIX_LINES, feature_shape, fix_shape, listed
+from bugsweep.mining.shapes import feature_shape, fix_shape, listed
 from bugsweep.settings import DEFAULT_TEST_GLOBS
 
 #: Words that say a bug was fixed, whatever else the commit does. Matched case-insensitively on whole words.
@@ -360,9 +360,9 @@ def read_commit(message: str, subject: str | None = None, shape: ChangeShape | N
         word in the body or a change that reads like a fix and adds a test of existing code (as in rule 11, up
         to MAX_ISSUE_FIX_LINES lines): "Handle kwargs in strings ..." names what a feature does as well;
     11. with none of those, a small change that reads like a fix (`fix_shape`: 1 to MAX_WORDLESS_FIX_FUNCTIONS
-        functions, MAX_WORDLESS_FIX_LINES lines) and adds a test asserting on existing code (changing what
-        existing tests expect is not enough: deliberate changes of behaviour do that too) is one; anything
-        else is not.
+        functions, MAX_WORDLESS_FIX_LINES lines, at most MAX_WORDLESS_FIX_ADDED of them added: a feature grows the
+        code) and adds a test asserting on existing code (changing what existing tests expect is not enough:
+        deliberate changes of behaviour do that too) is one; anything else is not.
     Without a readable shape (no repository given, or a change with files the screen cannot read) rules 3, 5, 7,
     8 and 11 do not apply, only builtin exception names count, a leading issue reference counts as an issue
     named as fixed, and the reason says so.
@@ -440,7 +440,7 @@ def read_commit(message: str, subject: str | None = None, shape: ChangeShape | N
         return decide(False, f"a feature or refactor: {feature}", Rule.FEATURE_SHAPE)
     announced = _announced(rest)
     if known is not None and issue and (not announced or announced == _maybe_work(rest)):
-        why, _ = fix_shape(known, lines=MAX_ISSUE_FIX_LINES)
+        why, _ = fix_shape(known, wordless=False)
         if why:
             return decide(True, f"the subject opens with an issue reference and the change reads like a fix: {why}",
                           Rule.ISSUE_FIX_SHAPE)  # fmt: skip
@@ -472,7 +472,7 @@ def read_commit(message: str, subject: str | None = None, shape: ChangeShape | N
         # existing code, must back it
         if strong := _fix_word(body, known, weak=False, exceptions=False):
             word = strong
-        elif (why := fix_shape(known, lines=MAX_ISSUE_FIX_LINES, new_test=True)[0]) is not None:
+        elif (why := fix_shape(known, wordless=False, new_test=True)[0]) is not None:
             return decide(True, f"the message says {word!r} and {why}", _word_rule(word))
         else:
             what = "an exception's name" if EXCEPTION_WORD.fullmatch(word) else "only a weak word"
