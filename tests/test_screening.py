@@ -114,6 +114,20 @@ def test_wordless_changes_that_are_not_fixes_say_why(tmp_path: Path) -> None:
         "no fix word in the subject nor a strong one in the message (fix, bug, crash, ...), and its source change is "
         "large (46 lines, over 20)"
     )
+    # round 8: a fix changes code, a feature grows it (13 lines added, none removed, a new test of total())
+    git(repo, "reset", "-q", "--hard", "HEAD~1")
+    grown = NUMBERS.replace(
+        "return sum(values)", "result = 0\n" + "    result += 0\n" * 12 + "    return sum(values)"
+    )
+    new_test = TEST_NUMBERS + "\n\ndef test_total_tuple():\n    assert total((1,)) == 1\n"
+    result = screened(
+        repo, {"numbers_.py": grown, "tests/test_numbers.py": new_test}, "Sum the values one by one"
+    )
+    assert isinstance(result, Rejection)
+    assert result.detail.endswith("and it adds 13 lines (over 12: new behaviour rather than a fix)"), (
+        result.detail
+    )
+    git(repo, "reset", "-q", "--hard", "HEAD~1")
     result = screened(
         repo,
         {"numbers_.py": NUMBERS.replace("return sum(values)", "return sum(values, 0)")},
@@ -195,6 +209,43 @@ def test_no_fix_word_or_only_an_exception_needs_a_new_test_of_existing_code(tmp_
     assert isinstance(result, Screened) and result.why_fix.endswith("new tests assert on it (test_fmt)"), (
         result
     )
+
+
+def test_a_weak_word_in_the_subject_needs_a_strong_word_or_a_new_test_of_existing_code(
+    tmp_path: Path,
+) -> None:
+    """Issue 37, round 8: "Handle ...", "... error ..." name what a feature does as well as a fix (over the nine
+    labelled sets, such subjects with nothing else were 6 fixes, 3 not-fixes, 5 borderline); "correctly" says
+    the code was not."""
+    repo = numbers_repo(tmp_path / "repo")
+    skip_none = NUMBERS.replace("sum(values)", "sum(v for v in values if v is not None)")
+    expect_more = TEST_NUMBERS.replace("[1, 2]) == 3", "[1, 2, None]) == 3")
+    result = screened(
+        repo, {"numbers_.py": skip_none, "tests/test_numbers.py": expect_more}, "Handle None in total"
+    )
+    assert isinstance(result, Rejection) and result.reason == RejectReason.NOT_A_FIX
+    assert result.detail == (
+        "no fix word in the subject nor a strong one in the message (fix, bug, crash, ...) but only a weak word "
+        "('Handle'), and it adds no test of existing code (it only changes what existing tests expect)"
+    )
+    git(repo, "reset", "--hard", "HEAD~1")
+    result = screened(
+        repo,
+        {"numbers_.py": skip_none, "tests/test_numbers.py": expect_more + "\n\ndef test_total_none():\n"
+         "    assert total([None]) == 0\n"},
+        "Handle None in total",
+    )  # fmt: skip
+    assert isinstance(result, Screened) and result.why_fix == (
+        "the message says 'Handle' and it changes existing code (total, 2 lines, no new public names) and new "
+        "tests assert on it (test_total_none)"
+    )
+    git(repo, "reset", "--hard", "HEAD~1")
+    result = screened(
+        repo,
+        {"numbers_.py": skip_none, "tests/test_numbers.py": expect_more},
+        "Sum values correctly when one is None",
+    )
+    assert isinstance(result, Screened) and result.why_fix == "the message says 'correctly'"
 
 
 # -- the whole change is read: stubs, other languages, changelogs, docstrings (issue 37) --------------------------
@@ -445,8 +496,17 @@ def test_typing_only_statements_and_body_words_are_no_fix(tmp_path: Path) -> Non
         "names (log)"
     )
     git(repo, "reset", "-q", "--hard", "HEAD~1")
+    # in the subject it is evidence when the change backs it (round 8): here a new public name, then none
     result = screened(repo, change, "Don't lose the start of a total")
-    assert isinstance(result, Screened) and result.why_fix == 'the message says "Don\'t"'
+    assert (
+        isinstance(result, Rejection) and 'but only a weak word ("Don\'t"), and it adds new' in result.detail
+    )
+    git(repo, "reset", "-q", "--hard", "HEAD~1")
+    change["numbers_.py"] = change["numbers_.py"].replace("\n\nlog = print\n", "")
+    result = screened(repo, change, "Don't lose the start of a total")
+    assert isinstance(result, Screened) and result.why_fix.startswith(
+        'the message says "Don\'t" and it changes existing code (total, '
+    )
 
 
 @pytest.mark.parametrize(

@@ -75,6 +75,8 @@ class ChangeShape:
     (docstrings, comments, formatting and type annotations set aside)."""
     source_lines: int = 0
     """Lines added plus lines removed in Python source files (stubs not counted)."""
+    source_added: int = 0
+    """Of those, the lines added."""
     code_changed: bool = True
     """False when no Python source changed once docstrings, comments, formatting and type annotations are set
     aside, and no other file that ships with the code changed."""
@@ -151,13 +153,13 @@ def _diff(repo: Path, base: str, sha: str, paths: Sequence[str], *args: str) -> 
     ).stdout
 
 
-def _numstat(repo: Path, base: str, sha: str, paths: Sequence[str]) -> int:
-    total = 0
+def _numstat(repo: Path, base: str, sha: str, paths: Sequence[str]) -> tuple[int, int]:
+    """(lines added, lines removed) in `paths`."""
+    counts = [0, 0]
     for line in _diff(repo, base, sha, paths, "--numstat").splitlines():
-        added, removed, _ = [*line.split("\t", 2), "", ""][:3]
-        total += int(added) if added.isdigit() else 0
-        total += int(removed) if removed.isdigit() else 0
-    return total
+        for side, count in enumerate(line.split("\t", 2)[:2]):
+            counts[side] += int(count) if count.isdigit() else 0
+    return counts[0], counts[1]
 
 
 Definition = ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef
@@ -458,7 +460,8 @@ def read_change(
     if shape.unreadable:
         return shape
 
-    shape.source_lines = _numstat(repo, base, commit.sha, py_sources)
+    shape.source_added, removed = _numstat(repo, base, commit.sha, py_sources)
+    shape.source_lines = shape.source_added + removed
     _read_sources(shape, {p: trees[p] for p in py_sources}, {p: trees[p] for p in stubs}, lines)
     data = [p for p, role in roles.items() if role == "data"]
     if not shape.changed_functions and not shape.added_names and not data:

@@ -12,6 +12,7 @@ from typing import NamedTuple
 from bugsweep.grading.testfiles import is_test_file
 from bugsweep.mining.change import BUILTIN_EXCEPTIONS, ChangeShape, read_change
 from bugsweep.mining.records import Commit, Rejection, RejectReason, Screened
+from bugsweep.mining.shapes import feature_shape, fix_shape, listed
 from bugsweep.settings import DEFAULT_TEST_GLOBS
 
 #: Words that say a bug was fixed, whatever else the commit does. Matched case-insensitively on whole words.
@@ -27,6 +28,8 @@ WEAK_FIX_WORDS = (
 #: Every fix word, strong or weak. An exception's name counts too, but only a real one (see ChangeShape.is_exception).
 FIX_PATTERN = re.compile(rf"\b({STRONG_FIX_WORDS}|{WEAK_FIX_WORDS})\b", re.IGNORECASE)
 STRONG_FIX = re.compile(rf"\b({STRONG_FIX_WORDS})\b", re.IGNORECASE)
+#: A weak word that says what was wrong: "Correct parsing of ...", "... correctly" need no backing (read_commit).
+CORRECTED = re.compile(r"\bcorrect(ly|s|ed)?\b", re.IGNORECASE)
 #: A CamelCase word naming an exception class (`OSError`, `SignatureExpired` does not count, `ParsedException` may).
 EXCEPTION_WORD = re.compile(r"\b[A-Z]\w*(?:Error|Exception)\b")
 #: An issue named as the thing fixed ("closes #12", "issue 45", "gh-7"). Counts in the subject only: a body's
@@ -157,13 +160,6 @@ AND_FIX_CLAUSE = re.compile(r"\b(and|with|plus|[,;])\s+(?=(fix(es|ed)?|correct(s
 #: An exception the subject says the code now raises ("Make viewkeys raise AttributeError", "raise TypeError for
 #: bytes"): behaviour asked for, not a failure fixed; the name is then no fix word ("raised TypeError" is a failure).
 RAISES_EXCEPTION = re.compile(r"\b(raises?|throws?)\s+(an?\s+)?(?P<name>[A-Z]\w*(Error|Exception))\b")
-#: A fix without a fix word must be small: source lines added plus removed, at most (40 until issue 37's round 5:
-#: over 20, the six sets labelled then held 4 not-fixes for 1 fix; bench/README.md).
-MAX_WORDLESS_FIX_LINES = 20
-#: ... or, with an issue reference opening the subject ("Issue 1214: Update __eq__ ..."), at most this many.
-MAX_ISSUE_FIX_LINES = 80
-#: ... and touch few existing functions: a clean-up or a linter's pass touches many a little.
-MAX_WORDLESS_FIX_FUNCTIONS = 3
 #: Single-module test suites of older projects (`tests.py`), counted as test files too when mining.
 LONE_TEST_MODULES = {"tests.py", "test.py"}
 #: Test-file patterns used to split a commit: the agent's protected globs plus the lone test modules.
@@ -228,11 +224,6 @@ def is_runnable_test(path: str) -> bool:
     )
 
 
-def _listed(names: Sequence[str], most: int = 3) -> str:
-    shown = ", ".join(names[:most])
-    return shown + (f" and {len(names) - most} more" if len(names) > most else "")
-
-
 def _about_tooling(text: str, start: int) -> bool:
     """Whether the fix word at `start` of `text` is about tooling ("fix typos", "lint fixes", "auto-fix")."""
     return any(m.start() <= start < m.end() for m in TOOLING_FIX.finditer(text))
@@ -265,47 +256,8 @@ def _fix_word(
     return None
 
 
-def _feature_shape(shape: ChangeShape) -> str | None:
-    """Why the change reads as a feature: new public names, and the tests it adds or changes test only those."""
-    tests = [*shape.new_tests, *shape.changed_tests]
-    if not shape.added_names or not tests or shape.tests_on_existing_names:
-        return None
-    return (
-        f"it adds new public names ({_listed(shape.added_names)}) and its tests ({_listed(tests)}) "
-        "assert nothing about code that existed before"
-    )
-
-
-def _fix_shape(
-    shape: ChangeShape, *, lines: int = MAX_WORDLESS_FIX_LINES, new_test: bool = False
-) -> tuple[str | None, str]:
-    """(why the change reads as a fix, or None; else why not): existing functions changed, no new public names,
-    tests asserting on existing names (with `new_test`, one the commit adds: a changed expectation of an existing
-    test is what a deliberate change of behaviour makes too), and a small source change
-    (MAX_WORDLESS_FIX_FUNCTIONS functions, `lines` lines)."""
-    if shape.added_names:
-        return None, f"it adds new public names ({_listed(shape.added_names)})"
-    if not shape.changed_functions:
-        return None, "it changes no existing function"
-    if len(shape.changed_functions) > MAX_WORDLESS_FIX_FUNCTIONS:
-        return None, (
-            f"it changes {len(shape.changed_functions)} existing functions (over {MAX_WORDLESS_FIX_FUNCTIONS}: "
-            "a clean-up rather than a fix)"
-        )
-    if shape.source_lines > lines:
-        return None, f"its source change is large ({shape.source_lines} lines, over {lines})"
-    if not shape.tests_on_existing_names:
-        return None, "no test it adds or changes asserts anything"
-    new = {*shape.new_tests, *shape.grown_tests}  # a case added to a test's table is a new test for pytest
-    tests = [t for t in shape.tests_on_existing_names if t in new] if new_test else []
-    if new_test and not tests:
-        return None, "it adds no test of existing code (it only changes what existing tests expect)"
-    return (
-        f"it changes existing code ({_listed(shape.changed_functions)}, {shape.source_lines} "
-        f"line{'' if shape.source_lines == 1 else 's'}, no new public "
-        f"names) and {'new ' if new_test else ''}tests assert on it "
-        f"({_listed(tests or shape.tests_on_existing_names)})"
-    ), ""
+def _word_rule(word: str) -> Rule:
+    return Rule.EXCEPTION if EXCEPTION_WORD.fullmatch(word) else Rule.MESSAGE_FIX_WORD
 
 
 def _announced(rest: str) -> str | None:
@@ -394,7 +346,7 @@ def read_commit(message: str, subject: str | None = None, shape: ChangeShape | N
        `fix:`) in the subject, not about tooling ("fix typos", "fix lint"), makes a fix;
     7. a change that adds new public names and whose new or changed tests test only those is a feature;
     8. a subject with a leading issue reference whose change reads like a fix (existing functions changed, no new
-       public names, tests asserting on existing names: `_fix_shape`, any size) is a fix, unless the subject
+       public names, tests asserting on existing names: `fix_shape`, any size) is a fix, unless the subject
        announces a feature or other work (OTHER_WORK_SUBJECT);
     9. a subject announcing a feature or other work (Refactor, Clean up, Update, Remove, Replace, docs, typing,
        "can also accept", ...) is a fix only with a strong fix word in the message, not about tooling and not in
@@ -402,14 +354,15 @@ def read_commit(message: str, subject: str | None = None, shape: ChangeShape | N
     10. otherwise a fix word in the subject (also error, exception, fail, handle, prevent, avoid, correct,
         don't, ...), a strong one in the body (a weak word there explains whatever the commit did: "Use logging
         instead of warnings ... users don't know what to do with that"), a real exception's name (not one the
-        subject says the code now raises: "Make viewkeys raise AttributeError"; with a readable change, only
-        with a strong word in the body or a change that reads like a fix and adds a test of existing code, as
-        in rule 11 up to MAX_ISSUE_FIX_LINES lines), or an issue named as fixed in the subject ("closes #12")
-        make a fix;
-    11. with none of those, a small change that reads like a fix (`_fix_shape`: 1 to MAX_WORDLESS_FIX_FUNCTIONS
-        functions, MAX_WORDLESS_FIX_LINES lines) and adds a test asserting on existing code (changing what
-        existing tests expect is not enough: deliberate changes of behaviour do that too) is one; anything
-        else is not.
+        subject says the code now raises: "Make viewkeys raise AttributeError"), or an issue named as fixed in
+        the subject ("closes #12") make a fix; with a readable change, a weak word in the subject (but
+        "correct(ly)", which says the code was not) and an exception's name count only when backed by a strong
+        word in the body or a change that reads like a fix and adds a test of existing code (as in rule 11, up
+        to MAX_ISSUE_FIX_LINES lines): "Handle kwargs in strings ..." names what a feature does as well;
+    11. with none of those, a small change that reads like a fix (`fix_shape`: 1 to MAX_WORDLESS_FIX_FUNCTIONS
+        functions, MAX_WORDLESS_FIX_LINES lines, at most MAX_WORDLESS_FIX_ADDED of them added: a feature grows the
+        code) and adds a test asserting on existing code (changing what existing tests expect is not enough:
+        deliberate changes of behaviour do that too) is one; anything else is not.
     Without a readable shape (no repository given, or a change with files the screen cannot read) rules 3, 5, 7,
     8 and 11 do not apply, only builtin exception names count, a leading issue reference counts as an issue
     named as fixed, and the reason says so.
@@ -420,7 +373,7 @@ def read_commit(message: str, subject: str | None = None, shape: ChangeShape | N
     first = GITMOJI.sub("", first, count=1)
     known = shape if shape is not None and shape.readable else None
     words_only = (
-        f" (words only: the change has files the screen cannot read: {_listed(shape.unreadable)})"
+        f" (words only: the change has files the screen cannot read: {listed(shape.unreadable)})"
         if shape is not None and not shape.readable
         else ""
     )
@@ -468,7 +421,7 @@ def read_commit(message: str, subject: str | None = None, shape: ChangeShape | N
         return decide(False, f"the subject is about tooling ({tooling.group(0)!r}), not the code's behaviour",
                       Rule.OTHER_WORK)  # fmt: skip
     if shape is not None and (kind := shape.changelog_kind):
-        files = _listed(shape.changelog[kind], 2)
+        files = listed(shape.changelog[kind], 2)
         return decide(
             kind == "fix", f"its changelog entry says {CHANGELOG_WORDS[kind]} ({files})", Rule.CHANGELOG
         )
@@ -476,18 +429,18 @@ def read_commit(message: str, subject: str | None = None, shape: ChangeShape | N
         return decide(
             False,
             f"a feature: the subject says {verb.group(0).strip()!r} and the change adds new public names "
-            f"({_listed(defined)})",
+            f"({listed(defined)})",
             Rule.FEATURE,
         )
     if conventional_fix:
         return decide(True, "a 'fix' commit", Rule.SUBJECT_FIX_WORD)
     if strong := _fix_word(rest, known, weak=False):
         return decide(True, f"the subject says {strong!r}", Rule.SUBJECT_FIX_WORD)
-    if known is not None and (feature := _feature_shape(known)):
+    if known is not None and (feature := feature_shape(known)):
         return decide(False, f"a feature or refactor: {feature}", Rule.FEATURE_SHAPE)
     announced = _announced(rest)
     if known is not None and issue and (not announced or announced == _maybe_work(rest)):
-        why, _ = _fix_shape(known, lines=MAX_ISSUE_FIX_LINES)
+        why, _ = fix_shape(known, wordless=False)
         if why:
             return decide(True, f"the subject opens with an issue reference and the change reads like a fix: {why}",
                           Rule.ISSUE_FIX_SHAPE)  # fmt: skip
@@ -506,24 +459,30 @@ def read_commit(message: str, subject: str | None = None, shape: ChangeShape | N
     # a weak word (error, handle, don't, ...) is evidence in the subject; in the body it explains whatever was
     # done ("Use logging instead of warnings: users don't know what to do with that"), so there only a strong
     # word or a real exception's name counts
-    word = _fix_word(rest, known, raised=raised) or _fix_word(body, known, weak=False, exceptions=True)
+    in_subject = _fix_word(rest, known, raised=raised)
+    word = in_subject or _fix_word(body, known, weak=False, exceptions=True)
     named = ""
-    if word and known is not None and EXCEPTION_WORD.fullmatch(word):
-        # an exception's name alone is weak evidence (a feature raises one too): a strong word in the body, or
-        # a change that reads like a fix and adds a test of existing code, must back it
+    if (
+        word
+        and known is not None
+        and (EXCEPTION_WORD.fullmatch(word) or (word == in_subject and not CORRECTED.search(rest)))
+    ):
+        # a weak word in the subject (handle, error, avoid, ...) or an exception's name says what the commit is
+        # about, a feature's too: a strong word in the body, or a change that reads like a fix and adds a test of
+        # existing code, must back it
         if strong := _fix_word(body, known, weak=False, exceptions=False):
             word = strong
-        elif (why := _fix_shape(known, lines=MAX_ISSUE_FIX_LINES, new_test=True)[0]) is not None:
-            return decide(True, f"the message says {word!r} and {why}", Rule.EXCEPTION)
+        elif (why := fix_shape(known, wordless=False, new_test=True)[0]) is not None:
+            return decide(True, f"the message says {word!r} and {why}", _word_rule(word))
         else:
-            word, named = None, f" but an exception's name ({word!r})"
+            what = "an exception's name" if EXCEPTION_WORD.fullmatch(word) else "only a weak word"
+            word, named = None, f" but {what} ({word!r})"
     if word:
-        rule = Rule.EXCEPTION if EXCEPTION_WORD.fullmatch(word) else Rule.MESSAGE_FIX_WORD
-        return decide(True, f"the message says {word!r}", rule)
+        return decide(True, f"the message says {word!r}", _word_rule(word))
     if ISSUE_PATTERN.search(rest if known is not None else first):
         return decide(True, "the subject names an issue as fixed", Rule.ISSUE_FIXED)
     if known is not None:
-        why, why_not = _fix_shape(known, new_test=True)
+        why, why_not = fix_shape(known, new_test=True)
         if why:
             return decide(True, f"no fix word, but the change reads like a fix: {why}", Rule.FIX_SHAPE)
         return decide(
