@@ -411,6 +411,31 @@ def test_changes_that_change_no_code_and_changes_it_cannot_read_say_so(tmp_path:
     )  # fmt: skip
     assert isinstance(result, Rejection)
     assert result.detail == "it changes no code (only type annotations, docstrings, comments or formatting)"
+    # a conventional type that is no fix, saying "fix" (not of tooling: "a lot of typos" is no quantifier the
+    # tooling rule reads), is no fix either when only comments change; with its code changed it is one
+    chore = NUMBERS.replace("    return sum(values)", "    # teh sum of the values\n    return sum(values)")
+    result = screened(
+        repo,
+        {"numbers_.py": chore,
+         "tests/test_numbers.py": TEST_NUMBERS + "\n\ndef test_total_two():\n    assert total([2]) == 2\n"},
+        "chore: fix a lot of typos",
+    )  # fmt: skip
+    assert isinstance(result, Rejection)
+    assert (result.rule, result.detail) == (
+        "no code changed",
+        "it changes no code (only type annotations, docstrings, comments or formatting)",
+    )
+    result = screened(
+        repo,
+        {"numbers_.py": chore.replace("return sum(values)", "return sum(values or [])"),
+         "tests/test_numbers.py": TEST_NUMBERS + "\n\ndef test_total_none():\n    assert total(None) == 0\n"},
+        "refactor: fix total of None",
+    )  # fmt: skip
+    assert isinstance(result, Screened)
+    assert (result.rule, result.why_fix) == (
+        "conventional-commit type",
+        "a 'refactor' commit whose subject says 'fix'",
+    )
     # a C file: the reading is words only, and the reason says why
     result = screened(
         repo,

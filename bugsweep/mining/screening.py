@@ -330,7 +330,8 @@ def read_commit(message: str, subject: str | None = None, shape: ChangeShape | N
        fix on;
     2. a conventional-commit subject of a type other than fix (feat, refactor, chore, docs, test, perf, style,
        build, ci) is no fix unless the subject itself says fix (fix, bug, hotfix, regression, crash) about
-       something other than tooling and not as an issue reference ("feat: add X (fixes #510)");
+       something other than tooling and not as an issue reference ("feat: add X (fixes #510)") and its change
+       changes code (rule 3: "chore: fix a lot of typos" changing comments only is no fix);
     then the subject's prefixes are set aside (a conventional `fix:`, a `module:`, a leading issue reference such
     as "Fix #131:" or "Issue 1214:"): what is left says what the commit does;
     3. a change whose Python code does not change once docstrings, comments, formatting, type annotations and
@@ -393,6 +394,10 @@ def read_commit(message: str, subject: str | None = None, shape: ChangeShape | N
                 False, f"the subject starts with {first.split()[0].lower()!r}", Rule.NOT_A_FIX_SUBJECT
             )
         said_first = first[clause.end() :]  # a release or bump that also fixes something: what it fixes
+    no_code = None
+    if known is not None and not known.code_changed:
+        what = "type annotations, docstrings" if known.only_annotations else "docstrings"
+        no_code = decide(False, f"it changes no code (only {what}, comments or formatting)", Rule.NO_CODE)
     conventional = CONVENTIONAL_SUBJECT.match(first)
     if conventional and conventional["type"].lower() in NOT_A_FIX_TYPES:
         kind, said_rest = conventional["type"].lower(), conventional["rest"]
@@ -406,17 +411,18 @@ def read_commit(message: str, subject: str | None = None, shape: ChangeShape | N
             ),
             None,
         )
-        if said:
-            return decide(True, f"a {kind!r} commit whose subject says {said.group(0)!r}", Rule.CONVENTIONAL)
+        if said:  # "chore: fix a lot of typos" with only comments changed: rule 3 decides
+            return no_code or decide(
+                True, f"a {kind!r} commit whose subject says {said.group(0)!r}", Rule.CONVENTIONAL
+            )
         if reference := ISSUE_PATTERN.search(said_rest):
             return decide(False, f"a {kind!r} commit whose subject says fix only of an issue ({reference.group(0)!r})",
                           Rule.CONVENTIONAL)  # fmt: skip
         return decide(False, f"a {kind!r} commit whose subject does not say fix", Rule.CONVENTIONAL)
     rest, conventional_fix, issue = _subject_parts(said_first)
     raised = frozenset(found["name"] for found in RAISES_EXCEPTION.finditer(rest))
-    if known is not None and not known.code_changed:
-        what = "type annotations, docstrings" if known.only_annotations else "docstrings"
-        return decide(False, f"it changes no code (only {what}, comments or formatting)", Rule.NO_CODE)
+    if no_code:
+        return no_code
     if tooling := TOOLING_WORD.search(rest):
         return decide(False, f"the subject is about tooling ({tooling.group(0)!r}), not the code's behaviour",
                       Rule.OTHER_WORK)  # fmt: skip
