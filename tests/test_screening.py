@@ -382,6 +382,13 @@ def test_a_module_prefix_a_new_parameter_and_a_helper_assertion_are_read(tmp_pat
          "no fix word in the message, and the subject says 'Improve'"),
         ("Add complete types to total() (#873)\n\n* Use new style typing\n\n* Fix total for tuples",
          "no fix word in the message, and the subject says 'Add'"),
+        # round 10: "fixed" as an adjective is no fix word (jsonschema's "... with a single fixed schema"), and a
+        # linter named by its name is tooling (jsonschema's "More strict style, now via bugbear.")
+        ("Support fixed-point totals", "no fix word in the message, and the subject says 'Support'"),
+        ("Add a start to total()\n\nTotals now start from a single fixed value.",
+         "no fix word in the message, and the subject says 'Add'"),
+        ("More strict style, now via bugbear.\n\nThe old comparison was incorrect.",
+         "the subject is about tooling ('bugbear'), not the code's behaviour"),
     ],
 )  # fmt: skip
 def test_words_elsewhere_do_not_outweigh_the_subject(tmp_path: Path, message: str, detail: str) -> None:

@@ -28,6 +28,9 @@ WEAK_FIX_WORDS = (
 #: Every fix word, strong or weak. An exception's name counts too, but only a real one (see ChangeShape.is_exception).
 FIX_PATTERN = re.compile(rf"\b({STRONG_FIX_WORDS}|{WEAK_FIX_WORDS})\b", re.IGNORECASE)
 STRONG_FIX = re.compile(rf"\b({STRONG_FIX_WORDS})\b", re.IGNORECASE)
+#: What precedes "fixed" as an adjective (an article, a word at most between: "a single fixed schema"): no fix word,
+#: nor is "fixed-point" (issue 37's round 10: every such reading over the eleven labelled sets was an adjective).
+FIXED_ADJECTIVE = re.compile(r"\b(a|an|the)\s+(\w+\s+)?$", re.IGNORECASE)
 #: A weak word that says what was wrong: "Correct parsing of ...", "... correctly" need no backing (read_commit).
 CORRECTED = re.compile(r"\bcorrect(ly|s|ed)?\b", re.IGNORECASE)
 #: A CamelCase word naming an exception class (`OSError`, `SignatureExpired` does not count, `ParsedException` may).
@@ -77,6 +80,7 @@ MAYBE_WORK_SUBJECT = re.compile(
 #: bug; a subject naming one without a fix word is other work.
 TOOLING_SUBJECT = (
     r"typos|lint\w*|linters?|flake8|pep\s?8|ruff|isort|pre-commit|pyupgrade|autotyping|codespell|mypy|pyright|"
+    r"pylint|pyflakes|pycodestyle|pydocstyle|autopep8|yapf|bugbear|"
     r"type[- ]?check(ers?|ing)|type[- ]?hints?|typing(?!\.)|type\s+annotations|ci|coverage|noqa|black\s+(formatting|style)|"
     r"(apply|run)\s+black|static\s+(analysis|typing|checks?)|chores?|housekeeping|"
     r"(?<=[(,\s])[A-Z]{1,3}\d{3,4}(?=[,)])"  # a linter's rule code in parentheses: "(B017)", "(E501, W503)"
@@ -244,6 +248,11 @@ def _fix_word(
     for found in (FIX_PATTERN if weak else STRONG_FIX).finditer(text):
         if _about_tooling(text, found.start()):
             continue
+        if found.group(0).lower() == "fixed" and (
+            text.startswith("-", found.end())
+            or FIXED_ADJECTIVE.search(text[max(0, found.start() - 40) : found.start()])
+        ):
+            continue
         if not references and ISSUE_REFERENCE.match(text, found.end()):
             continue
         return found.group(0)
@@ -344,7 +353,8 @@ def read_commit(message: str, subject: str | None = None, shape: ChangeShape | N
     5. a subject announcing something new (Add, Implement, Support, Allow, ...) while the change adds new public
        names is a feature;
     6. a strong fix word (fix, bug, regression, crash, broken, wrong, incorrect, typo, mistake, or a conventional
-       `fix:`) in the subject, not about tooling ("fix typos", "fix lint"), makes a fix;
+       `fix:`) in the subject, not about tooling ("fix typos", "fix lint"), makes a fix ("fixed" as an adjective,
+       "a fixed schema", "fixed-point", is no fix word anywhere);
     7. a change that adds new public names and whose new or changed tests test only those is a feature;
     8. a subject with a leading issue reference whose change reads like a fix (existing functions changed, no new
        public names, tests asserting on existing names: `fix_shape`, any size) is a fix, unless the subject
