@@ -39,32 +39,41 @@ def _same_or_more(before: object, after: object) -> bool:
     return before == after
 
 
+def assignments(body: list[ast.stmt]) -> dict[str, ast.expr]:
+    """Names a body's assignments set (`NAME = ...`, `NAME: T = ...`) -> the value (the last assignment wins)."""
+    found: dict[str, ast.expr] = {}
+    for node in body:
+        if isinstance(node, ast.Assign | ast.AnnAssign) and node.value is not None:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            found |= {t.id: node.value for t in targets if isinstance(t, ast.Name)}
+    return found
+
+
 def tables(tree: ast.Module) -> dict[str, ast.expr]:
     """Module-level and class-level assignments (`CASES = [...]`, `Class.CASES = [...]`) by name -> their value."""
-    found: dict[str, ast.expr] = {}
-    bodies: list[tuple[str, list[ast.stmt]]] = [("", tree.body)]
-    bodies += [(f"{node.name}.", node.body) for node in ast.walk(tree) if isinstance(node, ast.ClassDef)]
-    for prefix, body in bodies:
-        for node in body:
-            if isinstance(node, ast.Assign | ast.AnnAssign) and node.value is not None:
-                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-                found |= {prefix + t.id: node.value for t in targets if isinstance(t, ast.Name)}
+    found = assignments(tree.body)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef):
+            found |= {f"{node.name}.{name}": value for name, value in assignments(node.body).items()}
     return found
 
 
 def grown_cases(
-    before: ast.Module, after: ast.Module, old: Definition, new: Definition, read: set[str]
+    old: Definition,
+    new: Definition,
+    read: set[str],
+    old_tables: dict[str, ast.expr],
+    new_tables: dict[str, ast.expr],
 ) -> bool:
     """Whether a changed test only gained cases: its body is the same (a list grown in an assertion is a changed
-    expectation), its decorators gained items only, and every table of its module it reads (`read`, short names)
-    that changed gained items only."""
+    expectation), its decorators gained items only, and every table of its module it reads (`read`, short names;
+    the module's `tables` before and after) that changed gained items only."""
     if [ast.dump(n) for n in old.body] != [ast.dump(n) for n in new.body] or len(old.decorator_list) != len(
         new.decorator_list
     ):
         return False
     if not all(only_adds_cases(a, b) for a, b in zip(old.decorator_list, new.decorator_list, strict=True)):
         return False
-    old_tables, new_tables = tables(before), tables(after)
     return not any(
         name.rsplit(".", 1)[-1] in read
         and (was := old_tables.get(name)) is not None

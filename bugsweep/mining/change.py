@@ -29,7 +29,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from bugsweep.mining.cases import grown_cases
+from bugsweep.mining.cases import Definition, assignments, grown_cases, tables
 from bugsweep.mining.changelog import changelog_kinds, is_changelog
 from bugsweep.mining.records import Commit
 
@@ -162,9 +162,6 @@ def _numstat(repo: Path, base: str, sha: str, paths: Sequence[str]) -> tuple[int
     return counts[0], counts[1]
 
 
-Definition = ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef
-
-
 def _functions(tree: ast.Module) -> Iterator[tuple[str, Definition]]:
     """Top-level functions and classes, and the methods and nested classes of classes, by qualified name."""
 
@@ -285,14 +282,7 @@ def _own_code(node: ast.AST) -> str:
 
 def _assigned(body: list[ast.stmt]) -> dict[str, str]:
     """Names a body's assignments set (constants, compiled patterns, tables, attributes) -> the value's code."""
-    settings: dict[str, str] = {}
-    for node in body:
-        if isinstance(node, ast.Assign | ast.AnnAssign) and node.value is not None:
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            for target in targets:
-                if isinstance(target, ast.Name) and target.id != "__all__":
-                    settings[target.id] = ast.dump(node.value)
-    return settings
+    return {name: ast.dump(value) for name, value in assignments(body).items() if name != "__all__"}
 
 
 def _is_metadata(name: str) -> bool:
@@ -566,7 +556,8 @@ def _read_tests(
         # tables of cases a test module or class holds (`CASES = [(input, expected), ...]`, read by
         # `@pytest.mark.parametrize(..., CASES)` or a loop): a test reading a changed one is a changed test
         old_tables, new_tables = _attributes(before), _attributes(after)
-        tables = {n.rsplit(".", 1)[-1] for n, code in new_tables.items() if old_tables.get(n) != code}
+        changed_tables = {n.rsplit(".", 1)[-1] for n, code in new_tables.items() if old_tables.get(n) != code}
+        case_tables: tuple[dict[str, ast.expr], dict[str, ast.expr]] | None = None  # read once a test changed
         for name, node in _functions(after):
             short = name.rsplit(".", 1)[-1]
             if not short.startswith("test") or isinstance(node, ast.ClassDef):
@@ -577,13 +568,16 @@ def _read_tests(
                 # the same lines are the same code; other lines may be only other formatting
                 _lines_of(old_lines, old[name]) != _lines_of(new_lines, node)
                 and ast.dump(old[name]) != ast.dump(node)
-            ) or (tables and _names_used(node) & tables):
+            ) or (changed_tables and _names_used(node) & changed_tables):
                 shape.changed_tests.append(name)
-                if grown_cases(before, after, old[name], node, _names_used(node)):
-                    shape.grown_tests.append(name)
             else:
                 continue
-            if _names_used(node) & added_short:
+            used = _names_used(node)
+            if name in old:  # a changed test: did it only gain cases?
+                case_tables = case_tables or (tables(before), tables(after))
+                if grown_cases(old[name], node, used, *case_tables):
+                    shape.grown_tests.append(name)
+            if used & added_short:
                 shape.tests_on_new_names.append(name)
             if _asserts(node, helpers):
                 shape.asserting_tests.append(name)
