@@ -53,27 +53,35 @@ def _source_at(rev: str, path: str) -> str:
     ).stdout
 
 
+#: The screen's modules, each loaded only after those it imports.
+SCREEN_MODULES = ("cases", "change", "shapes", "screening")
+
+
 def old_screen(rev: str) -> types.ModuleType:
-    """bugsweep/mining/screening.py as it was at `rev`, with change.py of that commit when it had one."""
-    module = types.ModuleType("screening_before")
+    """bugsweep/mining/screening.py as it was at `rev`, with the modules of the screen it imports (change.py,
+    cases.py, shapes.py) as they were at `rev` too, where that commit had them: the working tree's may have
+    changed since (a helper's signature)."""
     # Modules that moved since `rev` are found under their old names (issue 32 moved testfiles into grading).
     sys.modules.setdefault("bugsweep.testfiles", importlib.import_module("bugsweep.grading.testfiles"))
+    names = [f"bugsweep.mining.{name}" for name in SCREEN_MODULES]
+    saved = {name: sys.modules.get(name) for name in names}
+    module = types.ModuleType("screening_before")
     try:
-        change_source = _source_at(rev, "bugsweep/mining/change.py")
-    except subprocess.CalledProcessError:
-        change_source = None
-    saved = sys.modules.get("bugsweep.mining.change")
-    if change_source is not None:
-        change = types.ModuleType("change_before")
-        sys.modules["change_before"] = change  # dataclasses look their module up by name
-        exec(compile(change_source, f"change.py@{rev}", "exec"), change.__dict__)
-        sys.modules["bugsweep.mining.change"] = change
-    try:
-        exec(compile(_source_at(rev, "bugsweep/mining/screening.py"), f"screening.py@{rev}", "exec"),
-             module.__dict__)  # fmt: skip
+        for name in SCREEN_MODULES:
+            try:
+                source = _source_at(rev, f"bugsweep/mining/{name}.py")
+            except subprocess.CalledProcessError:
+                continue  # not there yet at `rev`
+            loaded = module if name == "screening" else types.ModuleType(f"{name}_before")
+            sys.modules[loaded.__name__] = loaded  # dataclasses look their module up by name
+            exec(compile(source, f"{name}.py@{rev}", "exec"), loaded.__dict__)
+            sys.modules[f"bugsweep.mining.{name}"] = loaded
     finally:
-        if saved is not None:
-            sys.modules["bugsweep.mining.change"] = saved
+        for name, was in saved.items():
+            if was is not None:
+                sys.modules[name] = was
+            else:
+                sys.modules.pop(name, None)
     return module
 
 
