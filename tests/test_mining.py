@@ -267,6 +267,22 @@ def test_detected_commands_for_common_layouts(tmp_path: Path) -> None:
         == "pip install -e '.[testing]' && pip install pytest"
     )
 
+    # the extras tox installs whatever their names (loguru: extras = dev), the requirements files its deps name
+    # (arrow: -rrequirements.txt), and setuptools < 82 for code importing pkg_resources (cerberus)
+    legacy_tox = make_repo(tmp_path / "legacy-tox", {
+        "setup.py": "from setuptools import setup\nsetup(name='l', extras_require={'dev': ['freezegun']})\n",
+        "tox.ini": "[testenv]\nextras = dev\ndeps =\n    -rrequirements.txt\n    -r{toxinidir}/missing.txt\n",
+        "requirements.txt": "pytz\n",
+        "legacy/__init__.py": "from pkg_resources import get_distribution\n",
+        "tests/test_l.py": "def test_x():\n    pass\n",
+    })  # fmt: skip
+    cmds = detect_commands(legacy_tox, git(legacy_tox, "rev-parse", "HEAD"), ["tests/test_l.py"])
+    assert cmds.setup == (
+        "pip install -e '.[dev]' && pip install -r requirements.txt && pip install 'setuptools<82'"
+        " && pip install pytest"
+    )
+    assert "the code imports pkg_resources, which setuptools 82 removed" in cmds.why
+
 
 def _run(tests: dict[str, str] | None, exit_code: int = 1) -> TestRun:
     return TestRun(

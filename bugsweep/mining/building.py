@@ -70,7 +70,8 @@ def _setup_cfg_extra(text: str) -> str | None:
 
 
 def _tox_extra(text: str) -> str | None:
-    """The test extra tox installs ([testenv] extras = tests), if it is one of TEST_GROUP_NAMES."""
+    """The extras tox installs for its tests ([testenv] extras = tests, or dev, or several: "dev,docs"), whatever
+    their names: tox's test environment is the project's own statement of what its tests need."""
     cfg = configparser.ConfigParser(interpolation=None)
     try:
         cfg.read_string(text)
@@ -78,35 +79,52 @@ def _tox_extra(text: str) -> str | None:
         return None
     if not cfg.has_option("testenv", "extras"):
         return None
-    listed = re.split(r"[\s,]+", cfg.get("testenv", "extras"))
-    return next((g for g in TEST_GROUP_NAMES if g in listed), None)
+    listed = [e for e in re.split(r"[\s,]+", cfg.get("testenv", "extras")) if re.fullmatch(r"[\w.-]+", e)]
+    return ",".join(listed) or None
 
 
 #: A test extra declared as a literal in setup.py: `"tests": [` inside extras_require or a dict built for it.
 _SETUP_PY_EXTRA = re.compile(r"""["'](tests|test|testing)["']\s*:\s*\[""")
 
 
-def _tox_deps(text: str) -> list[str]:
-    """The plain requirements of tox.ini's [testenv] deps (factor-conditional and templated lines left out)."""
+def _imports_pkg_resources(repo: Path, commit: str) -> bool:
+    """Whether a Python file of the tree at `commit` imports pkg_resources (git grep: 0 found, 1 none)."""
+    pattern = r"^\s*(import|from) pkg_resources"
+    proc = subprocess.run(
+        ["git", "-C", str(repo), "grep", "-q", "-E", pattern, commit, "--", "*.py"], capture_output=True
+    )
+    return proc.returncode == 0
+
+
+#: A requirements file in tox's deps: `-rrequirements.txt`, `-r requirements/test.txt`, `-r{toxinidir}/req.txt`.
+_TOX_REQUIREMENTS_FILE = re.compile(r"^-r\s*(?:\{toxinidir\}/)?([\w./-]+)$")
+
+
+def _tox_deps(text: str) -> tuple[list[str], list[str]]:
+    """(the plain requirements, the requirements files) of tox.ini's [testenv] deps; factor-conditional and other
+    templated lines are left out."""
     cfg = configparser.ConfigParser(interpolation=None)
     try:
         cfg.read_string(text)
     except configparser.Error:
-        return []
+        return [], []
     if not cfg.has_option("testenv", "deps"):
-        return []
+        return [], []
     lines = [line.strip() for line in cfg.get("testenv", "deps").splitlines()]
-    return [line for line in lines if line and "{" not in line and _PLAIN_REQUIREMENT.match(line)]
+    files = [found[1] for line in lines if (found := _TOX_REQUIREMENTS_FILE.match(line))]
+    return [line for line in lines if line and "{" not in line and _PLAIN_REQUIREMENT.match(line)], files
 
 
 def detect_commands(repo: Path, commit: str, test_files: Sequence[str]) -> Commands:
     """Setup and test commands for common Python layouts, read from the tree at `commit`.
 
     - pyproject.toml with [project] or [build-system], or setup.py: `pip install -e .`, with the
-      `tests`/`test`/`testing` extra when pyproject.toml, setup.cfg, tox.ini's [testenv] extras or a literal
-      in setup.py's extras_require names one;
+      `tests`/`test`/`testing` extra when pyproject.toml, setup.cfg or a literal in setup.py's extras_require
+      names one, else the extras tox.ini's [testenv] installs, whatever their names;
     - then the test dependencies where the project keeps them: a requirements file (TEST_REQUIREMENTS), a
-      `tests`/`test`/`testing` dependency group in pyproject.toml, or tox.ini's [testenv] deps;
+      `tests`/`test`/`testing` dependency group in pyproject.toml, or tox.ini's [testenv] deps (its plain
+      requirements and the requirements files it names);
+    - `setuptools<82` when the code imports pkg_resources (setuptools 82 removed it; older environments had it);
     - tests run with `python -m pytest -q <changed test modules>` (pytest also runs unittest-style tests, and
       gives per-test results the grader reads), so the setup ends with `pip install pytest`.
     """
@@ -138,9 +156,16 @@ def detect_commands(repo: Path, commit: str, test_files: Sequence[str]) -> Comma
     elif group:
         steps.append("pip install " + " ".join(shlex.quote(r) for r in group))
         why.append("the test dependency group in pyproject.toml")
-    elif "tox.ini" in names and (deps := _tox_deps(_show(repo, commit, "tox.ini") or "")):
-        steps.append("pip install " + " ".join(shlex.quote(r) for r in deps))
-        why.append("tox.ini [testenv] deps")
+    elif "tox.ini" in names:
+        deps, files = _tox_deps(_show(repo, commit, "tox.ini") or "")
+        steps.extend(f"pip install -r {shlex.quote(f)}" for f in files if f in names)
+        if deps:
+            steps.append("pip install " + " ".join(shlex.quote(r) for r in deps))
+        if deps or any(f in names for f in files):
+            why.append("tox.ini [testenv] deps")
+    if _imports_pkg_resources(repo, commit):
+        steps.append("pip install 'setuptools<82'")
+        why.append("the code imports pkg_resources, which setuptools 82 removed")
     test = "python -m pytest -q " + " ".join(shlex.quote(t) for t in test_files) if test_files else None
     if test:
         if not re.search(r"(^|\s|')pytest([\s<>=!~']|$)", " ".join(steps)):
