@@ -96,23 +96,19 @@ def _imports_pkg_resources(repo: Path, commit: str) -> bool:
     return proc.returncode == 0
 
 
-#: A requirements file in tox's deps: `-rrequirements.txt`, `-r requirements/test.txt`, `-r{toxinidir}/req.txt`.
-_TOX_REQUIREMENTS_FILE = re.compile(r"^-r\s*(?:\{toxinidir\}/)?([\w./-]+)$")
-
-
-def _tox_deps(text: str) -> tuple[list[str], list[str]]:
-    """(the plain requirements, the requirements files) of tox.ini's [testenv] deps; factor-conditional and other
-    templated lines are left out."""
+def _tox_deps(text: str) -> list[str]:
+    """The plain requirements of tox.ini's [testenv] deps (factor-conditional and templated lines left out, and the
+    requirements files it names: at an old commit they pin what today's Python cannot run, such as pytest 6.2, whose
+    assertion rewriting fails on Python 3.11, which lost arrow's 2020 fixes)."""
     cfg = configparser.ConfigParser(interpolation=None)
     try:
         cfg.read_string(text)
     except configparser.Error:
-        return [], []
+        return []
     if not cfg.has_option("testenv", "deps"):
-        return [], []
+        return []
     lines = [line.strip() for line in cfg.get("testenv", "deps").splitlines()]
-    files = [found[1] for line in lines if (found := _TOX_REQUIREMENTS_FILE.match(line))]
-    return [line for line in lines if line and "{" not in line and _PLAIN_REQUIREMENT.match(line)], files
+    return [line for line in lines if line and "{" not in line and _PLAIN_REQUIREMENT.match(line)]
 
 
 def detect_commands(repo: Path, commit: str, test_files: Sequence[str]) -> Commands:
@@ -122,8 +118,7 @@ def detect_commands(repo: Path, commit: str, test_files: Sequence[str]) -> Comma
       `tests`/`test`/`testing` extra when pyproject.toml, setup.cfg or a literal in setup.py's extras_require
       names one, else the extras tox.ini's [testenv] installs, whatever their names;
     - then the test dependencies where the project keeps them: a requirements file (TEST_REQUIREMENTS), a
-      `tests`/`test`/`testing` dependency group in pyproject.toml, or tox.ini's [testenv] deps (its plain
-      requirements and the requirements files it names);
+      `tests`/`test`/`testing` dependency group in pyproject.toml, or tox.ini's [testenv] deps;
     - `setuptools<82` when the code imports pkg_resources (setuptools 82 removed it; older environments had it);
     - tests run with `python -m pytest -q <changed test modules>` (pytest also runs unittest-style tests, and
       gives per-test results the grader reads), so the setup ends with `pip install pytest`.
@@ -156,13 +151,9 @@ def detect_commands(repo: Path, commit: str, test_files: Sequence[str]) -> Comma
     elif group:
         steps.append("pip install " + " ".join(shlex.quote(r) for r in group))
         why.append("the test dependency group in pyproject.toml")
-    elif "tox.ini" in names:
-        deps, files = _tox_deps(_show(repo, commit, "tox.ini") or "")
-        steps.extend(f"pip install -r {shlex.quote(f)}" for f in files if f in names)
-        if deps:
-            steps.append("pip install " + " ".join(shlex.quote(r) for r in deps))
-        if deps or any(f in names for f in files):
-            why.append("tox.ini [testenv] deps")
+    elif "tox.ini" in names and (deps := _tox_deps(_show(repo, commit, "tox.ini") or "")):
+        steps.append("pip install " + " ".join(shlex.quote(r) for r in deps))
+        why.append("tox.ini [testenv] deps")
     if _imports_pkg_resources(repo, commit):
         steps.append("pip install 'setuptools<82'")
         why.append("the code imports pkg_resources, which setuptools 82 removed")
