@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -300,6 +301,17 @@ def test_judge_per_test_outcomes() -> None:
 
     v = judge([_run({"t::a": "passed"}, 0)], [])
     assert v.reason == RejectReason.TESTS_PASS_AT_PARENT
+
+    # a run cut at the whole-run limit names the test that ran past its own limit and did not stop when told
+    # (loguru's recursion fix: its catch() caught the probe's exception at every alarm)
+    stuck = TestRun(
+        command="pytest", exit_code=None, timed_out=True, log="", duration_s=900.0,
+        tests_timed_out=["tests/test_c.py::test_repr[<object object at 0x7f3a1c2b5e90>]"],
+    )  # fmt: skip
+    v = judge([stuck], [])
+    assert v.reason == RejectReason.TIMED_OUT
+    assert "tests/test_c.py::test_repr[<object object at 0x…>] ran past the per-test time limit" in v.detail
+    assert judge([_run(None, 0), replace(stuck, tests_timed_out=[])], []).detail == "a test run timed out"
 
     v = judge([_run({"t::a": "failed"}), _run({"t::a": "passed"}, 0)], [])
     assert v.reason == RejectReason.FLAKY and v.flaky == ["t::a"]

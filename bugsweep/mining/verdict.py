@@ -96,8 +96,15 @@ def judge(before: Sequence[TestRun], after: Sequence[TestRun]) -> Verdict:
 
 
 def _judge(before: Sequence[TestRun], after: Sequence[TestRun]) -> Verdict:
-    if any(r.timed_out for r in (*before, *after)):
-        return Verdict(RejectReason.TIMED_OUT, "a test run timed out")
+    if timed_out := [r for r in (*before, *after) if r.timed_out]:
+        detail = "a test run timed out"
+        if stuck := sorted({normalise(t) for r in timed_out for t in r.tests_timed_out}):
+            # the probe told the test to stop at its limit, and the code under test caught that and went on
+            detail += (
+                f" (its whole-run limit): {', '.join(stuck[:3])}{' and more' if len(stuck) > 3 else ''} ran past"
+                " the per-test time limit and did not stop when told (the code under test caught the exception)"
+            )
+        return Verdict(RejectReason.TIMED_OUT, detail)
     no_results = next((r for r in before if r.tests is None), None)
     if no_results is not None and after and all(r.tests is not None for r in after):
         # pytest ran to the end at the fix but not at the task state: the run there was killed (an endless loop
