@@ -7,7 +7,7 @@
 against that set's labels:
 
 - precision: labelled fixes among the kept tasks (borderline ones counted apart, as in screen.py), and with the
-  borderline ones counted as not fixes (as issue 37's outside check counted its 0.74);
+  borderline ones counted as not fixes (as issue 37's outside check counted its 0.74) or as fixes;
 - recall: labelled fixes kept, among the window's labelled fixes;
 - where the labelled fixes that were not kept went (the screen, or which sandbox reason), and the same for the
   not-fixes.
@@ -23,19 +23,16 @@ import json
 from collections import Counter
 from pathlib import Path
 
-BENCH = Path(__file__).resolve().parent
-NOT_FIX = {"not-fix", "feature", "other"}
+from screen import NOT_FIX, load_sets
 
 
 def labels_of(set_name: str) -> dict[str, dict[str, str]]:
-    """Labels by repo (OWNER/NAME): sha[:10] -> fix / not-fix / borderline."""
-    labels: dict[str, dict[str, str]] = {}
-    for line in (BENCH / "screen_labels_outside.tsv").read_text().splitlines():
-        if line and not line.startswith("#"):
-            name, repo, sha, label, *_ = line.split("\t")
-            if name == set_name:
-                labels.setdefault(repo, {})[sha] = "not-fix" if label in NOT_FIX else label
-    return labels
+    """Labels by repo (OWNER/NAME): sha[:10] -> fix / not-fix / borderline (screen.py's reading of the file)."""
+    labels, _ = load_sets({set_name})
+    return {
+        repo: {sha: "not-fix" if label in NOT_FIX else label for sha, (label, _why) in by_sha.items()}
+        for repo, by_sha in labels.items()
+    }
 
 
 def repo_of(report: dict, known: dict[str, dict[str, str]]) -> str:
@@ -46,28 +43,43 @@ def repo_of(report: dict, known: dict[str, dict[str, str]]) -> str:
     raise SystemExit(f"no labels of this set for {report['repo']}")
 
 
-def score(report: dict, labels: dict[str, str]) -> dict[str, object]:
+def counts(report: dict, labels: dict[str, str]) -> Counter[str]:
+    """The kept tasks by label, and the window's labelled fixes ("fixes")."""
     kept = Counter(labels.get(k["commit"][:10], "unlabelled") for k in report["kept"])
-    lost: dict[str, Counter[str]] = {"fix": Counter(), "not-fix": Counter()}
+    kept["fixes"] = sum(1 for label in labels.values() if label == "fix")
+    return kept
+
+
+def figures(kept: Counter[str]) -> dict[str, object]:
+    """Precision three ways (borderline apart, as not fixes, as fixes) and recall, from `counts`."""
+    fix, clear, borderline = kept["fix"], kept["fix"] + kept["not-fix"], kept["borderline"]
+
+    def ratio(part: int, whole: int) -> float | None:
+        return round(part / whole, 3) if whole else None
+
+    return {
+        "kept": clear + borderline + kept["unlabelled"],
+        "fixes kept": f"{fix}/{kept['fixes']}",
+        "not-fixes kept": kept["not-fix"],
+        "borderline kept": borderline,
+        "unlabelled kept": kept["unlabelled"],
+        "precision": ratio(fix, clear),
+        "precision, borderline as not fixes": ratio(fix, clear + borderline),
+        "precision, borderline as fixes": ratio(fix + borderline, clear + borderline),
+        "recall": ratio(fix, kept["fixes"]),
+    }
+
+
+def lost(report: dict, labels: dict[str, str]) -> dict[str, dict[str, int]]:
+    """The labelled fixes and not-fixes that were not kept, by reason (the screen's or the sandbox's)."""
+    reasons: dict[str, Counter[str]] = {"fix": Counter(), "not-fix": Counter()}
     for r in report["rejected"]:
         label = labels.get(r["commit"][:10])
-        if label in lost:
-            lost[label][r["reason"]] += 1
-    fixes = sum(1 for label in labels.values() if label == "fix")
-    clear = kept["fix"] + kept["not-fix"]
+        if label in reasons:
+            reasons[label][r["reason"]] += 1
     return {
-        "kept": sum(kept.values()),
-        "fixes kept": f"{kept['fix']}/{fixes}",
-        "not-fixes kept": kept["not-fix"],
-        "borderline kept": kept["borderline"],
-        "unlabelled kept": kept["unlabelled"],
-        "precision": round(kept["fix"] / clear, 3) if clear else None,
-        "precision, borderline as not fixes": round(kept["fix"] / (clear + kept["borderline"]), 3)
-        if clear
-        else None,
-        "recall": round(kept["fix"] / fixes, 3) if fixes else None,
-        "fixes not kept, by reason": dict(lost["fix"].most_common()),
-        "not-fixes not kept, by reason": dict(lost["not-fix"].most_common()),
+        "fixes not kept, by reason": dict(reasons["fix"].most_common()),
+        "not-fixes not kept, by reason": dict(reasons["not-fix"].most_common()),
     }
 
 
@@ -87,16 +99,9 @@ def main() -> None:
     for path in args.reports:
         report = json.loads(path.read_text())
         repo = repo_of(report, labels)
-        out[repo] = figures = score(report, labels[repo])
-        fixes_kept, fixes = str(figures["fixes kept"]).split("/")
-        totals.update(
-            {
-                "fix": int(fixes_kept),
-                "fixes": int(fixes),
-                "not-fix": int(str(figures["not-fixes kept"])),
-                "borderline": int(str(figures["borderline kept"])),
-            }
-        )
+        kept = counts(report, labels[repo])
+        totals.update(kept)
+        out[repo] = figures(kept) | lost(report, labels[repo])
         if args.show:
             for k in report["kept"]:
                 label = labels[repo].get(k["commit"][:10], "unlabelled")
@@ -104,17 +109,7 @@ def main() -> None:
                     print(
                         f"  {repo} {k['commit'][:10]} [{label}] {k['subject'][:70]}\n      screen: {k['screen_reason']}"
                     )
-    clear = totals["fix"] + totals["not-fix"]
-    out["all"] = {
-        "fixes kept": f"{totals['fix']}/{totals['fixes']}",
-        "not-fixes kept": totals["not-fix"],
-        "borderline kept": totals["borderline"],
-        "precision": round(totals["fix"] / clear, 3) if clear else None,
-        "precision, borderline as not fixes": (
-            round(totals["fix"] / (clear + totals["borderline"]), 3) if clear else None
-        ),
-        "recall": round(totals["fix"] / totals["fixes"], 3) if totals["fixes"] else None,
-    }
+    out["all"] = figures(totals)
     print(json.dumps(out, indent=2))
 
 
