@@ -748,31 +748,51 @@ def test_a_test_filling_memory_fails_and_the_run_goes_on(tmp_path: Path) -> None
     assert report["out_of_memory"] == {sha: ["tests/test_calc.py::test_pages"]}
 
 
+#: Code that retries on any exception, the per-test time limit's included (as a `catch()` that takes BaseException
+#: does): at the task state it never gives up, so its test goes on though told to stop at its limit each second.
+RETRY = (
+    "def retry(fn, tries):\n    while True:\n        try:\n            return fn()\n"
+    "        except {caught}:\n            tries -= 1\n"
+)
+RETRY_FIXED = (
+    "def retry(fn, tries):\n    for _ in range(tries - 1):\n        try:\n            return fn()\n"
+    "        except Exception:\n            pass\n    return fn()\n"
+)
+TESTS_DYING = (
+    "import os, signal, time\n\nimport pytest\n\nfrom calc import add, mul\nfrom retry import retry\n\n\n"
+    "def test_add():\n    if add(2, 3) != 5:\n        held = bytearray(120 << 20)\n        time.sleep(0.5)\n"
+    "        os.kill(os.getpid(), signal.SIGKILL)\n\n\n"
+    "def test_gives_up():\n    with pytest.raises(ZeroDivisionError):\n        retry(lambda: time.sleep(0.2) or 1 / 0, tries=3)\n\n\n"
+    "def test_mul():\n    assert mul(2, 3) == 6\n"
+)
+
+
 @needs_bwrap
-def test_killed_run_at_the_task_state_is_no_task(tmp_path: Path) -> None:
-    """The changed test takes half the memory bound and is then killed at the task state (as the memory limit kills
-    what grows faster than the probe reads it): no per-test results, so the task would have no FAIL_TO_PASS test.
-    It is rejected, saying so and naming the test that was running."""
+def test_tests_whose_process_dies_at_the_task_state_fail_and_the_run_goes_on(tmp_path: Path) -> None:
+    """End to end (real sandbox with a 256 MiB memory limit, real pytest): at the task state one changed test takes
+    half the memory bound and its process is then killed (as the memory limit kills what grows faster than the probe
+    reads it), and another catches the per-test time limit's exception each time it is told to stop. As pytest-xdist
+    does with a crashed worker, each is that test failing: the run goes on without it. The fix is kept with both in
+    FAIL_TO_PASS and the test after them in PASS_TO_PASS, and the report names both."""
     from bugsweep.sandbox import get_provider
 
-    repo = make_repo(
-        tmp_path / "repo", {"calc.py": CALC, "tests/test_calc.py": TEST_MUL, "pyproject.toml": PYPROJECT}
-    )
-    write_files(repo, {
-        "calc.py": CALC.replace("a - b", "a + b"),
-        "tests/test_calc.py": "import os, signal, time\nfrom calc import add\n\n\ndef test_add():\n"
-        "    if add(2, 3) != 5:\n        held = bytearray(120 << 20)\n        time.sleep(0.5)\n"
-        "        os.kill(os.getpid(), signal.SIGKILL)\n",
+    repo = make_repo(tmp_path / "repo", {
+        "calc.py": CALC, "retry.py": RETRY.format(caught="BaseException"), "tests/test_calc.py": TEST_MUL,
+        "pyproject.toml": PYPROJECT,
     })  # fmt: skip
-    sha = commit_all(repo, "Fix add() returning the difference")
-    result = mine(str(repo), provider=get_provider("local", settings=SMALL), runs=1)
-    assert result.tasks == []
-    (rejection,) = [r for r in result.rejected if r.commit == sha]
-    assert rejection.reason == RejectReason.NO_TEST_RESULTS
-    assert (
-        "killed (exit 137: out of memory, or a signal) while tests/test_calc.py::test_add ran"
-        in rejection.detail
-    )
+    write_files(repo, {"calc.py": CALC.replace("a - b", "a + b"), "retry.py": RETRY_FIXED,
+                       "tests/test_calc.py": TESTS_DYING})  # fmt: skip
+    sha = commit_all(repo, "Fix add() returning the difference, and retry() never giving up")
+    result = mine(
+        str(repo), provider=get_provider("local", settings=SMALL), runs=1, per_test_timeout=2,
+        test_command="python -m pytest -q tests", report=tmp_path / "tasks.mining.json",
+    )  # fmt: skip
+    (task,) = result.tasks
+    dying = ["tests/test_calc.py::test_add", "tests/test_calc.py::test_gives_up"]
+    assert dying == task.FAIL_TO_PASS
+    assert task.PASS_TO_PASS == ["tests/test_calc.py::test_mul"]  # it ran after both
+    report = json.loads((tmp_path / "tasks.mining.json").read_text())
+    assert report["crashed"] == {sha: dying}
 
 
 @needs_bwrap

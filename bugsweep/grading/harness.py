@@ -182,6 +182,8 @@ class Instruction:
     """NONCE_HEX hex digits (the pair's runs: each its own), that the probe writes in its "reached" records."""
     memory: int = 0
     """Bytes the test runner's process may hold while a test runs (0: no bound; the same in both runs of the pair)."""
+    skip: list[str] = field(default_factory=list)
+    """pytest node ids the runner deselects: a run again after its test process died while they ran (never the pair's)."""
 
     def encode(self) -> str:
         body = json.dumps(
@@ -192,6 +194,7 @@ class Instruction:
                 "memory": self.memory,
                 "mirror": int(self.mirror),
                 "nonce": self.nonce,
+                "skip": self.skip,
             },
             sort_keys=True,
             separators=(",", ":"),

@@ -71,6 +71,12 @@ class ProbeReport:
     """Tests stopped at the per-test time limit (pytest node ids, unittest ids), recorded as the alarm went off."""
     out_of_memory: list[str] = field(default_factory=list)
     """Tests stopped at the per-test memory bound (runner ids), recorded as they were stopped."""
+    hard_stopped: list[str] = field(default_factory=list)
+    """Tests that went on past the per-test time limit though told to stop each second, until the probe ended their
+    process (runner ids)."""
+    running: str | None = None
+    """The pytest test (node id) whose setup was reported and whose teardown was not: the one running when the
+    process ended, where it ended half way."""
     memory_heavy: list[str] = field(default_factory=list)
     """Tests whose process held half the memory bound or more, in the order they did (runner ids): the last one was
     running when a process killed for its memory was."""
@@ -156,8 +162,15 @@ def _take(
     elif kind == "timeout":
         if str(values[0]) not in report.timeouts:
             report.timeouts.append(str(values[0]))
+    elif kind == "hard-stop":
+        if str(values[0]) not in report.hard_stopped:
+            report.hard_stopped.append(str(values[0]))
     elif kind == "pt":  # a phase of a pytest test, as JUnit XML takes it
         when, outcome, xfail, nodeid, file, classname, name = (str(v) for v in values[:7])
+        if when == "setup":
+            report.running = nodeid
+        elif when == "teardown" and report.running == nodeid:
+            report.running = None
         test_id = junit_id(file, classname, name)
         if test_id != nodeid:
             report.raw_ids[test_id] = nodeid

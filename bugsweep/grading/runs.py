@@ -57,6 +57,8 @@ class TestRun:
     """Tests stopped at the per-test memory bound: failed in `tests`, whatever the runner reported for them."""
     memory_bound_bytes: int = 0
     """The per-test memory bound the run had (0: none)."""
+    tests_crashed: list[str] = field(default_factory=list)
+    """Tests whose process died while they ran (see `run_tests`): failed in `tests`, the run again without them."""
 
     @property
     def killed_in(self) -> str | None:
@@ -117,18 +119,81 @@ def run_tests(
         told = instruction or harness.Instruction()
         told.limit = float(per_test_timeout or 0)
         told.memory = sandbox_memory_bound(sandbox) if memory_bound is None else memory_bound
-        seconds = max(int(timeout), 1)
-        script = harness.wrapper_script(test_command, seconds, exclusive=instruction is not None)
-        result = sandbox.exec(
-            script,
-            timeout=timeout + 60,
-            env=harness.graded_env(facts, extra=env),
-            full_output=True,
-            stdin=told.encode(),
-        )
+        run = _run_once(sandbox, test_command, timeout, told, facts, env, exclusive=instruction is not None)
+        if instruction is not None:
+            return run  # the regrade's pair is judged as it ran: a run that died half way fails closed
+        # A test process that died half way (a test that would not stop at its limit, or was killed for its
+        # memory or by a crash) gave no per-test results. As pytest-xdist does with a crashed worker, the test
+        # that was running failed, and the rest run again without it, within what is left of the run's time.
+        crashed: list[str] = []  # pytest node ids
+        spent = run.duration_s
+        while len(crashed) < CRASH_RERUNS and timeout - spent > 1:
+            culprit = crashed_in(run)
+            if culprit is None or culprit in crashed:
+                break
+            crashed.append(culprit)
+            told.skip = list(crashed)
+            again = _run_once(sandbox, test_command, timeout - spent, told, facts, env, exclusive=False)
+            spent += again.duration_s
+            run = _merge_crashed(run, again, run.probe.test_id(culprit), spent)
+        return run
     finally:
         if own_probe:
             harness.remove_probe(sandbox, facts)
+
+
+#: How many times one run goes on without a test its process died in (see `run_tests`).
+CRASH_RERUNS = 3
+
+
+def crashed_in(run: TestRun) -> str | None:
+    """The pytest test (node id) that was running when the run's test process died before pytest finished, where
+    the probe can name it: the one it ended for running on past its time limit, else the one whose setup was
+    reported and whose teardown was not, else the last that held half the memory bound. None for a run that has
+    per-test results, ran to its timeout, or ran under another runner."""
+    report = run.probe
+    if run.tests is not None or run.timed_out or not report.runners or report.runners[0] != "pytest":
+        return None
+    if report.hard_stopped:
+        return report.hard_stopped[-1]
+    return report.running or (report.memory_heavy[-1] if report.memory_heavy else None)
+
+
+def _merge_crashed(first: TestRun, again: TestRun, culprit: str, spent: float) -> TestRun:
+    """The run again without the tests its process died in: those fail, and both logs are kept."""
+    again.duration_s = spent
+    again.tests_crashed = [*first.tests_crashed, culprit]
+    again.tests_timed_out = list(dict.fromkeys([*first.tests_timed_out, *again.tests_timed_out]))
+    again.tests_out_of_memory = list(dict.fromkeys([*first.tests_out_of_memory, *again.tests_out_of_memory]))
+    said = f"[bugsweep: the test process died while {culprit} ran; it failed, and the tests ran again without it]"
+    again.log = f"{first.log}\n{said}\n{again.log}"
+    again.log_bytes += first.log_bytes
+    if again.tests is not None:
+        again.tests.update({t: "failed" for t in again.tests_crashed})
+    if again.exit_code in (0, PYTEST_NO_TESTS):
+        again.exit_code = 1  # tests failed: those the process died in (and pytest may have had none left)
+    return again
+
+
+def _run_once(
+    sandbox: Sandbox,
+    test_command: str,
+    timeout: float,
+    told: harness.Instruction,
+    facts: harness.EnvFacts,
+    env: dict[str, str] | None,
+    *,
+    exclusive: bool,
+) -> TestRun:
+    seconds = max(int(timeout), 1)
+    script = harness.wrapper_script(test_command, seconds, exclusive=exclusive)
+    result = sandbox.exec(
+        script,
+        timeout=timeout + 60,
+        env=harness.graded_env(facts, extra=env),
+        full_output=True,
+        stdin=told.encode(),
+    )
     log, total = _cut(result.stdout)
     if not log and result.stderr and not result.stdout:
         log = result.stderr[-LOG_TAIL_BYTES:]  # the wrapper itself failed: show why
@@ -152,7 +217,7 @@ def run_tests(
         tests=tests,
         log_bytes=total,
         probe=report,
-        per_test_timeout_s=per_test_timeout,
+        per_test_timeout_s=told.limit or None,
         tests_timed_out=[report.test_id(t) for t in report.timeouts],
         tests_out_of_memory=[report.test_id(t) for t in report.out_of_memory],
         memory_bound_bytes=told.memory,

@@ -126,6 +126,8 @@ def mine(
             result.flaky_tests[commit.sha] = verdict.flaky
         if verdict.out_of_memory:
             result.out_of_memory[commit.sha] = verdict.out_of_memory
+        if verdict.crashed:
+            result.crashed[commit.sha] = verdict.crashed
         result.environments_built += verdict.environments.count("built")
         result.environments_reused += verdict.environments.count("reused")
         environments = ", ".join(verdict.environments)
@@ -164,6 +166,8 @@ def mine(
             note += f", {len(verdict.flaky)} flaky left out"
         if verdict.out_of_memory:
             note += f", {len(verdict.out_of_memory)} stopped at the per-test memory bound"
+        if verdict.crashed:
+            note += f", {len(verdict.crashed)} failed where the test process died (the rest run again without them)"
         if verdict.unnamed:
             note += f", {len(verdict.unnamed)} with a memory address in their id not named"
         note += f"; screen: {spec.screen_reason}" if spec.screen_reason else ""

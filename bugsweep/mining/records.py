@@ -124,6 +124,10 @@ class MiningResult(BaseModel):
     out_of_memory: dict[str, list[str]] = Field(default_factory=dict)
     """Of validated candidates, by commit sha: tests the probe stopped at the per-test memory bound (failed there,
     the run going on), at the task state or the fix commit."""
+    crashed: dict[str, list[str]] = Field(default_factory=dict)
+    """Of validated candidates, by commit sha: tests whose test process died while they ran (one that went on past
+    the per-test time limit though told to stop, one killed for its memory, a crash), failed there, the rest of the
+    run run again without them."""
     scanned: int = 0
     """Commits looked at."""
     validated: int = 0

@@ -44,6 +44,9 @@ class Verdict:
     out_of_memory: list[str] = field(default_factory=list)
     """Tests the probe stopped at the per-test memory bound in any run, at either state (normalised ids): failed
     there, as at the time limit (an endless loop filling a list at the task state is a FAIL_TO_PASS test)."""
+    crashed: list[str] = field(default_factory=list)
+    """Tests whose process died while they ran, in any run (normalised ids): failed there, and the rest of that run
+    ran again without them (bugsweep.grading.runs.run_tests)."""
     environments: list[str] = field(default_factory=list)
     """How each state's task environment came about, in the order they ran (the task state, then the fix commit):
     'built' (the setup ran), 'reused' (a finished setup was reused), 'no setup'."""
@@ -92,6 +95,7 @@ def judge(before: Sequence[TestRun], after: Sequence[TestRun]) -> Verdict:
     """
     verdict = _judge(before, after)
     verdict.out_of_memory = sorted({normalise(t) for r in (*before, *after) for t in r.tests_out_of_memory})
+    verdict.crashed = sorted({normalise(t) for r in (*before, *after) for t in r.tests_crashed})
     return verdict
 
 

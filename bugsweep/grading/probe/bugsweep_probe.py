@@ -20,7 +20,8 @@ The instruction (one JSON object): `mirror` (0 or 1), `nonce` (32 hex digits, a 
 bugsweep_probe_memory.py; 0: no bound), `inject`: the test functions that get bugsweep's statement (`[[file,
 [[qualname, line], ...]], ...]`: every test of the baseline that has a function in the repository, the `line` where
 it failed before, or 0), and `armed`: the one test the mirror gives a false assertion (`id` as the runner names it,
-its function's `file`, `qualname` and `line`) or null. In both runs every function named is compiled with one more
+its function's `file`, `qualname` and `line`) or null, and `skip`: pytest node ids not to run (deselected; a run
+again after the process died while they ran). In both runs every function named is compiled with one more
 statement after its body (and before each `return` of its own): `assert bugsweep_probe.expect()`, or for a
 `unittest` method `self.assertX(*bugsweep_probe.expect_args("assertX"))` in the style of the test's own assertion.
 
@@ -38,7 +39,8 @@ classname, name] (pytest, with the JUnit XML names), ["pc", outcome, nodeid, fil
 error), ["ut", outcome, test id] (unittest), ["code", test id, file, qualname, line, kind] (a test's function: of
 every test that ran, in a run without `inject`; `kind` "async" or "gen" for a coroutine or generator function),
 ["inj", file, qualname, style] (a function compiled with bugsweep's statement), ["inj-miss", file, qualname],
-["reached", ...], ["timeout", test id], ["memory", test id, bytes, stopped] (bugsweep_probe_memory.py), ["end",
+["reached", ...], ["timeout", test id], ["hard-stop", test id] (it went on HARD_STOP_S past its limit: the
+process exits), ["memory", test id, bytes, stopped] (bugsweep_probe_memory.py), ["end",
 runner] (the runner finished: without it a run's per-test results are not whole), ["probe-error", text]. Kept compatible with Python 3.8.
 """
 
@@ -68,6 +70,9 @@ class _State:
     memory: Any = None  # bugsweep_probe_memory, once its watcher runs in this process (the runner's)
     pair = False  # a run of the regrade's pair (its tests' functions are known: no "code" record for passing tests)
     hooked = False  # pytest's assertion rewriting hooked (once, whatever pytest sessions run in this process)
+    skip: Any = (
+        frozenset()
+    )  # pytest node ids not to run (a rerun's: they were running when a run before it died)
 
 
 _state = _State()
@@ -149,9 +154,17 @@ class _Clock:
     armed = False
     previous: Any = None
     fired = False
+    fired_at = 0.0
 
 
 _clock = _Clock()
+
+#: Seconds a test may go on after it was first told to stop (once a second) before its process is ended (or its
+#: time limit again, if that is shorter): code that catches the exception each time would otherwise hold the whole
+#: run until its own timeout. The process exits HARD_STOP_EXIT after a "hard-stop" record; bugsweep runs the
+#: command again without that test, which failed (bugsweep.grading.runs.run_tests).
+HARD_STOP_S = 10.0
+HARD_STOP_EXIT = 70
 
 
 def _start(test_id):
@@ -164,8 +177,11 @@ def _start(test_id):
 
 def _fire(signum, frame):
     if not _clock.fired:
-        _clock.fired = True
+        _clock.fired, _clock.fired_at = True, time.monotonic()
         record("timeout", _clock.test)
+    elif time.monotonic() - _clock.fired_at >= min(HARD_STOP_S, _state.limit):
+        record("hard-stop", _clock.test)
+        os._exit(HARD_STOP_EXIT)
     raise TestTimedOut(f"bugsweep: {_clock.test} ran past the per-test time limit of {_state.limit:g} s")
 
 
@@ -442,6 +458,14 @@ def _pytest_plugin(pytest, set_current):
                 pass
 
         @pytest.hookimpl(trylast=True)
+        def pytest_collection_modifyitems(self, session, config, items):
+            if _state.skip:
+                left = [item for item in items if item.nodeid in _state.skip]
+                if left:
+                    items[:] = [item for item in items if item.nodeid not in _state.skip]
+                    config.hook.pytest_deselected(items=left)
+
+        @pytest.hookimpl(trylast=True)
         def pytest_sessionfinish(self, session, exitstatus):
             record("end", "pytest")
 
@@ -537,6 +561,8 @@ def _start_up():
         _state.memory_bound = max(int(instruction.get("memory") or 0), 0)
     except (TypeError, ValueError):
         _state.memory_bound = 0
+    skip = instruction.get("skip")
+    _state.skip = frozenset(str(t) for t in skip) if isinstance(skip, list) else frozenset()
     targets = given.targets(instruction, record)
     _state.pair = bool(targets)
     set_current, register, _decide = given.private(
