@@ -15,7 +15,7 @@ from bugsweep.grading.signals import suspicious_signals
 from bugsweep.grading.testfiles import protected_reason
 from bugsweep.sandbox import RepoSource, get_provider
 from bugsweep.settings import DEFAULT_TEST_GLOBS
-from tests.support.repos import make_repo, with_pytest
+from tests.support.repos import BUGGY_CALC, make_repo, with_pytest
 
 
 def _run(tests: dict[str, str] | None, exit_code: int) -> TestRun:
@@ -226,6 +226,60 @@ def test_a_change_whose_test_hangs_is_not_resolved_and_the_run_goes_on(buggy_rep
         )
     else:  # pytest saw test_add pass: the recorded timeout decides
         assert "2 passed" in after.log, after.log
+
+
+#: add() that waits and swallows every exception, the per-test time limit's included: its test never stops when told.
+SWALLOWING_ADD = (
+    "import time\n\n\ndef add(a, b):\n    while True:\n        try:\n            time.sleep(0.05)\n"
+    "        except BaseException:\n            pass\n\n\ndef mul(a, b):\n    return a * b\n"
+)
+
+
+@pytest.mark.parametrize("fixed", [True, False], ids=["real-fix", "still-swallows"])
+def test_a_baseline_test_that_will_not_stop_fails_and_a_real_fix_of_it_is_graded(
+    tmp_path: Path, fixed: bool
+) -> None:
+    """At the baseline test_add swallows the stop each second: the probe ends its process once it has gone on as
+    long again, and the run goes on without it (test_mul passes), so test_add failed before, and the mirror pair
+    can still be armed on it (its function was recorded as it started). A real fix is resolved; a change that
+    still swallows is not, in seconds rather than at the whole run's timeout (the pair's run that died fails closed)."""
+    from bugsweep.pipeline import baseline, prepare, regrade, setup
+    from bugsweep.settings import AgentSettings
+    from bugsweep.spec import TaskSpec
+    from tests.support.repos import PYTEST_SETUP
+
+    repo = make_repo(tmp_path / "calc", {**BUGGY_CALC, "calc.py": SWALLOWING_ADD})
+    spec = TaskSpec(repo=str(repo), problem_statement="add() never returns", test_command="python -m pytest -q",
+                    setup_command=PYTEST_SETUP)  # fmt: skip
+    prepared = prepare(spec, get_provider("local"))
+    with prepared.sandbox:
+        setup(prepared)
+        before = baseline(prepared, per_test_timeout=2)
+        assert before.tests == {
+            "tests/test_calc.py::test_add": "failed",
+            "tests/test_calc.py::test_mul": "passed",
+        }
+        assert before.tests_crashed == ["tests/test_calc.py::test_add"] and not before.timed_out
+        change = (
+            SWALLOWING_ADD.replace("while True", "return a + b\n    while True") if fixed else "import time\n"
+        )
+        prepared.sandbox.files.write(
+            f"{prepared.sandbox.workdir}/calc.py", change if fixed else SWALLOWING_ADD + change
+        )
+        verdict, after, _ = regrade(
+            prepared, before, None, agent_settings=AgentSettings(per_test_timeout_s=2)
+        )
+    assert after is not None and after.duration_s < 60
+    if fixed:
+        assert verdict.resolved, verdict.reason
+        assert verdict.FAIL_TO_PASS == ["tests/test_calc.py::test_add"]
+        assert (
+            verdict.mirror is not None
+            and verdict.mirror.armed
+            and verdict.mirror.test == "tests/test_calc.py::test_add"
+        )
+    else:
+        assert not verdict.resolved and after.tests is None, "the pair's run that died is not run again"
 
 
 def test_a_hanging_unittest_test_fails_and_the_others_still_run(tmp_path: Path) -> None:

@@ -195,7 +195,9 @@ def _take(
     elif kind == "code":
         raw, file, qualname, line = str(values[0]), str(values[1]), str(values[2]), int(values[3])
         flavour = str(values[4]) if len(values) > 4 else ""
-        report.code.setdefault(raw, TestFunction(raw, file, qualname, line, flavour))
+        known = report.code.get(raw)
+        if known is None or (line and not known.line):  # where it failed, once known, is kept
+            report.code[raw] = TestFunction(raw, file, qualname, line, flavour)
     elif kind == "inj":
         report.injected.append((str(values[0]), str(values[1]), str(values[2])))
     elif kind == "inj-miss":

@@ -168,6 +168,13 @@ def _merge_crashed(first: TestRun, again: TestRun, culprit: str, spent: float) -
     said = f"[bugsweep: the test process died while {culprit} ran; it failed, and the tests ran again without it]"
     again.log = f"{first.log}\n{said}\n{again.log}"
     again.log_bytes += first.log_bytes
+    for test in again.tests_crashed:  # their functions, for the regrade's pair: the run again never ran them
+        raw = first.probe.raw_ids.get(test, test)
+        if raw in first.probe.code:
+            again.probe.code[raw] = first.probe.code[raw]
+        if raw != test:
+            again.probe.raw_ids[test] = raw
+        again.probe.runner_of[test] = "pytest"
     if again.tests is not None:
         again.tests.update({t: "failed" for t in again.tests_crashed})
     if again.exit_code in (0, PYTEST_NO_TESTS):

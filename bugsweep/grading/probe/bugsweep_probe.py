@@ -452,7 +452,8 @@ def _pytest_plugin(pytest, set_current):
                 report = outcome.get_result()
                 if report.failed and call.excinfo is not None:
                     _record_code(item.nodeid, getattr(item, "obj", None), call.excinfo.tb)
-                elif report.when == "call" and report.passed:
+                elif report.passed and report.when in ("setup", "call"):
+                    # at setup too: a test whose process dies in its call still has its function known
                     _record_code(item.nodeid, getattr(item, "obj", None), None)
             except Exception:
                 pass
