@@ -281,6 +281,28 @@ def test_detected_commands_for_common_layouts(tmp_path: Path) -> None:
     assert cmds.setup == ("pip install -e '.[dev]' && pip install 'setuptools<82' && pip install pytest")
     assert "the code imports pkg_resources, which setuptools 82 removed" in cmds.why
 
+    # a conftest.py hook with a py.path argument (boltons 2020-2021), which pytest 9 refuses: pytest < 9
+    py_path = make_repo(tmp_path / "py-path", {
+        "setup.py": "from setuptools import setup\nsetup(name='p')\n",
+        "tests/conftest.py": "def pytest_ignore_collect(path, config):\n    return False\n",
+        "tests/test_p.py": "def test_x():\n    pass\n",
+    })  # fmt: skip
+    cmds = detect_commands(py_path, git(py_path, "rev-parse", "HEAD"), ["tests/test_p.py"])
+    assert cmds.setup == "pip install -e . && pip install 'pytest<9'"
+    write_files(
+        py_path,
+        {"tests/conftest.py": "def pytest_ignore_collect(collection_path, config):\n    return False\n"},
+    )
+    cmds = detect_commands(py_path, commit_all(py_path, "pathlib hook"), ["tests/test_p.py"])
+    assert cmds.setup == "pip install -e . && pip install pytest"
+
+    # test requirements pinning a pytest (and py) that Python 3.11 cannot run (boltons 2020): raised to pytest 7.4-8
+    write_files(py_path, {"requirements-test.txt": "coverage==4.5.1\npy<1.6.0\npytest==3.0.7\n"})
+    cmds = detect_commands(py_path, commit_all(py_path, "old pins"), ["tests/test_p.py"])
+    assert cmds.setup == (
+        "pip install -e . && pip install -r requirements-test.txt && pip install 'pytest>=7.4,<9' 'py>=1.11'"
+    )
+
 
 def _run(tests: dict[str, str] | None, exit_code: int = 1) -> TestRun:
     return TestRun(
@@ -547,6 +569,7 @@ def test_merged_pull_requests_are_candidates_with_merges(tmp_path: Path) -> None
 def test_mine_reads_stubs_leaves_out_tests_failing_in_both_states_and_says_why(tmp_path: Path) -> None:
     """End to end (real sandbox, real pytest, one run per state, the whole suite as the test command): an
     "Issue N: Update ..." fix is kept, with the unrelated test that fails at both states left out and deselected,
+    an unrelated module that does not import (which stops pytest before any test runs) ignored,
     the test whose id holds a memory address neither flaky nor named, and the screen's rule and reason in the
     task file and the report; an "Issue N: Add ..." feature that also changes the type stub is rejected unrun."""
     from bugsweep.sandbox import get_provider
@@ -558,7 +581,7 @@ def test_mine_reads_stubs_leaves_out_tests_failing_in_both_states_and_says_why(t
     )
     repo = make_repo(tmp_path / "repo", {
         "calc.py": CALC, "calc.pyi": "def add(a: int, b: int) -> int: ...\n", "tests/test_calc.py": tests,
-        "pyproject.toml": PYPROJECT,
+        "pyproject.toml": PYPROJECT, "tests/test_old.py": "import pprint\n\npprint.gone_since_3_11\n",
     })  # fmt: skip
     write_files(repo, {
         "calc.py": CALC.replace("a - b", "a + b"),
@@ -584,8 +607,8 @@ def test_mine_reads_stubs_leaves_out_tests_failing_in_both_states_and_says_why(t
     assert task.FAIL_TO_PASS == ["tests/test_calc.py::test_add"]
     assert task.PASS_TO_PASS == ["tests/test_calc.py::test_mul"]  # not test_any[<object object at 0x...>]
     assert task.FAIL_TO_FAIL == ["tests/test_calc.py::test_unrelated_broken"]
-    assert (
-        task.test_command == "python -m pytest -q tests --deselect tests/test_calc.py::test_unrelated_broken"
+    assert task.test_command == (  # a module that does not import stops pytest before any test: ignored
+        "python -m pytest -q tests --ignore=tests/test_old.py --deselect tests/test_calc.py::test_unrelated_broken"
     )
     assert task.screen_rule == "issue reference and a fix-shaped change"
     assert task.screen_reason is not None and task.screen_reason.startswith(
@@ -609,8 +632,8 @@ def test_mine_reads_stubs_leaves_out_tests_failing_in_both_states_and_says_why(t
     assert validate.message == "test command 'python -m pytest -q tests', 1 run(s) per state"
     (kept_line,) = [e.message for e in events if e.kind == "kept"]
     assert kept_line == (
-        "1 fail->pass, 1 pass->pass, 1 failing in both states left out, 1 with a memory address in their id not "
-        f"named; screen: {task.screen_reason}"
+        "1 fail->pass, 1 pass->pass, 1 other test module(s) that do not import ignored, 1 failing in both states "
+        f"left out, 1 with a memory address in their id not named; screen: {task.screen_reason}"
     )
 
 

@@ -96,6 +96,27 @@ def _imports_pkg_resources(repo: Path, commit: str) -> bool:
     return proc.returncode == 0
 
 
+#: A requirement line that pins pytest (or its old `py` library) below what runs on Python 3.11: pytest < 7, py < 1.11.
+_OLD_PYTEST_PIN = re.compile(
+    r"^\s*(pytest\s*(==|<=|<|~=)\s*[0-6]\.|py\s*(==|<=|<|~=)\s*1\.([0-9]|10)\b)", re.M | re.I
+)
+
+#: A pytest hook that takes a py.path argument (`path`, `startdir`): deprecated in pytest 7, an error in pytest 9.
+_PY_PATH_HOOK = (
+    r"def pytest_(ignore_collect|collect_file|pycollect_makemodule|report_header|report_collectionfinish)"
+    r"\([^)]*\b(path|startdir)\b"
+)
+
+
+def _has_py_path_hook(repo: Path, commit: str) -> bool:
+    """Whether a Python file of the tree at `commit` defines a pytest hook with a py.path argument, which pytest 9
+    refuses to load (boltons' 2020-2021 conftest.py: every test run an error)."""
+    proc = subprocess.run(
+        ["git", "-C", str(repo), "grep", "-q", "-E", _PY_PATH_HOOK, commit, "--", "*.py"], capture_output=True
+    )
+    return proc.returncode == 0
+
+
 def _tox_deps(text: str) -> list[str]:
     """The plain requirements of tox.ini's [testenv] deps (factor-conditional and templated lines left out, and the
     requirements files it names: at an old commit they pin what today's Python cannot run, such as pytest 6.2, whose
@@ -120,6 +141,9 @@ def detect_commands(repo: Path, commit: str, test_files: Sequence[str]) -> Comma
     - then the test dependencies where the project keeps them: a requirements file (TEST_REQUIREMENTS), a
       `tests`/`test`/`testing` dependency group in pyproject.toml, or tox.ini's [testenv] deps;
     - `setuptools<82` when the code imports pkg_resources (setuptools 82 removed it; older environments had it);
+    - pytest 7.4-8 (and py 1.11) when those test requirements pin a pytest older than 7 or a py older than 1.11,
+      which do not run on Python 3.11 (boltons' 2020 requirements-test.txt: pytest==3.0.7, py<1.6.0); `pytest<9`
+      when a pytest hook of the tree takes a py.path argument (pytest 9 will not load it);
     - tests run with `python -m pytest -q <changed test modules>` (pytest also runs unittest-style tests, and
       gives per-test results the grader reads), so the setup ends with `pip install pytest`.
     """
@@ -154,6 +178,22 @@ def detect_commands(repo: Path, commit: str, test_files: Sequence[str]) -> Comma
     elif "tox.ini" in names and (deps := _tox_deps(_show(repo, commit, "tox.ini") or "")):
         steps.append("pip install " + " ".join(shlex.quote(r) for r in deps))
         why.append("tox.ini [testenv] deps")
+    pinned = ""
+    if reqs:
+        pinned = _show(repo, commit, reqs) or ""
+    elif group:
+        pinned = "\n".join(group)
+    elif "tox.ini" in names:
+        pinned = "\n".join(_tox_deps(_show(repo, commit, "tox.ini") or ""))
+    py_path_hook = _has_py_path_hook(repo, commit)
+    if _OLD_PYTEST_PIN.search(pinned):
+        steps.append("pip install 'pytest>=7.4,<9' 'py>=1.11'")
+        why.append(
+            "the test requirements pin a pytest (or py) that does not run on today's Python: pytest 7.4-8"
+        )
+    elif py_path_hook:
+        steps.append("pip install 'pytest<9'")
+        why.append("a pytest hook takes a py.path argument, which pytest 9 refuses")
     if _imports_pkg_resources(repo, commit):
         steps.append("pip install 'setuptools<82'")
         why.append("the code imports pkg_resources, which setuptools 82 removed")

@@ -21,7 +21,7 @@ from bugsweep.mining.records import (
 )
 from bugsweep.mining.screening import screen
 from bugsweep.mining.validation import Stopper, validate
-from bugsweep.mining.verdict import Verdict, deselect
+from bugsweep.mining.verdict import Verdict, deselect, ignore
 from bugsweep.runconfig import AgentLimits
 from bugsweep.sandbox.base import SandboxProvider
 from bugsweep.spec import TaskSpec, dump_tasks
@@ -141,6 +141,8 @@ def mine(
         spec.FAIL_TO_PASS = verdict.fail_to_pass
         spec.PASS_TO_PASS = verdict.pass_to_pass
         spec.FAIL_TO_FAIL = verdict.fail_to_fail
+        if verdict.ignored:
+            spec.test_command = ignore(spec.test_command, verdict.ignored)
         if verdict.deselect:
             spec.test_command = deselect(spec.test_command, verdict.deselect)
         if verdict.fail_to_fail:
@@ -160,6 +162,8 @@ def mine(
         if out is not None:
             write(result.tasks, out)
         note = f"{len(verdict.fail_to_pass)} fail->pass, {len(verdict.pass_to_pass)} pass->pass"
+        if verdict.ignored:
+            note += f", {len(verdict.ignored)} other test module(s) that do not import ignored"
         if verdict.fail_to_fail:
             note += f", {len(verdict.fail_to_fail)} failing in both states left out"
         if verdict.flaky:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import re
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from bugsweep.errors import BugsweepError, ConfigError, SetupFailed
 from bugsweep.grading.runs import TestRun, missing_module, run_tests, why_cannot_run
 from bugsweep.mining.records import RejectReason
-from bugsweep.mining.verdict import Verdict, _all_ids, _outcomes, _stable, judge
+from bugsweep.mining.verdict import Verdict, _all_ids, _is_collection_error, _outcomes, _stable, ignore, judge
 from bugsweep.sandbox.base import Sandbox, SandboxProvider
 from bugsweep.spec import TaskSpec
 
@@ -125,6 +126,25 @@ def _run_state(
         prepared.sandbox.release()
 
 
+_INTERRUPTED = re.compile(r"^!+ Interrupted: \d+ errors? during collection !+$", re.M)
+_CHANGED = re.compile(r"^diff --git a/(\S+) b/", re.M)
+
+
+def uncollectable(runs: Sequence[TestRun], spec: TaskSpec) -> list[str]:
+    """The test modules other than the commit's own test files whose collection errors stopped pytest before any
+    test ran, in every run (pytest stops a session at collection errors): none where a run ran a test, or where a
+    module of the commit's own failed to collect."""
+    own = set(_CHANGED.findall(spec.test_patch or ""))
+    modules: set[str] = set()
+    for run in runs:
+        if run.runner != "pytest" or run.tests is None or not _INTERRUPTED.search(run.log[-4096:]):
+            return []
+        if not run.tests or not all(_is_collection_error(t) for t in run.tests):
+            return []
+        modules |= {t.partition("::")[0] for t in run.tests}
+    return [] if modules & own else sorted(modules)
+
+
 def _last_line(log: str) -> str:
     lines = [line.strip() for line in log.strip().splitlines() if line.strip()]
     return lines[-1][:300] if lines else "no output"
@@ -192,12 +212,21 @@ def _validate(
 
     try:
         before = state(spec, still_failing)
+        if ignored := uncollectable(before, spec):
+            # other modules that do not import at the task state stopped pytest before any test ran (a whole-suite
+            # command at an old commit): the task's command leaves them out, as it leaves out tests failing in
+            # both states, and the runs start again
+            spec.test_command = ignore(spec.test_command, ignored)
+            before = state(spec, still_failing)
         verdict = judge(before, [])
+        verdict.ignored = ignored
         if not still_failing(before) or verdict.reason == RejectReason.TIMED_OUT:
             return verdict
         at_fix = spec.model_copy(update={"base_commit": spec.fix_commit, "test_patch": None})
         after = state(at_fix, lambda r: not r[-1].timed_out)
-        return judge(before, after)
+        verdict = judge(before, after)
+        verdict.ignored = ignored
+        return verdict
     except (CommandNotFound, MiningStopped):
         raise
     except CannotRun as exc:

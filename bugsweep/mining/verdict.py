@@ -44,6 +44,9 @@ class Verdict:
     out_of_memory: list[str] = field(default_factory=list)
     """Tests the probe stopped at the per-test memory bound in any run, at either state (normalised ids): failed
     there, as at the time limit (an endless loop filling a list at the task state is a FAIL_TO_PASS test)."""
+    ignored: list[str] = field(default_factory=list)
+    """Test modules other than the commit's own that stopped pytest at the task state by not importing: the task's
+    command ignores them (`--ignore`; bugsweep.mining.validation.uncollectable)."""
     crashed: list[str] = field(default_factory=list)
     """Tests whose process died while they ran, in any run (normalised ids): failed there, and the rest of that run
     ran again without them (bugsweep.grading.runs.run_tests)."""
@@ -251,6 +254,11 @@ def _prefixes(test_id: str) -> list[str]:
     if "[" in parts[-1]:
         wider.append(exact[: exact.index("[", len(path)) + 1])
     return [*wider, exact] if ADDRESS_MARK in test_id else [*wider, test_id]
+
+
+def ignore(test_command: str, paths: Sequence[str]) -> str:
+    """The pytest command with these test modules left out of collection (`--ignore`)."""
+    return test_command + "".join(f" --ignore={shlex.quote(path)}" for path in paths)
 
 
 def deselect(test_command: str, prefixes: Sequence[str]) -> str:
