@@ -310,6 +310,25 @@ def _run(tests: dict[str, str] | None, exit_code: int = 1) -> TestRun:
     )
 
 
+def test_only_other_modules_that_stop_pytest_at_collection_are_ignored() -> None:
+    """A run that pytest interrupted at collection errors: the modules other than the commit's own are ignored (its
+    own failing to import, as a test of a name the fix adds does, is a failing test); a run that ran tests, or ran
+    under another runner, ignores nothing."""
+    from bugsweep.grading.records import ProbeReport
+    from bugsweep.mining.validation import uncollectable
+    from bugsweep.spec import TaskSpec
+
+    log = "ERROR tests/test_old.py\n!!!!!!!!!!!!!!!!!!!! Interrupted: 2 errors during collection !!!!!!!!!!!!!!!!!!!!\n"
+    spec = TaskSpec(repo=".", problem_statement="x", test_command="python -m pytest -q",
+                    test_patch="diff --git a/tests/test_new.py b/tests/test_new.py\n")  # fmt: skip
+    errors = {"tests/test_old.py::tests.test_old": "error", "tests/test_new.py::tests.test_new": "error"}
+    interrupted = replace(_run(errors, 2), log=log, probe=ProbeReport(runners=["pytest"]))
+    assert uncollectable([interrupted, interrupted], spec) == ["tests/test_old.py"]
+    ran = replace(interrupted, tests={**errors, "tests/test_x.py::test_x": "passed"})
+    assert uncollectable([interrupted, ran], spec) == []
+    assert uncollectable([replace(interrupted, probe=ProbeReport(runners=["unittest"]))], spec) == []
+
+
 def test_judge_per_test_outcomes() -> None:
     before = [_run({"t::a": "failed", "t::b": "passed"})] * 2
     after = [_run({"t::a": "passed", "t::b": "passed"}, 0)] * 2

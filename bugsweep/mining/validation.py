@@ -132,8 +132,8 @@ _CHANGED = re.compile(r"^diff --git a/(\S+) b/", re.M)
 
 def uncollectable(runs: Sequence[TestRun], spec: TaskSpec) -> list[str]:
     """The test modules other than the commit's own test files whose collection errors stopped pytest before any
-    test ran, in every run (pytest stops a session at collection errors): none where a run ran a test, or where a
-    module of the commit's own failed to collect."""
+    test ran, in every run (pytest stops a session at collection errors): none where a run ran a test. (A module of
+    the commit's own that fails to collect at the task state, importing a name the fix adds, is a failing test.)"""
     own = set(_CHANGED.findall(spec.test_patch or ""))
     modules: set[str] = set()
     for run in runs:
@@ -142,7 +142,7 @@ def uncollectable(runs: Sequence[TestRun], spec: TaskSpec) -> list[str]:
         if not run.tests or not all(_is_collection_error(t) for t in run.tests):
             return []
         modules |= {t.partition("::")[0] for t in run.tests}
-    return [] if modules & own else sorted(modules)
+    return sorted(modules - own)
 
 
 def _last_line(log: str) -> str:
