@@ -805,6 +805,10 @@ TESTS_DYING = (
     "def test_add():\n    if add(2, 3) != 5:\n        held = bytearray(120 << 20)\n        time.sleep(0.5)\n"
     "        os.kill(os.getpid(), signal.SIGKILL)\n\n\n"
     "def test_gives_up():\n    with pytest.raises(ZeroDivisionError):\n        retry(lambda: time.sleep(0.2) or 1 / 0, tries=3)\n\n\n"
+    "class Sleeper:\n    def __repr__(self):\n        return retry(lambda: time.sleep(0.2) or 1 / 0, tries=3)\n\n\n"
+    "@pytest.fixture\ndef sleeper():\n    return Sleeper()\n\n\n"
+    "def test_reported(sleeper):  # its failure's report shows its arguments: repr(sleeper) never returns\n"
+    "    assert add(1, 1) == 2\n\n\n"
     "def test_mul():\n    assert mul(2, 3) == 6\n"
 )
 
@@ -813,9 +817,10 @@ TESTS_DYING = (
 def test_tests_whose_process_dies_at_the_task_state_fail_and_the_run_goes_on(tmp_path: Path) -> None:
     """End to end (real sandbox with a 256 MiB memory limit, real pytest): at the task state one changed test takes
     half the memory bound and its process is then killed (as the memory limit kills what grows faster than the probe
-    reads it), and another catches the per-test time limit's exception each time it is told to stop. As pytest-xdist
-    does with a crashed worker, each is that test failing: the run goes on without it. The fix is kept with both in
-    FAIL_TO_PASS and the test after them in PASS_TO_PASS, and the report names both."""
+    reads it), another catches the per-test time limit's exception each time it is told to stop, and a third fails
+    and its report never comes (pytest shows the test's arguments: their repr never returns). As pytest-xdist does
+    with a crashed worker, each is that test failing: the run goes on without it. The fix is kept with the three in
+    FAIL_TO_PASS and the test after them in PASS_TO_PASS, and the report names them."""
     from bugsweep.sandbox import get_provider
 
     repo = make_repo(tmp_path / "repo", {
@@ -830,7 +835,11 @@ def test_tests_whose_process_dies_at_the_task_state_fail_and_the_run_goes_on(tmp
         test_command="python -m pytest -q tests", report=tmp_path / "tasks.mining.json",
     )  # fmt: skip
     (task,) = result.tasks
-    dying = ["tests/test_calc.py::test_add", "tests/test_calc.py::test_gives_up"]
+    dying = [
+        "tests/test_calc.py::test_add",
+        "tests/test_calc.py::test_gives_up",
+        "tests/test_calc.py::test_reported",
+    ]
     assert dying == task.FAIL_TO_PASS
     assert task.PASS_TO_PASS == ["tests/test_calc.py::test_mul"]  # it ran after both
     report = json.loads((tmp_path / "tasks.mining.json").read_text())

@@ -155,6 +155,7 @@ class _Clock:
     previous: Any = None
     fired = False
     fired_at = 0.0
+    hard = False  # armed while a report is built: the alarm ends the process
 
 
 _clock = _Clock()
@@ -179,18 +180,24 @@ def _fire(signum, frame):
     if not _clock.fired:
         _clock.fired, _clock.fired_at = True, time.monotonic()
         record("timeout", _clock.test)
-    elif time.monotonic() - _clock.fired_at >= min(HARD_STOP_S, _state.limit):
-        record("hard-stop", _clock.test)
-        os._exit(HARD_STOP_EXIT)
-    raise TestTimedOut(f"bugsweep: {_clock.test} ran past the per-test time limit of {_state.limit:g} s")
+        if not _clock.hard:
+            raise TestTimedOut(f"bugsweep: {_clock.test} ran past the per-test time limit of {_state.limit:g} s")
+    elif not _clock.hard and time.monotonic() - _clock.fired_at < min(HARD_STOP_S, _state.limit):
+        raise TestTimedOut(f"bugsweep: {_clock.test} ran past the per-test time limit of {_state.limit:g} s")
+    record("hard-stop", _clock.test)
+    os._exit(HARD_STOP_EXIT)
 
 
-def _arm():
+def _arm(hard=False):
     """Set the alarm for the rest of the running test's time (a phase after it fired gets the whole limit again,
-    so that its fixtures can be torn down). True when this call armed it: only then does its caller disarm."""
+    so that its fixtures can be torn down). True when this call armed it: only then does its caller disarm.
+    `hard`: while the runner builds a test's report, where an exception would end the whole run half way, the
+    alarm ends the process instead (a report built past the test's time, or for as long again once it fired)."""
     if _clock.test is None or _clock.armed or threading.current_thread() is not threading.main_thread():
         return False
     left = _clock.deadline - time.monotonic()
+    if hard and _clock.fired:
+        left = min(HARD_STOP_S, _state.limit)
     try:
         _clock.previous = signal.signal(signal.SIGALRM, _fire)
         # then once a second: a test that catches the first exception and waits again is stopped again
@@ -198,7 +205,7 @@ def _arm():
     except (ValueError, OSError, AttributeError) as exc:  # no SIGALRM: the whole run's timeout is the bound
         record("probe-error", repr(exc)[:300])
         return False
-    _clock.armed = True
+    _clock.armed, _clock.hard = True, hard
     return True
 
 
@@ -209,7 +216,7 @@ def _disarm():
         signal.signal(signal.SIGALRM, previous if previous is not None else signal.SIG_DFL)
     except (ValueError, OSError, AttributeError):
         pass
-    _clock.armed, _clock.previous = False, None
+    _clock.armed, _clock.previous, _clock.hard = False, None, False
 
 
 def _stop(test_id):
@@ -485,10 +492,10 @@ def _time_limit_plugin(pytest):
     """pytest hook wrappers that run each phase of a test (setup, call, teardown) under the per-test alarm, armed
     and disarmed inside the phase, so that the exception lands where pytest reports it as that phase's failure."""
 
-    def phase(item, first=False, last=False):
+    def phase(item, first=False, last=False, hard=False):
         if first:
             _start(item.nodeid)
-        armed = _arm() if _clock.test == item.nodeid else False
+        armed = _arm(hard) if _clock.test == item.nodeid else False
         try:
             yield
         finally:
@@ -511,6 +518,12 @@ def _time_limit_plugin(pytest):
         @wrap
         def pytest_runtest_teardown(self, item):
             yield from phase(item, last=True)
+
+        @wrap
+        def pytest_runtest_makereport(self, item, call):
+            # pytest builds a failure's report out of the phase (the repr of each frame's arguments: code under
+            # test that recurses there, as loguru's catch() in __repr__ did, never returns)
+            yield from phase(item, hard=True)
 
     return TimeLimit()
 
