@@ -43,6 +43,31 @@ def test_grade_needs_all_three_conditions() -> None:
     assert not already_passing.resolved and not already_passing.failed_before
 
 
+def test_tests_the_task_names_as_failing_in_both_states_need_not_pass_after() -> None:
+    """A mined task whose command cannot leave out a module that does not import (a conftest.py overriding
+    `--ignore`) names it in FAIL_TO_FAIL: the grade does not ask it to pass after, and the mirror never arms it;
+    any other test that failed before still must pass."""
+    from bugsweep.grading.mirror import plan_pair
+    from bugsweep.grading.records import ProbeReport
+
+    module = "tests/test_old.py::tests.test_old"
+    before = _run({module: "error", "t::a": "failed", "t::b": "passed"}, 1)
+    fixed = _run({module: "error", "t::a": "passed", "t::b": "passed"}, 1)
+    assert not grade(instance_id="x", before=before, after=fixed).resolved
+    named = grade(instance_id="x", before=before, after=fixed, expected_fail_to_fail=[module])
+    assert (
+        named.FAIL_TO_PASS == ["t::a"]
+        and named.FAIL_TO_FAIL == []
+        and "failed before" not in (named.reason or "")
+    )
+    still = grade(instance_id="x", before=before, after=_run({module: "error", "t::a": "failed", "t::b": "passed"}, 1),
+                  expected_fail_to_fail=[module])  # fmt: skip
+    assert not still.resolved and still.FAIL_TO_FAIL == ["t::a"]
+    under_pytest = TestRun(**{**vars(before), "probe": ProbeReport(runners=["pytest"])})
+    assert plan_pair(under_pytest, "python -m pytest", fail_to_fail=[module]).failing == ["t::a"]
+    assert plan_pair(under_pytest, "python -m pytest").failing == ["t::a", module]
+
+
 @pytest.mark.parametrize(
     ("after_tests", "field"),
     [

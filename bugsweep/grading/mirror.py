@@ -47,6 +47,7 @@ from __future__ import annotations
 import re
 import secrets
 import shlex
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from pydantic import BaseModel, Field
@@ -137,9 +138,13 @@ class PairPlan:
 _NAMES_RUNNER = re.compile(r"(^|[\s/;&|(])(py\.test|pytest|unittest)(\s|$|;|&|\||\))")
 
 
-def plan_pair(before: TestRun, test_command: str, root: str = "/workspace/repo") -> PairPlan:
+def plan_pair(
+    before: TestRun, test_command: str, root: str = "/workspace/repo", fail_to_fail: Iterable[str] = ()
+) -> PairPlan:
     """The pair for this task, from what the baseline showed: its runner, its failing tests and their functions,
-    and the functions of the tests that passed (those in the repository at `root`, the sandbox's workdir)."""
+    and the functions of the tests that passed (those in the repository at `root`, the sandbox's workdir). The
+    task's own FAIL_TO_FAIL tests (mined: failing in both states, a module that does not import) are not among
+    the failing tests it can arm."""
     runner = before.runner
     if runner not in ("pytest", "unittest"):
         named = _NAMES_RUNNER.search(test_command)
@@ -148,7 +153,7 @@ def plan_pair(before: TestRun, test_command: str, root: str = "/workspace/repo")
             note="no test runner the probe knows (pytest, unittest) ran in the task's environment"
             + (" (the command names one: it runs in an environment of its own?)" if named else ""),
         )
-    failing = sorted(before.ids("failed", "error"))
+    failing = sorted(before.ids("failed", "error") - set(fail_to_fail))
     if before.tests is None or not failing:
         return PairPlan(
             required=True, runner=runner, note="no test failed before by per-test results: none to mirror"

@@ -74,7 +74,7 @@ def regrade_change(
             )
 
         first, first_tree, facts = fresh()
-        plan = plan_pair(before, spec.test_command, root=first.workdir)
+        plan = plan_pair(before, spec.test_command, root=first.workdir, fail_to_fail=spec.FAIL_TO_FAIL)
         old = {c.path: first_tree.read(c.path, c.old, check=False) for c in changes if c.old}
         roots = import_roots(task_paths, protected_globs, spec.test_files)
         dropped = {}
@@ -129,6 +129,7 @@ def regrade_change(
         dropped=dropped,
         expected_fail_to_pass=spec.FAIL_TO_PASS,
         expected_pass_to_pass=spec.PASS_TO_PASS,
+        expected_fail_to_fail=spec.FAIL_TO_FAIL,
         suspicious=suspicious_signals({c.path: (old.get(c.path), new[c.path]) for c in kept if c.new}),
         mirror=found,
         mirror_run=results.get("mirror"),

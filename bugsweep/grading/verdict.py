@@ -143,13 +143,15 @@ def grade(
     dropped: dict[str, str] | None = None,
     expected_fail_to_pass: Iterable[str] = (),
     expected_pass_to_pass: Iterable[str] = (),
+    expected_fail_to_fail: Iterable[str] = (),
     suspicious: Iterable[str] = (),
     mirror: Mirror | None = None,
     mirror_run: TestRun | None = None,
 ) -> Grade:
     """The verdict from the before-run, the after-run (the real run of the mirror pair, or the task's own command's
     run), what the mirror pair showed (`mirror`, and its run for its own consistency) and the dropped protected
-    changes."""
+    changes. Tests the task names as failing in both states (`expected_fail_to_fail`: a mined task's, where its
+    command cannot leave them out, as a test module that does not import) need not pass after."""
     dropped = dict(dropped or {})
     own = after.tests
     own_failing = after.ids("failed", "error")
@@ -199,7 +201,8 @@ def grade(
         if own is None:
             reasons.append("the after-run gave no per-test results (the tests did not run to the end)")
         else:
-            failing, passing = before.ids("failed", "error"), before.ids("passed")
+            failing = before.ids("failed", "error") - set(expected_fail_to_fail)
+            passing = before.ids("passed")
             passed_after = after.ids("passed")
             verdict.FAIL_TO_PASS = sorted(failing & passed_after)
             verdict.FAIL_TO_FAIL = sorted(failing - passed_after)

@@ -181,7 +181,9 @@ def _fire(signum, frame):
         _clock.fired, _clock.fired_at = True, time.monotonic()
         record("timeout", _clock.test)
         if not _clock.hard:
-            raise TestTimedOut(f"bugsweep: {_clock.test} ran past the per-test time limit of {_state.limit:g} s")
+            raise TestTimedOut(
+                f"bugsweep: {_clock.test} ran past the per-test time limit of {_state.limit:g} s"
+            )
     elif not _clock.hard and time.monotonic() - _clock.fired_at < min(HARD_STOP_S, _state.limit):
         raise TestTimedOut(f"bugsweep: {_clock.test} ran past the per-test time limit of {_state.limit:g} s")
     record("hard-stop", _clock.test)
@@ -521,8 +523,7 @@ def _time_limit_plugin(pytest):
 
         @wrap
         def pytest_runtest_makereport(self, item, call):
-            # pytest builds a failure's report out of the phase (the repr of each frame's arguments: code under
-            # test that recurses there, as loguru's catch() in __repr__ did, never returns)
+            # a failure's report shows its frames' arguments: a repr that never returns (loguru 2024) is bounded too
             yield from phase(item, hard=True)
 
     return TimeLimit()
