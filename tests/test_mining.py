@@ -328,6 +328,15 @@ def test_only_other_modules_that_stop_pytest_at_collection_are_ignored() -> None
     assert uncollectable([interrupted, ran], spec) == []
     assert uncollectable([replace(interrupted, probe=ProbeReport(runners=["unittest"]))], spec) == []
 
+    # where a conftest.py overrides --ignore (boltons 2020), such a module fails in both states: FAIL_TO_FAIL, not
+    # the fix's failure; a module of its own that does not import at the fix still is
+    old = "tests/test_old.py::tests.test_old"
+    before = [_run({old: "error", "tests/test_new.py::test_new": "failed"})] * 2
+    after = [_run({old: "error", "tests/test_new.py::test_new": "passed"})] * 2
+    v = judge(before, after, unrelated=["tests/test_old.py"])
+    assert (v.reason, v.fail_to_pass, v.fail_to_fail) == (None, ["tests/test_new.py::test_new"], [old])
+    assert judge(before, after).reason == RejectReason.TESTS_FAIL_AT_FIX
+
 
 def test_judge_per_test_outcomes() -> None:
     before = [_run({"t::a": "failed", "t::b": "passed"})] * 2

@@ -224,7 +224,7 @@ def _validate(
             return verdict
         at_fix = spec.model_copy(update={"base_commit": spec.fix_commit, "test_patch": None})
         after = state(at_fix, lambda r: not r[-1].timed_out)
-        verdict = judge(before, after)
+        verdict = judge(before, after, unrelated=ignored)
         verdict.ignored = ignored
         return verdict
     except (CommandNotFound, MiningStopped):

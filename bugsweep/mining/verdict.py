@@ -91,18 +91,18 @@ def _all_ids(runs: Sequence[Outcomes]) -> set[str]:
     return {t for r in runs for t in r}
 
 
-def judge(before: Sequence[TestRun], after: Sequence[TestRun]) -> Verdict:
+def judge(before: Sequence[TestRun], after: Sequence[TestRun], unrelated: Collection[str] = ()) -> Verdict:
     """Decide from the runs at the task state (`before`) and at the fix commit (`after`, may be empty if stopped early).
 
     Per test when JUnit results exist (pytest); by exit code otherwise.
     """
-    verdict = _judge(before, after)
+    verdict = _judge(before, after, unrelated)
     verdict.out_of_memory = sorted({normalise(t) for r in (*before, *after) for t in r.tests_out_of_memory})
     verdict.crashed = sorted({normalise(t) for r in (*before, *after) for t in r.tests_crashed})
     return verdict
 
 
-def _judge(before: Sequence[TestRun], after: Sequence[TestRun]) -> Verdict:
+def _judge(before: Sequence[TestRun], after: Sequence[TestRun], unrelated: Collection[str] = ()) -> Verdict:
     if timed_out := [r for r in (*before, *after) if r.timed_out]:
         detail = "a test run timed out"
         if stuck := sorted({normalise(t) for r in timed_out for t in r.tests_timed_out}):
@@ -131,11 +131,13 @@ def _judge(before: Sequence[TestRun], after: Sequence[TestRun]) -> Verdict:
             f"the test run at the task state {how} before pytest wrote its results: no test to name FAIL_TO_PASS",
         )
     if all(r.tests is not None for r in (*before, *after)):
-        return _judge_tests([_outcomes(r) for r in before], [_outcomes(r) for r in after])
+        return _judge_tests([_outcomes(r) for r in before], [_outcomes(r) for r in after], unrelated)
     return _judge_exit_codes(before, after)
 
 
-def _judge_tests(before: Sequence[Outcomes], after: Sequence[Outcomes]) -> Verdict:
+def _judge_tests(
+    before: Sequence[Outcomes], after: Sequence[Outcomes], unrelated: Collection[str] = ()
+) -> Verdict:
     ids = _all_ids(before) | _all_ids(after)
     st_before, flaky_before = _stable(before, ids)
     failing = {t for t, s in st_before.items() if s == "fail"}
@@ -146,11 +148,16 @@ def _judge_tests(before: Sequence[Outcomes], after: Sequence[Outcomes]) -> Verdi
             )
         return Verdict(RejectReason.TESTS_PASS_AT_PARENT, "every changed test passed at the task state")
     # Only tests the fix commit's runs report: a collection error before the fix shows up as a pseudo-test that
-    # no longer exists after it.
+    # no longer exists after it. One at both states fails the fix, but for the other modules that stopped pytest
+    # at the task state (`unrelated`: ignored, where a conftest.py overrode that).
     st_after, flaky_after = _stable(after, _all_ids(after))
     flaky = flaky_before | flaky_after
     fail_to_fail = {
-        t for t in failing if st_after.get(t) == "fail" and t not in flaky and not _is_collection_error(t)
+        t
+        for t in failing
+        if st_after.get(t) == "fail"
+        and t not in flaky
+        and (not _is_collection_error(t) or t.partition("::")[0] in unrelated)
     }
     broken = {t for t, s in st_after.items() if s == "fail" and t not in flaky and t not in fail_to_fail}
     fail_to_pass = sorted(t for t in failing if st_after.get(t) == "pass" and t not in flaky)
