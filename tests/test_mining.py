@@ -16,6 +16,7 @@ import pytest
 
 from bugsweep.grading import TestRun
 from bugsweep.mining import (
+    Commands,
     MiningEvent,
     Rejection,
     RejectReason,
@@ -217,50 +218,49 @@ def test_built_task_starts_at_the_parent_with_the_commits_tests(tmp_path: Path) 
     ) + "\n"
 
 
+def _detected(root: Path, files: dict[str, str], test_files: list[str]) -> tuple[Path, Commands]:
+    """A repository of `files` in one commit, and the commands detected for it."""
+    repo = make_repo(root, files)
+    return repo, detect_commands(repo, git(repo, "rev-parse", "HEAD"), test_files)
+
+
 def test_detected_commands_for_common_layouts(tmp_path: Path) -> None:
-    repo = make_repo(tmp_path / "pkg", {
+    _, cmds = _detected(tmp_path / "pkg", {
         "pyproject.toml": '[project]\nname = "pkg"\n\n[project.optional-dependencies]\ntests = ["pytest"]\n',
         "src/pkg/__init__.py": "",
         "tests/test_pkg.py": "def test_x():\n    pass\n",
-    })  # fmt: skip
-    head = git(repo, "rev-parse", "HEAD")
-    cmds = detect_commands(repo, head, ["tests/test_pkg.py"])
+    }, ["tests/test_pkg.py"])  # fmt: skip
     assert cmds.setup == "pip install -e '.[tests]' && pip install pytest"
     assert cmds.test == "python -m pytest -q tests/test_pkg.py"
 
-    legacy = make_repo(tmp_path / "legacy", {
+    _, cmds = _detected(tmp_path / "legacy", {
         "setup.py": "from setuptools import setup\nsetup(name='x')\n",
         "requirements/tests.txt": "pytest\n",
         "tests.py": "def test_x():\n    pass\n",
-    })  # fmt: skip
-    cmds = detect_commands(legacy, git(legacy, "rev-parse", "HEAD"), ["tests.py"])
+    }, ["tests.py"])  # fmt: skip
     assert cmds.setup == "pip install -e . && pip install -r requirements/tests.txt && pip install pytest"
 
     # test dependencies in a PEP 735 dependency group, or in tox.ini's [testenv] deps
-    grouped = make_repo(tmp_path / "grouped", {
+    _, cmds = _detected(tmp_path / "grouped", {
         "pyproject.toml": '[project]\nname = "g"\n\n[dependency-groups]\ntests = ["pytest>=8", "freezegun"]\n',
         "tests/test_g.py": "def test_x():\n    pass\n",
-    })  # fmt: skip
-    cmds = detect_commands(grouped, git(grouped, "rev-parse", "HEAD"), ["tests/test_g.py"])
+    }, ["tests/test_g.py"])  # fmt: skip
     assert cmds.setup == "pip install -e . && pip install 'pytest>=8' freezegun"
-    toxed = make_repo(tmp_path / "toxed", {
+    _, cmds = _detected(tmp_path / "toxed", {
         "setup.py": "from setuptools import setup\nsetup(name='t')\n",
         "tox.ini": "[tox]\nenvlist = py3\n\n[testenv]\ndeps =\n    pytest\n    freezegun\n    py38: mock\n"
         "    -r{toxinidir}/docs.txt\ncommands = pytest\n",
         "tests/test_t.py": "def test_x():\n    pass\n",
-    })  # fmt: skip
-    cmds = detect_commands(toxed, git(toxed, "rev-parse", "HEAD"), ["tests/test_t.py"])
+    }, ["tests/test_t.py"])  # fmt: skip
     assert cmds.setup == "pip install -e . && pip install pytest freezegun"
 
     # the test extra named by tox.ini, or only in setup.py's extras_require
-    extras = make_repo(tmp_path / "extras", {
+    extras, cmds = _detected(tmp_path / "extras", {
         "setup.py": "from setuptools import setup\nEXTRAS = {\n    'tests': ['pytest', 'pytz'],\n}\n"
         "setup(name='e', extras_require=EXTRAS)\n",
         "tests/test_e.py": "def test_x():\n    pass\n",
-    })  # fmt: skip
-    assert detect_commands(extras, git(extras, "rev-parse", "HEAD"), ["tests/test_e.py"]).setup == (
-        "pip install -e '.[tests]' && pip install pytest"
-    )
+    }, ["tests/test_e.py"])  # fmt: skip
+    assert cmds.setup == "pip install -e '.[tests]' && pip install pytest"
     write_files(extras, {"tox.ini": "[testenv]\nextras = testing\ncommands = pytest\n"})
     head = commit_all(extras, "tox")
     assert (
@@ -270,24 +270,22 @@ def test_detected_commands_for_common_layouts(tmp_path: Path) -> None:
 
     # the extras tox installs whatever their names (loguru: extras = dev), and setuptools < 82 for code importing
     # pkg_resources (cerberus); not the requirements files tox's deps name (old pins that today's Python cannot run)
-    legacy_tox = make_repo(tmp_path / "legacy-tox", {
+    _, cmds = _detected(tmp_path / "legacy-tox", {
         "setup.py": "from setuptools import setup\nsetup(name='l', extras_require={'dev': ['freezegun']})\n",
         "tox.ini": "[testenv]\nextras = dev\ndeps =\n    -rrequirements.txt\n    -r{toxinidir}/missing.txt\n",
         "requirements.txt": "pytz\n",
         "legacy/__init__.py": "from pkg_resources import get_distribution\n",
         "tests/test_l.py": "def test_x():\n    pass\n",
-    })  # fmt: skip
-    cmds = detect_commands(legacy_tox, git(legacy_tox, "rev-parse", "HEAD"), ["tests/test_l.py"])
+    }, ["tests/test_l.py"])  # fmt: skip
     assert cmds.setup == ("pip install -e '.[dev]' && pip install 'setuptools<82' && pip install pytest")
     assert "the code imports pkg_resources, which setuptools 82 removed" in cmds.why
 
     # a conftest.py hook with a py.path argument (boltons 2020-2021), which pytest 9 refuses: pytest < 9
-    py_path = make_repo(tmp_path / "py-path", {
+    py_path, cmds = _detected(tmp_path / "py-path", {
         "setup.py": "from setuptools import setup\nsetup(name='p')\n",
         "tests/conftest.py": "def pytest_ignore_collect(path, config):\n    return False\n",
         "tests/test_p.py": "def test_x():\n    pass\n",
-    })  # fmt: skip
-    cmds = detect_commands(py_path, git(py_path, "rev-parse", "HEAD"), ["tests/test_p.py"])
+    }, ["tests/test_p.py"])  # fmt: skip
     assert cmds.setup == "pip install -e . && pip install 'pytest<9'"
     write_files(
         py_path,

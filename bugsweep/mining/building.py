@@ -87,34 +87,28 @@ def _tox_extra(text: str) -> str | None:
 _SETUP_PY_EXTRA = re.compile(r"""["'](tests|test|testing)["']\s*:\s*\[""")
 
 
-def _imports_pkg_resources(repo: Path, commit: str) -> bool:
-    """Whether a Python file of the tree at `commit` imports pkg_resources (git grep: 0 found, 1 none)."""
-    pattern = r"^\s*(import|from) pkg_resources"
+def _tree_matches(repo: Path, commit: str, pattern: str) -> bool:
+    """Whether a line of a Python file of the tree at `commit` matches `pattern` (git grep -E: 0 found, 1 none)."""
     proc = subprocess.run(
         ["git", "-C", str(repo), "grep", "-q", "-E", pattern, commit, "--", "*.py"], capture_output=True
     )
     return proc.returncode == 0
 
 
+#: An import of pkg_resources, which setuptools 82 removed.
+_IMPORTS_PKG_RESOURCES = r"^\s*(import|from) pkg_resources"
+
 #: A requirement line that pins pytest (or its old `py` library) below what runs on Python 3.11: pytest < 7, py < 1.11.
 _OLD_PYTEST_PIN = re.compile(
     r"^\s*(pytest\s*(==|<=|<|~=)\s*[0-6]\.|py\s*(==|<=|<|~=)\s*1\.([0-9]|10)\b)", re.M | re.I
 )
 
-#: A pytest hook that takes a py.path argument (`path`, `startdir`): deprecated in pytest 7, an error in pytest 9.
+#: A pytest hook that takes a py.path argument (`path`, `startdir`): deprecated in pytest 7, an error in pytest 9,
+#: which refuses to load it (boltons' 2020-2021 conftest.py: every test run an error).
 _PY_PATH_HOOK = (
     r"def pytest_(ignore_collect|collect_file|pycollect_makemodule|report_header|report_collectionfinish)"
     r"\([^)]*\b(path|startdir)\b"
 )
-
-
-def _has_py_path_hook(repo: Path, commit: str) -> bool:
-    """Whether a Python file of the tree at `commit` defines a pytest hook with a py.path argument, which pytest 9
-    refuses to load (boltons' 2020-2021 conftest.py: every test run an error)."""
-    proc = subprocess.run(
-        ["git", "-C", str(repo), "grep", "-q", "-E", _PY_PATH_HOOK, commit, "--", "*.py"], capture_output=True
-    )
-    return proc.returncode == 0
 
 
 def _tox_deps(text: str) -> list[str]:
@@ -169,32 +163,28 @@ def detect_commands(repo: Path, commit: str, test_files: Sequence[str]) -> Comma
             "setup.py/pyproject.toml: pip install -e ." + (f" with the [{extra}] extra" if extra else "")
         )
     reqs = next((r for r in TEST_REQUIREMENTS if r in names), None)
+    pinned = ""  # the test requirements installed, as text
     if reqs:
         steps.append(f"pip install -r {reqs}")
         why.append(f"test requirements in {reqs}")
+        pinned = _show(repo, commit, reqs) or ""
     elif group:
         steps.append("pip install " + " ".join(shlex.quote(r) for r in group))
         why.append("the test dependency group in pyproject.toml")
+        pinned = "\n".join(group)
     elif "tox.ini" in names and (deps := _tox_deps(_show(repo, commit, "tox.ini") or "")):
         steps.append("pip install " + " ".join(shlex.quote(r) for r in deps))
         why.append("tox.ini [testenv] deps")
-    pinned = ""
-    if reqs:
-        pinned = _show(repo, commit, reqs) or ""
-    elif group:
-        pinned = "\n".join(group)
-    elif "tox.ini" in names:
-        pinned = "\n".join(_tox_deps(_show(repo, commit, "tox.ini") or ""))
-    py_path_hook = _has_py_path_hook(repo, commit)
+        pinned = "\n".join(deps)
     if _OLD_PYTEST_PIN.search(pinned):
         steps.append("pip install 'pytest>=7.4,<9' 'py>=1.11'")
         why.append(
             "the test requirements pin a pytest (or py) that does not run on today's Python: pytest 7.4-8"
         )
-    elif py_path_hook:
+    elif _tree_matches(repo, commit, _PY_PATH_HOOK):
         steps.append("pip install 'pytest<9'")
         why.append("a pytest hook takes a py.path argument, which pytest 9 refuses")
-    if _imports_pkg_resources(repo, commit):
+    if _tree_matches(repo, commit, _IMPORTS_PKG_RESOURCES):
         steps.append("pip install 'setuptools<82'")
         why.append("the code imports pkg_resources, which setuptools 82 removed")
     test = "python -m pytest -q " + " ".join(shlex.quote(t) for t in test_files) if test_files else None

@@ -70,9 +70,8 @@ class _State:
     memory: Any = None  # bugsweep_probe_memory, once its watcher runs in this process (the runner's)
     pair = False  # a run of the regrade's pair (its tests' functions are known: no "code" record for passing tests)
     hooked = False  # pytest's assertion rewriting hooked (once, whatever pytest sessions run in this process)
-    skip: Any = (
-        frozenset()
-    )  # pytest node ids not to run (a rerun's: they were running when a run before it died)
+    # pytest node ids not to run (a rerun's: they were running when a run before it died)
+    skip: Any = frozenset()
 
 
 _state = _State()
@@ -177,17 +176,16 @@ def _start(test_id):
 
 
 def _fire(signum, frame):
+    now = time.monotonic()
     if not _clock.fired:
-        _clock.fired, _clock.fired_at = True, time.monotonic()
+        _clock.fired, _clock.fired_at = True, now
         record("timeout", _clock.test)
-        if not _clock.hard:
-            raise TestTimedOut(
-                f"bugsweep: {_clock.test} ran past the per-test time limit of {_state.limit:g} s"
-            )
-    elif not _clock.hard and time.monotonic() - _clock.fired_at < min(HARD_STOP_S, _state.limit):
-        raise TestTimedOut(f"bugsweep: {_clock.test} ran past the per-test time limit of {_state.limit:g} s")
-    record("hard-stop", _clock.test)
-    os._exit(HARD_STOP_EXIT)
+    elif now - _clock.fired_at >= min(HARD_STOP_S, _state.limit):
+        _clock.hard = True  # told to stop for as long again: it will not
+    if _clock.hard:
+        record("hard-stop", _clock.test)
+        os._exit(HARD_STOP_EXIT)
+    raise TestTimedOut(f"bugsweep: {_clock.test} ran past the per-test time limit of {_state.limit:g} s")
 
 
 def _arm(hard=False):
