@@ -377,6 +377,10 @@ def test_judge_per_test_outcomes() -> None:
     # limit): nothing can be named FAIL_TO_PASS, so no task, whatever the exit codes say
     v = judge([_run(None, 137)], [_run({"t::a": "passed"}, 0)])
     assert v.reason == RejectReason.NO_TEST_RESULTS and "killed (exit 137" in v.detail
+    from bugsweep.grading.records import ProbeReport
+
+    killed = replace(_run(None, 137), probe=ProbeReport(runners=["unittest"]))
+    assert "before unittest wrote its results" in judge([killed], [_run({"t.T.a": "passed"}, 0)]).detail
 
     # without per-test results (not pytest), exit codes decide
     assert judge([_run(None)], [_run(None, 0)]).reason is None
@@ -852,6 +856,42 @@ def test_tests_whose_process_dies_at_the_task_state_fail_and_the_run_goes_on(tmp
     assert task.PASS_TO_PASS == ["tests/test_calc.py::test_mul"]  # it ran after both
     report = json.loads((tmp_path / "tasks.mining.json").read_text())
     assert report["crashed"] == {sha: dying}
+
+
+#: unittest's tests, run in name order: at the task state test_add takes memory and its process is then killed.
+UNITTEST_DYING = (
+    "import os\nimport signal\nimport unittest\n\nfrom calc import add, mul\n\n\nclass T(unittest.TestCase):\n"
+    "    def test_add(self):\n        if add(2, 3) != 5:\n            held = bytearray(120 << 20)\n"
+    "            os.kill(os.getpid(), signal.SIGKILL)\n        self.assertEqual(add(2, 3), 5)\n\n"
+    "    def test_mul(self):\n        self.assertEqual(mul(2, 3), 6)\n"
+)
+
+
+@needs_bwrap
+def test_a_unittest_test_whose_process_dies_fails_and_the_run_goes_on(tmp_path: Path) -> None:
+    """End to end (real sandbox, `python -m unittest`): at the task state a changed test's process is killed while
+    it runs. unittest's run goes on without it, as pytest's does: the fix is kept with that test as FAIL_TO_PASS and
+    the test after it (never reached in the first run) as PASS_TO_PASS, and the report names it."""
+    from bugsweep.sandbox import get_provider
+
+    tests = "import unittest\n\nfrom calc import mul\n\n\nclass T(unittest.TestCase):\n"
+    tests += "    def test_mul(self):\n        self.assertEqual(mul(2, 3), 6)\n"
+    repo = make_repo(
+        tmp_path / "repo", {"calc.py": CALC, "tests/__init__.py": "", "tests/test_calc.py": tests}
+    )
+    write_files(repo, {"calc.py": CALC.replace("a - b", "a + b"), "tests/test_calc.py": UNITTEST_DYING})
+    sha = commit_all(repo, "Fix add() returning the difference")
+    result = mine(
+        str(repo), provider=get_provider("local", settings=SMALL), runs=1, test_command="python -m unittest -v",
+        report=tmp_path / "tasks.mining.json",
+    )  # fmt: skip
+    (task,) = result.tasks
+    assert (task.FAIL_TO_PASS, task.PASS_TO_PASS) == (
+        ["tests.test_calc.T.test_add"],
+        ["tests.test_calc.T.test_mul"],
+    )
+    report = json.loads((tmp_path / "tasks.mining.json").read_text())
+    assert report["crashed"] == {sha: ["tests.test_calc.T.test_add"]}
 
 
 @needs_bwrap

@@ -75,8 +75,9 @@ class ProbeReport:
     """Tests that went on past the per-test time limit though told to stop each second, until the probe ended their
     process (runner ids)."""
     running: str | None = None
-    """The pytest test (node id) whose setup was reported and whose teardown was not: the one running when the
-    process ended, where it ended half way."""
+    """The test whose start was recorded and whose end was not (pytest: its setup reported and its teardown not;
+    unittest: started and not stopped), by runner id: the one running when the process ended, where it ended half
+    way."""
     memory_heavy: list[str] = field(default_factory=list)
     """Tests whose process held half the memory bound or more, in the order they did (runner ids): the last one was
     running when a process killed for its memory was."""
@@ -192,6 +193,11 @@ def _take(
         elif outcome in _RANK and test_id and _RANK[outcome] > _RANK.get(report.outcomes.get(test_id, ""), 0):
             report.outcomes[test_id] = outcome
             report.runner_of[test_id] = "unittest"
+    elif kind == "ut-start":
+        report.running = str(values[0])
+    elif kind == "ut-stop":
+        if report.running == str(values[0]):
+            report.running = None
     elif kind == "code":
         raw, file, qualname, line = str(values[0]), str(values[1]), str(values[2]), int(values[3])
         flavour = str(values[4]) if len(values) > 4 else ""

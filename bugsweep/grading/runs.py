@@ -125,7 +125,7 @@ def run_tests(
         # A test process that died half way (a test that would not stop at its limit, or was killed for its
         # memory or by a crash) gave no per-test results. As pytest-xdist does with a crashed worker, the test
         # that was running failed, and the rest run again without it, within what is left of the run's time.
-        crashed: list[str] = []  # pytest node ids
+        crashed: list[str] = []  # runner ids (pytest node ids, unittest test ids)
         spent = run.duration_s
         while len(crashed) < CRASH_RERUNS and timeout - spent > 1:
             culprit = crashed_in(run)
@@ -148,12 +148,14 @@ CRASH_RERUNS = 10
 
 
 def crashed_in(run: TestRun) -> str | None:
-    """The pytest test (node id) that was running when the run's test process died before pytest finished, where
-    the probe can name it: the one it ended for running on past its time limit, else the one whose setup was
-    reported and whose teardown was not, else the last that held half the memory bound. None for a run that has
-    per-test results, ran to its timeout, or ran under another runner."""
+    """The test (pytest node id, unittest test id) that was running when the run's test process died before its
+    runner finished, where the probe can name it: the one it ended for running on past its time limit, else the one
+    started and not ended, else the last that held half the memory bound. None for a run that has per-test
+    results, ran to its timeout, or ran under another runner."""
     report = run.probe
-    if run.tests is not None or run.timed_out or not report.runners or report.runners[0] != "pytest":
+    if run.tests is not None or run.timed_out or not report.runners:
+        return None
+    if report.runners[0] not in ("pytest", "unittest"):
         return None
     if report.hard_stopped:
         return report.hard_stopped[-1]
@@ -175,11 +177,11 @@ def _merge_crashed(first: TestRun, again: TestRun, culprit: str, spent: float) -
             again.probe.code[raw] = first.probe.code[raw]
         if raw != test:
             again.probe.raw_ids[test] = raw
-        again.probe.runner_of[test] = "pytest"
+        again.probe.runner_of[test] = first.probe.runners[0]
     if again.tests is not None:
         again.tests.update({t: "failed" for t in again.tests_crashed})
     if again.exit_code in (0, PYTEST_NO_TESTS):
-        again.exit_code = 1  # tests failed: those the process died in (and pytest may have had none left)
+        again.exit_code = 1  # tests failed: those the process died in (and the runner may have had none left)
     return again
 
 

@@ -114,7 +114,7 @@ def _judge(before: Sequence[TestRun], after: Sequence[TestRun], unrelated: Colle
         return Verdict(RejectReason.TIMED_OUT, detail)
     no_results = next((r for r in before if r.tests is None), None)
     if no_results is not None and after and all(r.tests is not None for r in after):
-        # pytest ran to the end at the fix but not at the task state: the run there was killed (an endless loop
+        # The runner ran to the end at the fix but not at the task state: the run there was killed (an endless loop
         # at the memory limit, a crash) before it wrote its results, so no test can be named FAIL_TO_PASS.
         code = no_results.exit_code
         how = (
@@ -126,9 +126,10 @@ def _judge(before: Sequence[TestRun], after: Sequence[TestRun], unrelated: Colle
             how += (
                 f" while {no_results.killed_in} ran (its process held half the per-test memory bound or more)"
             )
+        runner = no_results.probe.runners[0] if no_results.probe.runners else "the test runner"
         return Verdict(
             RejectReason.NO_TEST_RESULTS,
-            f"the test run at the task state {how} before pytest wrote its results: no test to name FAIL_TO_PASS",
+            f"the test run at the task state {how} before {runner} wrote its results: no test to name FAIL_TO_PASS",
         )
     if all(r.tests is not None for r in (*before, *after)):
         return _judge_tests([_outcomes(r) for r in before], [_outcomes(r) for r in after], unrelated)

@@ -20,8 +20,8 @@ The instruction (one JSON object): `mirror` (0 or 1), `nonce` (32 hex digits, a 
 bugsweep_probe_memory.py; 0: no bound), `inject`: the test functions that get bugsweep's statement (`[[file,
 [[qualname, line], ...]], ...]`: every test of the baseline that has a function in the repository, the `line` where
 it failed before, or 0), and `armed`: the one test the mirror gives a false assertion (`id` as the runner names it,
-its function's `file`, `qualname` and `line`) or null, and `skip`: pytest node ids not to run (deselected; a run
-again after the process died while they ran). In both runs every function named is compiled with one more
+its function's `file`, `qualname` and `line`) or null, and `skip`: pytest node ids or unittest test ids not to
+run (deselected, or taken out of the suite; a run again after the process died while they ran). In both runs every function named is compiled with one more
 statement after its body (and before each `return` of its own): `assert bugsweep_probe.expect()`, or for a
 `unittest` method `self.assertX(*bugsweep_probe.expect_args("assertX"))` in the style of the test's own assertion.
 
@@ -36,7 +36,7 @@ without its "reached" record did not run to its end.
 
 Records (one JSON list a line): ["hello"], ["runner", name, facts], ["pt", when, outcome, xfail, nodeid, file,
 classname, name] (pytest, with the JUnit XML names), ["pc", outcome, nodeid, file, classname, name] (a collection
-error), ["ut", outcome, test id] (unittest), ["code", test id, file, qualname, line, kind] (a test's function: of
+error), ["ut", outcome, test id], ["ut-start", test id], ["ut-stop", test id] (unittest), ["code", test id, file, qualname, line, kind] (a test's function: of
 every test that ran, in a run without `inject`; `kind` "async" or "gen" for a coroutine or generator function),
 ["inj", file, qualname, style] (a function compiled with bugsweep's statement), ["inj-miss", file, qualname],
 ["reached", ...], ["timeout", test id], ["hard-stop", test id] (it went on HARD_STOP_S past its limit: the
@@ -318,6 +318,7 @@ def _watch(result, set_current):
 
         def start_test(test, _method=start):
             _method(test)
+            record("ut-start", _test_id(test))
             set_current(_test_id(test))
             if _state.memory is not None:
                 _state.memory.begin(_test_id(test))
@@ -329,6 +330,7 @@ def _watch(result, set_current):
             if _state.memory is not None:
                 _state.memory.end(_test_id(test))
             _stop(_test_id(test))
+            record("ut-stop", _test_id(test))
             return _method(test)
 
         result.startTest = start_test
@@ -349,6 +351,21 @@ def _claim(runner, **facts):
     return True
 
 
+def _drop_skipped(suite):
+    """Take the tests of `skip` out of a unittest suite, at any depth (a run again after the process died in them)."""
+    tests = getattr(suite, "_tests", None)
+    if tests is None:
+        return
+    kept = []
+    for test in tests:
+        if getattr(test, "_tests", None) is not None:
+            _drop_skipped(test)
+            kept.append(test)
+        elif _test_id(test) not in _state.skip:
+            kept.append(test)
+    suite._tests = kept
+
+
 def _install_unittest(set_current):
     import unittest.runner
 
@@ -366,6 +383,8 @@ def _install_unittest(set_current):
 
         top = getattr(unittest.defaultTestLoader, "_top_level_dir", None)
         _claim("unittest", cwd=os.getcwd(), top=top, pythonpath=os.environ.get("PYTHONPATH"))
+        if _state.skip and _state.runner == "unittest" and _state.depth == 0:
+            _drop_skipped(test)
         _state.depth += 1
         try:
             result = run(self, test)
