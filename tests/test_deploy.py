@@ -35,6 +35,10 @@ from bugsweep.spec import TaskSpec, dump_tasks
 from tests.support.deployed import (
     CHROMIUM,
     ENDPOINT_LIMIT,
+    HELD,
+    HOLD,
+    HOLD_LOCK,
+    KILLED,
     Deployed,
     calc_task,
     cgroups_of,
@@ -258,14 +262,15 @@ def night(deployed: Deployed, nightly_file: Path, tmp_path_factory: pytest.TempP
         "nightly": deployed.run_deployment("sweep/nightly-sweep", {}),
     }
 
-    # Mid-night: once worker-3a runs a task of the first sweep whose agent has had an answer.
+    # Mid-night: once a task of the first sweep running on worker-3a waits for its last answer (held: HOLD).
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         on_3a = [r for r in deployed.runs_tagged("sweep:night-a")
                  if r["state"]["type"] == "RUNNING" and pid_of(r) in processes_of("worker-3a")]  # fmt: skip
-        asked = " ".join(json.dumps(r["messages"][:2]) for r in list(deployed.model.requests))
-        if any(f"({r['parameters']['task']['instance_id']})" in asked for r in on_3a):
-            break
+        with HOLD_LOCK:
+            HOLD.update(r["parameters"]["task"]["instance_id"] for r in on_3a)
+            if any(r["parameters"]["task"]["instance_id"] in HELD for r in on_3a):
+                break
         time.sleep(0.5)
     else:
         ran = {
@@ -279,20 +284,25 @@ def night(deployed: Deployed, nightly_file: Path, tmp_path_factory: pytest.TempP
         )
     machine = deployed.machines["machine-3"]
     doomed = set(processes_of("worker-3a"))
-    record.killed_runs = [r["id"] for r in on_3a]
-    record.killed_tasks = {r["parameters"]["task"]["instance_id"] for r in on_3a}
-    record.killed_sandboxes = sandboxes_in(machine.state_dir, doomed)
-    record.killed_cgroups = cgroups_of(record.killed_sandboxes)
     sweep_pid = pid_of(deployed.api("GET", f"/flow_runs/{ids['night-a']}"))
     assert sweep_pid and sweep_pid not in doomed, "the sweep runs on worker-1"
     # All at once, as a machine lost: frozen first, so that worker-3a's Prefect worker cannot see its flow runs die
     # and report them Crashed itself (seen once when a run's process was killed before its worker): the heartbeat
-    # automation is what must notice.
+    # automation is what must notice. What is killed is read while they are frozen: a run of worker-3a that
+    # finished since it was seen running is not one of them.
     for sig in (signal.SIGSTOP, signal.SIGKILL):
+        if sig == signal.SIGKILL:
+            live = [deployed.api("GET", f"/flow_runs/{r['id']}") for r in on_3a]
+            live = [r for r in live if r["state"]["type"] == "RUNNING"]
+            record.killed_runs = [r["id"] for r in live]
+            record.killed_tasks = {r["parameters"]["task"]["instance_id"] for r in live}
+            record.killed_sandboxes = sandboxes_in(machine.state_dir, doomed)
+            record.killed_cgroups = cgroups_of(record.killed_sandboxes)
         for pid in (*doomed, sweep_pid):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, sig)
     record.killed_at = time.monotonic()
+    KILLED.set()  # the held requests answer now, to connections nobody reads (a rerun's is not held)
     # another user's bugsweep, with the powers to unmount and delete them, pointed at the machine's folder while the
     # killed runs' sandboxes are still there
     uid, gid = other_user(tmp / "other-home")

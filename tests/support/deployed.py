@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import subprocess
 import sys
 import threading
@@ -45,6 +46,13 @@ SAVED_BLOCKS = (
 #: Requests of the night's two sweeps answered so far, by sweep (each sweep's first request waits for the other's).
 ASKED = {"night-a": 0, "nightly": 0}
 ASKED_CHANGED = threading.Condition()
+#: Tasks whose last answer (`finish`) is held until `KILLED` is set (or 2 minutes): the night's test adds the tasks
+#: it sees running on the worker it will kill, so that one of them is surely mid-task, its request waiting in
+#: `HELD`, when the kill lands (without it, seen twice: the kill landed after the run had finished).
+HOLD: set[str] = set()
+HELD: set[str] = set()
+KILLED = threading.Event()
+HOLD_LOCK = threading.Lock()
 
 
 def fixer(body: dict[str, Any]) -> dict[str, Any]:
@@ -53,6 +61,7 @@ def fixer(body: dict[str, Any]) -> dict[str, Any]:
     once the other sweep has asked too (up to 5 minutes): whichever asks first is still being answered when the
     other's first request comes, so both sweeps ask at once however the machine's load spaces their runs (seen: on
     a loaded machine the nightly's requests all came between night-a's, and on a quiet one after all of them).
+    The `finish` of a task in HOLD waits for KILLED.
 
     A task whose text says CANCEL-ME instead runs a command, then stalls the next reply (a run mid-task, waiting
     for the model); one that says STALL-ME runs a command that sleeps in its sandbox."""
@@ -79,6 +88,13 @@ def fixer(body: dict[str, Any]) -> dict[str, Any]:
     if "[nightly]" in asked and looked == NIGHTLY_LOOKS:
         return tool_call("edit_file", path="calc.py", old="return a - b", new="return a + b")
     if answered:
+        found = re.search(r"\] \(([\w.-]+)\) ", asked)
+        with HOLD_LOCK:
+            hold = found is not None and found.group(1) in HOLD and not KILLED.is_set()
+            if found and hold:
+                HELD.add(found.group(1))
+        if hold:
+            KILLED.wait(120)
         return tool_call("finish", summary="add() now adds")
     return tool_call("edit_file", path="calc.py", old="return a - b", new="return a + b")
 
