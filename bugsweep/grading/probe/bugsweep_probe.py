@@ -263,81 +263,6 @@ def _record_code(test_id, obj, tb):
     record("code", test_id, code.co_filename, function.__qualname__, line, kind)
 
 
-# -- unittest: outcomes recorded by the result object of each run ----------------------------------------------
-
-_OUTCOMES = {
-    "addSuccess": "passed",
-    "addFailure": "failed",
-    "addError": "error",
-    "addSkip": "skipped",
-    "addExpectedFailure": "skipped",  # as pytest's JUnit XML has an expected failure
-    "addUnexpectedSuccess": "failed",
-}
-
-
-def _test_id(test):
-    try:
-        return test.id()
-    except Exception:
-        return repr(test)
-
-
-def _watch(result, set_current):
-    """Record every outcome on the result object itself (an instance attribute, so that replacing the methods of
-    unittest's classes afterwards does not stop the recording), and which test runs (`set_current`)."""
-    for name, outcome in _OUTCOMES.items():
-        method = getattr(result, name, None)
-        if method is None:
-            continue
-
-        def wrapper(test, *args, _method=method, _outcome=outcome):
-            record("ut", _outcome, _test_id(test))
-            method = getattr(test, getattr(test, "_testMethodName", ""), None)
-            if _outcome in ("failed", "error") and args and isinstance(args[0], tuple) and len(args[0]) == 3:
-                _record_code(_test_id(test), method, args[0][2])
-            elif _outcome == "passed":
-                _record_code(_test_id(test), method, None)
-            return _method(test, *args)
-
-        setattr(result, name, wrapper)
-    sub = getattr(result, "addSubTest", None)
-    if sub is not None:
-
-        def add_sub_test(test, subtest, err, _method=sub):
-            if err is not None:
-                failed = issubclass(err[0], getattr(test, "failureException", AssertionError))
-                record("ut", "failed" if failed else "error", _test_id(test))
-                _record_code(
-                    _test_id(test), getattr(test, getattr(test, "_testMethodName", ""), None), err[2]
-                )
-            return _method(test, subtest, err)
-
-        result.addSubTest = add_sub_test
-    start, stop = getattr(result, "startTest", None), getattr(result, "stopTest", None)
-    if start is not None and stop is not None:
-
-        def start_test(test, _method=start):
-            _method(test)
-            record("ut-start", _test_id(test))
-            set_current(_test_id(test))
-            if _state.memory is not None:
-                _state.memory.begin(_test_id(test))
-            if _start(_test_id(test)):
-                _arm()
-
-        def stop_test(test, _method=stop):
-            set_current(None)
-            if _state.memory is not None:
-                _state.memory.end(_test_id(test))
-            _stop(_test_id(test))
-            record("ut-stop", _test_id(test))
-            return _method(test)
-
-        result.startTest = start_test
-        result.stopTest = stop_test
-    return result
-
-
 def _claim(runner, **facts):
     """This process runs tests: say so (once). False when it runs tests already (a test that runs a test runner
     in-process: its outcomes are not the run's)."""
@@ -349,53 +274,6 @@ def _claim(runner, **facts):
         module = _sibling("bugsweep_probe_memory")
         _state.memory = module if module.start(_state.memory_bound, record) else None
     return True
-
-
-def _drop_skipped(suite):
-    """Take the tests of `skip` out of a unittest suite, at any depth (a run again after the process died in them)."""
-    tests = getattr(suite, "_tests", None)
-    if tests is None:
-        return
-    kept = []
-    for test in tests:
-        if getattr(test, "_tests", None) is not None:
-            _drop_skipped(test)
-            kept.append(test)
-        elif _test_id(test) not in _state.skip:
-            kept.append(test)
-    suite._tests = kept
-
-
-def _install_unittest(set_current):
-    import unittest.runner
-
-    run = unittest.runner.TextTestRunner.run
-    make = unittest.runner.TextTestRunner._makeResult
-
-    def make_result(self):
-        result = make(self)
-        # only the outermost run of the runner process: a test that runs a suite of its own in-process (tests of
-        # test tools) does not add its inner outcomes
-        return _watch(result, set_current) if _state.runner == "unittest" and _state.depth == 1 else result
-
-    def run_tests(self, test):
-        import unittest
-
-        top = getattr(unittest.defaultTestLoader, "_top_level_dir", None)
-        _claim("unittest", cwd=os.getcwd(), top=top, pythonpath=os.environ.get("PYTHONPATH"))
-        if _state.skip and _state.runner == "unittest" and _state.depth == 0:
-            _drop_skipped(test)
-        _state.depth += 1
-        try:
-            result = run(self, test)
-        finally:
-            _state.depth -= 1
-        if _state.runner == "unittest" and _state.depth == 0:
-            record("end", "unittest")
-        return result
-
-    unittest.runner.TextTestRunner._makeResult = make_result  # type: ignore[method-assign]
-    unittest.runner.TextTestRunner.run = run_tests  # type: ignore[method-assign]
 
 
 # -- pytest: loaded as a plugin by name (`-p bugsweep_probe` in PYTEST_ADDOPTS) -----------------------------------
@@ -604,7 +482,7 @@ def _start_up():
     pytest_addoption, pytest_configure = _pytest_hooks(set_current, targets, register)
     record("hello")
     try:
-        _install_unittest(set_current)
+        _sibling("bugsweep_probe_unittest").install(sys.modules[__name__], set_current)
     except Exception as exc:  # a Python without unittest: nothing to record
         record("probe-error", repr(exc)[:300])
     if targets:
