@@ -894,6 +894,81 @@ def test_a_unittest_test_whose_process_dies_fails_and_the_run_goes_on(tmp_path: 
     assert report["crashed"] == {sha: ["tests.test_calc.T.test_add"]}
 
 
+def test_the_python_a_commit_names_decides_whether_an_older_one_is_tried(tmp_path: Path) -> None:
+    """The Python versions a commit names (classifiers in setup.py, setup.cfg or pyproject.toml; tox's envlist,
+    braces included) and, naming none, its date: a commit that names the running Python, or came after it, gets no
+    older interpreter; one that names only older ones gets the newest of this machine's that it names."""
+    import sys
+
+    from bugsweep.mining.interpreters import declared_versions, machine_interpreters, older_python
+
+    running = sys.version_info[1]
+    repo = make_repo(tmp_path / "repo", {
+        "setup.py": "classifiers=['Programming Language :: Python :: 3.6', 'Programming Language :: Python :: 3.7']",
+        "tox.ini": "[tox]\nenvlist =\n    py{27,35,38},py3.9\n    flake8\n\n[testenv]\ndeps = pytest\n",
+    })  # fmt: skip
+    head = git(repo, "rev-parse", "HEAD").strip()
+    assert declared_versions(repo, head) == {5, 6, 7, 8, 9}
+    older = machine_interpreters()
+    assert all(8 <= minor < running for minor in older)
+    fitting = [m for m in older if m <= 9]
+    expected = older[max(fitting)] if fitting else older[min(older)] if older else None
+    assert older_python(repo, head, "2020-06-01T00:00:00+00:00") == expected
+    write_files(
+        repo, {"pyproject.toml": f'classifiers = ["Programming Language :: Python :: 3.{running}"]\n'}
+    )
+    later = commit_all(repo, "names this Python")
+    assert older_python(repo, later, "2020-06-01T00:00:00+00:00") is None
+    bare = make_repo(tmp_path / "bare", {"calc.py": CALC})
+    first = git(bare, "rev-parse", "HEAD").strip()
+    assert declared_versions(bare, first) == set()
+    assert older_python(bare, first, "2099-01-01T00:00:00+00:00") is None  # after every Python known
+    if older:
+        assert older_python(bare, first, "2019-01-01T00:00:00+00:00") == older[min(older)]  # before 3.8
+
+
+@needs_bwrap
+def test_a_commit_whose_code_the_running_python_cannot_run_is_kept_on_the_older_python_it_names(
+    tmp_path: Path,
+) -> None:
+    """End to end (real sandbox, this machine's interpreters): the project names an older Python only, and its code
+    does not run on the running one (it stands in for an API a newer Python removed, as Python 3.10 removed
+    collections.MutableMapping). On the running Python the candidate fails (its tests do not import); validated
+    again on the older interpreter, it is kept, and its task names that interpreter. Without --older-python the
+    same commit is rejected."""
+    import sys
+
+    from bugsweep.mining.interpreters import machine_interpreters
+    from bugsweep.sandbox import get_provider
+
+    older = machine_interpreters()
+    if not older:
+        pytest.skip("this machine has no Python older than the one running the tests")
+    minor = max(older)
+    guard = f"import sys\n\nif sys.version_info[:2] > (3, {minor}):\n    raise ImportError('removed after 3.{minor}')\n\n\n"
+    repo = make_repo(tmp_path / "repo", {
+        "calc.py": guard + CALC, "tests/test_calc.py": TEST_MUL, "pyproject.toml": PYPROJECT,
+        "setup.cfg": f"[metadata]\nclassifiers =\n    Programming Language :: Python :: 3.{minor}\n",
+    })  # fmt: skip
+    test_add = "\n\ndef test_add():\n    from calc import add\n\n    assert add(2, 3) == 5\n"
+    write_files(
+        repo, {"calc.py": guard + CALC.replace("a - b", "a + b"), "tests/test_calc.py": TEST_MUL + test_add}
+    )
+    sha = commit_all(repo, "Fix add() returning the difference")
+    provider = get_provider("local")
+    report = tmp_path / "tasks.mining.json"
+    (task,) = mine(
+        str(repo), provider=provider, runs=1, setup_command="pip install pytest", report=report
+    ).tasks
+    assert task.python == older[minor] and task.FAIL_TO_PASS == ["tests/test_calc.py::test_add"]
+    assert json.loads(report.read_text())["older_python"] == {sha: older[minor]}
+    assert sys.version_info[1] > minor
+    kept = mine(str(repo), provider=provider, runs=1, setup_command="pip install pytest", older_python=False)
+    assert kept.tasks == []
+    (rejected,) = [r for r in kept.rejected if r.commit == sha]
+    assert rejected.reason in (RejectReason.TESTS_CANNOT_RUN, RejectReason.TESTS_FAIL_AT_FIX), rejected
+
+
 @needs_bwrap
 def test_ctrl_c_writes_the_report_and_judges_nothing_half_way(tmp_path: Path) -> None:
     import os

@@ -101,6 +101,17 @@ def mine_command(
             "whole change, the PR title as the task (for projects whose PRs split the fix and its test).",
         ),
     ] = False,
+    older_python: Annotated[
+        bool,
+        typer.Option(
+            "--older-python/--no-older-python",
+            help="A commit older than the Python bugsweep runs on (the newest Python its classifiers or tox "
+            "environments name is older; naming none, it predates that Python's release) whose environment failed "
+            "(setup failed, its tests could not run or failed at the commit) is validated again on an older "
+            "interpreter of this machine (python3.X on PATH, pyenv's, uv's; 3.8 and newer): the newest that the "
+            "commit names. Kept there, its task names that interpreter ('python'). Local sandbox only.",
+        ),
+    ] = True,
     out_format: Annotated[
         str,
         typer.Option(
@@ -200,6 +211,7 @@ def mine_command(
                 merges=merges,
                 concurrency=concurrency,
                 per_test_timeout=per_test_timeout_s or None,
+                older_python=older_python,
                 result=result,
                 write=write,
             )

@@ -20,7 +20,7 @@ from bugsweep.mining.records import (
     Unfinished,
 )
 from bugsweep.mining.screening import screen
-from bugsweep.mining.validation import Stopper, validate
+from bugsweep.mining.validation import Stopper, validate_on_its_python
 from bugsweep.mining.verdict import Verdict, deselect, ignore
 from bugsweep.runconfig import AgentLimits
 from bugsweep.sandbox.base import SandboxProvider
@@ -53,6 +53,7 @@ def mine(
     write: Callable[[list[TaskSpec], Path], None] = dump_tasks,
     exclude: str | None = None,
     result: MiningResult | None = None,
+    older_python: bool = True,
 ) -> MiningResult:
     """Scan `repo`'s history newest first and keep up to `limit` validated tasks (`merges`: see scan_history).
 
@@ -66,6 +67,9 @@ def mine(
     `write` writes the task file (bugsweep's, or e.g. bugsweep.swebench.dump_records).
     `report`, when given, gets the rejections and counts (MiningResult without the tasks) however the run ends.
     `result`, when given, is the result filled in (so that a caller still has it when the run ends by an exception).
+    `older_python`: a candidate older than the running Python whose environment failed on it is validated again on
+    an older interpreter of this machine (bugsweep.mining.validation.validate_on_its_python); kept there, its task
+    names that interpreter (`python`).
 
     A run stops early on Ctrl-C (KeyboardInterrupt), SIGTERM (Terminated) or when the test or setup command cannot
     run at all (CommandNotFound): the candidates in flight are not judged (their sandboxes are released at once
@@ -138,6 +142,9 @@ def mine(
             result.rejected.append(rejection)
             progress(_rejected_event(rejection, result, environments))
             return
+        if verdict.python:
+            spec.python = verdict.python
+            result.older_python[commit.sha] = verdict.python
         spec.FAIL_TO_PASS = verdict.fail_to_pass
         spec.PASS_TO_PASS = verdict.pass_to_pass
         spec.FAIL_TO_FAIL = verdict.fail_to_fail
@@ -162,6 +169,8 @@ def mine(
         if out is not None:
             write(result.tasks, out)
         note = f"{len(verdict.fail_to_pass)} fail->pass, {len(verdict.pass_to_pass)} pass->pass"
+        if verdict.python:
+            note += f", on {verdict.python} (its environment failed on this Python)"
         if verdict.ignored:
             note += f", {len(verdict.ignored)} other test module(s) that do not import ignored"
         if verdict.fail_to_fail:
@@ -199,9 +208,12 @@ def mine(
                 progress(event("validate", commit, f"{what_runs}, {runs} run(s) per state"))
                 result.validated += 1
                 future = pool.submit(
-                    validate,
+                    validate_on_its_python,
                     in_sandbox,
                     provider,
+                    commit,
+                    repo=git_dir,
+                    older=older_python,
                     runs=runs,
                     timeout=test_timeout,
                     per_test_timeout=per_test_timeout,

@@ -128,6 +128,9 @@ class MiningResult(BaseModel):
     """Of validated candidates, by commit sha: tests whose test process died while they ran (one that went on past
     the per-test time limit though told to stop, one killed for its memory, a crash), failed there, the rest of the
     run run again without them."""
+    older_python: dict[str, str] = Field(default_factory=dict)
+    """Of kept tasks, by commit sha: the older interpreter the task was kept on, its environment having failed on
+    the running Python (the task's `python`)."""
     scanned: int = 0
     """Commits looked at."""
     validated: int = 0

@@ -5,10 +5,13 @@ from __future__ import annotations
 import re
 import threading
 from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
 
 from bugsweep.errors import BugsweepError, ConfigError, SetupFailed
 from bugsweep.grading.runs import TestRun, missing_module, run_tests, why_cannot_run
-from bugsweep.mining.records import RejectReason
+from bugsweep.mining.interpreters import older_python
+from bugsweep.mining.records import Commit, RejectReason
 from bugsweep.mining.verdict import Verdict, _all_ids, _is_collection_error, _outcomes, _stable, ignore, judge
 from bugsweep.sandbox.base import Sandbox, SandboxProvider
 from bugsweep.spec import TaskSpec
@@ -171,6 +174,48 @@ def validate(
     environments: list[str] = []
     verdict = _validate(spec, provider, runs, timeout, setup_timeout, per_test_timeout, stopper, environments)
     verdict.environments = environments
+    return verdict
+
+
+#: Rejections that an older Python can undo: the commit's environment could not be made, or its tests not
+#: imported, on the running one.
+ENVIRONMENT_FAILURES = (
+    RejectReason.SETUP_FAILED,
+    RejectReason.TESTS_CANNOT_RUN,
+    RejectReason.TESTS_FAIL_AT_FIX,
+)
+
+
+def validate_on_its_python(
+    spec: TaskSpec,
+    provider: SandboxProvider,
+    commit: Commit,
+    *,
+    repo: Path,
+    older: bool = True,
+    **options: Any,
+) -> Verdict:
+    """`validate`, and (`older`) for a commit older than the running Python whose environment failed on it (setup
+    failed, the tests could not run or failed at the fix), `validate` again on the older interpreter of this machine
+    that `older_python` picks: kept there, the verdict names it (`python`). Only with the local sandbox (a Runtime
+    sandbox's interpreters are the image's)."""
+    verdict = validate(spec, provider, **options)
+    if not older or verdict.reason not in ENVIRONMENT_FAILURES or spec.python or provider.name != "local":
+        return verdict
+    python = older_python(repo, commit.sha, commit.date)
+    if python is None:
+        return verdict
+    try:
+        again = validate(spec.model_copy(update={"python": python}), provider, **options)
+    except CommandNotFound as exc:  # its commands do not run there: the first verdict stands
+        again = Verdict(RejectReason.TESTS_CANNOT_RUN, str(exc))
+    if again.reason is None:
+        again.python = python
+        again.environments = [*verdict.environments, *again.environments]
+        return again
+    reason = again.reason.value if again.reason else ""
+    verdict.detail += f" (and on {python}: {reason}: {again.detail[:200]})"
+    verdict.environments += again.environments
     return verdict
 
 

@@ -50,6 +50,9 @@ class Verdict:
     crashed: list[str] = field(default_factory=list)
     """Tests whose process died while they ran, in any run (normalised ids): failed there, and the rest of that run
     ran again without them (bugsweep.grading.runs.run_tests)."""
+    python: str | None = None
+    """The older interpreter the candidate was validated on again, and kept on, after its environment failed on
+    the running Python (bugsweep.mining.interpreters); None: the running one."""
     environments: list[str] = field(default_factory=list)
     """How each state's task environment came about, in the order they ran (the task state, then the fix commit):
     'built' (the setup ran), 'reused' (a finished setup was reused), 'no setup'."""
