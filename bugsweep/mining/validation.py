@@ -199,6 +199,7 @@ def validate_on_its_python(
     failed, the tests could not run or failed at the fix), `validate` again on the older interpreter of this machine
     that `older_python` picks: kept there, the verdict names it (`python`). Only with the local sandbox (a Runtime
     sandbox's interpreters are the image's)."""
+    command = spec.test_command  # as given: `validate` may add --ignore for modules that do not import here
     verdict = validate(spec, provider, **options)
     if not older or verdict.reason not in ENVIRONMENT_FAILURES or spec.python or provider.name != "local":
         return verdict
@@ -206,7 +207,9 @@ def validate_on_its_python(
     if python is None:
         return verdict
     try:
-        again = validate(spec.model_copy(update={"python": python}), provider, **options)
+        again = validate(
+            spec.model_copy(update={"python": python, "test_command": command}), provider, **options
+        )
     except CommandNotFound as exc:  # its commands do not run there: the first verdict stands
         again = Verdict(RejectReason.TESTS_CANNOT_RUN, str(exc))
     if again.reason is None:
