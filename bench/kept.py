@@ -12,7 +12,7 @@ against that set's labels:
 - where the labelled fixes that were not kept went (the screen, or which sandbox reason), and the same for the
   not-fixes.
 
-Usage: python bench/kept.py SET REPORT.mining.json [REPORT.mining.json ...]
+Usage: python bench/kept.py SET REPORT.mining.json [REPORT.mining.json ...] [--show] [--without-older-python]
 The report's repository is matched to the labels by its folder name (OWNER+NAME, as the `fetch` tool names them).
 """
 
@@ -43,9 +43,16 @@ def repo_of(report: dict, known: dict[str, dict[str, str]]) -> str:
     raise SystemExit(f"no labels of this set for {report['repo']}")
 
 
-def counts(report: dict, labels: dict[str, str]) -> Counter[str]:
-    """The kept tasks by label, and the window's labelled fixes ("fixes")."""
-    kept = Counter(labels.get(k["commit"][:10], "unlabelled") for k in report["kept"])
+def counts(report: dict, labels: dict[str, str], older: bool = True) -> Counter[str]:
+    """The kept tasks by label, the window's labelled fixes ("fixes"), and the kept tasks on an older Python by
+    label ("older fix", ...). `older` False: as the run would have been without --older-python (the tasks kept
+    on an older interpreter rejected: the first validation, on the running Python, is the same)."""
+    on_older = report.get("older_python", {})
+    taken = [k for k in report["kept"] if older or k["commit"] not in on_older]
+    kept = Counter(labels.get(k["commit"][:10], "unlabelled") for k in taken)
+    kept.update(
+        f"older {labels.get(k['commit'][:10], 'unlabelled')}" for k in taken if k["commit"] in on_older
+    )
     kept["fixes"] = sum(1 for label in labels.values() if label == "fix")
     return kept
 
@@ -63,6 +70,9 @@ def figures(kept: Counter[str]) -> dict[str, object]:
         "not-fixes kept": kept["not-fix"],
         "borderline kept": borderline,
         "unlabelled kept": kept["unlabelled"],
+        "kept on an older Python (fix, not-fix, borderline)": (
+            f"{kept['older fix']}, {kept['older not-fix']}, {kept['older borderline']}"
+        ),
         "precision": ratio(fix, clear),
         "precision, borderline as not fixes": ratio(fix, clear + borderline),
         "precision, borderline as fixes": ratio(fix + borderline, clear + borderline),
@@ -92,6 +102,11 @@ def main() -> None:
     parser.add_argument(
         "--show", action="store_true", help="print every kept task that is not a labelled fix"
     )
+    parser.add_argument(
+        "--without-older-python",
+        action="store_true",
+        help="score the runs as they would have been with --no-older-python (tasks kept on an older Python left out)",
+    )
     args = parser.parse_args()
     labels = labels_of(args.set)
     out: dict[str, object] = {}
@@ -99,7 +114,7 @@ def main() -> None:
     for path in args.reports:
         report = json.loads(path.read_text())
         repo = repo_of(report, labels)
-        kept = counts(report, labels[repo])
+        kept = counts(report, labels[repo], older=not args.without_older_python)
         totals.update(kept)
         out[repo] = figures(kept) | lost(report, labels[repo])
         if args.show:

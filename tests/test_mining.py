@@ -894,6 +894,27 @@ def test_a_unittest_test_whose_process_dies_fails_and_the_run_goes_on(tmp_path: 
     assert report["crashed"] == {sha: ["tests.test_calc.T.test_add"]}
 
 
+@needs_bwrap
+def test_a_mark_the_project_never_registered_is_not_an_error_of_its_tests(tmp_path: Path) -> None:
+    """End to end (real sandbox, today's pytest): the project makes warnings errors (`filterwarnings = error`, as
+    dateutil did in 2018) and marks tests with a mark it never registered, which pytest 4.5 began to warn of, so
+    today's pytest stops at collecting the module. That warning is about the pytest mining installed, not the
+    commit: its command ignores it, and the fix is kept with the task's command saying so."""
+    from bugsweep.sandbox import get_provider
+
+    marked = "import pytest\n\nfrom calc import add\n\n\n@pytest.mark.arith\ndef test_add():\n    assert add(2, 3) == 5\n"
+    ini = PYPROJECT + 'filterwarnings = ["error"]\n'
+    repo = make_repo(
+        tmp_path / "repo", {"calc.py": CALC, "tests/test_calc.py": TEST_MUL, "pyproject.toml": ini}
+    )
+    write_files(repo, {"calc.py": CALC.replace("a - b", "a + b"), "tests/test_add.py": marked})
+    commit_all(repo, "Fix add() returning the difference")
+    result = mine(str(repo), provider=get_provider("local"), runs=1, setup_command="pip install pytest")
+    (task,) = result.tasks
+    assert task.FAIL_TO_PASS == ["tests/test_add.py::test_add"]
+    assert task.test_command.endswith(" -W ignore::pytest.PytestUnknownMarkWarning")
+
+
 def test_the_python_a_commit_names_decides_whether_an_older_one_is_tried(tmp_path: Path) -> None:
     """The Python versions a commit names (classifiers in setup.py, setup.cfg or pyproject.toml; tox's envlist,
     braces included) and, naming none, its date: a commit that names the running Python, or came after it, gets no

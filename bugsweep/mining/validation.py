@@ -12,7 +12,17 @@ from bugsweep.errors import BugsweepError, ConfigError, SetupFailed
 from bugsweep.grading.runs import TestRun, missing_module, run_tests, why_cannot_run
 from bugsweep.mining.interpreters import older_python
 from bugsweep.mining.records import Commit, RejectReason
-from bugsweep.mining.verdict import Verdict, _all_ids, _is_collection_error, _outcomes, _stable, ignore, judge
+from bugsweep.mining.verdict import (
+    Verdict,
+    _all_ids,
+    _is_collection_error,
+    _outcomes,
+    _stable,
+    allow_warnings,
+    ignore,
+    judge,
+    pytest_warnings_as_errors,
+)
 from bugsweep.sandbox.base import Sandbox, SandboxProvider
 from bugsweep.spec import TaskSpec
 
@@ -260,6 +270,11 @@ def _validate(
 
     try:
         before = state(spec, still_failing)
+        if warned := pytest_warnings_as_errors(before):
+            # the project's `filterwarnings = error` made a warning of today's pytest a collection error (a mark
+            # it never registered): ignored, and the runs start again
+            spec.test_command = allow_warnings(spec.test_command, warned)
+            before = state(spec, still_failing)
         if ignored := uncollectable(before, spec):
             # other modules that do not import at the task state stopped pytest before any test ran (a whole-suite
             # command at an old commit): the task's command leaves them out, as it leaves out tests failing in
@@ -267,13 +282,13 @@ def _validate(
             spec.test_command = ignore(spec.test_command, ignored)
             before = state(spec, still_failing)
         verdict = judge(before, [])
-        verdict.ignored = ignored
+        verdict.ignored, verdict.allowed_warnings = ignored, warned
         if not still_failing(before) or verdict.reason == RejectReason.TIMED_OUT:
             return verdict
         at_fix = spec.model_copy(update={"base_commit": spec.fix_commit, "test_patch": None})
         after = state(at_fix, lambda r: not r[-1].timed_out)
         verdict = judge(before, after, unrelated=ignored)
-        verdict.ignored = ignored
+        verdict.ignored, verdict.allowed_warnings = ignored, warned
         return verdict
     except (CommandNotFound, MiningStopped):
         raise

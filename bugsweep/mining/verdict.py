@@ -47,6 +47,9 @@ class Verdict:
     ignored: list[str] = field(default_factory=list)
     """Test modules other than the commit's own that stopped pytest at the task state by not importing: the task's
     command ignores them (`--ignore`; bugsweep.mining.validation.uncollectable)."""
+    allowed_warnings: list[str] = field(default_factory=list)
+    """pytest's own warning categories that the project's `filterwarnings = error` made collection errors at the
+    task state (an unregistered mark, which pytest 4.5 began to warn of): the task's command ignores them (`-W`)."""
     crashed: list[str] = field(default_factory=list)
     """Tests whose process died while they ran, in any run (normalised ids): failed there, and the rest of that run
     ran again without them (bugsweep.grading.runs.run_tests)."""
@@ -276,6 +279,25 @@ def ignore(test_command: str, paths: Sequence[str]) -> str:
         + "".join(f" --ignore={shlex.quote(path)}" for path in paths)
         + " --continue-on-collection-errors"
     )
+
+
+#: A warning of pytest's own that the project's `filterwarnings = error` made a collection error: "E   pytest.
+#: PytestUnknownMarkWarning: Unknown pytest.mark.tzoffset" (marks needed no registering before pytest 4.5).
+_PYTEST_WARNING_ERROR = re.compile(r"^E\s+pytest\.(Pytest\w*Warning)\b", re.M)
+
+
+def pytest_warnings_as_errors(runs: Sequence[TestRun]) -> list[str]:
+    """pytest's own warning categories that stopped a module's collection in a run (as errors, by the project's
+    `filterwarnings = error`): about the pytest mining installed, newer than the commit's, not about its code."""
+    found = {
+        m for run in runs if "ERROR collecting" in run.log for m in _PYTEST_WARNING_ERROR.findall(run.log)
+    }
+    return sorted(found)
+
+
+def allow_warnings(test_command: str, categories: Sequence[str]) -> str:
+    """The pytest command with these pytest warning categories ignored (`-W`, which overrides the ini file)."""
+    return test_command + "".join(f" -W ignore::pytest.{category}" for category in categories)
 
 
 def deselect(test_command: str, prefixes: Sequence[str]) -> str:
