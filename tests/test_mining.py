@@ -11,6 +11,7 @@ import json
 import shutil
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -32,7 +33,7 @@ from bugsweep.mining import (
     screen,
 )
 from bugsweep.settings import SandboxSettings
-from bugsweep.spec import load_tasks
+from bugsweep.spec import TaskSpec, load_tasks
 from tests.support.repos import commit_all, git, make_repo, write_files
 
 needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="the local sandbox needs bubblewrap")
@@ -767,6 +768,22 @@ def test_a_missing_test_command_stops_the_run_once(tmp_path: Path) -> None:
 
 #: A small sandbox: the per-test memory bound is 3/4 of its 256 MiB.
 SMALL = SandboxSettings(memory_mib=256)
+
+
+def _mine_small(
+    repo: Path, report: Path, test_command: str, **options: Any
+) -> tuple[TaskSpec, dict[str, Any]]:
+    """The one task mined from `repo` in SMALL sandboxes (one run a state), and the mining report."""
+    from bugsweep.sandbox import get_provider
+
+    result = mine(
+        str(repo), provider=get_provider("local", settings=SMALL), runs=1, test_command=test_command,
+        report=report, **options,
+    )  # fmt: skip
+    (task,) = result.tasks
+    return task, json.loads(report.read_text())
+
+
 #: Text pages padded to their width: at the task state, text that is not a whole number of pages makes the loop step
 #: past its end and fill a list with blank pages without end (as boltons' endless generators did), 1000 bytes a page.
 PAGES = (
@@ -780,7 +797,6 @@ def test_a_test_filling_memory_fails_and_the_run_goes_on(tmp_path: Path) -> None
     """End to end (real sandbox with a 256 MiB memory limit, real pytest): at the task state the changed test fills
     memory in an endless loop; the probe stops it at the per-test memory bound, so it fails and the other tests still
     run. The fix is kept with that test as FAIL_TO_PASS, and the report names the test that was stopped."""
-    from bugsweep.sandbox import get_provider
 
     tests = "from calc import mul\nfrom pages import pages\n\n\ndef test_mul():\n    assert mul(2, 3) == 6\n"
     repo = make_repo(tmp_path / "repo", {
@@ -791,14 +807,9 @@ def test_a_test_filling_memory_fails_and_the_run_goes_on(tmp_path: Path) -> None
         "tests/test_calc.py": tests + "\n\ndef test_pages():\n    assert pages('abc', 1000) == ['abc'.ljust(1000)]\n",
     })  # fmt: skip
     sha = commit_all(repo, "Fix pages() looping without end when the text is not whole pages")
-    result = mine(
-        str(repo), provider=get_provider("local", settings=SMALL), runs=1, test_command="python -m pytest -q tests",
-        report=tmp_path / "tasks.mining.json",
-    )  # fmt: skip
-    (task,) = result.tasks
+    task, report = _mine_small(repo, tmp_path / "tasks.mining.json", "python -m pytest -q tests")
     assert task.FAIL_TO_PASS == ["tests/test_calc.py::test_pages"]
     assert task.PASS_TO_PASS == ["tests/test_calc.py::test_mul"]  # it ran after the stopped test
-    report = json.loads((tmp_path / "tasks.mining.json").read_text())
     assert report["out_of_memory"] == {sha: ["tests/test_calc.py::test_pages"]}
 
 
@@ -833,7 +844,6 @@ def test_tests_whose_process_dies_at_the_task_state_fail_and_the_run_goes_on(tmp
     and its report never comes (pytest shows the test's arguments: their repr never returns). As pytest-xdist does
     with a crashed worker, each is that test failing: the run goes on without it. The fix is kept with the three in
     FAIL_TO_PASS and the test after them in PASS_TO_PASS, and the report names them."""
-    from bugsweep.sandbox import get_provider
 
     repo = make_repo(tmp_path / "repo", {
         "calc.py": CALC, "retry.py": RETRY.format(caught="BaseException"), "tests/test_calc.py": TEST_MUL,
@@ -842,11 +852,9 @@ def test_tests_whose_process_dies_at_the_task_state_fail_and_the_run_goes_on(tmp
     write_files(repo, {"calc.py": CALC.replace("a - b", "a + b"), "retry.py": RETRY_FIXED,
                        "tests/test_calc.py": TESTS_DYING})  # fmt: skip
     sha = commit_all(repo, "Fix add() returning the difference, and retry() never giving up")
-    result = mine(
-        str(repo), provider=get_provider("local", settings=SMALL), runs=1, per_test_timeout=2,
-        test_command="python -m pytest -q tests", report=tmp_path / "tasks.mining.json",
-    )  # fmt: skip
-    (task,) = result.tasks
+    task, report = _mine_small(
+        repo, tmp_path / "tasks.mining.json", "python -m pytest -q tests", per_test_timeout=2
+    )
     dying = [
         "tests/test_calc.py::test_add",
         "tests/test_calc.py::test_gives_up",
@@ -854,7 +862,6 @@ def test_tests_whose_process_dies_at_the_task_state_fail_and_the_run_goes_on(tmp
     ]
     assert dying == task.FAIL_TO_PASS
     assert task.PASS_TO_PASS == ["tests/test_calc.py::test_mul"]  # it ran after both
-    report = json.loads((tmp_path / "tasks.mining.json").read_text())
     assert report["crashed"] == {sha: dying}
 
 
@@ -872,7 +879,6 @@ def test_a_unittest_test_whose_process_dies_fails_and_the_run_goes_on(tmp_path: 
     """End to end (real sandbox, `python -m unittest`): at the task state a changed test's process is killed while
     it runs. unittest's run goes on without it, as pytest's does: the fix is kept with that test as FAIL_TO_PASS and
     the test after it (never reached in the first run) as PASS_TO_PASS, and the report names it."""
-    from bugsweep.sandbox import get_provider
 
     tests = "import unittest\n\nfrom calc import mul\n\n\nclass T(unittest.TestCase):\n"
     tests += "    def test_mul(self):\n        self.assertEqual(mul(2, 3), 6)\n"
@@ -881,16 +887,11 @@ def test_a_unittest_test_whose_process_dies_fails_and_the_run_goes_on(tmp_path: 
     )
     write_files(repo, {"calc.py": CALC.replace("a - b", "a + b"), "tests/test_calc.py": UNITTEST_DYING})
     sha = commit_all(repo, "Fix add() returning the difference")
-    result = mine(
-        str(repo), provider=get_provider("local", settings=SMALL), runs=1, test_command="python -m unittest -v",
-        report=tmp_path / "tasks.mining.json",
-    )  # fmt: skip
-    (task,) = result.tasks
+    task, report = _mine_small(repo, tmp_path / "tasks.mining.json", "python -m unittest -v")
     assert (task.FAIL_TO_PASS, task.PASS_TO_PASS) == (
         ["tests.test_calc.T.test_add"],
         ["tests.test_calc.T.test_mul"],
     )
-    report = json.loads((tmp_path / "tasks.mining.json").read_text())
     assert report["crashed"] == {sha: ["tests.test_calc.T.test_add"]}
 
 
