@@ -233,6 +233,7 @@ def mine_command(
         f"in {result.elapsed_s:.0f} s ({result.scanned / minutes:.0f} commits/min, "
         f"{result.validated / minutes:.1f} validations/min); task environments: "
         f"{result.environments_built} built, {result.environments_reused} reused"
+        + (f"; {len(result.older_python)} kept on an older Python" if result.older_python else "")
     )
     table = Table("rejected because", "commits", box=None)
     for reason, count in result.reasons().items():
