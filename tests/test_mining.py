@@ -396,6 +396,15 @@ def test_tests_failing_in_both_states_are_left_out_and_deselected() -> None:
     v = judge(before, after)
     assert (v.reason, v.fail_to_pass, v.pass_to_pass) == (None, ["t.py::a"], ["t.py::b"])
     assert v.fail_to_fail == ["t.py::old"] and v.deselect == ["t.py::old"]
+    # pytest deselects by prefix: `t.py::old` also leaves out `t.py::old_style`, so no list names it (cerberus 2019)
+    before2 = [_run({"t.py::a": "failed", "t.py::old": "failed", "t.py::old_style": "passed"})] * 2
+    after2 = [_run({"t.py::a": "passed", "t.py::old": "failed", "t.py::old_style": "passed"})] * 2
+    v = judge(before2, after2)
+    assert (v.reason, v.fail_to_pass, v.pass_to_pass) == (None, ["t.py::a"], [])
+    assert v.deselect == ["t.py::old"] and v.also_deselected == ["t.py::old_style"]
+    before3 = [_run({"t.py::old": "failed", "t.py::old_style": "failed"})] * 2
+    v = judge(before3, [_run({"t.py::old": "failed", "t.py::old_style": "passed"})] * 2)
+    assert v.reason == RejectReason.TESTS_PASS_AT_PARENT and "t.py::old_style" in v.detail
     broke = [_run({"t.py::a": "passed", "t.py::b": "failed", "t.py::old": "failed"})] * 2
     v = judge(before, broke)
     assert v.reason == RejectReason.TESTS_FAIL_AT_FIX and v.detail == "failing at the fix commit: t.py::b"

@@ -185,6 +185,10 @@ def mine(
             note += f", {len(verdict.out_of_memory)} stopped at the per-test memory bound"
         if verdict.crashed:
             note += f", {len(verdict.crashed)} failed where the test process died (the rest run again without them)"
+        if verdict.also_deselected:
+            note += (
+                f", {len(verdict.also_deselected)} deselected with them (an id that begins theirs) not named"
+            )
         if verdict.unnamed:
             note += f", {len(verdict.unnamed)} with a memory address in their id not named"
         note += f"; screen: {spec.screen_reason}" if spec.screen_reason else ""

@@ -37,6 +37,10 @@ class Verdict:
     unnamed: list[str] = field(default_factory=list)
     """Tests whose id holds a memory address (normalised, `0x…`): judged as one test across runs, but left out of
     FAIL_TO_PASS and PASS_TO_PASS, which a grader matches by exact id (they still run in the test command)."""
+    also_deselected: list[str] = field(default_factory=list)
+    """Tests that passed at the fix whose id starts with a deselected test's (pytest's `--deselect` matches a
+    prefix: `test_type_field` beside a deselected `test_type`): they do not run in the task's command, so neither
+    FAIL_TO_PASS nor PASS_TO_PASS names them (a grader would find them missing)."""
     deselect: list[str] = field(default_factory=list)
     """What the task's test command deselects (`--deselect`, which pytest matches as a prefix): the flaky and
     fail-to-fail tests, a whole class, module or parametrised test in one argument where all of its tests are
@@ -176,9 +180,23 @@ def _judge_tests(
         outcome.reason = RejectReason.TESTS_FAIL_AT_FIX
         outcome.detail = _ids("failing at the fix commit", broken)
         return outcome
+    outcome.deselect = deselection(flaky | fail_to_fail, ids)
+    # pytest's --deselect leaves out every test whose id starts with an argument: a test named like the start of a
+    # deselected one's id (`test_type_field` beside a deselected `test_type`) does not run in the task's command
+    also = tuple(outcome.deselect)
+    outcome.also_deselected = sorted(t for t in [*fail_to_pass, *pass_to_pass] if t.startswith(also))
+    fail_to_pass = [t for t in fail_to_pass if t not in outcome.also_deselected]
+    pass_to_pass = [t for t in pass_to_pass if t not in outcome.also_deselected]
     named = [t for t in fail_to_pass if ADDRESS_MARK not in t]
     if not named:
-        if fail_to_fail:
+        if caught := [t for t in outcome.also_deselected if st_before.get(t) == "fail"]:
+            outcome.reason = RejectReason.TESTS_PASS_AT_PARENT
+            outcome.detail = _ids(
+                "the only tests that failed at the task state and passed at the fix would be deselected with a "
+                "flaky or failing test whose id begins theirs (pytest's --deselect matches a prefix)",
+                set(caught),
+            )
+        elif fail_to_fail:
             outcome.reason = RejectReason.TESTS_FAIL_AT_FIX
             outcome.detail = "no test failed at the task state and passed at the fix; " + _ids(
                 "failing in both states", fail_to_fail
@@ -199,7 +217,6 @@ def _judge_tests(
     outcome.fail_to_pass = named
     outcome.pass_to_pass = [t for t in pass_to_pass if ADDRESS_MARK not in t]
     outcome.unnamed = sorted(t for t in [*fail_to_pass, *pass_to_pass] if ADDRESS_MARK in t)
-    outcome.deselect = deselection(flaky | fail_to_fail, ids)
     return outcome
 
 
