@@ -103,19 +103,19 @@ def build_history(root: Path) -> dict[str, str]:
 
     # A fix whose test still fails at the fix commit.
     write_files(repo, {
-        "calc.py": (repo / "calc.py").read_text() + "\n\ndef half(a):\n    return a // 2\n",
+        "calc.py": (repo / "calc.py").read_text() + "\n\ndef half(a):\n    return a // 2\n\n\ndef sq(a):\n    return a + a\n",
         "tests/test_half.py": "from calc import half\n\n\ndef test_half():\n    assert half(3) == 1.5\n",
     })  # fmt: skip
     shas["fails_at_fix"] = commit_all(repo, "Fix half() for odd numbers")
 
     # A fix with a stable fail->pass test and a flaky neighbour: kept, the flaky test deselected.
     write_files(repo, {
-        "calc.py": (repo / "calc.py").read_text() + "\n\ndef sq(a):\n    return a * a\n",
+        "calc.py": (repo / "calc.py").read_text().replace("return a + a", "return a * a"),
         "tests/test_sq.py": "from calc import sq\n" + RUN_COUNTER
         + "\ndef test_sq():\n    assert sq(3) == 9\n\n\n"
         + "def test_sq_flaky():\n    assert run_number('sq') % 2 == 1, 'fails on every other run'\n",
     })  # fmt: skip
-    shas["kept_with_flaky"] = commit_all(repo, "Fix missing sq() (issue #7)")
+    shas["kept_with_flaky"] = commit_all(repo, "Fix sq() doubling instead of squaring (issue #7)")
     return shas
 
 
@@ -402,6 +402,14 @@ def test_tests_failing_in_both_states_are_left_out_and_deselected() -> None:
     v = judge(before2, after2)
     assert (v.reason, v.fail_to_pass, v.pass_to_pass) == (None, ["t.py::a"], [])
     assert v.deselect == ["t.py::old"] and v.also_deselected == ["t.py::old_style"]
+    # a changed module that does not import at the task state (it imports what the commit adds): its tests never
+    # failed one by one there, and a grader's baseline holds one pseudo-test no fix makes pass (gold runs: cerberus)
+    not_imported = [
+        _run({"tests/test_x.py::tests.test_x": "failed", "tests/test_y.py::test_b": "failed"})
+    ] * 2
+    after4 = [_run({"tests/test_x.py::test_a": "passed", "tests/test_y.py::test_b": "passed"})] * 2
+    v = judge(not_imported, after4)
+    assert v.reason == RejectReason.TESTS_CANNOT_RUN and "tests/test_x.py could not be imported" in v.detail
     before3 = [_run({"t.py::old": "failed", "t.py::old_style": "failed"})] * 2
     v = judge(before3, [_run({"t.py::old": "failed", "t.py::old_style": "passed"})] * 2)
     assert v.reason == RejectReason.TESTS_PASS_AT_PARENT and "t.py::old_style" in v.detail
@@ -539,7 +547,10 @@ def test_mine_command_writes_tasks_and_says_why_it_skipped(tmp_path: Path) -> No
     env = {**os.environ, "COLUMNS": "200"}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert f"kept     {shas['kept_with_flaky'][:10]} Fix missing sq() (issue #7)" in proc.stdout
+    assert (
+        f"kept     {shas['kept_with_flaky'][:10]} Fix sq() doubling instead of squaring (issue #7)"
+        in proc.stdout
+    )
     assert "(1 changed test module(s), 2 run(s) per state)" in proc.stdout
     assert "1 flaky left out; screen: the subject says 'Fix'" in proc.stdout  # why the screen took it
     assert "1 task(s) from 1 commits scanned, 1 validated" in proc.stdout
@@ -550,7 +561,7 @@ def test_mine_command_writes_tasks_and_says_why_it_skipped(tmp_path: Path) -> No
     report = json.loads((tmp_path / "mined.mining.json").read_text())
     assert report["scanned"] == 1 and report["flaky_tests"]
     assert report["kept"] == [{
-        "commit": task.fix_commit, "subject": "Fix missing sq() (issue #7)", "screen_rule": "fix word in the subject",
+        "commit": task.fix_commit, "subject": "Fix sq() doubling instead of squaring (issue #7)", "screen_rule": "fix word in the subject",
         "screen_reason": "the subject says 'Fix'", "test_command": task.test_command,
     }]  # fmt: skip
     assert (task.screen_rule, task.screen_reason) == ("fix word in the subject", "the subject says 'Fix'")
@@ -1058,5 +1069,5 @@ def test_ctrl_c_writes_the_report_and_judges_nothing_half_way(tmp_path: Path) ->
     (unfinished,) = report["unfinished"]
     assert unfinished["commit"] not in {r["commit"] for r in report["rejected"]}  # not judged on a killed run
     (task,) = load_tasks(out)  # what was kept before the Ctrl-C is still there
-    assert task.problem_statement == "Fix missing sq() (issue #7)"
+    assert task.problem_statement == "Fix sq() doubling instead of squaring (issue #7)"
     assert not state.exists() or not any(state.iterdir())  # no sandbox left behind

@@ -214,6 +214,17 @@ def _judge_tests(
             outcome.reason = RejectReason.TESTS_PASS_AT_PARENT
             outcome.detail = "no test failed at the task state and passed at the fix"
         return outcome
+    not_imported = sorted(t for t in failing if _is_collection_error(t) and t not in fail_to_fail)
+    if not_imported:
+        # its tests did not run before the fix: the grader's baseline would hold one pseudo-test for the module,
+        # which no fix can make pass (after the fix it is gone), and the mirror has no function to arm there
+        outcome.reason = RejectReason.TESTS_CANNOT_RUN
+        outcome.detail = _ids(
+            "a changed test module does not import at the task state (it imports what the commit adds), so its "
+            "tests cannot fail there one by one and a grader cannot check them",
+            set(not_imported),
+        )
+        return outcome
     outcome.fail_to_pass = named
     outcome.pass_to_pass = [t for t in pass_to_pass if ADDRESS_MARK not in t]
     outcome.unnamed = sorted(t for t in [*fail_to_pass, *pass_to_pass] if ADDRESS_MARK in t)
