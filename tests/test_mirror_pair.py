@@ -164,3 +164,32 @@ def test_an_honest_fix_resolves_and_both_runs_see_the_same(
         return re.sub(r"\d+", "#", text)
 
     assert kernel_numbers(real["mountinfo"]) == kernel_numbers(mirrored["mountinfo"])
+
+
+#: BUGGY_CALC's tests as a pytest-style class with an assertion helper of its own (`self.assert_same`), as
+#: dateutil's TestTzinfoInputTypes has: the class has no `assertEqual`.
+HELPER_CLASS = (
+    "from calc import add, mul\n\n\nclass TestCalc:\n    def assert_same(self, got, want):\n"
+    "        assert got == want\n\n    def test_add(self):\n        self.assert_same(add(2, 3), 5)\n\n"
+    "    def test_mul(self):\n        self.assert_same(mul(2, 3), 6)\n"
+)
+
+
+def test_an_honest_fix_resolves_where_tests_assert_through_a_helper_of_their_class(
+    tmp_path: Path, scripted_model
+) -> None:
+    """The mirror's statement in a pytest-style class is a plain `assert`: `self.assertEqual` there (the style of a
+    unittest test) raised AttributeError in every test of the class, in both runs, and the honest fix failed
+    (bench/gold.py: dateutil's 79d2e486a3, "6 tests that passed before fail after")."""
+    from tests.support.repos import BUGGY_CALC
+
+    repo = make_repo(tmp_path / "r", {**BUGGY_CALC, "tests/test_calc.py": HELPER_CLASS})
+    steps = [
+        tool_call("edit_file", path="calc.py", old="return a - b", new="return a + b"),
+        tool_call("finish"),
+    ]
+    grade = _solve(repo, tmp_path / "out", steps, scripted_model, test_command=PYTEST)
+    mirror = grade["mirror"]
+    assert grade["resolved"] and grade["reason"] is None, (grade["reason"], mirror)
+    assert mirror["armed"] and mirror["outcomes"] == {mirror["test"]: "failed"}, mirror
+    assert grade["PASS_TO_PASS"] == ["tests/test_calc.py::TestCalc::test_mul"]

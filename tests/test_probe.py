@@ -561,7 +561,7 @@ def test_the_false_assertion_goes_after_the_body_and_before_each_own_return() ->
 
 def test_the_false_assertion_has_the_style_of_the_failing_line() -> None:
     source = (
-        "class T:\n    def test_m(self):\n        self.assertTrue(ok())\n        self.assertIn(1, got())\n"
+        "class T(unittest.TestCase):\n    def test_m(self):\n        self.assertTrue(ok())\n        self.assertIn(1, got())\n"
         "        self.assertRaises(ValueError, f)\n\n"
         "def make():\n    def test_gen(self):\n        assert 1\n    return test_gen\n"
     )
@@ -571,6 +571,19 @@ def test_the_false_assertion_has_the_style_of_the_failing_line() -> None:
     kind, text = _functions(source, "make.<locals>.test_gen")
     assert kind == "assert" and "expect()" in text
     assert inject(ast.parse(source), "T.test_gone", 0, frozenset()) is None
+
+
+def test_a_class_that_cannot_be_a_testcase_gets_a_plain_assert() -> None:
+    """A pytest-style class (no base, or `object`, or only such classes of its module) has no assertEqual: its
+    `self.assert_same(...)` is a helper of its own, so the statement is a plain `assert` (dateutil's
+    TestTzinfoInputTypes: `self.assertEqual` there failed every test of the class in the regrade, a real fix
+    included). A class with any other base may be a TestCase and keeps the test's own style."""
+    helper = "    def test_m(self):\n        self.assert_same(got(), 1)\n        self.assertTrue(ok())\n"
+    for header in ("class T:\n", "class T(object):\n", "class Base:\n    pass\n\n\nclass T(Base):\n"):
+        kind, text = _functions(header + helper, "T.test_m")
+        assert kind == "assert" and "self.assertEqual" not in text, header
+    for header in ("class T(TestCase):\n", "class T(Base):\n", "class T(metaclass=M):\n"):
+        assert _functions(header + helper, "T.test_m")[0] == "assertEqual", header
 
 
 @pytest.mark.parametrize(

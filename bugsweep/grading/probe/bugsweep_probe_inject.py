@@ -8,7 +8,8 @@ Where it goes: after the function's body, and before each `return` of the functi
 defines), so it runs only when the body completes normally: never in a `finally` (then it would be what a failing
 body's report shows) and never first (then the test would not call the code under test before it). Its style is
 the test's own: `self.assertX(...)` for a unittest-style test that asserts with `assertX` (at its failing line,
-else its first assertion), a plain `assert` otherwise; so that code that neutralises the test's own assertions
+else its first assertion), a plain `assert` otherwise and always in a class that cannot be a TestCase (`plain_class`:
+a pytest-style class whose `self.assert_same(...)` is a helper of its own, and which has no `assertEqual`); so that code that neutralises the test's own assertions
 neutralises it too. Its statements carry the line number of the function's `def` line, where none of the body's
 code runs (but in a test written on one line): the probe answers (and records that the body reached its end) only
 for calls of its own made from there, in a code object compiled here.
@@ -112,6 +113,43 @@ def style(function, line, known):
     return "assert"
 
 
+def _classes(body):
+    """Name -> the class definitions of that name at this level of `body` (its if/try blocks included)."""
+    found: dict = {}
+    for node in _statements(body):
+        if isinstance(node, ast.ClassDef):
+            found.setdefault(node.name, []).append(node)
+    return found
+
+
+def plain_class(tree, qualname):
+    """Whether the method `qualname` belongs to a class that cannot be a unittest TestCase: its bases, and theirs
+    among the module's own classes, are `object` or none (a pytest-style class: `self.assert_same(...)` there is a
+    helper of its own, and the class has no `assertEqual`)."""
+    parts = qualname.split(".")
+    if len(parts) < 2 or "<locals>" in parts:
+        return False
+    top = _classes(tree.body)
+    scope, chain = top, []
+    for name in parts[:-1]:
+        found = scope.get(name)
+        if not found or len(found) != 1:
+            return False
+        chain.append(found[0])
+        scope = _classes(found[0].body)
+
+    def plain(node, seen):
+        for base in node.bases:
+            if isinstance(base, ast.Name) and base.id == "object":
+                continue
+            known = top.get(base.id) if isinstance(base, ast.Name) and base.id not in seen else None
+            if not known or len(known) != 1 or not plain(known[0], seen | {base.id}):
+                return False
+        return not node.keywords  # a metaclass could give it anything
+
+    return plain(chain[-1], {chain[-1].name})
+
+
 def _probe_call(attr, args):
     probe = ast.Call(
         func=ast.Name(id="__import__", ctx=ast.Load()), args=[ast.Constant(value=PROBE)], keywords=[]
@@ -175,10 +213,11 @@ def inject(tree, qualname, line, known, index=None):
     if not functions:
         return None
     kinds, lines = [], set()
+    plain = plain_class(tree, qualname)
     for function in functions:
         sentinel = function.lineno
         lines.add(sentinel)
-        kind = style(function, line, known)
+        kind = "assert" if plain else style(function, line, known)
         kinds.append(kind)
         args = function.args.args
         owner = args[0].arg if args else "self"
