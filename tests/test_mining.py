@@ -410,6 +410,12 @@ def test_tests_failing_in_both_states_are_left_out_and_deselected() -> None:
     after4 = [_run({"tests/test_x.py::test_a": "passed", "tests/test_y.py::test_b": "passed"})] * 2
     v = judge(not_imported, after4)
     assert v.reason == RejectReason.TESTS_CANNOT_RUN and "tests/test_x.py could not be imported" in v.detail
+    # an xfail test that xpassed at the task state and xfails at the fix (bleach 2017): left out, since a grader
+    # needs every test that passed before to pass after
+    xpassed = [_run({"t.py::a": "failed", "t.py::x": "passed", "t.py::b": "passed"})] * 2
+    v = judge(xpassed, [_run({"t.py::a": "passed", "t.py::x": "skipped", "t.py::b": "passed"})] * 2)
+    assert (v.reason, v.fail_to_pass, v.pass_to_pass) == (None, ["t.py::a"], ["t.py::b"])
+    assert v.skipped_after == ["t.py::x"] and v.deselect == ["t.py::x"]
     before3 = [_run({"t.py::old": "failed", "t.py::old_style": "failed"})] * 2
     v = judge(before3, [_run({"t.py::old": "failed", "t.py::old_style": "passed"})] * 2)
     assert v.reason == RejectReason.TESTS_PASS_AT_PARENT and "t.py::old_style" in v.detail

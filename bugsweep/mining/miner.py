@@ -185,6 +185,8 @@ def mine(
             note += f", {len(verdict.out_of_memory)} stopped at the per-test memory bound"
         if verdict.crashed:
             note += f", {len(verdict.crashed)} failed where the test process died (the rest run again without them)"
+        if verdict.skipped_after:
+            note += f", {len(verdict.skipped_after)} passing before and skipped after left out"
         if verdict.also_deselected:
             note += (
                 f", {len(verdict.also_deselected)} deselected with them (an id that begins theirs) not named"

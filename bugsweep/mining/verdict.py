@@ -37,6 +37,10 @@ class Verdict:
     unnamed: list[str] = field(default_factory=list)
     """Tests whose id holds a memory address (normalised, `0x…`): judged as one test across runs, but left out of
     FAIL_TO_PASS and PASS_TO_PASS, which a grader matches by exact id (they still run in the test command)."""
+    skipped_after: list[str] = field(default_factory=list)
+    """Tests that passed in every run at the task state and were skipped (or did not run) at the fix commit, such as
+    an xfail test that xpassed before the fix: deselected, since a grader needs every test that passed before to
+    pass after."""
     also_deselected: list[str] = field(default_factory=list)
     """Tests that passed at the fix whose id starts with a deselected test's (pytest's `--deselect` matches a
     prefix: `test_type_field` beside a deselected `test_type`): they do not run in the task's command, so neither
@@ -180,7 +184,14 @@ def _judge_tests(
         outcome.reason = RejectReason.TESTS_FAIL_AT_FIX
         outcome.detail = _ids("failing at the fix commit", broken)
         return outcome
-    outcome.deselect = deselection(flaky | fail_to_fail, ids)
+    # passed before, skipped or gone after (an xfail test that xpassed at the task state): a grader needs every
+    # test that passed before to pass after, so the task's command leaves them out
+    outcome.skipped_after = sorted(
+        t
+        for t, s in st_before.items()
+        if s == "pass" and st_after.get(t, "skip") == "skip" and t not in flaky
+    )
+    outcome.deselect = deselection(flaky | fail_to_fail | set(outcome.skipped_after), ids)
     # pytest's --deselect leaves out every test whose id starts with an argument: a test named like the start of a
     # deselected one's id (`test_type_field` beside a deselected `test_type`) does not run in the task's command
     also = tuple(outcome.deselect)
