@@ -191,6 +191,29 @@ def test_screen_gives_each_commit_its_reason(tmp_path: Path) -> None:
     assert fix.runnable_tests == ["tests/test_calc.py"] and fix.source_files == ["calc.py"]
 
 
+def test_the_test_runners_configuration_a_fix_changes_goes_with_its_tests(tmp_path: Path) -> None:
+    """What the grader protects (tox.ini whole; the pytest section of setup.cfg or pyproject.toml) goes into the
+    test patch, not the fix's own patch: a fix patch that touches it is not resolved by its own commit (schema's
+    2018 fix changed tox.ini). A change to other sections of setup.cfg stays in the fix."""
+    repo = make_repo(tmp_path / "repo", {
+        "calc.py": CALC, "tests/test_calc.py": TEST_MUL, "tox.ini": "[tox]\nenvlist = py38\n",
+        "setup.cfg": "[metadata]\nname = calc\n\n[tool:pytest]\ntestpaths = tests\n", "pyproject.toml": PYPROJECT,
+    })  # fmt: skip
+    write_files(repo, {
+        "calc.py": CALC.replace("a - b", "a + b"), "tox.ini": "[tox]\nenvlist = py38,py39\n",
+        "setup.cfg": "[metadata]\nname = calc2\n\n[tool:pytest]\ntestpaths = tests\n",
+        "tests/test_calc.py": TEST_MUL + "\n\ndef test_add():\n    from calc import add\n\n    assert add(2, 3) == 5\n",
+    })  # fmt: skip
+    sha = commit_all(repo, "Fix add() returning the difference")
+    screened = screen(next(c for c in scan_history(repo) if c.sha == sha))
+    assert isinstance(screened, Screened)
+    spec = build_task(repo, screened, repo_name=str(repo))
+    assert "tox.ini" in spec.test_patch and "tox.ini" not in (spec.patch or "")
+    assert "setup.cfg" in (spec.patch or "") and "setup.cfg" not in spec.test_patch, (
+        "its runner section is the same"
+    )
+
+
 def test_built_task_starts_at_the_parent_with_the_commits_tests(tmp_path: Path) -> None:
     repo = tmp_path / "repo"
     shas = build_history(repo)

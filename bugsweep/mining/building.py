@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bugsweep.grading.testfiles import RUNNER_CONFIG_NAMES, SECTIONED_CONFIG_NAMES, _runner_sections
 from bugsweep.mining.history import _git
 from bugsweep.mining.records import Commit, Screened
 from bugsweep.spec import TaskSpec
@@ -197,6 +198,22 @@ def detect_commands(repo: Path, commit: str, test_files: Sequence[str]) -> Comma
     return Commands(setup=" && ".join(steps) or None, test=test, why=why)
 
 
+def runner_config_changes(repo: Path, commit: Commit) -> list[str]:
+    """The test-runner configuration the commit changed, which the grader protects (tox.ini, pytest.ini; the
+    runner sections of setup.cfg or pyproject.toml): it goes into the task's test patch, with the test files, so
+    that the fix's own patch does not touch what a grade may not count (schema's 2018 fix changed its tox.ini)."""
+    found = []
+    for _status, path in commit.changes:
+        name = path.rsplit("/", 1)[-1]
+        if name in RUNNER_CONFIG_NAMES:
+            found.append(path)
+        elif name in SECTIONED_CONFIG_NAMES:
+            old, new = ((_show(repo, sha, path) or "").encode() for sha in (commit.parents[0], commit.sha))
+            if _runner_sections(name, old) != _runner_sections(name, new):
+                found.append(path)
+    return found
+
+
 def test_patch(repo: Path, commit: Commit, test_files: Sequence[str]) -> str:
     """The commit's changes to its test files, as a diff that applies to its parent."""
     return _git(repo, "diff", "--binary", "--no-renames", commit.parents[0], commit.sha, "--", *test_files)
@@ -235,6 +252,7 @@ def build_task(
     files = " ".join(shlex.quote(t) for t in screened.runnable_tests)
     test = test_command.replace("{test_files}", files) if test_command else detected.test
     setup = detected.setup if setup_command is None else (setup_command or None)
+    tests = [*screened.test_files, *runner_config_changes(repo, c)]  # the test patch's files, not the fix's
     return TaskSpec(
         instance_id=f"{task_prefix or default_prefix(repo_name)}-{c.sha[:10]}",
         repo=repo_name,
@@ -242,10 +260,10 @@ def build_task(
         problem_statement=c.subject,
         test_command=test or "",
         setup_command=setup,
-        test_patch=test_patch(repo, c, screened.test_files),
+        test_patch=test_patch(repo, c, tests),
         test_files=sorted(screened.test_files),
         fix_commit=c.sha,
-        patch=fix_patch(repo, c, screened.test_files),
+        patch=fix_patch(repo, c, tests),
         created_at=c.date,
         screen_rule=screened.rule or None,
         screen_reason=screened.why_fix or None,
