@@ -156,7 +156,16 @@ def grade(
     own = after.tests
     own_failing = after.ids("failed", "error")
     failed_before = not before.passed
-    passes_after = after.passed
+    # The task's own FAIL_TO_FAIL fail after too (a module that does not import, run past with pytest's
+    # --continue-on-collection-errors): a run whose only failures are those, exit code 1 (tests failed), passes.
+    expected_failing = set(expected_fail_to_fail)
+    passes_after = after.passed or (
+        after.exit_code == 1
+        and not after.timed_out
+        and own is not None
+        and bool(own_failing)
+        and own_failing <= expected_failing
+    )
     reasons: list[str] = []
     verdict = Grade(
         instance_id=instance_id,
