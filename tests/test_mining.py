@@ -433,6 +433,10 @@ def test_tests_failing_in_both_states_are_left_out_and_deselected() -> None:
     after4 = [_run({"tests/test_x.py::test_a": "passed", "tests/test_y.py::test_b": "passed"})] * 2
     v = judge(not_imported, after4)
     assert v.reason == RejectReason.TESTS_CANNOT_RUN and "tests/test_x.py could not be imported" in v.detail
+    # a test function named like its module is no pseudo-test: it is there at the fix (schema's test_schema)
+    named_like = [_run({"test_schema.py::test_schema": "failed"})] * 2
+    v = judge(named_like, [_run({"test_schema.py::test_schema": "passed"})] * 2)
+    assert v.reason is None and v.fail_to_pass == ["test_schema.py::test_schema"]
     # an xfail test that xpassed at the task state and xfails at the fix (bleach 2017): left out, since a grader
     # needs every test that passed before to pass after
     xpassed = [_run({"t.py::a": "failed", "t.py::x": "passed", "t.py::b": "passed"})] * 2

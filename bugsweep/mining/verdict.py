@@ -225,7 +225,10 @@ def _judge_tests(
             outcome.reason = RejectReason.TESTS_PASS_AT_PARENT
             outcome.detail = "no test failed at the task state and passed at the fix"
         return outcome
-    not_imported = sorted(t for t in failing if _is_collection_error(t) and t not in fail_to_fail)
+    # (a pseudo-test gone at the fix: a test function named like its module, test_schema.py::test_schema, is there)
+    not_imported = sorted(
+        t for t in failing if _is_collection_error(t) and t not in fail_to_fail and t not in st_after
+    )
     if not_imported:
         # its tests did not run before the fix: the grader's baseline would hold one pseudo-test for the module,
         # which no fix can make pass (after the fix it is gone), and the mirror has no function to arm there
