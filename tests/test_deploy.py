@@ -47,6 +47,7 @@ from tests.support.deployed import (
     processes_of,
     sandbox_leftovers,
     sandboxes_in,
+    task_of,
 )
 from tests.support.repos import make_repo
 
@@ -209,12 +210,6 @@ class Night:
     nightly_file: Path | None = None
     lost_pending: dict[str, Any] = default(default_factory=dict)
     """A solve-bug run a worker took and lost before its process started, once finished."""
-
-
-def task_of(text: str) -> str:
-    """The task a request is for, from its first user message (night_task's problem text)."""
-    found = re.search(r"\] \(([\w.-]+)\) ", text)
-    return found.group(1) if found else ""
 
 
 def night_task(repo: Path, sweep: str, i: int) -> TaskSpec:

@@ -99,7 +99,7 @@ def protected_reason(
         return "holds test files"
     if name in RUNNER_CONFIG_NAMES:
         return "test-runner configuration"
-    if name in SECTIONED_CONFIG_NAMES and _runner_sections(name, old) != _runner_sections(name, new):
+    if runner_sections_changed(name, old, new):
         return "test-runner section of " + name
     if name in STARTUP_NAMES or name.lower().endswith(".pth"):
         return "run by Python at start-up"
@@ -176,6 +176,11 @@ def _protected_files(
 def _folders(paths: frozenset[str]) -> frozenset[str]:
     """Every folder that holds one of `paths`."""
     return frozenset(p.rsplit("/", i)[0] for p in paths for i in range(1, p.count("/") + 1))
+
+
+def runner_sections_changed(name: str, old: bytes | None, new: bytes | None) -> bool:
+    """Whether a change of setup.cfg or pyproject.toml (`name`) changes its test-runner sections."""
+    return name in SECTIONED_CONFIG_NAMES and _runner_sections(name, old) != _runner_sections(name, new)
 
 
 def _runner_sections(name: str, data: bytes | None) -> object:

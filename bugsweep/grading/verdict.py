@@ -210,7 +210,7 @@ def grade(
         if own is None:
             reasons.append("the after-run gave no per-test results (the tests did not run to the end)")
         else:
-            failing = before.ids("failed", "error") - set(expected_fail_to_fail)
+            failing = before.ids("failed", "error") - expected_failing
             passing = before.ids("passed")
             passed_after = after.ids("passed")
             verdict.FAIL_TO_PASS = sorted(failing & passed_after)

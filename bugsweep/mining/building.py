@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bugsweep.grading.testfiles import RUNNER_CONFIG_NAMES, SECTIONED_CONFIG_NAMES, _runner_sections
+from bugsweep.grading.testfiles import RUNNER_CONFIG_NAMES, SECTIONED_CONFIG_NAMES, runner_sections_changed
 from bugsweep.mining.history import _git
 from bugsweep.mining.records import Commit, Screened
 from bugsweep.spec import TaskSpec
@@ -209,7 +209,7 @@ def runner_config_changes(repo: Path, commit: Commit) -> list[str]:
             found.append(path)
         elif name in SECTIONED_CONFIG_NAMES:
             old, new = ((_show(repo, sha, path) or "").encode() for sha in (commit.parents[0], commit.sha))
-            if _runner_sections(name, old) != _runner_sections(name, new):
+            if runner_sections_changed(name, old, new):
                 found.append(path)
     return found
 

@@ -226,8 +226,7 @@ def validate_on_its_python(
         again.python = python
         again.environments = [*verdict.environments, *again.environments]
         return again
-    reason = again.reason.value if again.reason else ""
-    verdict.detail += f" (and on {python}: {reason}: {again.detail[:200]})"
+    verdict.detail += f" (and on {python}: {again.reason.value}: {again.detail[:200]})"
     verdict.environments += again.environments
     return verdict
 

@@ -225,13 +225,14 @@ def _judge_tests(
             outcome.reason = RejectReason.TESTS_PASS_AT_PARENT
             outcome.detail = "no test failed at the task state and passed at the fix"
         return outcome
-    # (a pseudo-test gone at the fix: a test function named like its module, test_schema.py::test_schema, is there)
+    # A changed module that did not import before the fix (its pseudo-test is gone at the fix; a test function
+    # named like its module, test_schema.py::test_schema, is still there): its tests did not run before the fix,
+    # the grader's baseline would hold one pseudo-test for it that no fix can make pass, and the mirror has no
+    # function to arm there.
     not_imported = sorted(
         t for t in failing if _is_collection_error(t) and t not in fail_to_fail and t not in st_after
     )
     if not_imported:
-        # its tests did not run before the fix: the grader's baseline would hold one pseudo-test for the module,
-        # which no fix can make pass (after the fix it is gone), and the mirror has no function to arm there
         outcome.reason = RejectReason.TESTS_CANNOT_RUN
         outcome.detail = _ids(
             "a changed test module does not import at the task state (it imports what the commit adds), so its "

@@ -55,6 +55,12 @@ KILLED = threading.Event()
 HOLD_LOCK = threading.Lock()
 
 
+def task_of(text: str) -> str:
+    """The task a request is for, from its first user message (the night's problem text: "[SWEEP] (TASK) ...")."""
+    found = re.search(r"\] \(([\w.-]+)\) ", text)
+    return found.group(1) if found else ""
+
+
 def fixer(body: dict[str, Any]) -> dict[str, Any]:
     """Fix on the first turn, finish on the next; works for any number of tasks at once. The nightly's task first
     runs the tests NIGHTLY_LOOKS times, and the first request of each of the night's two sweeps is answered only
@@ -88,11 +94,11 @@ def fixer(body: dict[str, Any]) -> dict[str, Any]:
     if "[nightly]" in asked and looked == NIGHTLY_LOOKS:
         return tool_call("edit_file", path="calc.py", old="return a - b", new="return a + b")
     if answered:
-        found = re.search(r"\] \(([\w.-]+)\) ", asked)
+        task = task_of(asked)
         with HOLD_LOCK:
-            hold = found is not None and found.group(1) in HOLD and not KILLED.is_set()
-            if found and hold:
-                HELD.add(found.group(1))
+            hold = bool(task) and task in HOLD and not KILLED.is_set()
+            if hold:
+                HELD.add(task)
         if hold:
             KILLED.wait(120)
         return tool_call("finish", summary="add() now adds")
