@@ -6,6 +6,7 @@ Each test commits a change the way a project would and screens that commit with 
 
 from __future__ import annotations
 
+import difflib
 import json
 import shutil
 from pathlib import Path
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from bugsweep.mining import Rejection, RejectReason, Screened, scan_history, screen
+from bugsweep.mining.changelog import changelog_kinds
 from tests.support.repos import commit_all, git, make_repo, write_files
 
 NUMBERS = '''def fmt(n):
@@ -389,6 +391,9 @@ def test_a_module_prefix_a_new_parameter_and_a_helper_assertion_are_read(tmp_pat
          "no fix word in the message, and the subject says 'Add'"),
         ("More strict style, now via bugbear.\n\nThe old comparison was incorrect.",
          "the subject is about tooling ('bugbear'), not the code's behaviour"),
+        # held-out-12 (h11's LF pull request): a fix of a pull request's review or of its speed is no bug fixed
+        ("Fixed PR remark", "no fix word in the message, and the subject says 'Fixed PR remark'"),
+        ("Fixed some performance issues", "no fix word in the message, and the subject says 'performance'"),
     ],
 )  # fmt: skip
 def test_words_elsewhere_do_not_outweigh_the_subject(tmp_path: Path, message: str, detail: str) -> None:
@@ -402,6 +407,30 @@ def test_words_elsewhere_do_not_outweigh_the_subject(tmp_path: Path, message: st
         message,
     )  # fmt: skip
     assert isinstance(result, Rejection) and result.detail == detail
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        "Fix slow backtracking when parsing totals",
+        "Fix a feedback loop in total()",
+        "Fix the PR's example of total()",
+    ],
+)
+def test_a_fix_of_slowness_or_named_like_review_work_is_still_a_fix(tmp_path: Path, message: str) -> None:
+    """Only a fix word whose object is speed ("performance issues") or a pull request's review ("PR remark") says
+    no bug was fixed; code that backtracks, or a word that only looks like review work, keeps the fix word."""
+    repo = numbers_repo(tmp_path / "repo")
+    result = screened(
+        repo,
+        {
+            "numbers_.py": NUMBERS.replace("return sum(values)", "return sum(list(values))"),
+            "tests/test_numbers.py": TEST_NUMBERS + "\n\ndef test_total_many():\n    assert total([1, 2, 3]) == 6\n",
+        },
+        message,
+    )  # fmt: skip
+    assert isinstance(result, Screened), result
+    assert result.why_fix == "the subject says 'Fix'"
 
 
 def test_changes_that_change_no_code_and_changes_it_cannot_read_say_so(tmp_path: Path) -> None:
@@ -585,6 +614,34 @@ def test_changelog_sections_and_merge_the_verb_are_read(tmp_path: Path) -> None:
     git(repo, "reset", "-q", "--hard", "HEAD~1")
     result = screened(repo, change, "Merge the totals of empty inputs into zero")
     assert isinstance(result, Screened) and result.rule == "fix-shaped change"
+
+
+def test_a_changelog_section_titled_by_a_plain_line_is_read() -> None:
+    """h11's changes.rst titles its lists with plain lines ("Bug fixes:", "Other changes:"); sqlparse's CHANGELOG has
+    "Bug Fixes" without the colon, after an "Enhancements:" section. An entry says the kind of its section and of its
+    first word; under a section that says no kind ("Other changes:"), only its first word's."""
+    old = "Release history\n===============\n\nv0.8.0\n------\n\nBug fixes:\n\n* Always return bytes\n\nOther changes:\n\n* Docs\n"
+    new = old.replace(
+        "* Always return bytes\n", "* Always return bytes\n* Allow a broader range of characters\n"
+    )
+
+    def kinds(before: str, after: str) -> set[str]:
+        diff = "".join(difflib.unified_diff(before.splitlines(True), after.splitlines(True), n=0))
+        return changelog_kinds("docs/source/changes.rst", lambda: after, lambda: diff)
+
+    assert kinds(
+        old, old.replace("* Always return bytes\n", "* Always return bytes\n* Return str as bytes\n")
+    ) == {"fix"}
+    assert kinds(old, new) == {"fix", "feature"}  # "* Allow a broader range ..." under "Bug fixes:"
+    assert kinds(old, old.replace("* Docs\n", "* Docs\n* Allow tabs in values\n")) == {"feature"}
+    assert kinds(
+        old, old.replace("Other changes:", "New features:").replace("* Docs\n", "* Docs\n* Sped-up writes\n")
+    ) == {"feature"}
+    sqlparse = "Development Version\n-------------------\n\nEnhancements:\n\n* Support x\n\nBug Fixes\n\n* Thread-safe y\n"
+    assert kinds(sqlparse, sqlparse + "* Primary keys are parsed as such\n") == {"fix"}
+    assert kinds(sqlparse, sqlparse.replace("* Support x\n", "* Support x\n* Improve splitting\n")) == {
+        "feature"
+    }
 
 
 # -- round 6 (issue 37): a gitmoji, an advisory's merge, squashed items, constructor parameters, case tables ----------

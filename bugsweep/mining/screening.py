@@ -86,7 +86,7 @@ TOOLING_SUBJECT = (
     r"(?<=[(,\s])[A-Z]{1,3}\d{3,4}(?=[,)])"  # a linter's rule code in parentheses: "(B017)", "(E501, W503)"
 )
 TOOLING = (
-    rf"{TOOLING_SUBJECT}|spelling|docs|documentation|docstrings?|comments?|tests?|test\s+suite|review(\s+comments?)?|"
+    rf"{TOOLING_SUBJECT}|spelling|docs|documentation|docstrings?|comments?|tests?|test\s+suite|review(\s+comments?)?|(pr|review|pull\s+request)\s+(remarks?|feedback)|"
     r"violations?|warnings?|import\s+order|readme|changelog|annotation|packaging|setup|tox|builds?|jobs?"
 )
 TOOLING_WORD = re.compile(rf"\b({TOOLING_SUBJECT})\b", re.IGNORECASE)
@@ -96,6 +96,13 @@ TOOLING_FIX = re.compile(
     rf"\b(fix(es|ed|ing)?|correct(s|ed)?)\s+((a\s+few|a\s+couple\s+of|some|several|many|more|minor|small|all|the)\s+)?"
     rf"(\w[\w-]*\s+)?({TOOLING})\b|"
     rf"\b({TOOLING}|auto|typo)[- ]fix(es|ed)?\b|\bautofix\w*",
+    re.IGNORECASE,
+)
+#: A fix word whose object is speed ("Fixed some performance issues", "fix a performance regression"): work on how
+#: fast, not on what the code does (a fix of code that hangs or backtracks names that instead: "Fix slow backtracking").
+SPEED_FIX = re.compile(
+    r"\b(fix(es|ed|ing)?|correct(s|ed)?)\s+((a|the|some|several|many|more|minor|small|all)\s+)?(\w[\w-]*\s+)?"
+    r"(performance|speed|slowdown)\b",
     re.IGNORECASE,
 )
 #: Words anywhere in a subject that announce work other than a fix ("a few more py3 improvements", "Make functions
@@ -229,8 +236,11 @@ def is_runnable_test(path: str) -> bool:
 
 
 def _about_tooling(text: str, start: int) -> bool:
-    """Whether the fix word at `start` of `text` is about tooling ("fix typos", "lint fixes", "auto-fix")."""
-    return any(m.start() <= start < m.end() for m in TOOLING_FIX.finditer(text))
+    """Whether the fix word at `start` of `text` is about tooling ("fix typos", "lint fixes", "auto-fix", "fixed PR
+    remarks") or speed ("fixed some performance issues"), not about what the code does."""
+    return any(
+        m.start() <= start < m.end() for found in (TOOLING_FIX, SPEED_FIX) for m in found.finditer(text)
+    )
 
 
 def _fix_word(
