@@ -44,6 +44,13 @@ def screened(repo: Path, files: dict[str, str], message: str) -> Screened | Reje
     return screen(commit, repo=repo)
 
 
+#: A small change of existing code with a new test asserting on it: what the words of a commit message decide about.
+SMALL_FIX = {
+    "numbers_.py": NUMBERS.replace("return sum(values)", "return sum(list(values))"),
+    "tests/test_numbers.py": TEST_NUMBERS + "\n\ndef test_total_many():\n    assert total([1, 2, 3]) == 6\n",
+}
+
+
 def new_feature(repo: Path) -> dict[str, str]:
     """A change adding a public class and function, with tests that test only those."""
     return {
@@ -398,14 +405,7 @@ def test_a_module_prefix_a_new_parameter_and_a_helper_assertion_are_read(tmp_pat
 )  # fmt: skip
 def test_words_elsewhere_do_not_outweigh_the_subject(tmp_path: Path, message: str, detail: str) -> None:
     repo = numbers_repo(tmp_path / "repo")
-    result = screened(
-        repo,
-        {
-            "numbers_.py": NUMBERS.replace("return sum(values)", "return sum(list(values))"),
-            "tests/test_numbers.py": TEST_NUMBERS + "\n\ndef test_total_many():\n    assert total([1, 2, 3]) == 6\n",
-        },
-        message,
-    )  # fmt: skip
+    result = screened(repo, SMALL_FIX, message)
     assert isinstance(result, Rejection) and result.detail == detail
 
 
@@ -421,14 +421,7 @@ def test_a_fix_of_slowness_or_named_like_review_work_is_still_a_fix(tmp_path: Pa
     """Only a fix word whose object is speed ("performance issues") or a pull request's review ("PR remark") says
     no bug was fixed; code that backtracks, or a word that only looks like review work, keeps the fix word."""
     repo = numbers_repo(tmp_path / "repo")
-    result = screened(
-        repo,
-        {
-            "numbers_.py": NUMBERS.replace("return sum(values)", "return sum(list(values))"),
-            "tests/test_numbers.py": TEST_NUMBERS + "\n\ndef test_total_many():\n    assert total([1, 2, 3]) == 6\n",
-        },
-        message,
-    )  # fmt: skip
+    result = screened(repo, SMALL_FIX, message)
     assert isinstance(result, Screened), result
     assert result.why_fix == "the subject says 'Fix'"
 

@@ -77,9 +77,8 @@ def changelog_kinds(path: str, new_text: Callable[[], str], diff_u0: Callable[[]
         return {kind for key, kind in (("fixes", "fix"), ("features", "feature"), ("deprecations", "removal"),
                                        ("upgrade", "removal")) if key in notes}  # fmt: skip
     kinds: set[str] = set()
-    entries: dict[
-        int, set[str]
-    ] = {}  # added line's number (from 1) in the new file -> its first word's kinds
+    # each added line's number (from 1) in the new file -> the kinds its first word says
+    entries: dict[int, set[str]] = {}
     for line in diff_u0().splitlines():
         if hunk := HUNK.match(line):
             number = int(hunk["start"])
@@ -87,11 +86,9 @@ def changelog_kinds(path: str, new_text: Callable[[], str], diff_u0: Callable[[]
         if not line.startswith("+") or line.startswith("+++"):
             continue
         if line[1:].strip():
-            found = ENTRY_KIND.match(line[1:])
-            entries[number] = {kind for kind, word in found.groupdict().items() if word} if found else set()
+            entries[number] = _kinds(ENTRY_KIND.match(line[1:]))
         number += 1
-        if found := SECTION_KIND.match(line[1:]):
-            kinds.update(kind for kind, word in found.groupdict().items() if word)
+        kinds |= _kinds(SECTION_KIND.match(line[1:]))
     if entries:
         sections = _section_kinds(new_text().splitlines(), list(entries))
         # the section an entry sits under and its first word both say (an "Allow ..." under "Bug fixes:" says two
@@ -118,9 +115,14 @@ def _section_kinds(lines: list[str], added: list[int]) -> dict[int, set[str]]:
         if index in heading_at or index >= len(lines):
             continue
         title = next((heading_at[i] for i in range(index - 1, -1, -1) if heading_at.get(i)), None)
-        if title is not None and (found := HEADING_KIND.match(title.strip().strip("*_`"))):
-            kinds[number] = {kind for kind, word in found.groupdict().items() if word}
+        if title is not None and (said := _kinds(HEADING_KIND.match(title.strip().strip("*_`")))):
+            kinds[number] = said
     return kinds
+
+
+def _kinds(found: re.Match[str] | None) -> set[str]:
+    """The kinds a match of ENTRY_KIND, SECTION_KIND or HEADING_KIND says: its named groups that matched."""
+    return {kind for kind, word in found.groupdict().items() if word} if found else set()
 
 
 def _label_heading(lines: list[str], index: int) -> re.Match[str] | None:
