@@ -401,6 +401,16 @@ def test_a_module_prefix_a_new_parameter_and_a_helper_assertion_are_read(tmp_pat
         # held-out-12 (h11's LF pull request): a fix of a pull request's review or of its speed is no bug fixed
         ("Fixed PR remark", "no fix word in the message, and the subject says 'Fixed PR remark'"),
         ("Fixed some performance issues", "no fix word in the message, and the subject says 'performance'"),
+        # round 14, on every labelled set: a capability, a new default or a pull request's review named anywhere in
+        # the subject; code style and grammar as the object of a fix word
+        ("Make total() usable as a context manager", "no fix word in the message, and the subject says 'usable as'"),
+        ("total(generator) is now possible", "no fix word in the message, and the subject says 'is now possible'"),
+        ("The start of total() can be callable", "no fix word in the message, and the subject says 'can be callable'"),
+        ("Better support of tuples in total()", "no fix word in the message, and the subject says 'Better support'"),
+        ("change default start of total() to one", "no fix word in the message, and the subject says 'change default'"),
+        ("Address code review comments.", "no fix word in the message, and the subject says 'Address code review'"),
+        ("fixing code style errors", "the subject is about tooling ('code style'), not the code's behaviour"),
+        ("Trivial grammar fix (#1429)", "no fix word in the message, and the subject says 'grammar fix'"),
     ],
 )  # fmt: skip
 def test_words_elsewhere_do_not_outweigh_the_subject(tmp_path: Path, message: str, detail: str) -> None:
@@ -415,6 +425,8 @@ def test_words_elsewhere_do_not_outweigh_the_subject(tmp_path: Path, message: st
         "Fix slow backtracking when parsing totals",
         "Fix a feedback loop in total()",
         "Fix the PR's example of total()",
+        "Fix grammar parsing of totals",
+        "Fix the default start of total()",
     ],
 )
 def test_a_fix_of_slowness_or_named_like_review_work_is_still_a_fix(tmp_path: Path, message: str) -> None:

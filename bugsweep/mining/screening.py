@@ -51,20 +51,23 @@ FEATURE_SUBJECT = re.compile(
     r"provide[sd]?|enable[sd]?|make\s+\S+\s+configurable|internationali[sz]e[sd]?|locali[sz]e[sd]?|translate[sd]?)\b",
     re.IGNORECASE,
 )
-#: Phrases that announce something new wherever they are in a subject ("naturaltime can also accept a float").
+#: Phrases that announce something new wherever they are in a subject ("naturaltime can also accept a float",
+#: "parse(generator) is now possible", "make catch() usable as an async context manager", "choices can be callable").
 FEATURE_PHRASE = re.compile(
-    r"\b((can|may)\s+(now\s+|also\s+)?(accept|take|handle|support|be\s+used)|(also|now)\s+(accept|support|handle)s?|"
+    r"\b((can|may)\s+(now\s+|also\s+)?(accept|take|handle|support|be\s+(used|callable|passed|given))|"
+    r"(also|now)\s+(accept|support|handle)s?|(is\s+)?now\s+possible|usable\s+(as|with|in|from)|better\s+support|"
     r"internationali[sz]\w*|locali[sz]ation|translations?)\b",
     re.IGNORECASE,
 )
 #: Subjects that announce work other than a fix (a refactor, a clean-up, speed, docs, tests, tooling): without a
 #: strong fix word in the message, never a fix; weak words in the body (error, avoid, ...) do not outweigh them.
+#: Addressing review comments is iterating on a pull request's own work.
 OTHER_WORK_SUBJECT = re.compile(
     r"^\s*(optimi[sz]e[sd]?|speed\s+up|refactor\w*|clean\w*|minor|small|deprecate[sd]?|drop(s|ped)?|"
     r"rename[sd]?|re-?format\w*|format\w*|moderni[sz]e[sd]?|upgrade[sd]?|move[sd]?|document\w*|docs?\b|tidy|"
     r"migrate[sd]?|sync\w*|type\s+hints?|annotate|lint\w*|tests?\b|more\s+tests|also\s+test|cover(s|ed)?\b|"
     r"run\b|apply\b|applied\b|enforce[sd]?|prepare\b|bump\w*|various|misc\w*|relax\w*|repackag\w*|"
-    r"cache\b|memoi[sz]e[sd]?\b)",
+    r"cache\b|memoi[sz]e[sd]?\b|address(es|ed|ing)?\s+(the\s+|some\s+|all\s+)?(code\s+)?(review|pr\b|feedback|comments?))",
     re.IGNORECASE,
 )
 #: Subjects of work that may be a fix or not ("Update __eq__ for numeric_range", "Replace the fill value logic"):
@@ -80,7 +83,7 @@ MAYBE_WORK_SUBJECT = re.compile(
 #: bug; a subject naming one without a fix word is other work.
 TOOLING_SUBJECT = (
     r"typos|lint\w*|linters?|flake8|pep\s?8|ruff|isort|pre-commit|pyupgrade|autotyping|codespell|mypy|pyright|"
-    r"pylint|pyflakes|pycodestyle|pydocstyle|autopep8|yapf|bugbear|"
+    r"pylint|pyflakes|pycodestyle|pydocstyle|autopep8|yapf|bugbear|code[- ]?styles?|"
     r"type[- ]?check(ers?|ing)|type[- ]?hints?|typing(?!\.)|type\s+annotations|ci|coverage|noqa|black\s+(formatting|style)|"
     r"(apply|run)\s+black|static\s+(analysis|typing|checks?)|chores?|housekeeping|"
     r"(?<=[(,\s])[A-Z]{1,3}\d{3,4}(?=[,)])"  # a linter's rule code in parentheses: "(B017)", "(E501, W503)"
@@ -91,11 +94,11 @@ TOOLING = (
 )
 TOOLING_WORD = re.compile(rf"\b({TOOLING_SUBJECT})\b", re.IGNORECASE)
 #: A fix word whose object is tooling ("fix typos", "fix the failing tests", "fix pep8 error", "lint fixes",
-#: "auto-fix codebase"): it says nothing about a bug.
+#: "auto-fix codebase", "fixing code style errors", "trivial grammar fix"): it says nothing about a bug.
 TOOLING_FIX = re.compile(
     rf"\b(fix(es|ed|ing)?|correct(s|ed)?)\s+((a\s+few|a\s+couple\s+of|some|several|many|more|minor|small|all|the)\s+)?"
     rf"(\w[\w-]*\s+)?({TOOLING})\b|"
-    rf"\b({TOOLING}|auto|typo)[- ]fix(es|ed)?\b|\bautofix\w*",
+    rf"\b({TOOLING}|auto|typo|grammar|wording)[- ]fix(es|ed)?\b|\bautofix\w*",
     re.IGNORECASE,
 )
 #: A fix word whose object is speed ("Fixed some performance issues", "fix a performance regression"): work on how
@@ -107,10 +110,11 @@ SPEED_FIX = re.compile(
 )
 #: Words anywhere in a subject that announce work other than a fix ("a few more py3 improvements", "Make functions
 #: private and deprecate public aliases", "make the error more informative", "catch a more specific exception",
-#: "make star paths the default", "warn instead of raising for now").
+#: "make star paths the default", "change default parser to ...", "warn instead of raising for now").
 OTHER_WORK_PHRASE = re.compile(
     r"\b(improvements?|clean-?ups?|refactor\w*|polish\w*|deprecat\w+|(error|exception|warning)\s+messages?|"
-    r"more\s+(informative|helpful|descriptive|readable|useful|specific|explicit)|(by|the)\s+default|for\s+now)\b",
+    r"more\s+(informative|helpful|descriptive|readable|useful|specific|explicit)|(by|the)\s+default|"
+    r"change[sd]?\s+default|for\s+now)\b",
     re.IGNORECASE,
 )
 #: Speed and memory, in a subject or a message: work on how fast, not on what the code does.
