@@ -32,6 +32,7 @@ from bugsweep.mining import (
     scan_history,
     screen,
 )
+from bugsweep.mining.building import BUILD_CONSTRAINTS
 from bugsweep.settings import SandboxSettings
 from bugsweep.spec import TaskSpec, load_tasks
 from tests.support.repos import commit_all, git, make_repo, write_files
@@ -324,6 +325,29 @@ def test_detected_commands_for_common_layouts(tmp_path: Path) -> None:
     assert cmds.setup == (
         "pip install -e . && pip install -r requirements-test.txt && pip install 'pytest>=7.4,<9' 'py>=1.11'"
     )
+
+    # a PyYAML older than 6.0.1 pinned through an included requirements file (deepdiff 2022: requirements-dev.txt
+    # -> -r requirements-cli.txt -> pyyaml==5.4.1), whose source does not build with Cython 3: Cython < 3 for builds
+    pinned, cmds = _detected(tmp_path / "old-yaml", {
+        "setup.py": "from setuptools import setup\nsetup(name='y')\n",
+        "requirements-dev.txt": "-r requirements-cli.txt\npytest==8.3.4\n",
+        "requirements-cli.txt": "click==8.0.3\npyyaml==5.4.1\n",
+        "tests/test_y.py": "def test_x():\n    pass\n",
+    }, ["tests/test_y.py"])  # fmt: skip
+    assert cmds.setup == (
+        f"printf 'cython<3\\n' > {BUILD_CONSTRAINTS} && export UV_BUILD_CONSTRAINT={BUILD_CONSTRAINTS} "
+        f"PIP_BUILD_CONSTRAINT={BUILD_CONSTRAINTS} && pip install -e . && pip install -r requirements-dev.txt "
+        "&& pip install pytest"
+    )
+    write_files(pinned, {"requirements-cli.txt": "click==8.0.3\npyyaml==6.0.1\n"})
+    cmds = detect_commands(pinned, commit_all(pinned, "wheels"), ["tests/test_y.py"])
+    assert cmds.setup == "pip install -e . && pip install -r requirements-dev.txt && pip install pytest"
+    write_files(
+        pinned,
+        {"setup.py": "from setuptools import setup\nsetup(name='y', install_requires=['PyYAML<=6.0'])\n"},
+    )
+    cmds = detect_commands(pinned, commit_all(pinned, "metadata pin"), ["tests/test_y.py"])
+    assert cmds.setup is not None and cmds.setup.startswith("printf 'cython<3")
 
 
 def _run(tests: dict[str, str] | None, exit_code: int = 1) -> TestRun:

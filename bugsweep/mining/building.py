@@ -112,6 +112,28 @@ _PY_PATH_HOOK = (
 )
 
 
+#: A pin of PyYAML older than 6.0.1: no wheel for today's Python, and its source does not build with Cython 3
+#: ("'build_ext' object has no attribute 'cython_sources'"), which lost deepdiff's 2022 fixes (pyyaml==5.4.1).
+_CYTHON_3_BREAKS = re.compile(
+    r"^\s*pyyaml\s*((==|~=)\s*([0-5]\.|6\.0(\.0)?(?![.\d]))|(<|<=)\s*6(\.0)?(?![.\d]))", re.M | re.I
+)
+#: Where the setup writes the build constraints it sets (the sandbox's own /tmp).
+BUILD_CONSTRAINTS = "/tmp/bugsweep-build-constraints.txt"
+_INCLUDE = re.compile(r"^\s*(-r|-c|--requirement|--constraint)[\s=]*(\S+)", re.M)
+
+
+def _requirements_text(repo: Path, commit: str, path: str, depth: int = 3) -> str:
+    """A requirements file's text at `commit`, with the files it includes (`-r other.txt`, `-c ...`, relative to
+    it) appended, `depth` levels down (deepdiff's requirements-dev.txt pins PyYAML through `-r requirements-cli.txt`)."""
+    text = _show(repo, commit, path) or ""
+    if depth:
+        for found in _INCLUDE.finditer(text):
+            included = (Path(path).parent / found[2]).as_posix()
+            if ".." not in included.split("/"):
+                text += "\n" + _requirements_text(repo, commit, included.removeprefix("./"), depth - 1)
+    return text
+
+
 def _tox_deps(text: str) -> list[str]:
     """The plain requirements of tox.ini's [testenv] deps (factor-conditional and templated lines left out, and the
     requirements files it names: at an old commit they pin what today's Python cannot run, such as pytest 6.2, whose
@@ -136,6 +158,8 @@ def detect_commands(repo: Path, commit: str, test_files: Sequence[str]) -> Comma
     - then the test dependencies where the project keeps them: a requirements file (TEST_REQUIREMENTS), a
       `tests`/`test`/`testing` dependency group in pyproject.toml, or tox.ini's [testenv] deps;
     - `setuptools<82` when the code imports pkg_resources (setuptools 82 removed it; older environments had it);
+    - Cython < 3 for the builds of the setup (pip's and uv's build constraints) when those test requirements or the
+      project's metadata pin a PyYAML older than 6.0.1, whose source does not build with Cython 3;
     - pytest 7.4-8 (and py 1.11) when those test requirements pin a pytest older than 7 or a py older than 1.11,
       which do not run on Python 3.11 (boltons' 2020 requirements-test.txt: pytest==3.0.7, py<1.6.0); `pytest<9`
       when a pytest hook of the tree takes a py.path argument (pytest 9 will not load it);
@@ -168,7 +192,7 @@ def detect_commands(repo: Path, commit: str, test_files: Sequence[str]) -> Comma
     if reqs:
         steps.append(f"pip install -r {reqs}")
         why.append(f"test requirements in {reqs}")
-        pinned = _show(repo, commit, reqs) or ""
+        pinned = _requirements_text(repo, commit, reqs)
     elif group:
         steps.append("pip install " + " ".join(shlex.quote(r) for r in group))
         why.append("the test dependency group in pyproject.toml")
@@ -177,6 +201,20 @@ def detect_commands(repo: Path, commit: str, test_files: Sequence[str]) -> Comma
         steps.append("pip install " + " ".join(shlex.quote(r) for r in deps))
         why.append("tox.ini [testenv] deps")
         pinned = "\n".join(deps)
+    metadata = "\n".join(
+        _show(repo, commit, name) or ""
+        for name in ("setup.py", "setup.cfg", "pyproject.toml")
+        if name in names
+    )
+    if _CYTHON_3_BREAKS.search(pinned) or _CYTHON_3_BREAKS.search(re.sub(r"[\"',\[\]]", "\n", metadata)):
+        steps.insert(
+            0,
+            f"printf 'cython<3\\n' > {BUILD_CONSTRAINTS} && "
+            f"export UV_BUILD_CONSTRAINT={BUILD_CONSTRAINTS} PIP_BUILD_CONSTRAINT={BUILD_CONSTRAINTS}",
+        )
+        why.append(
+            "a PyYAML older than 6.0.1 is pinned, whose source does not build with Cython 3: Cython < 3 for builds"
+        )
     if _OLD_PYTEST_PIN.search(pinned):
         steps.append("pip install 'pytest>=7.4,<9' 'py>=1.11'")
         why.append(
