@@ -398,15 +398,15 @@ def test_judge_per_test_outcomes() -> None:
     v = judge([_run({"t::a": "passed"}, 0)], [])
     assert v.reason == RejectReason.TESTS_PASS_AT_PARENT
 
-    # a run cut at the whole-run limit names the test that ran past its own limit and did not stop when told
-    # (loguru's recursion fix: its catch() caught the probe's exception at every alarm)
+    # a run cut at the whole-run limit, also when run again without the tests that ran past their own limit (run_tests
+    # does), names those tests
     stuck = TestRun(
         command="pytest", exit_code=None, timed_out=True, log="", duration_s=900.0,
         tests_timed_out=["tests/test_c.py::test_repr[<object object at 0x7f3a1c2b5e90>]"],
     )  # fmt: skip
     v = judge([stuck], [])
     assert v.reason == RejectReason.TIMED_OUT
-    assert "tests/test_c.py::test_repr[<object object at 0x…>] ran past the per-test time limit" in v.detail
+    assert "ran past the per-test time limit: tests/test_c.py::test_repr[<object object at 0x…>])" in v.detail
     assert judge([_run(None, 0), replace(stuck, tests_timed_out=[])], []).detail == "a test run timed out"
 
     v = judge([_run({"t::a": "failed"}), _run({"t::a": "passed"}, 0)], [])
@@ -940,6 +940,39 @@ def test_tests_whose_process_dies_at_the_task_state_fail_and_the_run_goes_on(tmp
     assert dying == task.FAIL_TO_PASS
     assert task.PASS_TO_PASS == ["tests/test_calc.py::test_mul"]  # it ran after both
     assert report["crashed"] == {sha: dying}
+
+
+#: At the task state spin() loops without end, as dpath's glob code did under its hypothesis tests (d14a4d7f2f).
+SPIN = "def spin(n):\n    while n:\n        pass\n    return n\n"
+TESTS_SPINNING = (
+    "from calc import mul\nfrom spin import spin\n\n\n"
+    + "".join(
+        f"def test_spin_{name}():\n    assert spin({n}) == {n}\n\n\n"
+        for name, n in (("a", 1), ("b", 2), ("c", 3))
+    )
+    + "def test_mul():\n    assert mul(2, 3) == 6\n"
+)
+
+
+@needs_bwrap
+def test_a_run_whose_tests_each_run_to_their_limit_goes_on_past_its_timeout(tmp_path: Path) -> None:
+    """End to end (real sandbox, real pytest): at the task state three changed tests each loop until the per-test
+    limit (2 s), so the whole run reaches its timeout (5 s) before the last ones ran. The tests that ran to their
+    limit failed, and the run goes on without them, with a timeout of its own, as it does for a test whose process
+    died: the fix is kept with the three in FAIL_TO_PASS and the test after them in PASS_TO_PASS. Before, the
+    candidate was rejected ("tests timed out"), as dpath's "Fix bug with multiple stars in glob" was."""
+
+    tests = "from calc import mul\nfrom spin import spin\n\n\ndef test_mul():\n    assert mul(2, 3) == 6\n"
+    repo = make_repo(tmp_path / "repo", {
+        "calc.py": CALC, "spin.py": SPIN, "tests/test_calc.py": tests, "pyproject.toml": PYPROJECT,
+    })  # fmt: skip
+    write_files(repo, {"spin.py": "def spin(n):\n    return n\n", "tests/test_calc.py": TESTS_SPINNING})
+    commit_all(repo, "Fix spin() looping without end")
+    task, _ = _mine_small(
+        repo, tmp_path / "tasks.mining.json", "python -m pytest -q tests", per_test_timeout=2, test_timeout=5
+    )
+    assert [f"tests/test_calc.py::test_spin_{name}" for name in "abc"] == task.FAIL_TO_PASS
+    assert task.PASS_TO_PASS == ["tests/test_calc.py::test_mul"]
 
 
 #: unittest's tests, run in name order: at the task state test_add takes memory and its process is then killed.

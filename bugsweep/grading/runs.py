@@ -110,7 +110,9 @@ def run_tests(
     for it. `memory_bound`: bytes the test process may hold while a test runs (default: MEMORY_BOUND_SHARE of the
     sandbox's memory limit; 0: none); past it the probe stops the test as at the time limit. `timeout` bounds the
     whole run; the command gets its own `timeout` inside the sandbox so that its log is
-    complete up to the moment it was stopped. The log keeps the first LOG_HEAD_BYTES and the last LOG_TAIL_BYTES.
+    complete up to the moment it was stopped; a run stopped so after tests ran on to their per-test limit goes on
+    without them (they failed), with a timeout of its own, up to TIMEOUT_ROUNDS timeouts in all. The log keeps the
+    first LOG_HEAD_BYTES and the last LOG_TAIL_BYTES.
     """
     own_probe = facts is None
     if facts is None:
@@ -125,17 +127,34 @@ def run_tests(
         # A test process that died half way (a test that would not stop at its limit, or was killed for its
         # memory or by a crash) gave no per-test results. As pytest-xdist does with a crashed worker, the test
         # that was running failed, and the rest run again without it, within what is left of the run's time.
-        crashed: list[str] = []  # runner ids (pytest node ids, unittest test ids)
-        spent = run.duration_s
-        while len(crashed) < CRASH_RERUNS and timeout - spent > 1:
-            culprit = crashed_in(run)
-            if culprit is None or culprit in crashed:
+        # A run that reached its timeout because tests ran on to their per-test limit one after another (dpath's
+        # hypothesis tests at its task state, each looping in the code under test) goes on the same way: those
+        # tests failed, and the rest run again without them, with a timeout of their own (TIMEOUT_ROUNDS at most).
+        skipped: list[str] = []  # runner ids (pytest node ids, unittest test ids) the runs again leave out
+        spent, allowed = run.duration_s, timeout
+        for _ in range(CRASH_RERUNS):
+            ended = (
+                [t for t in dict.fromkeys(run.probe.timeouts) if t not in skipped] if run.timed_out else []
+            )
+            culprit = None if ended else crashed_in(run)
+            if ended and per_test_timeout and spent < TIMEOUT_ROUNDS * timeout:
+                allowed = spent + timeout
+                said = (
+                    f"[bugsweep: the run reached its timeout after {len(ended)} test(s) ran on to the per-test "
+                    "limit; they failed, and the tests ran again without them]"
+                )
+            elif culprit is not None and culprit not in skipped and allowed - spent > 1:
+                ended = []
+                said = f"[bugsweep: the test process died while {culprit} ran; it failed, and the tests ran again without it]"
+            else:
                 break
-            crashed.append(culprit)
-            told.skip = list(crashed)
-            again = _run_once(sandbox, test_command, timeout - spent, told, facts, env, exclusive=False)
+            skipped += [*ended, *([culprit] if culprit else [])]
+            told.skip = list(skipped)
+            again = _run_once(sandbox, test_command, allowed - spent, told, facts, env, exclusive=False)
             spent += again.duration_s
-            run = _merge_crashed(run, again, run.probe.test_id(culprit), spent)
+            if culprit is not None:
+                again.tests_crashed = [*run.tests_crashed, run.probe.test_id(culprit)]
+            run = _merge_rerun(run, again, [run.probe.test_id(t) for t in ended], spent, said)
         return run
     finally:
         if own_probe:
@@ -145,6 +164,9 @@ def run_tests(
 #: How many times one run goes on without a test its process died in (see `run_tests`); the run's timeout bounds
 #: them all (loguru's ed0daf8b63: at its task state more than three tests' failure reports recurse without end).
 CRASH_RERUNS = 10
+#: A run whose timeout came while tests ran on to their per-test limit goes on without them, each time with a
+#: timeout of its own, until it has taken this many timeouts in all.
+TIMEOUT_ROUNDS = 3
 
 
 def crashed_in(run: TestRun) -> str | None:
@@ -162,16 +184,16 @@ def crashed_in(run: TestRun) -> str | None:
     return report.running or (report.memory_heavy[-1] if report.memory_heavy else None)
 
 
-def _merge_crashed(first: TestRun, again: TestRun, culprit: str, spent: float) -> TestRun:
-    """The run again without the tests its process died in: those fail, and both logs are kept."""
+def _merge_rerun(first: TestRun, again: TestRun, left_out: list[str], spent: float, said: str) -> TestRun:
+    """The run again without `left_out` (test ids: those its process died in, or that ran on to their limit in a
+    run that then timed out): they fail, what both runs recorded is kept, and both logs with `said` between."""
     again.duration_s = spent
-    again.tests_crashed = [*first.tests_crashed, culprit]
+    again.tests_crashed = list(dict.fromkeys([*first.tests_crashed, *again.tests_crashed]))
     again.tests_timed_out = list(dict.fromkeys([*first.tests_timed_out, *again.tests_timed_out]))
     again.tests_out_of_memory = list(dict.fromkeys([*first.tests_out_of_memory, *again.tests_out_of_memory]))
-    said = f"[bugsweep: the test process died while {culprit} ran; it failed, and the tests ran again without it]"
     again.log = f"{first.log}\n{said}\n{again.log}"
     again.log_bytes += first.log_bytes
-    for test in again.tests_crashed:  # their functions, for the regrade's pair: the run again never ran them
+    for test in dict.fromkeys([*again.tests_crashed, *left_out]):  # for the regrade's pair: never run again
         raw = first.probe.raw_ids.get(test, test)
         if raw in first.probe.code:
             again.probe.code[raw] = first.probe.code[raw]
@@ -179,7 +201,7 @@ def _merge_crashed(first: TestRun, again: TestRun, culprit: str, spent: float) -
             again.probe.raw_ids[test] = raw
         again.probe.runner_of[test] = first.probe.runners[0]
     if again.tests is not None:
-        again.tests.update({t: "failed" for t in again.tests_crashed})
+        again.tests.update({t: "failed" for t in [*again.tests_crashed, *left_out]})
     if again.exit_code in (0, PYTEST_NO_TESTS):
         again.exit_code = 1  # tests failed: those the process died in (and the runner may have had none left)
     return again

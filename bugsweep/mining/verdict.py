@@ -120,10 +120,10 @@ def _judge(before: Sequence[TestRun], after: Sequence[TestRun], unrelated: Colle
     if timed_out := [r for r in (*before, *after) if r.timed_out]:
         detail = "a test run timed out"
         if stuck := sorted({normalise(t) for r in timed_out for t in r.tests_timed_out}):
-            # the probe told the test to stop at its limit, and the code under test caught that and went on
+            # tests ran on to their limit one after another, and the runs again without them (run_tests) did too
             detail += (
-                f" (its whole-run limit): {', '.join(stuck[:3])}{' and more' if len(stuck) > 3 else ''} ran past"
-                " the per-test time limit and did not stop when told (the code under test caught the exception)"
+                " (its whole-run limit, also when run again without the tests that ran past the per-test time "
+                f"limit: {', '.join(stuck[:3])}{' and more' if len(stuck) > 3 else ''})"
             )
         return Verdict(RejectReason.TIMED_OUT, detail)
     no_results = next((r for r in before if r.tests is None), None)
