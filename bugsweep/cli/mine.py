@@ -89,8 +89,9 @@ def mine_command(
             "(per_test_timeout_s): a test still running then is stopped and fails, and the rest of the run goes "
             "on, so a test that hangs at the task state and passes at the fix is FAIL_TO_PASS (a fix of an endless "
             "loop is a task); one that catches the stop each time is ended with its process once it has gone on "
-            "as long again (at most 10 s), and the rest run again without it. 0: no per-test limit, only the whole "
-            "run's timeout.",
+            "as long again (at most 10 s), and the rest run again without it. A run that reaches its own timeout "
+            "(900 s) after tests ran on to this limit goes on without them, up to three timeouts in all. 0: no "
+            "per-test limit, only the whole run's timeout.",
         ),
     ] = _PER_TEST.default,
     merges: Annotated[
