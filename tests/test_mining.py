@@ -975,6 +975,33 @@ def test_a_run_whose_tests_each_run_to_their_limit_goes_on_past_its_timeout(tmp_
     assert task.PASS_TO_PASS == ["tests/test_calc.py::test_mul"]
 
 
+@needs_bwrap
+def test_a_test_its_alarm_cannot_stop_is_ended_by_the_watcher_and_the_run_goes_on(tmp_path: Path) -> None:
+    """End to end (real sandbox, real pytest): at the task state a changed test ignores SIGALRM and then loops, so the
+    per-test limit's alarm never reaches it (dpath's hypothesis tests on Python 3.11: the alarm's handler never got
+    past its first line). The probe's watcher thread ends the process once the test is past its limit and as long
+    again, recording a hard stop; the test failed, and the run goes on without it: the fix is kept with it in
+    FAIL_TO_PASS, the test after it in PASS_TO_PASS, and the report names it."""
+
+    tests = "from calc import mul\nfrom spin import spin\n\n\ndef test_mul():\n    assert mul(2, 3) == 6\n"
+    blocked = (
+        "import signal\n\nfrom calc import mul\nfrom spin import spin\n\n\ndef test_blocked():\n"
+        "    signal.signal(signal.SIGALRM, signal.SIG_IGN)\n    assert spin(1) == 1\n\n\n"
+        "def test_mul():\n    assert mul(2, 3) == 6\n"
+    )
+    repo = make_repo(tmp_path / "repo", {
+        "calc.py": CALC, "spin.py": SPIN, "tests/test_calc.py": tests, "pyproject.toml": PYPROJECT,
+    })  # fmt: skip
+    write_files(repo, {"spin.py": "def spin(n):\n    return n\n", "tests/test_calc.py": blocked})
+    sha = commit_all(repo, "Fix spin() looping without end")
+    task, report = _mine_small(
+        repo, tmp_path / "tasks.mining.json", "python -m pytest -q tests", per_test_timeout=1
+    )
+    assert task.FAIL_TO_PASS == ["tests/test_calc.py::test_blocked"]
+    assert task.PASS_TO_PASS == ["tests/test_calc.py::test_mul"]
+    assert report["crashed"] == {sha: ["tests/test_calc.py::test_blocked"]}
+
+
 #: unittest's tests, run in name order: at the task state test_add takes memory and its process is then killed.
 UNITTEST_DYING = (
     "import os\nimport signal\nimport unittest\n\nfrom calc import add, mul\n\n\nclass T(unittest.TestCase):\n"

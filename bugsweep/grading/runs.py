@@ -131,20 +131,30 @@ def run_tests(
         # hypothesis tests at its task state, each looping in the code under test) goes on the same way: those
         # tests failed, and the rest run again without them, with a timeout of their own (TIMEOUT_ROUNDS at most).
         skipped: list[str] = []  # runner ids (pytest node ids, unittest test ids) the runs again leave out
-        spent, allowed = run.duration_s, timeout
-        for _ in range(CRASH_RERUNS):
+        spent, allowed, reruns, given_at = run.duration_s, timeout, 0, 0
+        while True:
             ended = (
                 [t for t in dict.fromkeys(run.probe.timeouts) if t not in skipped] if run.timed_out else []
             )
-            culprit = None if ended else crashed_in(run)
-            if ended and per_test_timeout and spent < TIMEOUT_ROUNDS * timeout:
-                allowed = spent + timeout
+            culprit = crashed_in(run)
+            if (
+                run.timed_out
+                and per_test_timeout
+                and (ended or len(skipped) > given_at)  # tests ran to their limit since the last timeout
+                and spent < TIMEOUT_ROUNDS * timeout
+            ):
+                allowed, given_at = spent + timeout, len(skipped) + len(ended)
                 said = (
-                    f"[bugsweep: the run reached its timeout after {len(ended)} test(s) ran on to the per-test "
-                    "limit; they failed, and the tests ran again without them]"
+                    "[bugsweep: the run reached its timeout after tests ran on to the per-test limit; they failed, "
+                    "and the tests ran again without them]"
                 )
-            elif culprit is not None and culprit not in skipped and allowed - spent > 1:
-                ended = []
+            elif (
+                culprit is not None
+                and culprit not in skipped
+                and reruns < CRASH_RERUNS
+                and allowed - spent > 1
+            ):
+                reruns += 1
                 said = f"[bugsweep: the test process died while {culprit} ran; it failed, and the tests ran again without it]"
             else:
                 break

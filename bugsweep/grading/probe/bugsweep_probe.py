@@ -188,6 +188,16 @@ def _fire(signum, frame):
     raise TestTimedOut(f"bugsweep: {_clock.test} ran past the per-test time limit of {_state.limit:g} s")
 
 
+def _overdue():
+    """The running test, when its alarm should have stopped it a while ago and has not begun to (its handler never
+    got past its first line: dpath's hypothesis tests under hypothesis' tracer, Python 3.11); else None. The memory
+    watcher's thread then ends the process as the alarm's hard stop would (bugsweep_probe_memory.py)."""
+    test = _clock.test
+    if test is None or not _clock.armed or _clock.fired or not _state.limit:
+        return None
+    return test if time.monotonic() > _clock.deadline + min(HARD_STOP_S, _state.limit) + 1 else None
+
+
 def _arm(hard=False):
     """Set the alarm for the rest of the running test's time (a phase after it fired gets the whole limit again,
     so that its fixtures can be torn down). True when this call armed it: only then does its caller disarm.
@@ -272,7 +282,9 @@ def _claim(runner, **facts):
     record("runner", runner, facts)
     if _state.memory_bound:
         module = _sibling("bugsweep_probe_memory")
-        _state.memory = module if module.start(_state.memory_bound, record) else None
+        _state.memory = (
+            module if module.start(_state.memory_bound, record, _overdue, HARD_STOP_EXIT) else None
+        )
     return True
 
 

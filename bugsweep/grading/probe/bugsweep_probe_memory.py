@@ -47,6 +47,8 @@ class _Memory:
     high: Any = None  # the last test recorded at half the bound
     stopped: Any = None  # the last test stopped at the bound
     raised = 0.0  # when it was last interrupted (again once a second while it holds more: as the alarm)
+    overdue: Any = None  # the probe's: the test its alarm should have stopped and could not, or None
+    exit_code = 70  # the probe's HARD_STOP_EXIT
     lock = threading.Lock()
 
 
@@ -61,8 +63,10 @@ def _rss(page=os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096):
         return 0
 
 
-def start(bound, record):
-    """Start the watcher in this process (from its main thread). False when it cannot run here."""
+def start(bound, record, overdue=None, exit_code=70):
+    """Start the watcher in this process (from its main thread). False when it cannot run here. `overdue` (the
+    probe's) names a test whose time limit's alarm could not stop it: the watcher ends the process, recording a
+    "hard-stop" for it, as the alarm would."""
     if threading.current_thread() is not threading.main_thread():
         return False
     if not _rss():
@@ -80,6 +84,7 @@ def start(bound, record):
         record("probe-error", repr(exc)[:300])
         return False
     _memory.bound, _memory.record, _memory.interrupt = bound, record, interrupt
+    _memory.overdue, _memory.exit_code = overdue, exit_code
     _memory.main = threading.get_ident()
     threading.Thread(target=_watch, name="bugsweep-memory", daemon=True).start()
     return True
@@ -103,6 +108,10 @@ def end(test_id):
 def _watch():
     while True:
         time.sleep(POLL_S / 10 if _memory.high is not None and _memory.high == _memory.test else POLL_S)
+        late = _memory.overdue() if _memory.overdue is not None else None
+        if late is not None:
+            _memory.record("hard-stop", late)
+            os._exit(_memory.exit_code)
         test = _memory.test
         if test is None:
             continue
