@@ -143,6 +143,7 @@ def test_a_reviewer_opens_the_patch_and_the_review_page_from_the_run_page_on_a_p
     """The morning in Chromium: the bucket is private (an anonymous GET is refused), yet from the nightly run's
     page in the Prefect UI (its Artifacts tab, an artifact, its link) the patch opens as the diff and the review
     page as the page, each link saying until when it opens."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
     from playwright.sync_api import sync_playwright
 
     folder = deployed.run_folder("nightly/calc-nightly/scripted-model")
@@ -163,9 +164,19 @@ def test_a_reviewer_opens_the_patch_and_the_review_page_from_the_run_page_on_a_p
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 1400})
             for key, expected in wanted.items():
-                page.goto(f"{base}/runs/flow-run/{nightly['run']['id']}")
-                page.locator("li.p-tab#artifacts").click()
-                page.get_by_text(key, exact=True).click(timeout=60_000)  # the artifact's card: its own page
+                for attempt in range(
+                    3
+                ):  # under load the tab's list can come up without the card: load it again
+                    page.goto(f"{base}/runs/flow-run/{nightly['run']['id']}")
+                    page.locator("li.p-tab#artifacts").click()
+                    try:
+                        page.get_by_text(key, exact=True).click(
+                            timeout=30_000
+                        )  # the artifact's card: its page
+                        break
+                    except PlaywrightTimeout:
+                        if attempt == 2:
+                            raise
                 link = page.locator("a.markdown-renderer__link").first
                 link.wait_for(timeout=60_000)
                 assert "opens until" in link.inner_text(), link.inner_text()

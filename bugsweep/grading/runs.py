@@ -140,7 +140,7 @@ def run_tests(
             if (
                 run.timed_out
                 and per_test_timeout
-                and (ended or len(skipped) > given_at)  # tests ran to their limit since the last timeout
+                and (ended or len(skipped) > given_at)  # tests left out (ran to their limit, died) since then
                 and spent < TIMEOUT_ROUNDS * timeout
             ):
                 allowed, given_at = spent + timeout, len(skipped) + len(ended)
