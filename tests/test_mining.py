@@ -954,6 +954,16 @@ TESTS_SPINNING = (
 )
 
 
+def _spin_fixed(root: Path, tests_at_fix: str) -> tuple[Path, str]:
+    """A repository whose spin() loops without end, and the commit (its sha) that fixes it with `tests_at_fix`."""
+    tests = "from calc import mul\nfrom spin import spin\n\n\ndef test_mul():\n    assert mul(2, 3) == 6\n"
+    repo = make_repo(root, {
+        "calc.py": CALC, "spin.py": SPIN, "tests/test_calc.py": tests, "pyproject.toml": PYPROJECT,
+    })  # fmt: skip
+    write_files(repo, {"spin.py": "def spin(n):\n    return n\n", "tests/test_calc.py": tests_at_fix})
+    return repo, commit_all(repo, "Fix spin() looping without end")
+
+
 @needs_bwrap
 def test_a_run_whose_tests_each_run_to_their_limit_goes_on_past_its_timeout(tmp_path: Path) -> None:
     """End to end (real sandbox, real pytest): at the task state three changed tests each loop until the per-test
@@ -962,12 +972,7 @@ def test_a_run_whose_tests_each_run_to_their_limit_goes_on_past_its_timeout(tmp_
     died: the fix is kept with the three in FAIL_TO_PASS and the test after them in PASS_TO_PASS. Before, the
     candidate was rejected ("tests timed out"), as dpath's "Fix bug with multiple stars in glob" was."""
 
-    tests = "from calc import mul\nfrom spin import spin\n\n\ndef test_mul():\n    assert mul(2, 3) == 6\n"
-    repo = make_repo(tmp_path / "repo", {
-        "calc.py": CALC, "spin.py": SPIN, "tests/test_calc.py": tests, "pyproject.toml": PYPROJECT,
-    })  # fmt: skip
-    write_files(repo, {"spin.py": "def spin(n):\n    return n\n", "tests/test_calc.py": TESTS_SPINNING})
-    commit_all(repo, "Fix spin() looping without end")
+    repo, _ = _spin_fixed(tmp_path / "repo", TESTS_SPINNING)
     task, _ = _mine_small(
         repo, tmp_path / "tasks.mining.json", "python -m pytest -q tests", per_test_timeout=2, test_timeout=5
     )
@@ -983,17 +988,12 @@ def test_a_test_its_alarm_cannot_stop_is_ended_by_the_watcher_and_the_run_goes_o
     again, recording a hard stop; the test failed, and the run goes on without it: the fix is kept with it in
     FAIL_TO_PASS, the test after it in PASS_TO_PASS, and the report names it."""
 
-    tests = "from calc import mul\nfrom spin import spin\n\n\ndef test_mul():\n    assert mul(2, 3) == 6\n"
     blocked = (
         "import signal\n\nfrom calc import mul\nfrom spin import spin\n\n\ndef test_blocked():\n"
         "    signal.signal(signal.SIGALRM, signal.SIG_IGN)\n    assert spin(1) == 1\n\n\n"
         "def test_mul():\n    assert mul(2, 3) == 6\n"
     )
-    repo = make_repo(tmp_path / "repo", {
-        "calc.py": CALC, "spin.py": SPIN, "tests/test_calc.py": tests, "pyproject.toml": PYPROJECT,
-    })  # fmt: skip
-    write_files(repo, {"spin.py": "def spin(n):\n    return n\n", "tests/test_calc.py": blocked})
-    sha = commit_all(repo, "Fix spin() looping without end")
+    repo, sha = _spin_fixed(tmp_path / "repo", blocked)
     task, report = _mine_small(
         repo, tmp_path / "tasks.mining.json", "python -m pytest -q tests", per_test_timeout=1
     )

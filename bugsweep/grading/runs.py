@@ -162,9 +162,8 @@ def run_tests(
             told.skip = list(skipped)
             again = _run_once(sandbox, test_command, allowed - spent, told, facts, env, exclusive=False)
             spent += again.duration_s
-            if culprit is not None:
-                again.tests_crashed = [*run.tests_crashed, run.probe.test_id(culprit)]
-            run = _merge_rerun(run, again, [run.probe.test_id(t) for t in ended], spent, said)
+            crashed = [run.probe.test_id(culprit)] if culprit is not None else []
+            run = _merge_rerun(run, again, [run.probe.test_id(t) for t in ended], crashed, spent, said)
         return run
     finally:
         if own_probe:
@@ -194,16 +193,19 @@ def crashed_in(run: TestRun) -> str | None:
     return report.running or (report.memory_heavy[-1] if report.memory_heavy else None)
 
 
-def _merge_rerun(first: TestRun, again: TestRun, left_out: list[str], spent: float, said: str) -> TestRun:
-    """The run again without `left_out` (test ids: those its process died in, or that ran on to their limit in a
-    run that then timed out): they fail, what both runs recorded is kept, and both logs with `said` between."""
+def _merge_rerun(
+    first: TestRun, again: TestRun, ended: list[str], crashed: list[str], spent: float, said: str
+) -> TestRun:
+    """The run again without the tests (ids) that ran on to their limit in a run that then timed out (`ended`) or
+    that its process died in (`crashed`): they fail, what both runs recorded is kept, and both logs with `said`
+    between."""
     again.duration_s = spent
-    again.tests_crashed = list(dict.fromkeys([*first.tests_crashed, *again.tests_crashed]))
+    again.tests_crashed = [*first.tests_crashed, *crashed]
     again.tests_timed_out = list(dict.fromkeys([*first.tests_timed_out, *again.tests_timed_out]))
     again.tests_out_of_memory = list(dict.fromkeys([*first.tests_out_of_memory, *again.tests_out_of_memory]))
     again.log = f"{first.log}\n{said}\n{again.log}"
     again.log_bytes += first.log_bytes
-    for test in dict.fromkeys([*again.tests_crashed, *left_out]):  # for the regrade's pair: never run again
+    for test in dict.fromkeys([*again.tests_crashed, *ended]):  # for the regrade's pair: never run again
         raw = first.probe.raw_ids.get(test, test)
         if raw in first.probe.code:
             again.probe.code[raw] = first.probe.code[raw]
@@ -211,7 +213,7 @@ def _merge_rerun(first: TestRun, again: TestRun, left_out: list[str], spent: flo
             again.probe.raw_ids[test] = raw
         again.probe.runner_of[test] = first.probe.runners[0]
     if again.tests is not None:
-        again.tests.update({t: "failed" for t in [*again.tests_crashed, *left_out]})
+        again.tests.update({t: "failed" for t in [*again.tests_crashed, *ended]})
     if again.exit_code in (0, PYTEST_NO_TESTS):
         again.exit_code = 1  # tests failed: those the process died in (and the runner may have had none left)
     return again

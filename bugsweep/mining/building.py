@@ -4,6 +4,7 @@ the TaskSpec."""
 from __future__ import annotations
 
 import configparser
+import functools
 import re
 import shlex
 import subprocess
@@ -167,16 +168,22 @@ def detect_commands(repo: Path, commit: str, test_files: Sequence[str]) -> Comma
       gives per-test results the grader reads), so the setup ends with `pip install pytest`.
     """
     names = set(_git(repo, "ls-tree", "-r", "--name-only", commit).split("\n"))
+
+    @functools.cache
+    def text(name: str) -> str:
+        """A file of the tree at `commit` ("" when it has none): each read once."""
+        return (_show(repo, commit, name) or "") if name in names else ""
+
     why: list[str] = []
     steps: list[str] = []
-    pyproject = _show(repo, commit, "pyproject.toml") if "pyproject.toml" in names else None
+    pyproject = text("pyproject.toml")
     extra, group = _pyproject_test_deps(pyproject) if pyproject else (None, [])
     if extra is None and "setup.cfg" in names:
-        extra = _setup_cfg_extra(_show(repo, commit, "setup.cfg") or "")
+        extra = _setup_cfg_extra(text("setup.cfg"))
     if extra is None and "tox.ini" in names:
-        extra = _tox_extra(_show(repo, commit, "tox.ini") or "")
+        extra = _tox_extra(text("tox.ini"))
     if extra is None and "setup.py" in names:
-        setup_py = _show(repo, commit, "setup.py") or ""
+        setup_py = text("setup.py")
         found = _SETUP_PY_EXTRA.search(setup_py) if "extras_require" in setup_py else None
         extra = found[1] if found else None
     installable = "setup.py" in names or bool(
@@ -197,15 +204,11 @@ def detect_commands(repo: Path, commit: str, test_files: Sequence[str]) -> Comma
         steps.append("pip install " + " ".join(shlex.quote(r) for r in group))
         why.append("the test dependency group in pyproject.toml")
         pinned = "\n".join(group)
-    elif "tox.ini" in names and (deps := _tox_deps(_show(repo, commit, "tox.ini") or "")):
+    elif "tox.ini" in names and (deps := _tox_deps(text("tox.ini"))):
         steps.append("pip install " + " ".join(shlex.quote(r) for r in deps))
         why.append("tox.ini [testenv] deps")
         pinned = "\n".join(deps)
-    metadata = "\n".join(
-        _show(repo, commit, name) or ""
-        for name in ("setup.py", "setup.cfg", "pyproject.toml")
-        if name in names
-    )
+    metadata = "\n".join(text(name) for name in ("setup.py", "setup.cfg", "pyproject.toml"))
     if _CYTHON_3_BREAKS.search(pinned) or _CYTHON_3_BREAKS.search(re.sub(r"[\"',\[\]]", "\n", metadata)):
         steps.insert(
             0,
