@@ -1053,6 +1053,48 @@ def test_a_mark_the_project_never_registered_is_not_an_error_of_its_tests(tmp_pa
     assert task.test_command.endswith(" -W ignore::pytest.PytestUnknownMarkWarning")
 
 
+@needs_bwrap
+def test_a_pin_the_package_index_does_not_have_is_relaxed_to_its_nearest_releases(tmp_path: Path) -> None:
+    """End to end (real sandbox, the real package index): the test requirements pin a version never published
+    (deepdiff's 2025 requirements-dev.txt pinned types-setuptools==75.8.0), so their install fails. The pin is
+    relaxed to the releases of its major version from there on, the fix is kept, and its task's setup does the
+    same; a pin with no release of its major version from there on stays a setup failure."""
+    from bugsweep.sandbox import get_provider
+
+    repo = make_repo(tmp_path / "repo", {
+        "calc.py": CALC, "tests/test_calc.py": TEST_MUL, "pyproject.toml": PYPROJECT,
+        "requirements-test.txt": "packaging==24.1.99\n",  # 24.2 is the release after it
+    })  # fmt: skip
+    add_test = "from calc import add\n\n\ndef test_add():\n    assert add(2, 3) == 5\n"
+    write_files(repo, {"calc.py": CALC.replace("a - b", "a + b"), "tests/test_add.py": add_test})
+    commit_all(repo, "Fix add() returning the difference")
+    fixed = git(repo, "rev-parse", "HEAD").strip()
+    result = mine(str(repo), provider=get_provider("local"), runs=1, older_python=False)
+
+    (task,) = result.tasks
+    assert task.fix_commit == fixed and task.FAIL_TO_PASS == ["tests/test_add.py::test_add"]
+    assert task.setup_command is not None
+    assert task.setup_command.startswith(
+        "printf 'packaging>=24.1.99,<25\\n' > /tmp/bugsweep-overrides.txt && "
+    )
+    assert task.setup_command.endswith("pip install -r requirements-test.txt && pip install pytest")
+
+    write_files(repo, {"requirements-test.txt": "packaging==99.0.1\n"})
+    commit_all(repo, "Pin packaging")
+    div_test = "from calc import div\n\n\ndef test_div():\n    assert div(7, 2) == 3\n"
+    write_files(
+        repo,
+        {"calc.py": CALC.replace("a - b", "a + b").replace("a / b", "a // b"), "tests/test_div.py": div_test},
+    )
+    commit_all(repo, "Fix div() returning a float")
+    unmet = git(repo, "rev-parse", "HEAD").strip()
+    later = mine(str(repo), provider=get_provider("local"), runs=1, older_python=False, exclude=fixed)
+    assert later.tasks == []
+    (rejected,) = [r for r in later.rejected if r.commit == unmet]  # "Pin packaging" changes no test
+    assert rejected.reason == RejectReason.SETUP_FAILED
+    assert "packaging==99.0.1" in rejected.detail
+
+
 def test_the_python_a_commit_names_decides_whether_an_older_one_is_tried(tmp_path: Path) -> None:
     """The Python versions a commit names (classifiers in setup.py, setup.cfg or pyproject.toml; tox's envlist,
     braces included) and, naming none, its date: a commit that names the running Python, or came after it, gets no

@@ -120,6 +120,33 @@ _CYTHON_3_BREAKS = re.compile(
 )
 #: Where the setup writes the build constraints it sets (the sandbox's own /tmp).
 BUILD_CONSTRAINTS = "/tmp/bugsweep-build-constraints.txt"
+#: A pinned version the package index does not have (never published, or none for this Python): pip's last line
+#: and uv's resolver message (deepdiff's 2025 requirements-dev.txt pins types-setuptools==75.8.0, never on PyPI).
+_UNAVAILABLE_PIN = re.compile(
+    r"(?:No matching distribution found for|there is no version of) "
+    r"([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[A-Za-z0-9,._-]*\])?==(\d+(?:\.[0-9A-Za-z]+)*)\b"
+)
+#: Where a setup whose pins were relaxed writes uv's overrides (the sandbox's own /tmp).
+OVERRIDES = "/tmp/bugsweep-overrides.txt"
+
+
+def unavailable_pins(setup_output: str) -> list[str]:
+    """The pins (NAME==VERSION) a failed setup's output says the package index has no distribution for."""
+    return sorted({f"{name}=={version}" for name, version in _UNAVAILABLE_PIN.findall(setup_output)})
+
+
+def relax_pins(setup: str, pins: Sequence[str]) -> str:
+    """`setup` with each pin the index does not have (NAME==V) replaced by the releases of V's major version from V
+    on, the nearest the index has to what was meant (types-setuptools==75.8.0 -> >=75.8.0,<76), as overrides of
+    `uv pip install` (UV_OVERRIDE: they replace the project's own requirement on that name)."""
+    lines = []
+    for pin in pins:
+        name, _, version = pin.partition("==")
+        lines.append(f"{name}>={version},<{int(version.split('.')[0]) + 1}")
+    body = "\\n".join(lines)  # printf's newlines: names and versions hold no quote, backslash or %
+    return f"printf '{body}\\n' > {OVERRIDES} && export UV_OVERRIDE={OVERRIDES} && {setup}"
+
+
 _INCLUDE = re.compile(r"^\s*(-r|-c|--requirement|--constraint)[\s=]*(\S+)", re.M)
 
 

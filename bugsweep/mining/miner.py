@@ -8,7 +8,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
 
 from bugsweep.errors import ConfigError, Terminated
-from bugsweep.mining.building import build_task
+from bugsweep.mining.building import build_task, relax_pins
 from bugsweep.mining.history import list_history, local_clone, repo_name, scan_history
 from bugsweep.mining.records import (
     Commit,
@@ -150,6 +150,8 @@ def mine(
         spec.FAIL_TO_FAIL = verdict.fail_to_fail
         if verdict.allowed_warnings:
             spec.test_command = allow_warnings(spec.test_command, verdict.allowed_warnings)
+        if verdict.relaxed and spec.setup_command:
+            spec.setup_command = relax_pins(spec.setup_command, verdict.relaxed)
         if verdict.ignored:
             spec.test_command = ignore(spec.test_command, verdict.ignored)
         if verdict.deselect:
@@ -175,6 +177,8 @@ def mine(
             note += f", on {verdict.python} (its environment failed on this Python)"
         if verdict.allowed_warnings:
             note += f", pytest's {', '.join(verdict.allowed_warnings)} not an error"
+        if verdict.relaxed:
+            note += f", pins the package index does not have relaxed ({', '.join(verdict.relaxed)})"
         if verdict.ignored:
             note += f", {len(verdict.ignored)} other test module(s) that do not import ignored"
         if verdict.fail_to_fail:

@@ -10,6 +10,7 @@ from typing import Any
 
 from bugsweep.errors import BugsweepError, ConfigError, SetupFailed
 from bugsweep.grading.runs import TestRun, missing_module, run_tests, why_cannot_run
+from bugsweep.mining.building import relax_pins, unavailable_pins
 from bugsweep.mining.interpreters import older_python
 from bugsweep.mining.records import Commit, RejectReason
 from bugsweep.mining.verdict import (
@@ -209,7 +210,7 @@ def validate_on_its_python(
     failed, the tests could not run or failed at the fix), `validate` again on the older interpreter of this machine
     that `older_python` picks: kept there, the verdict names it (`python`). Only with the local sandbox (a Runtime
     sandbox's interpreters are the image's)."""
-    command = spec.test_command  # as given: `validate` may add --ignore for modules that do not import here
+    command, setup = spec.test_command, spec.setup_command  # as given: `validate` may add to both
     verdict = validate(spec, provider, **options)
     if not older or verdict.reason not in ENVIRONMENT_FAILURES or spec.python or provider.name != "local":
         return verdict
@@ -218,7 +219,9 @@ def validate_on_its_python(
         return verdict
     try:
         again = validate(
-            spec.model_copy(update={"python": python, "test_command": command}), provider, **options
+            spec.model_copy(update={"python": python, "test_command": command, "setup_command": setup}),
+            provider,
+            **options,
         )
     except CommandNotFound as exc:  # its commands do not run there: the first verdict stands
         again = Verdict(RejectReason.TESTS_CANNOT_RUN, str(exc))
@@ -267,8 +270,20 @@ def _validate(
             environments=environments,
         )
 
+    setup, relaxed = spec.setup_command, list[str]()
     try:
-        before = state(spec, still_failing)
+        while True:
+            try:
+                before = state(spec, still_failing)
+                break
+            except SetupFailed as exc:
+                # a pin the package index does not have (never published, or none for this Python): relaxed to
+                # the nearest releases it has (bugsweep.mining.building.relax_pins), and the setup runs again
+                more = [pin for pin in unavailable_pins(str(exc)) if pin not in relaxed]
+                if not setup or not more or len(relaxed) >= 5:
+                    raise
+                relaxed += more
+                spec.setup_command = relax_pins(setup, relaxed)
         if warned := pytest_warnings_as_errors(before):
             # the project's `filterwarnings = error` made a warning of today's pytest a collection error (a mark
             # it never registered): ignored, and the runs start again
@@ -281,13 +296,13 @@ def _validate(
             spec.test_command = ignore(spec.test_command, ignored)
             before = state(spec, still_failing)
         verdict = judge(before, [])
-        verdict.ignored, verdict.allowed_warnings = ignored, warned
+        verdict.ignored, verdict.allowed_warnings, verdict.relaxed = ignored, warned, relaxed
         if not still_failing(before) or verdict.reason == RejectReason.TIMED_OUT:
             return verdict
         at_fix = spec.model_copy(update={"base_commit": spec.fix_commit, "test_patch": None})
         after = state(at_fix, lambda r: not r[-1].timed_out)
         verdict = judge(before, after, unrelated=ignored)
-        verdict.ignored, verdict.allowed_warnings = ignored, warned
+        verdict.ignored, verdict.allowed_warnings, verdict.relaxed = ignored, warned, relaxed
         return verdict
     except (CommandNotFound, MiningStopped):
         raise

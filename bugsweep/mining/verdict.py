@@ -58,6 +58,9 @@ class Verdict:
     allowed_warnings: list[str] = field(default_factory=list)
     """pytest's own warning categories that the project's `filterwarnings = error` made collection errors at the
     task state (an unregistered mark, which pytest 4.5 began to warn of): the task's command ignores them (`-W`)."""
+    relaxed: list[str] = field(default_factory=list)
+    """Pins (NAME==VERSION) of the setup that the package index has no distribution for, relaxed to the releases of
+    their major version from there on (bugsweep.mining.building.relax_pins): the task's setup does the same."""
     crashed: list[str] = field(default_factory=list)
     """Tests whose process died while they ran, in any run (normalised ids): failed there, and the rest of that run
     ran again without them (bugsweep.grading.runs.run_tests)."""
