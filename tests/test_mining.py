@@ -325,6 +325,14 @@ def test_detected_commands_for_common_layouts(tmp_path: Path) -> None:
     assert cmds.setup == (
         "pip install -e . && pip install -r requirements-test.txt && pip install 'pytest>=7.4,<9' 'py>=1.11'"
     )
+    # pytest plugins pinned beside that pytest are releases made for it (hyperlink 2017: pytest-cov==2.3.0, whose
+    # options today's pytest cannot parse): newer releases of them are installed with pytest 7.4-8
+    pins = "pytest==2.9.2\npytest-cov==2.3.0\npytest-xdist<1.20\ntox==2.6.0\n"
+    write_files(py_path, {"requirements-test.txt": pins})
+    cmds = detect_commands(py_path, commit_all(py_path, "old plugin pins"), ["tests/test_p.py"])
+    assert cmds.setup is not None and cmds.setup.endswith(
+        "pip install 'pytest>=7.4,<9' 'py>=1.11' 'pytest-cov>2.3.0' 'pytest-xdist>=1.20'"
+    )
 
     # a PyYAML older than 6.0.1 pinned through an included requirements file (deepdiff 2022: requirements-dev.txt
     # -> -r requirements-cli.txt -> pyyaml==5.4.1), whose source does not build with Cython 3: Cython < 3 for builds
@@ -1093,6 +1101,31 @@ def test_a_pin_the_package_index_does_not_have_is_relaxed_to_its_nearest_release
     (rejected,) = [r for r in later.rejected if r.commit == unmet]  # "Pin packaging" changes no test
     assert rejected.reason == RejectReason.SETUP_FAILED
     assert "packaging==99.0.1" in rejected.detail
+
+
+@needs_bwrap
+def test_a_plugin_pytest_refuses_to_load_is_disabled_and_the_fix_kept(tmp_path: Path) -> None:
+    """End to end (real sandbox, real pytest): the project installs a pytest plugin whose hook pytest refuses
+    (pytest-flake8's py.path argument, refused by pytest 9, stopped every run of schedule's 2021-2024 commits before
+    their first test). The plugin is disabled (`-p no:NAME`), the fix is kept, and the task's command says so."""
+    from bugsweep.sandbox import get_provider
+
+    pyproject = (
+        '[build-system]\nrequires = ["setuptools>=61"]\nbuild-backend = "setuptools.build_meta"\n\n'
+        '[project]\nname = "calc"\nversion = "1.0"\n\n[project.entry-points.pytest11]\ncalcplugin = "calcplugin"\n\n'
+        '[tool.setuptools]\npy-modules = ["calc", "calcplugin"]\n\n' + PYPROJECT
+    )
+    plugin = "def pytest_collect_file(file_path, parent, no_such_argument):\n    return None\n"
+    repo = make_repo(tmp_path / "repo", {
+        "calc.py": CALC, "calcplugin.py": plugin, "tests/test_calc.py": TEST_MUL, "pyproject.toml": pyproject,
+    })  # fmt: skip
+    add_test = "from calc import add\n\n\ndef test_add():\n    assert add(2, 3) == 5\n"
+    write_files(repo, {"calc.py": CALC.replace("a - b", "a + b"), "tests/test_add.py": add_test})
+    commit_all(repo, "Fix add() returning the difference")
+    result = mine(str(repo), provider=get_provider("local"), runs=1, older_python=False)
+    (task,) = result.tasks
+    assert task.FAIL_TO_PASS == ["tests/test_add.py::test_add"]
+    assert task.test_command.endswith(" -p no:calcplugin")
 
 
 def test_the_python_a_commit_names_decides_whether_an_older_one_is_tried(tmp_path: Path) -> None:

@@ -20,8 +20,10 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
 import io
 import json
+import re
 import shlex
 import tarfile
 from dataclasses import dataclass, field
@@ -200,6 +202,20 @@ class Instruction:
             separators=(",", ":"),
         )
         return MAGIC + body
+
+
+_DISABLED_PLUGIN = re.compile(r"(?:^|\s)-p\s*no:([A-Za-z0-9_.-]+)")
+
+
+def for_command(facts: EnvFacts, test_command: str) -> EnvFacts:
+    """`facts` without the plugins the test command disables (`-p no:NAME`, which pytest also reads as
+    `pytest_NAME`): graded runs load the others by name, before the command's own options, so a plugin today's
+    pytest refuses (a mined task's command disables it) would stop every run."""
+    disabled = set(_DISABLED_PLUGIN.findall(test_command))
+    if not disabled:
+        return facts
+    disabled |= {f"pytest_{name}" for name in disabled}
+    return dataclasses.replace(facts, plugins=tuple(p for p in facts.plugins if p not in disabled))
 
 
 def graded_env(facts: EnvFacts, *, extra: dict[str, str] | None = None) -> dict[str, str]:

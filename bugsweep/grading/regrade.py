@@ -103,7 +103,7 @@ def regrade_change(
             mirror_at = secrets.randbelow(
                 2
             )  # which of the two is the mirror: nothing else differs between them
-            env = _pair_env(facts)
+            env = _pair_env(harness.for_command(facts, spec.test_command))
             inject = plan.inject_instruction()
             for name, sandbox in (("real", pair[1 - mirror_at]), ("mirror", pair[mirror_at])):
                 told = harness.Instruction(

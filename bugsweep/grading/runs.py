@@ -117,11 +117,12 @@ def run_tests(
     own_probe = facts is None
     if facts is None:
         facts = harness.install_probe(sandbox)
+    loaded = harness.for_command(facts, test_command)
     try:
         told = instruction or harness.Instruction()
         told.limit = float(per_test_timeout or 0)
         told.memory = sandbox_memory_bound(sandbox) if memory_bound is None else memory_bound
-        run = _run_once(sandbox, test_command, timeout, told, facts, env, exclusive=instruction is not None)
+        run = _run_once(sandbox, test_command, timeout, told, loaded, env, exclusive=instruction is not None)
         if instruction is not None:
             return run  # the regrade's pair is judged as it ran: a run that died half way fails closed
         # A test process that died half way (a test that would not stop at its limit, or was killed for its
@@ -160,7 +161,7 @@ def run_tests(
                 break
             skipped += [*ended, *([culprit] if culprit else [])]
             told.skip = list(skipped)
-            again = _run_once(sandbox, test_command, allowed - spent, told, facts, env, exclusive=False)
+            again = _run_once(sandbox, test_command, allowed - spent, told, loaded, env, exclusive=False)
             spent += again.duration_s
             crashed = [run.probe.test_id(culprit)] if culprit is not None else []
             run = _merge_rerun(run, again, [run.probe.test_id(t) for t in ended], crashed, spent, said)

@@ -105,6 +105,22 @@ _OLD_PYTEST_PIN = re.compile(
     r"^\s*(pytest\s*(==|<=|<|~=)\s*[0-6]\.|py\s*(==|<=|<|~=)\s*1\.([0-9]|10)\b)", re.M | re.I
 )
 
+#: A pytest plugin pinned by a requirement line (its name, the operator, the version): pinned beside an old pytest,
+#: it is a release made for that pytest (hyperlink's 2017 requirements-test.txt: pytest==2.9.2, pytest-cov==2.3.0,
+#: whose `type='int'` options today's pytest cannot parse).
+_PINNED_PLUGIN = re.compile(r"^\s*(pytest-[A-Za-z0-9_.-]+)\s*(==|<=|<|~=)\s*([\w.*]+)", re.M | re.I)
+
+
+def _newer_plugins(pinned: str) -> list[str]:
+    """Requirements for the pytest plugins `pinned` pins, for a release after what the pin allows (uv and pip take
+    the newest that fits the pytest installed with them)."""
+    newer = []
+    for name, op, version in _PINNED_PLUGIN.findall(pinned):
+        version = version.removesuffix(".*")
+        newer.append(f"{name}{'>=' if op == '<' else '>'}{version}")
+    return newer
+
+
 #: A pytest hook that takes a py.path argument (`path`, `startdir`): deprecated in pytest 7, an error in pytest 9,
 #: which refuses to load it (boltons' 2020-2021 conftest.py: every test run an error).
 _PY_PATH_HOOK = (
@@ -246,9 +262,11 @@ def detect_commands(repo: Path, commit: str, test_files: Sequence[str]) -> Comma
             "a PyYAML older than 6.0.1 is pinned, whose source does not build with Cython 3: Cython < 3 for builds"
         )
     if _OLD_PYTEST_PIN.search(pinned):
-        steps.append("pip install 'pytest>=7.4,<9' 'py>=1.11'")
+        plugins = _newer_plugins(pinned)
+        steps.append("pip install 'pytest>=7.4,<9' 'py>=1.11'" + "".join(f" '{p}'" for p in plugins))
         why.append(
             "the test requirements pin a pytest (or py) that does not run on today's Python: pytest 7.4-8"
+            + (", and newer releases of the pytest plugins pinned with it" if plugins else "")
         )
     elif _tree_matches(repo, commit, _PY_PATH_HOOK):
         steps.append("pip install 'pytest<9'")

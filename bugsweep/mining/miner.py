@@ -21,7 +21,7 @@ from bugsweep.mining.records import (
 )
 from bugsweep.mining.screening import screen
 from bugsweep.mining.validation import Stopper, validate_on_its_python
-from bugsweep.mining.verdict import Verdict, allow_warnings, deselect, ignore
+from bugsweep.mining.verdict import Verdict, allow_warnings, deselect, disable_plugins, ignore
 from bugsweep.runconfig import AgentLimits
 from bugsweep.sandbox.base import SandboxProvider
 from bugsweep.spec import TaskSpec, dump_tasks
@@ -148,6 +148,8 @@ def mine(
         spec.FAIL_TO_PASS = verdict.fail_to_pass
         spec.PASS_TO_PASS = verdict.pass_to_pass
         spec.FAIL_TO_FAIL = verdict.fail_to_fail
+        if verdict.disabled_plugins:
+            spec.test_command = disable_plugins(spec.test_command, verdict.disabled_plugins)
         if verdict.allowed_warnings:
             spec.test_command = allow_warnings(spec.test_command, verdict.allowed_warnings)
         if verdict.relaxed and spec.setup_command:
@@ -175,6 +177,8 @@ def mine(
         note = f"{len(verdict.fail_to_pass)} fail->pass, {len(verdict.pass_to_pass)} pass->pass"
         if verdict.python:
             note += f", on {verdict.python} (its environment failed on this Python)"
+        if verdict.disabled_plugins:
+            note += f", pytest plugin(s) today's pytest will not load disabled ({', '.join(verdict.disabled_plugins)})"
         if verdict.allowed_warnings:
             note += f", pytest's {', '.join(verdict.allowed_warnings)} not an error"
         if verdict.relaxed:

@@ -20,9 +20,11 @@ from bugsweep.mining.verdict import (
     _outcomes,
     _stable,
     allow_warnings,
+    disable_plugins,
     ignore,
     judge,
     pytest_warnings_as_errors,
+    refused_plugins,
 )
 from bugsweep.sandbox.base import Sandbox, SandboxProvider
 from bugsweep.spec import TaskSpec
@@ -284,6 +286,11 @@ def _validate(
                     raise
                 relaxed += more
                 spec.setup_command = relax_pins(setup, relaxed)
+        if refused := refused_plugins(before):
+            # a plugin the setup installed that today's pytest will not load stopped every run at start-up: it is
+            # not loaded, and the runs start again
+            spec.test_command = disable_plugins(spec.test_command, refused)
+            before = state(spec, still_failing)
         if warned := pytest_warnings_as_errors(before):
             # the project's `filterwarnings = error` made a warning of today's pytest a collection error (a mark
             # it never registered): ignored, and the runs start again
@@ -297,12 +304,14 @@ def _validate(
             before = state(spec, still_failing)
         verdict = judge(before, [])
         verdict.ignored, verdict.allowed_warnings, verdict.relaxed = ignored, warned, relaxed
+        verdict.disabled_plugins = refused
         if not still_failing(before) or verdict.reason == RejectReason.TIMED_OUT:
             return verdict
         at_fix = spec.model_copy(update={"base_commit": spec.fix_commit, "test_patch": None})
         after = state(at_fix, lambda r: not r[-1].timed_out)
         verdict = judge(before, after, unrelated=ignored)
         verdict.ignored, verdict.allowed_warnings, verdict.relaxed = ignored, warned, relaxed
+        verdict.disabled_plugins = refused
         return verdict
     except (CommandNotFound, MiningStopped):
         raise

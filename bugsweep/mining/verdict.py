@@ -61,6 +61,9 @@ class Verdict:
     relaxed: list[str] = field(default_factory=list)
     """Pins (NAME==VERSION) of the setup that the package index has no distribution for, relaxed to the releases of
     their major version from there on (bugsweep.mining.building.relax_pins): the task's setup does the same."""
+    disabled_plugins: list[str] = field(default_factory=list)
+    """Installed pytest plugins that today's pytest refused to load at the task state, stopping every run before
+    its first test (pytest-flake8's py.path hook, refused by pytest 9): the task's command disables them (`-p no:`)."""
     crashed: list[str] = field(default_factory=list)
     """Tests whose process died while they ran, in any run (normalised ids): failed there, and the rest of that run
     ran again without them (bugsweep.grading.runs.run_tests)."""
@@ -339,6 +342,24 @@ def pytest_warnings_as_errors(runs: Sequence[TestRun]) -> list[str]:
         m for run in runs if "ERROR collecting" in run.log for m in _PYTEST_WARNING_ERROR.findall(run.log)
     }
     return sorted(found)
+
+
+#: A plugin that today's pytest refuses to load, which stops every run before its first test: "Plugin 'flake8'
+#: for hook 'pytest_collect_file' ... Argument(s) {'path'} are declared in the hookimpl but can not be found in the
+#: hookspec" (pytest-flake8 with pytest 9, which lost schedule's 2021-2024 fixes).
+_REFUSED_PLUGIN = re.compile(r"PluginValidationError: Plugin '([A-Za-z0-9_.-]+)' for hook")
+
+
+def refused_plugins(runs: Sequence[TestRun]) -> list[str]:
+    """The installed pytest plugins that pytest refused to load in a run with no test result (it stopped at
+    start-up): about the environment mining made, not about the commit's code."""
+    found = {m for run in runs if not run.tests for m in _REFUSED_PLUGIN.findall(run.log)}
+    return sorted(found)
+
+
+def disable_plugins(test_command: str, plugins: Sequence[str]) -> str:
+    """The pytest command with these plugins not loaded (`-p no:NAME`)."""
+    return test_command + "".join(f" -p no:{plugin}" for plugin in plugins)
 
 
 def allow_warnings(test_command: str, categories: Sequence[str]) -> str:
