@@ -590,6 +590,31 @@ def test_an_issue_reference_is_no_bug(tmp_path: Path, message: str, detail: str)
     assert isinstance(result, Rejection) and result.detail == detail
 
 
+def test_a_subject_fixing_only_an_issue_with_a_features_change_is_a_feature(tmp_path: Path) -> None:
+    """hyperlink's "add value kwarg to filter for specific query parameters to remove, fixes #40": the subject's only
+    fix word names the issue that asked for the feature, and the change and its tests are a feature's. A subject
+    whose only fix word is an issue reference still passes where the change reads otherwise (wtforms' "NumberRange
+    can handle NaN. Fixes #505")."""
+    repo = numbers_repo(tmp_path / "repo")
+    start = {
+        "numbers_.py": NUMBERS.replace("def total(values):\n    return sum(values)",
+                                       "def total(values, start=0):\n    return sum(values, start)"),
+        "tests/test_numbers.py": TEST_NUMBERS + "\n\ndef test_start():\n    assert total([1], start=2) == 3\n",
+    }  # fmt: skip
+    result = screened(repo, start, "Bring total() in line with sum(), fixes #40")
+    assert isinstance(result, Rejection)
+    assert result.detail == (
+        "a feature: it adds new public names (total(start)) and its tests (test_start) assert nothing about code "
+        "that existed before; the subject's 'fixes' names the issue that asked for it"
+    )
+    skip_none = NUMBERS.replace("return sum(values)", "return sum(v for v in values if v is not None)")
+    tests = TEST_NUMBERS + "\n\ndef test_total_none():\n    assert total([1, None]) == 1\n"
+    kept = screened(
+        repo, {"numbers_.py": skip_none, "tests/test_numbers.py": tests}, "total() can skip None. Fixes #41"
+    )
+    assert isinstance(kept, Screened) and kept.why_fix == "the subject says 'Fixes'"
+
+
 def test_changelog_sections_and_merge_the_verb_are_read(tmp_path: Path) -> None:
     """python-semver's "Deprecate max_ver and min_ver" added "* :gh:`160`: ..." under an rST "Deprecations" heading
     (and "Fix bad doc link" to its body); an entry under Markdown's "### Fixed" is a fix whatever its first word;

@@ -465,6 +465,15 @@ def read_commit(message: str, subject: str | None = None, shape: ChangeShape | N
     if conventional_fix:
         return decide(True, "a 'fix' commit", Rule.SUBJECT_FIX_WORD)
     if strong := _fix_word(rest, known, weak=False):
+        if (
+            known is not None
+            and not _fix_word(rest, known, weak=False, references=False)
+            and (feature := feature_shape(known))
+        ):
+            # "add value kwarg to filter ..., fixes #40": the issue that asked for the feature, and the change
+            # and its tests are a feature's
+            return decide(False, f"a feature: {feature}; the subject's {strong!r} names the issue that asked for it",
+                          Rule.FEATURE_SHAPE)  # fmt: skip
         return decide(True, f"the subject says {strong!r}", Rule.SUBJECT_FIX_WORD)
     if known is not None and (feature := feature_shape(known)):
         return decide(False, f"a feature or refactor: {feature}", Rule.FEATURE_SHAPE)
