@@ -1128,6 +1128,30 @@ def test_a_plugin_pytest_refuses_to_load_is_disabled_and_the_fix_kept(tmp_path: 
     assert task.test_command.endswith(" -p no:calcplugin")
 
 
+@needs_bwrap
+def test_a_pytest_warning_that_stops_pytest_at_its_start_is_not_an_error_of_its_tests(tmp_path: Path) -> None:
+    """End to end (real sandbox, real pytest): the project makes warnings errors (`filterwarnings = error`) and its
+    conftest.py has a hook taking py.path's `path`, which pytest 8 warns of when it loads the conftest, so every run
+    stops before its first test (typeguard's 2022-2025 commits). That warning is about the pytest mining installed:
+    the task's command ignores it, and the fix is kept."""
+    from bugsweep.sandbox import get_provider
+
+    ini = PYPROJECT + 'filterwarnings = ["error"]\n'
+    conftest = "def pytest_ignore_collect(path, config):\n    return None\n"
+    repo = make_repo(tmp_path / "repo", {
+        "calc.py": CALC, "tests/test_calc.py": TEST_MUL, "pyproject.toml": ini, "tests/conftest.py": conftest,
+    })  # fmt: skip
+    add_test = "from calc import add\n\n\ndef test_add():\n    assert add(2, 3) == 5\n"
+    write_files(repo, {"calc.py": CALC.replace("a - b", "a + b"), "tests/test_add.py": add_test})
+    commit_all(repo, "Fix add() returning the difference")
+    result = mine(
+        str(repo), provider=get_provider("local"), runs=1, setup_command="pip install 'pytest>=8,<9'"
+    )
+    (task,) = result.tasks
+    assert task.FAIL_TO_PASS == ["tests/test_add.py::test_add"]
+    assert task.test_command.endswith(" -W ignore::pytest.PytestRemovedIn9Warning")
+
+
 def test_the_python_a_commit_names_decides_whether_an_older_one_is_tried(tmp_path: Path) -> None:
     """The Python versions a commit names (classifiers in setup.py, setup.cfg or pyproject.toml; tox's envlist,
     braces included) and, naming none, its date: a commit that names the running Python, or came after it, gets no

@@ -333,14 +333,20 @@ def ignore(test_command: str, paths: Sequence[str]) -> str:
 #: A warning of pytest's own that the project's `filterwarnings = error` made a collection error: "E   pytest.
 #: PytestUnknownMarkWarning: Unknown pytest.mark.tzoffset" (marks needed no registering before pytest 4.5).
 _PYTEST_WARNING_ERROR = re.compile(r"^E\s+pytest\.(Pytest\w*Warning)\b", re.M)
+#: The same stopping pytest at start-up, before any test, as the last line of its traceback: "pytest.
+#: PytestRemovedIn9Warning: The (path: py.path.local) argument is deprecated" for a conftest.py hook (typeguard's
+#: 2022-2025 commits, with pytest 8).
+_PYTEST_WARNING_AT_START = re.compile(r"^pytest\.(Pytest\w*Warning): ", re.M)
 
 
 def pytest_warnings_as_errors(runs: Sequence[TestRun]) -> list[str]:
-    """pytest's own warning categories that stopped a module's collection in a run (as errors, by the project's
-    `filterwarnings = error`): about the pytest mining installed, newer than the commit's, not about its code."""
+    """pytest's own warning categories that stopped a module's collection in a run, or pytest's start in a run with
+    no test result (as errors, by the project's `filterwarnings = error`): about the pytest mining installed, newer
+    than the commit's, not about its code."""
     found = {
         m for run in runs if "ERROR collecting" in run.log for m in _PYTEST_WARNING_ERROR.findall(run.log)
     }
+    found |= {m for run in runs if not run.tests for m in _PYTEST_WARNING_AT_START.findall(run.log)}
     return sorted(found)
 
 
