@@ -1040,6 +1040,15 @@ def test_a_unittest_test_whose_process_dies_fails_and_the_run_goes_on(tmp_path: 
     assert report["crashed"] == {sha: ["tests.test_calc.T.test_add"]}
 
 
+TEST_ADD = "from calc import add\n\n\ndef test_add():\n    assert add(2, 3) == 5\n"
+
+
+def commit_add_fix(repo: Path, test: str = TEST_ADD) -> str:
+    """Commit the fix of add() (it returned the difference) with its new test module tests/test_add.py: its sha."""
+    write_files(repo, {"calc.py": CALC.replace("a - b", "a + b"), "tests/test_add.py": test})
+    return commit_all(repo, "Fix add() returning the difference").strip()
+
+
 @needs_bwrap
 def test_a_mark_the_project_never_registered_is_not_an_error_of_its_tests(tmp_path: Path) -> None:
     """End to end (real sandbox, today's pytest): the project makes warnings errors (`filterwarnings = error`, as
@@ -1053,8 +1062,7 @@ def test_a_mark_the_project_never_registered_is_not_an_error_of_its_tests(tmp_pa
     repo = make_repo(
         tmp_path / "repo", {"calc.py": CALC, "tests/test_calc.py": TEST_MUL, "pyproject.toml": ini}
     )
-    write_files(repo, {"calc.py": CALC.replace("a - b", "a + b"), "tests/test_add.py": marked})
-    commit_all(repo, "Fix add() returning the difference")
+    commit_add_fix(repo, marked)
     result = mine(str(repo), provider=get_provider("local"), runs=1, setup_command="pip install pytest")
     (task,) = result.tasks
     assert task.FAIL_TO_PASS == ["tests/test_add.py::test_add"]
@@ -1073,10 +1081,7 @@ def test_a_pin_the_package_index_does_not_have_is_relaxed_to_its_nearest_release
         "calc.py": CALC, "tests/test_calc.py": TEST_MUL, "pyproject.toml": PYPROJECT,
         "requirements-test.txt": "packaging==24.1.99\n",  # 24.2 is the release after it
     })  # fmt: skip
-    add_test = "from calc import add\n\n\ndef test_add():\n    assert add(2, 3) == 5\n"
-    write_files(repo, {"calc.py": CALC.replace("a - b", "a + b"), "tests/test_add.py": add_test})
-    commit_all(repo, "Fix add() returning the difference")
-    fixed = git(repo, "rev-parse", "HEAD").strip()
+    fixed = commit_add_fix(repo)
     result = mine(str(repo), provider=get_provider("local"), runs=1, older_python=False)
 
     (task,) = result.tasks
@@ -1119,9 +1124,7 @@ def test_a_plugin_pytest_refuses_to_load_is_disabled_and_the_fix_kept(tmp_path: 
     repo = make_repo(tmp_path / "repo", {
         "calc.py": CALC, "calcplugin.py": plugin, "tests/test_calc.py": TEST_MUL, "pyproject.toml": pyproject,
     })  # fmt: skip
-    add_test = "from calc import add\n\n\ndef test_add():\n    assert add(2, 3) == 5\n"
-    write_files(repo, {"calc.py": CALC.replace("a - b", "a + b"), "tests/test_add.py": add_test})
-    commit_all(repo, "Fix add() returning the difference")
+    commit_add_fix(repo)
     result = mine(str(repo), provider=get_provider("local"), runs=1, older_python=False)
     (task,) = result.tasks
     assert task.FAIL_TO_PASS == ["tests/test_add.py::test_add"]
@@ -1141,9 +1144,7 @@ def test_a_pytest_warning_that_stops_pytest_at_its_start_is_not_an_error_of_its_
     repo = make_repo(tmp_path / "repo", {
         "calc.py": CALC, "tests/test_calc.py": TEST_MUL, "pyproject.toml": ini, "tests/conftest.py": conftest,
     })  # fmt: skip
-    add_test = "from calc import add\n\n\ndef test_add():\n    assert add(2, 3) == 5\n"
-    write_files(repo, {"calc.py": CALC.replace("a - b", "a + b"), "tests/test_add.py": add_test})
-    commit_all(repo, "Fix add() returning the difference")
+    commit_add_fix(repo)
     result = mine(
         str(repo), provider=get_provider("local"), runs=1, setup_command="pip install 'pytest>=8,<9'"
     )

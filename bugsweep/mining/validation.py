@@ -273,6 +273,13 @@ def _validate(
         )
 
     setup, relaxed = spec.setup_command, list[str]()
+
+    def noted(verdict: Verdict) -> Verdict:
+        """The verdict with what the runs below changed in the task's commands (the task does the same)."""
+        verdict.ignored, verdict.allowed_warnings, verdict.relaxed = ignored, warned, relaxed
+        verdict.disabled_plugins = refused
+        return verdict
+
     try:
         while True:
             try:
@@ -302,17 +309,12 @@ def _validate(
             # both states, and the runs start again
             spec.test_command = ignore(spec.test_command, ignored)
             before = state(spec, still_failing)
-        verdict = judge(before, [])
-        verdict.ignored, verdict.allowed_warnings, verdict.relaxed = ignored, warned, relaxed
-        verdict.disabled_plugins = refused
+        verdict = noted(judge(before, []))
         if not still_failing(before) or verdict.reason == RejectReason.TIMED_OUT:
             return verdict
         at_fix = spec.model_copy(update={"base_commit": spec.fix_commit, "test_patch": None})
         after = state(at_fix, lambda r: not r[-1].timed_out)
-        verdict = judge(before, after, unrelated=ignored)
-        verdict.ignored, verdict.allowed_warnings, verdict.relaxed = ignored, warned, relaxed
-        verdict.disabled_plugins = refused
-        return verdict
+        return noted(judge(before, after, unrelated=ignored))
     except (CommandNotFound, MiningStopped):
         raise
     except CannotRun as exc:
