@@ -334,6 +334,21 @@ def test_detected_commands_for_common_layouts(tmp_path: Path) -> None:
         "pip install 'pytest>=7.4,<9' 'py>=1.11' 'pytest-cov>2.3.0' 'pytest-xdist>=1.20'"
     )
 
+    # tests using the py library beyond pytest's stand-in for it (six 2013-2019: `import py` and `py.test.raises`):
+    # py 1.11, which pytest installed until 7.2; not for `py.test` in a comment or a file that does not import py
+    pylib, cmds = _detected(tmp_path / "pylib", {
+        "setup.py": "from setuptools import setup\nsetup(name='s')\n",
+        "test_s.py": "import py\n\ndef test_x():\n    py.test.raises(ZeroDivisionError, lambda: 1 / 0)\n",
+    }, ["test_s.py"])  # fmt: skip
+    assert cmds.setup == "pip install -e . && pip install 'py>=1.11' && pip install pytest"
+    assert "the code uses the py library (py.test, ...), which pytest installed until 7.2" in cmds.why
+    write_files(pylib, {
+        "test_s.py": "import py  # its path only\n\ndef test_x(tmpdir):\n    assert py.path.local(tmpdir)\n",
+        "conftest.py": "# run with py.test\n",
+    })  # fmt: skip
+    cmds = detect_commands(pylib, commit_all(pylib, "py.path only"), ["test_s.py"])
+    assert cmds.setup == "pip install -e . && pip install pytest"
+
     # a PyYAML older than 6.0.1 pinned through an included requirements file (deepdiff 2022: requirements-dev.txt
     # -> -r requirements-cli.txt -> pyyaml==5.4.1), whose source does not build with Cython 3: Cython < 3 for builds
     pinned, cmds = _detected(tmp_path / "old-yaml", {
@@ -1151,6 +1166,27 @@ def test_a_pytest_warning_that_stops_pytest_at_its_start_is_not_an_error_of_its_
     (task,) = result.tasks
     assert task.FAIL_TO_PASS == ["tests/test_add.py::test_add"]
     assert task.test_command.endswith(" -W ignore::pytest.PytestRemovedIn9Warning")
+
+
+@needs_bwrap
+def test_tests_written_for_the_py_library_pytest_once_installed_are_run_with_it(tmp_path: Path) -> None:
+    """End to end (real sandbox, real package index): the project's tests use `py.test.raises`, from the py library
+    that pytest installed until 7.2 (six's 2013-2019 test_six.py). With today's pytest alone every test module
+    fails to import ("module 'py' has no attribute 'test'"); the task's setup installs py 1.11, and the fix is kept."""
+    from bugsweep.sandbox import get_provider
+
+    raising = (
+        "import py\n\nfrom calc import add\n\n\ndef test_add():\n    assert add(2, 3) == 5\n"
+        "    py.test.raises(TypeError, add, 2)\n"
+    )
+    repo = make_repo(
+        tmp_path / "repo", {"calc.py": CALC, "tests/test_calc.py": TEST_MUL, "pyproject.toml": PYPROJECT}
+    )
+    commit_add_fix(repo, raising)
+    result = mine(str(repo), provider=get_provider("local"), runs=1, older_python=False)
+    (task,) = result.tasks
+    assert task.FAIL_TO_PASS == ["tests/test_add.py::test_add"]
+    assert task.setup_command == "pip install 'py>=1.11' && pip install pytest"
 
 
 def test_the_python_a_commit_names_decides_whether_an_older_one_is_tried(tmp_path: Path) -> None:

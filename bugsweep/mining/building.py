@@ -89,10 +89,13 @@ def _tox_extra(text: str) -> str | None:
 _SETUP_PY_EXTRA = re.compile(r"""["'](tests|test|testing)["']\s*:\s*\[""")
 
 
-def _tree_matches(repo: Path, commit: str, pattern: str) -> bool:
-    """Whether a line of a Python file of the tree at `commit` matches `pattern` (git grep -E: 0 found, 1 none)."""
+def _tree_matches(repo: Path, commit: str, *patterns: str) -> bool:
+    """Whether a Python file of the tree at `commit` has lines matching each of `patterns` (git grep -E --all-match:
+    0 found, 1 none)."""
+    each = [arg for pattern in patterns for arg in ("-e", pattern)]
     proc = subprocess.run(
-        ["git", "-C", str(repo), "grep", "-q", "-E", pattern, commit, "--", "*.py"], capture_output=True
+        ["git", "-C", str(repo), "grep", "-q", "-E", "--all-match", *each, commit, "--", "*.py"],
+        capture_output=True,
     )
     return proc.returncode == 0
 
@@ -104,6 +107,11 @@ _IMPORTS_PKG_RESOURCES = r"^\s*(import|from) pkg_resources"
 _OLD_PYTEST_PIN = re.compile(
     r"^\s*(pytest\s*(==|<=|<|~=)\s*[0-6]\.|py\s*(==|<=|<|~=)\s*1\.([0-9]|10)\b)", re.M | re.I
 )
+
+#: The pylib `py` imported and used for what pytest's stand-in for it lacks (py.test, py.std, py.builtin, ...):
+#: pytest depended on py until 7.2, and since then ships a `py` module with py.path and py.error only (six's
+#: 2013-2019 test_six.py: `py.test.raises`, "module 'py' has no attribute 'test'", every commit's tests unrunnable).
+_USES_PYLIB = (r"^\s*import py\s*(#.*)?$", r"\bpy\.(test|std|builtin|io|code|log|process|xml)\b")
 
 #: A pytest plugin pinned by a requirement line (its name, the operator, the version): pinned beside an old pytest,
 #: it is a release made for that pytest (hyperlink's 2017 requirements-test.txt: pytest==2.9.2, pytest-cov==2.3.0,
@@ -207,6 +215,8 @@ def detect_commands(repo: Path, commit: str, test_files: Sequence[str]) -> Comma
     - pytest 7.4-8 (and py 1.11) when those test requirements pin a pytest older than 7 or a py older than 1.11,
       which do not run on Python 3.11 (boltons' 2020 requirements-test.txt: pytest==3.0.7, py<1.6.0); `pytest<9`
       when a pytest hook of the tree takes a py.path argument (pytest 9 will not load it);
+    - py 1.11 when a Python file imports py and uses more of it than pytest's stand-in for it has (py.test, py.std:
+      pytest installed the py library until 7.2);
     - tests run with `python -m pytest -q <changed test modules>` (pytest also runs unittest-style tests, and
       gives per-test results the grader reads), so the setup ends with `pip install pytest`.
     """
@@ -271,6 +281,9 @@ def detect_commands(repo: Path, commit: str, test_files: Sequence[str]) -> Comma
     elif _tree_matches(repo, commit, _PY_PATH_HOOK):
         steps.append("pip install 'pytest<9'")
         why.append("a pytest hook takes a py.path argument, which pytest 9 refuses")
+    if not _OLD_PYTEST_PIN.search(pinned) and _tree_matches(repo, commit, *_USES_PYLIB):
+        steps.append("pip install 'py>=1.11'")
+        why.append("the code uses the py library (py.test, ...), which pytest installed until 7.2")
     if _tree_matches(repo, commit, _IMPORTS_PKG_RESOURCES):
         steps.append("pip install 'setuptools<82'")
         why.append("the code imports pkg_resources, which setuptools 82 removed")
