@@ -348,6 +348,9 @@ def test_detected_commands_for_common_layouts(tmp_path: Path) -> None:
     })  # fmt: skip
     cmds = detect_commands(pylib, commit_all(pylib, "py.path only"), ["test_s.py"])
     assert cmds.setup == "pip install -e . && pip install pytest"
+    write_files(pylib, {"conftest.py": "import py.code\n"})  # pytest-mock 2015-2020
+    cmds = detect_commands(pylib, commit_all(pylib, "py.code"), ["test_s.py"])
+    assert cmds.setup == "pip install -e . && pip install 'py>=1.11' && pip install pytest"
 
     # a PyYAML older than 6.0.1 pinned through an included requirements file (deepdiff 2022: requirements-dev.txt
     # -> -r requirements-cli.txt -> pyyaml==5.4.1), whose source does not build with Cython 3: Cython < 3 for builds

@@ -110,8 +110,9 @@ _OLD_PYTEST_PIN = re.compile(
 
 #: The pylib `py` imported and used for what pytest's stand-in for it lacks (py.test, py.std, py.builtin, ...):
 #: pytest depended on py until 7.2, and since then ships a `py` module with py.path and py.error only (six's
-#: 2013-2019 test_six.py: `py.test.raises`, "module 'py' has no attribute 'test'", every commit's tests unrunnable).
-_USES_PYLIB = (r"^\s*import py\s*(#.*)?$", r"\bpy\.(test|std|builtin|io|code|log|process|xml)\b")
+#: 2013-2019 test_six.py: `py.test.raises`, "module 'py' has no attribute 'test'"; pytest-mock's 2015-2020 tests:
+#: `import py.code`; every commit's tests unrunnable).
+_USES_PYLIB = (r"^\s*(import|from)\s+py([.\s]|$)", r"\bpy\.(test|std|builtin|io|code|log|process|xml)\b")
 
 #: A pytest plugin pinned by a requirement line (its name, the operator, the version): pinned beside an old pytest,
 #: it is a release made for that pytest (hyperlink's 2017 requirements-test.txt: pytest==2.9.2, pytest-cov==2.3.0,
