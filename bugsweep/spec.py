@@ -72,7 +72,7 @@ class TaskSpec(BaseModel):
     """For mined tasks: the fix commit's date."""
     screen_rule: str | None = None
     """For mined tasks: the rule of the mining screen that took the commit for a bug fix (e.g. 'fix word in the
-    subject', 'fix-shaped change')."""
+    subject', 'issue reference and a fix-shaped change')."""
     screen_reason: str | None = None
     """For mined tasks: why the screen took the commit for a bug fix, in words (e.g. "the subject says 'Fix'")."""
     added_at: str | None = None

@@ -678,7 +678,7 @@ def test_merged_pull_requests_are_candidates_with_merges(tmp_path: Path) -> None
         "--no-ff",
         "fix-add",
         "-m",
-        "Merge pull request #5 from me/fix-add\n\nadd() returned the difference",
+        "Merge pull request #5 from me/fix-add\n\nFix add() returning the difference",
     )
     merge_sha = git(repo, "rev-parse", "HEAD")
 
@@ -693,7 +693,7 @@ def test_merged_pull_requests_are_candidates_with_merges(tmp_path: Path) -> None
     by_pr = mine(str(repo), provider=provider, runs=1, merges=True)
     (task,) = by_pr.tasks
     assert task.fix_commit == merge_sha
-    assert task.problem_statement == "add() returned the difference"
+    assert task.problem_statement == "Fix add() returning the difference"
     assert task.base_commit == git(repo, "rev-parse", "HEAD^1")
     assert task.FAIL_TO_PASS == ["tests/test_calc.py::test_add"]
     assert "calc.py" not in task.test_patch.replace("tests/test_calc.py", "")

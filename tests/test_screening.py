@@ -90,21 +90,26 @@ def test_an_issue_numbered_add_with_new_names_is_a_feature(tmp_path: Path, subje
     )
 
 
-def test_a_fix_without_a_fix_word_is_tried(tmp_path: Path) -> None:
+def test_a_change_that_reads_like_a_fix_is_no_fix_without_a_word(tmp_path: Path) -> None:
+    """Issue 37, round 17: the shape of a change backs the words, and alone makes no fix (over the eight held-out
+    sets, the wordless changes `bugsweep mine` kept were 32 fixes, 9 not-fixes and 10 borderline)."""
     repo = numbers_repo(tmp_path / "repo")
-    result = screened(
-        repo,
-        {
-            "numbers_.py": NUMBERS.replace("sign + str(n)", "sign + str(abs(n))"),
-            "tests/test_numbers.py": TEST_NUMBERS.replace("import total", "import fmt, total")
-            + "\n\ndef test_fmt_negative():\n    assert fmt(-1) == '-1'\n",
-        },
-        "Stop printing two minus signs",
+    change = {
+        "numbers_.py": NUMBERS.replace("sign + str(n)", "sign + str(abs(n))"),
+        "tests/test_numbers.py": TEST_NUMBERS.replace("import total", "import fmt, total")
+        + "\n\ndef test_fmt_negative():\n    assert fmt(-1) == '-1'\n",
+    }
+    result = screened(repo, change, "Stop printing two minus signs")
+    assert isinstance(result, Rejection) and result.reason == RejectReason.NOT_A_FIX
+    assert (
+        result.detail == "no fix word in the subject nor a strong one in the message (fix, bug, crash, ...)"
     )
+    git(repo, "reset", "-q", "--hard", "HEAD~1")
+    result = screened(repo, change, "Handle negative numbers in fmt")
     assert isinstance(result, Screened), result
     assert result.why_fix == (
-        "no fix word, but the change reads like a fix: it changes existing code (fmt, 2 lines, no new public "
-        "names) and new tests assert on it (test_fmt_negative)"
+        "the message says 'Handle' and it changes existing code (fmt, 2 lines, no new public names) and new tests "
+        "assert on it (test_fmt_negative)"
     )
 
 
@@ -119,22 +124,8 @@ def test_wordless_changes_that_are_not_fixes_say_why(tmp_path: Path) -> None:
         "Sum the values step by step",
     )
     assert isinstance(result, Rejection)
-    assert result.detail == (
-        "no fix word in the subject nor a strong one in the message (fix, bug, crash, ...), and its source change is "
-        "large (46 lines, over 20)"
-    )
-    # round 8: a fix changes code, a feature grows it (13 lines added, none removed, a new test of total())
-    git(repo, "reset", "-q", "--hard", "HEAD~1")
-    grown = NUMBERS.replace(
-        "return sum(values)", "result = 0\n" + "    result += 0\n" * 12 + "    return sum(values)"
-    )
-    new_test = TEST_NUMBERS + "\n\ndef test_total_tuple():\n    assert total((1,)) == 1\n"
-    result = screened(
-        repo, {"numbers_.py": grown, "tests/test_numbers.py": new_test}, "Sum the values one by one"
-    )
-    assert isinstance(result, Rejection)
-    assert result.detail.endswith("and it adds 13 lines (over 12: new behaviour rather than a fix)"), (
-        result.detail
+    assert (
+        result.detail == "no fix word in the subject nor a strong one in the message (fix, bug, crash, ...)"
     )
     git(repo, "reset", "-q", "--hard", "HEAD~1")
     result = screened(
@@ -174,8 +165,9 @@ def test_a_real_exception_still_makes_a_fix(tmp_path: Path) -> None:
 
 
 def test_no_fix_word_or_only_an_exception_needs_a_new_test_of_existing_code(tmp_path: Path) -> None:
-    """Issue 37, round 7: a change of a few lines that only changes what an existing test expects reads as a fix
-    no more (over the eight labelled sets such wordless changes were 14 fixes, 7 not-fixes, 7 borderline)."""
+    """Issue 37, round 7: a change of a few lines that only changes what an existing test expects does not back an
+    exception's name or a weak word (over the eight labelled sets such wordless changes were 14 fixes, 7 not-fixes,
+    7 borderline; since round 17 the shape backs words only)."""
     repo = numbers_repo(tmp_path / "repo")
     expect_more = TEST_NUMBERS.replace("[1, 2]) == 3", "[1, 2, None]) == 3")
     result = screened(
@@ -187,9 +179,8 @@ def test_no_fix_word_or_only_an_exception_needs_a_new_test_of_existing_code(tmp_
         "Sum what is there",
     )
     assert isinstance(result, Rejection) and result.reason == RejectReason.NOT_A_FIX
-    assert result.detail == (
-        "no fix word in the subject nor a strong one in the message (fix, bug, crash, ...), and it adds no test "
-        "of existing code (it only changes what existing tests expect)"
+    assert (
+        result.detail == "no fix word in the subject nor a strong one in the message (fix, bug, crash, ...)"
     )
     result = screened(
         repo,
@@ -213,7 +204,7 @@ def test_no_fix_word_or_only_an_exception_needs_a_new_test_of_existing_code(tmp_
         repo,
         {"numbers_.py": NUMBERS.replace("sign + str(n)", "sign + str(abs(n))"),
          "tests/test_fmt.py": test_fmt.format("(1, '1'), (-1, '-1')")},
-        "Print one minus sign",
+        "Handle negative numbers in fmt",
     )  # fmt: skip
     assert isinstance(result, Screened) and result.why_fix.endswith("new tests assert on it (test_fmt)"), (
         result
@@ -359,11 +350,12 @@ def test_a_module_prefix_a_new_parameter_and_a_helper_assertion_are_read(tmp_pat
             + "\n\nclass TestFmt:\n    def _assert_text(self, n, text):\n        assert fmt(n) == text\n\n"
             "    def test_positive(self):\n        self._assert_text(1, '+1')\n",
         },
-        "Respect the sign of positive numbers",
+        "Handle the sign of positive numbers",
     )
     assert isinstance(result, Screened), result
     assert (
-        result.rule == "fix-shaped change" and "tests assert on it (TestFmt.test_positive)" in result.why_fix
+        result.rule == "fix word in the message"
+        and "tests assert on it (TestFmt.test_positive)" in result.why_fix
     )
 
 
@@ -386,11 +378,15 @@ def test_a_module_prefix_a_new_parameter_and_a_helper_assertion_are_read(tmp_pat
         ("Cache the totals of long lists", "no fix word in the message, and the subject says 'Cache'"),
         ("flip total() back to lists for now", "no fix word in the message, and the subject says 'for now'"),
         ("total: don't sum tuples by default", "no fix word in the message, and the subject says 'by default'"),
-        # round 6: the items of a squashed pull request are steps of the work its subject names (pyjwt #786, #873)
+        # round 6: the items of a squashed pull request are steps of the work its subject names (pyjwt #786, #873);
+        # round 17: a fix word anywhere in the body never outweighs a subject that announces other work (pytest-mock's
+        # "Update link to notes about usage as context manager (#313)\n\nFix #312")
         ("Improve the accuracy of total() (#786)\n\n* refacto(tests): one class\n\n* fix(total): improve accuracy",
-         "no fix word in the message, and the subject says 'Improve'"),
+         "the subject says 'Improve'; the message's 'fix' does not make it a fix"),
         ("Add complete types to total() (#873)\n\n* Use new style typing\n\n* Fix total for tuples",
-         "no fix word in the message, and the subject says 'Add'"),
+         "the subject says 'Add'; the message's 'Fix' does not make it a fix"),
+        ("Update the link in the error of total()\n\nFix #312",
+         "the subject says 'Update'; the message's 'Fix' does not make it a fix"),
         # round 10: "fixed" as an adjective is no fix word (jsonschema's "... with a single fixed schema"), and a
         # linter named by its name is tooling (jsonschema's "More strict style, now via bugbear.")
         ("Support fixed-point totals", "no fix word in the message, and the subject says 'Support'"),
@@ -557,9 +553,8 @@ def test_typing_only_statements_and_body_words_are_no_fix(tmp_path: Path) -> Non
         repo, change, "Use logging instead of warnings\n\nUsers don't know what to do with that."
     )
     assert isinstance(result, Rejection)
-    assert result.detail == (
-        "no fix word in the subject nor a strong one in the message (fix, bug, crash, ...), and it adds new public "
-        "names (log)"
+    assert (
+        result.detail == "no fix word in the subject nor a strong one in the message (fix, bug, crash, ...)"
     )
     git(repo, "reset", "-q", "--hard", "HEAD~1")
     # in the subject it is evidence when the change backs it (round 8): here a new public name, then none
@@ -642,8 +637,8 @@ def test_changelog_sections_and_merge_the_verb_are_read(tmp_path: Path) -> None:
         isinstance(result, Screened) and result.why_fix == "its changelog entry says a bug fix (CHANGELOG.md)"
     )
     git(repo, "reset", "-q", "--hard", "HEAD~1")
-    result = screened(repo, change, "Merge the totals of empty inputs into zero")
-    assert isinstance(result, Screened) and result.rule == "fix-shaped change"
+    result = screened(repo, change, "Merge the totals of empty inputs into zero, which crashed")
+    assert isinstance(result, Screened) and result.rule == "fix word in the subject"
 
 
 def test_a_changelog_section_titled_by_a_plain_line_is_read() -> None:
@@ -740,12 +735,12 @@ def test_a_constructor_parameter_is_new_and_a_changed_case_table_changes_its_tes
         repo,
         {"numbers_.py": NUMBERS.replace("sign + str(n)", "sign + str(abs(n))"),
          "tests/test_fmt.py": cases.replace("(1, '1'),", "(1, '1'),\n    (-1, '-1'),") + test_fmt},
-        "treat negative numbers once in fmt (#285)",
+        "handle negative numbers once in fmt (#285)",
     )  # fmt: skip
     assert isinstance(result, Screened), result
     assert result.why_fix == (
-        "no fix word, but the change reads like a fix: it changes existing code (fmt, 2 lines, no new public "
-        "names) and new tests assert on it (test_fmt)"
+        "the message says 'handle' and it changes existing code (fmt, 2 lines, no new public names) and new tests "
+        "assert on it (test_fmt)"
     )
     # a case changed, not added: what an existing test expects changed (round 7: no new test, no fix by shape)
     git(repo, "reset", "-q", "--hard", "HEAD~1")
@@ -753,7 +748,7 @@ def test_a_constructor_parameter_is_new_and_a_changed_case_table_changes_its_tes
         repo,
         {"numbers_.py": NUMBERS.replace("str(n)", "format(n, '+')"),
          "tests/test_fmt.py": cases.replace("(1, '1'),", "(1, '+1'),") + test_fmt},
-        "show the sign of positive numbers in fmt (#285)",
+        "handle the sign of positive numbers in fmt (#285)",
     )  # fmt: skip
     assert isinstance(result, Rejection) and "it adds no test of existing code" in result.detail, result
 
@@ -779,9 +774,10 @@ def test_the_corpus_fixes_still_pass(task: dict[str, str]) -> None:
 
 
 @pytest.mark.skipif(shutil.which("bwrap") is None, reason="the local sandbox needs bubblewrap")
-def test_a_fix_without_a_fix_word_is_kept_by_mine_and_a_feature_is_not(tmp_path: Path) -> None:
-    """End to end, as `bugsweep mine` runs (real local sandbox, real pytest): the wordless fix becomes a task with
-    its test in FAIL_TO_PASS; the feature that names an exception-like class is rejected before any sandbox."""
+def test_a_fix_with_a_weak_word_is_kept_by_mine_and_a_feature_is_not(tmp_path: Path) -> None:
+    """End to end, as `bugsweep mine` runs (real local sandbox, real pytest): the fix whose subject has only a weak
+    word, backed by its change, becomes a task with its test in FAIL_TO_PASS; the feature that names an
+    exception-like class is rejected before any sandbox."""
     from bugsweep.mining import mine
     from bugsweep.sandbox import get_provider
 
@@ -791,7 +787,7 @@ def test_a_fix_without_a_fix_word_is_kept_by_mine_and_a_feature_is_not(tmp_path:
         "tests/test_numbers.py": TEST_NUMBERS.replace("import total", "import fmt, total")
         + "\n\ndef test_fmt_negative():\n    assert fmt(-1) == '-1'\n",
     })  # fmt: skip
-    fixed = commit_all(repo, "Stop printing two minus signs")
+    fixed = commit_all(repo, "Handle negative numbers in fmt")
     write_files(repo, new_feature(repo))
     feature = commit_all(repo, "Keep tracebacks as ParsedException records")
 
