@@ -75,8 +75,6 @@ class ChangeShape:
     (docstrings, comments, formatting and type annotations set aside)."""
     source_lines: int = 0
     """Lines added plus lines removed in Python source files (stubs not counted)."""
-    source_added: int = 0
-    """Of those, the lines added."""
     code_changed: bool = True
     """False when no Python source changed once docstrings, comments, formatting and type annotations are set
     aside, and no other file that ships with the code changed."""
@@ -450,8 +448,8 @@ def read_change(
     if shape.unreadable:
         return shape
 
-    shape.source_added, removed = _numstat(repo, base, commit.sha, py_sources)
-    shape.source_lines = shape.source_added + removed
+    added, removed = _numstat(repo, base, commit.sha, py_sources)
+    shape.source_lines = added + removed
     _read_sources(shape, {p: trees[p] for p in py_sources}, {p: trees[p] for p in stubs}, lines)
     data = [p for p, role in roles.items() if role == "data"]
     if not shape.changed_functions and not shape.added_names and not data:
