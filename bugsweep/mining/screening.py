@@ -381,7 +381,7 @@ def read_commit(message: str, subject: str | None = None, shape: ChangeShape | N
         the subject ("closes #12") make a fix; with a readable change, a weak word in the subject (but
         "correct(ly)", which says the code was not) and an exception's name count only when backed by a strong
         word in the body or a change that reads like a fix (`fix_shape`: 1 to MAX_FIX_FUNCTIONS functions, up to
-        MAX_ISSUE_FIX_LINES lines) and adds a test asserting on existing code (changing what existing tests expect
+        MAX_FIX_LINES lines) and adds a test asserting on existing code (changing what existing tests expect
         is not enough: deliberate changes of behaviour do that too): "Handle kwargs in strings ..." names what a
         feature does as well;
     11. anything else is no fix: a change that reads like a fix but says nothing of one is not taken (until issue
@@ -508,12 +508,12 @@ def read_commit(message: str, subject: str | None = None, shape: ChangeShape | N
         # a weak word in the subject (handle, error, avoid, ...) or an exception's name says what the commit is
         # about, a feature's too: a strong word in the body, or a change that reads like a fix and adds a test of
         # existing code, must back it
-        why, why_not = fix_shape(known, new_test=True)
         if strong := _fix_word(body, known, weak=False, exceptions=False):
             word = strong
-        elif why is not None:
-            return decide(True, f"the message says {word!r} and {why}", _word_rule(word))
         else:
+            why, why_not = fix_shape(known, new_test=True)
+            if why is not None:
+                return decide(True, f"the message says {word!r} and {why}", _word_rule(word))
             what = "an exception's name" if EXCEPTION_WORD.fullmatch(word) else "only a weak word"
             word, named = None, f" but {what} ({word!r}), and {why_not}"
     if word:

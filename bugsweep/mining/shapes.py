@@ -9,7 +9,7 @@ from bugsweep.mining.change import ChangeShape
 
 #: A change that reads like a fix is small: source lines added plus removed, at most (what an issue reference opening
 #: the subject, "Issue 1214: Update __eq__ ...", or a weak word, "Handle ...", needs as backing).
-MAX_ISSUE_FIX_LINES = 80
+MAX_FIX_LINES = 80
 #: ... and touches few existing functions: a clean-up or a linter's pass touches many a little.
 MAX_FIX_FUNCTIONS = 3
 
@@ -34,7 +34,7 @@ def fix_shape(shape: ChangeShape, *, new_test: bool = False) -> tuple[str | None
     """(why the change reads as a fix, or None; else why not): existing functions changed, no new public names,
     tests asserting on existing names (with `new_test`, one the commit adds: a changed expectation of an existing
     test is what a deliberate change of behaviour makes too), and a small source change (MAX_FIX_FUNCTIONS
-    functions, MAX_ISSUE_FIX_LINES lines). The shape backs words; alone it makes no fix (issue 37's round 17: over
+    functions, MAX_FIX_LINES lines). The shape backs words; alone it makes no fix (issue 37's round 17: over
     eight held-out sets, the wordless changes `bugsweep mine` kept were 32 fixes, 9 not-fixes and 10 borderline)."""
     if shape.added_names:
         return None, f"it adds new public names ({listed(shape.added_names)})"
@@ -45,8 +45,8 @@ def fix_shape(shape: ChangeShape, *, new_test: bool = False) -> tuple[str | None
             f"it changes {len(shape.changed_functions)} existing functions (over {MAX_FIX_FUNCTIONS}: "
             "a clean-up rather than a fix)"
         )
-    if shape.source_lines > MAX_ISSUE_FIX_LINES:
-        return None, f"its source change is large ({shape.source_lines} lines, over {MAX_ISSUE_FIX_LINES})"
+    if shape.source_lines > MAX_FIX_LINES:
+        return None, f"its source change is large ({shape.source_lines} lines, over {MAX_FIX_LINES})"
     if not shape.tests_on_existing_names:
         return None, "no test it adds or changes asserts anything"
     new = {*shape.new_tests, *shape.grown_tests}  # a case added to a test's table is a new test for pytest
