@@ -15,6 +15,7 @@ import pytest
 
 from bugsweep.mining import Rejection, RejectReason, Screened, scan_history, screen
 from bugsweep.mining.changelog import changelog_kinds
+from bugsweep.mining.screening import Rule
 from tests.support.repos import commit_all, git, make_repo, write_files
 
 NUMBERS = '''def fmt(n):
@@ -608,6 +609,28 @@ def test_a_subject_fixing_only_an_issue_with_a_features_change_is_a_feature(tmp_
         repo, {"numbers_.py": skip_none, "tests/test_numbers.py": tests}, "total() can skip None. Fixes #41"
     )
     assert isinstance(kept, Screened) and kept.why_fix == "the subject says 'Fixes'"
+
+
+def test_a_subject_announcing_a_feature_fixing_only_an_issue_is_a_feature(tmp_path: Path) -> None:
+    """six's "add unichr (fixes #25)" and "allow multiple base classes to be given to with_metaclass (fixes #23)":
+    a subject that opens by announcing something new and whose only fix word names an issue answers the issue that
+    asked for the feature, whatever the change's shape (a name assigned under `if PY3:` or a new parameter reads as
+    no new public name). Over the labelled sets the screen passed such commits: 1 fix, 6 not-fixes, 3 borderline.
+    A subject that adds a missing check is not announcing a feature."""
+    skip_none = NUMBERS.replace("return sum(values)", "return sum(v for v in values if v is not None)")
+    change = {
+        "numbers_.py": skip_none,
+        "tests/test_numbers.py": TEST_NUMBERS
+        + "\n\ndef test_total_none():\n    assert total([1, None]) == 1\n",
+    }
+    result = screened(numbers_repo(tmp_path / "feature"), change, "allow None in total() (fixes #42)")
+    assert isinstance(result, Rejection) and result.rule == Rule.FEATURE_ASKED
+    assert (
+        result.detail
+        == "a feature: the subject says 'allow', and its 'fixes' names the issue that asked for it"
+    )
+    kept = screened(numbers_repo(tmp_path / "fix"), change, "add a check for None to total() (fixes #42)")
+    assert isinstance(kept, Screened) and kept.why_fix == "the subject says 'fixes'"
 
 
 def test_changelog_sections_and_merge_the_verb_are_read(tmp_path: Path) -> None:

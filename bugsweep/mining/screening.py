@@ -199,6 +199,7 @@ class Rule(StrEnum):
     CHANGELOG = "changelog entry"
     FEATURE = "feature: new names"
     SUBJECT_FIX_WORD = "fix word in the subject"
+    FEATURE_ASKED = "feature: the issue it answers"
     FEATURE_SHAPE = "feature: tests only of new names"
     OTHER_WORK = "other work announced"
     ISSUE_FIX_SHAPE = "issue reference and a fix-shaped change"
@@ -464,15 +465,15 @@ def read_commit(message: str, subject: str | None = None, shape: ChangeShape | N
     if conventional_fix:
         return decide(True, "a 'fix' commit", Rule.SUBJECT_FIX_WORD)
     if strong := _fix_word(rest, known, weak=False):
-        if (
-            known is not None
-            and not _fix_word(rest, known, weak=False, references=False)
-            and (feature := feature_shape(known))
-        ):
-            # "add value kwarg to filter ..., fixes #40": the issue that asked for the feature, and the change
-            # and its tests are a feature's
-            return decide(False, f"a feature: {feature}; the subject's {strong!r} names the issue that asked for it",
-                          Rule.FEATURE_SHAPE)  # fmt: skip
+        if not _fix_word(rest, known, weak=False, references=False):
+            # "add value kwarg to filter ..., fixes #40", "add unichr (fixes #25)": the issue that asked for the
+            # feature, which the subject's opening verb announces or the change and its tests are shaped as
+            if verb := FEATURE_SUBJECT.match(rest):
+                return decide(False, f"a feature: the subject says {verb.group(0).strip()!r}, and its {strong!r} "
+                              "names the issue that asked for it", Rule.FEATURE_ASKED)  # fmt: skip
+            if known is not None and (feature := feature_shape(known)):
+                return decide(False, f"a feature: {feature}; the subject's {strong!r} names the issue that asked "
+                              "for it", Rule.FEATURE_SHAPE)  # fmt: skip
         return decide(True, f"the subject says {strong!r}", Rule.SUBJECT_FIX_WORD)
     if known is not None and (feature := feature_shape(known)):
         return decide(False, f"a feature or refactor: {feature}", Rule.FEATURE_SHAPE)
