@@ -375,6 +375,26 @@ def test_detected_commands_for_common_layouts(tmp_path: Path) -> None:
     cmds = detect_commands(pinned, commit_all(pinned, "metadata pin"), ["tests/test_y.py"])
     assert cmds.setup is not None and cmds.setup.startswith("printf 'cython<3")
 
+    # a setup.py that has setuptools run 2to3 (simpleeval 2013-2018: `use_2to3 = True`; parsimonious:
+    # `use_2to3=version_info >= (3,)`), which setuptools 58 removed: setuptools < 58 for builds, and a copy installed
+    # (it has no editable install); not for `use_2to3=False`, nor for a src/ layout, whose copy the tests would import
+    two_to_3, cmds = _detected(tmp_path / "2to3", {
+        "setup.py": "from setuptools import setup\nsetup(name='t', py_modules=['t'], use_2to3 = True)\n",
+        "test_t.py": "def test_x():\n    pass\n",
+    }, ["test_t.py"])  # fmt: skip
+    assert cmds.setup == (
+        f"printf 'setuptools<58\\n' > {BUILD_CONSTRAINTS} && export UV_BUILD_CONSTRAINT={BUILD_CONSTRAINTS} "
+        f"PIP_BUILD_CONSTRAINT={BUILD_CONSTRAINTS} && pip install . && pip install pytest"
+    )
+    for setup_py, expected in [
+        ("from sys import version_info\nsetup(name='t', use_2to3=version_info >= (3,))\n", "pip install ."),
+        ("setup(name='t', use_2to3=False)\n", "pip install -e ."),
+        ("setup(name='t', package_dir={'': 'src'}, use_2to3=True)\n", "pip install -e ."),
+    ]:
+        write_files(two_to_3, {"setup.py": "from setuptools import setup\n" + setup_py})
+        cmds = detect_commands(two_to_3, commit_all(two_to_3, setup_py), ["test_t.py"])
+        assert cmds.setup is not None and f"{expected} && pip install pytest" in cmds.setup, setup_py
+
 
 def _run(tests: dict[str, str] | None, exit_code: int = 1) -> TestRun:
     return TestRun(
@@ -1190,6 +1210,24 @@ def test_tests_written_for_the_py_library_pytest_once_installed_are_run_with_it(
     (task,) = result.tasks
     assert task.FAIL_TO_PASS == ["tests/test_add.py::test_add"]
     assert task.setup_command == "pip install 'py>=1.11' && pip install pytest"
+
+
+@needs_bwrap
+def test_a_project_built_with_2to3_is_installed_with_the_setuptools_that_could(tmp_path: Path) -> None:
+    """End to end (real sandbox, real package index): the project's setup.py asks setuptools to run 2to3
+    (`use_2to3=True`, simpleeval's 2013-2018 commits), which every setuptools since 58 refuses, so the setup of every
+    commit failed. The task's setup builds it with setuptools < 58, installs a copy (no editable install there), and
+    the tests import the repository's own code: the fix is kept, and graded on the code it changes."""
+    from bugsweep.sandbox import get_provider
+
+    setup_py = "from setuptools import setup\n\nsetup(name='calc', version='1.0', py_modules=['calc'], use_2to3=True)\n"
+    repo = make_repo(tmp_path / "repo", {"calc.py": CALC, "test_mul.py": TEST_MUL, "setup.py": setup_py})
+    write_files(repo, {"calc.py": CALC.replace("a - b", "a + b"), "test_add.py": TEST_ADD})
+    commit_all(repo, "Fix add() returning the difference")
+    result = mine(str(repo), provider=get_provider("local"), runs=1, older_python=False)
+    (task,) = result.tasks
+    assert task.FAIL_TO_PASS == ["test_add.py::test_add"]
+    assert task.setup_command is not None and "setuptools<58" in task.setup_command
 
 
 def test_the_python_a_commit_names_decides_whether_an_older_one_is_tried(tmp_path: Path) -> None:

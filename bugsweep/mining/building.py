@@ -103,6 +103,11 @@ def _tree_matches(repo: Path, commit: str, *patterns: str) -> bool:
 #: An import of pkg_resources, which setuptools 82 removed.
 _IMPORTS_PKG_RESOURCES = r"^\s*(import|from) pkg_resources"
 
+#: A setup.py that has setuptools run 2to3 over the code at build time (`use_2to3=True`, `use_2to3=version_info >=
+#: (3,)`, `setupargs['use_2to3'] = True`), which setuptools 58 removed: every build of it fails ("use_2to3 is
+#: invalid"; simpleeval 2013-2018, parsimonious 2012-2017, isodate 2012-2017).
+_USES_2TO3 = re.compile(r"\buse_2to3\b(?!['\"]?\]?\s*[=:]\s*False\b)")
+
 #: A requirement line that pins pytest (or its old `py` library) below what runs on Python 3.11: pytest < 7, py < 1.11.
 _OLD_PYTEST_PIN = re.compile(
     r"^\s*(pytest\s*(==|<=|<|~=)\s*[0-6]\.|py\s*(==|<=|<|~=)\s*1\.([0-9]|10)\b)", re.M | re.I
@@ -211,6 +216,9 @@ def detect_commands(repo: Path, commit: str, test_files: Sequence[str]) -> Comma
     - then the test dependencies where the project keeps them: a requirements file (TEST_REQUIREMENTS), a
       `tests`/`test`/`testing` dependency group in pyproject.toml, or tox.ini's [testenv] deps;
     - `setuptools<82` when the code imports pkg_resources (setuptools 82 removed it; older environments had it);
+    - setuptools < 58 for the builds of the setup, and `pip install .` for `pip install -e .` (those have no editable
+      install), when setup.py asks setuptools to run 2to3 (`use_2to3`, removed in setuptools 58) and keeps no
+      `package_dir` (the tests import the code from the repository's root, before the installed copy);
     - Cython < 3 for the builds of the setup (pip's and uv's build constraints) when those test requirements or the
       project's metadata pin a PyYAML older than 6.0.1, whose source does not build with Cython 3;
     - pytest 7.4-8 (and py 1.11) when those test requirements pin a pytest older than 7 or a py older than 1.11,
@@ -243,7 +251,20 @@ def detect_commands(repo: Path, commit: str, test_files: Sequence[str]) -> Comma
     installable = "setup.py" in names or bool(
         pyproject and re.search(r"^\[(project|build-system)\]", pyproject, re.M)
     )
-    if installable:
+    build_constraints: list[str] = []
+    setup_py = text("setup.py")
+    if installable and _USES_2TO3.search(setup_py) and "package_dir" not in setup_py:
+        # setuptools < 58 builds it, but has no editable install (PEP 660 came with setuptools 64): a copy is
+        # installed, for its dependencies; `python -m pytest` in the repository imports the code from the
+        # repository's root, before that copy (not so for a src/ layout, `package_dir`: left as it was)
+        steps.append(f"pip install '.[{extra}]'" if extra else "pip install .")
+        build_constraints.append("setuptools<58")
+        why.append(
+            "setup.py has setuptools run 2to3 (use_2to3), which setuptools 58 removed: setuptools < 58 for "
+            "builds, and pip install . (no editable install there); the tests import the code from the "
+            "repository's root"
+        )
+    elif installable:
         steps.append(f"pip install -e '.[{extra}]'" if extra else "pip install -e .")
         why.append(
             "setup.py/pyproject.toml: pip install -e ." + (f" with the [{extra}] extra" if extra else "")
@@ -264,13 +285,16 @@ def detect_commands(repo: Path, commit: str, test_files: Sequence[str]) -> Comma
         pinned = "\n".join(deps)
     metadata = "\n".join(text(name) for name in ("setup.py", "setup.cfg", "pyproject.toml"))
     if _CYTHON_3_BREAKS.search(pinned) or _CYTHON_3_BREAKS.search(re.sub(r"[\"',\[\]]", "\n", metadata)):
-        steps.insert(
-            0,
-            f"printf 'cython<3\\n' > {BUILD_CONSTRAINTS} && "
-            f"export UV_BUILD_CONSTRAINT={BUILD_CONSTRAINTS} PIP_BUILD_CONSTRAINT={BUILD_CONSTRAINTS}",
-        )
+        build_constraints.append("cython<3")
         why.append(
             "a PyYAML older than 6.0.1 is pinned, whose source does not build with Cython 3: Cython < 3 for builds"
+        )
+    if build_constraints:
+        lines = "".join(f"{c}\\n" for c in build_constraints)
+        steps.insert(
+            0,
+            f"printf '{lines}' > {BUILD_CONSTRAINTS} && "
+            f"export UV_BUILD_CONSTRAINT={BUILD_CONSTRAINTS} PIP_BUILD_CONSTRAINT={BUILD_CONSTRAINTS}",
         )
     if _OLD_PYTEST_PIN.search(pinned):
         plugins = _newer_plugins(pinned)
