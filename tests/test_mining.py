@@ -352,6 +352,21 @@ def test_detected_commands_for_common_layouts(tmp_path: Path) -> None:
     cmds = detect_commands(pylib, commit_all(pylib, "py.code"), ["test_s.py"])
     assert cmds.setup == "pip install -e . && pip install 'py>=1.11' && pip install pytest"
 
+    # the same pin in the test extra the setup installs (markdown-it-py 2020: "testing": ["pytest>=3.6,<4",
+    # "pytest-benchmark~=3.2"]): pytest 7.4-8 and a newer plugin; not for a pin that admits pytest 7
+    extra_pin, cmds = _detected(tmp_path / "extra-pin", {
+        "setup.py": "from setuptools import setup\nsetup(name='m', extras_require={\n"
+                    "    'testing': ['coverage', 'pytest>=3.6,<4', 'pytest-benchmark~=3.2'],\n})\n",
+        "tests/test_m.py": "def test_x():\n    pass\n",
+    }, ["tests/test_m.py"])  # fmt: skip
+    assert cmds.setup == (
+        "pip install -e '.[testing]' && pip install 'pytest>=7.4,<9' 'py>=1.11' 'pytest-benchmark>3.2'"
+    )
+    write_files(extra_pin, {"setup.py": "from setuptools import setup\nsetup(name='m', extras_require={\n"
+                                        "    'testing': ['pytest>=6.2,<8'],\n})\n"})  # fmt: skip
+    cmds = detect_commands(extra_pin, commit_all(extra_pin, "pytest 7"), ["tests/test_m.py"])
+    assert cmds.setup == "pip install -e '.[testing]' && pip install pytest"
+
     # a PyYAML older than 6.0.1 pinned through an included requirements file (deepdiff 2022: requirements-dev.txt
     # -> -r requirements-cli.txt -> pyyaml==5.4.1), whose source does not build with Cython 3: Cython < 3 for builds
     pinned, cmds = _detected(tmp_path / "old-yaml", {

@@ -108,9 +108,12 @@ _IMPORTS_PKG_RESOURCES = r"^\s*(import|from) pkg_resources"
 #: invalid"; simpleeval 2013-2018, parsimonious 2012-2017, isodate 2012-2017).
 _USES_2TO3 = re.compile(r"\buse_2to3\b(?!['\"]?\]?\s*[=:]\s*False\b)")
 
-#: A requirement line that pins pytest (or its old `py` library) below what runs on Python 3.11: pytest < 7, py < 1.11.
+#: A requirement line that pins pytest (or its old `py` library) below what runs on Python 3.11: pytest < 7, py < 1.11
+#: (`pytest==3.0.7`, `pytest<4`, `pytest>=3.6,<4`: markdown-it-py's 2020 `testing` extra).
 _OLD_PYTEST_PIN = re.compile(
-    r"^\s*(pytest\s*(==|<=|<|~=)\s*[0-6]\.|py\s*(==|<=|<|~=)\s*1\.([0-9]|10)\b)", re.M | re.I
+    r"^\s*(pytest\s*(==|<=|<|~=)\s*[0-6](\.|\s*(,|;|$))|pytest\s*<\s*7(\.0)*\s*(,|;|$)|"
+    r"pytest\s*[<>=!~][^\n;#]*,\s*<\s*([0-6]|7(\.0)*)(\.\d+)*\s*(,|;|$)|py\s*(==|<=|<|~=)\s*1\.([0-9]|10)\b)",
+    re.M | re.I,
 )
 
 #: The pylib `py` imported and used for what pytest's stand-in for it lacks (py.test, py.std, py.builtin, ...):
@@ -296,17 +299,21 @@ def detect_commands(repo: Path, commit: str, test_files: Sequence[str]) -> Comma
             f"printf '{lines}' > {BUILD_CONSTRAINTS} && "
             f"export UV_BUILD_CONSTRAINT={BUILD_CONSTRAINTS} PIP_BUILD_CONSTRAINT={BUILD_CONSTRAINTS}",
         )
-    if _OLD_PYTEST_PIN.search(pinned):
-        plugins = _newer_plugins(pinned)
+    # the requirement strings of setup.py's, setup.cfg's and pyproject.toml's lists (a test extra's), one a line
+    listed = re.sub(r"[\"'\[\]]", "\n", metadata)
+    old_pytest = bool(_OLD_PYTEST_PIN.search(pinned) or _OLD_PYTEST_PIN.search(listed))
+    if old_pytest:
+        plugins = _newer_plugins(f"{pinned}\n{listed}")
         steps.append("pip install 'pytest>=7.4,<9' 'py>=1.11'" + "".join(f" '{p}'" for p in plugins))
         why.append(
-            "the test requirements pin a pytest (or py) that does not run on today's Python: pytest 7.4-8"
+            "the test requirements (or the project's metadata) pin a pytest (or py) that does not run on today's "
+            "Python: pytest 7.4-8"
             + (", and newer releases of the pytest plugins pinned with it" if plugins else "")
         )
     elif _tree_matches(repo, commit, _PY_PATH_HOOK):
         steps.append("pip install 'pytest<9'")
         why.append("a pytest hook takes a py.path argument, which pytest 9 refuses")
-    if not _OLD_PYTEST_PIN.search(pinned) and _tree_matches(repo, commit, *_USES_PYLIB):
+    if not old_pytest and _tree_matches(repo, commit, *_USES_PYLIB):
         steps.append("pip install 'py>=1.11'")
         why.append("the code uses the py library (py.test, ...), which pytest installed until 7.2")
     if _tree_matches(repo, commit, _IMPORTS_PKG_RESOURCES):
