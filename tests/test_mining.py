@@ -1207,6 +1207,31 @@ def test_a_pytest_warning_that_stops_pytest_at_its_start_is_not_an_error_of_its_
 
 
 @needs_bwrap
+def test_a_setup_cfg_today_s_pytest_refuses_is_left_unread(tmp_path: Path) -> None:
+    """End to end (real sandbox, real pytest): the project configures pytest in a `[pytest]` section of setup.cfg,
+    which pytest 4 and later refuse at start-up ("no longer supported, change to [tool:pytest]"), so every run
+    stops before its first test (cssselect's 2012-2017 history: all 11 fixes the screen passed, "tests fail at
+    fix"). The task's command reads no configuration file, its test ids are the usual ones, and the fix is kept."""
+    from bugsweep.sandbox import get_provider
+
+    setup_cfg = "[pytest]\ntestpaths = tests\n"
+    repo = make_repo(
+        tmp_path / "repo", {"calc.py": CALC, "tests/test_calc.py": TEST_MUL, "setup.cfg": setup_cfg}
+    )
+    commit_add_fix(repo)
+    result = mine(
+        str(repo),
+        provider=get_provider("local"),
+        runs=1,
+        older_python=False,
+        setup_command="pip install pytest",
+    )
+    (task,) = result.tasks
+    assert task.FAIL_TO_PASS == ["tests/test_add.py::test_add"]
+    assert task.test_command.endswith(" -c /dev/null --rootdir .")
+
+
+@needs_bwrap
 def test_tests_written_for_the_py_library_pytest_once_installed_are_run_with_it(tmp_path: Path) -> None:
     """End to end (real sandbox, real package index): the project's tests use `py.test.raises`, from the py library
     that pytest installed until 7.2 (six's 2013-2019 test_six.py). With today's pytest alone every test module

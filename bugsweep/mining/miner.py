@@ -21,7 +21,7 @@ from bugsweep.mining.records import (
 )
 from bugsweep.mining.screening import screen
 from bugsweep.mining.validation import Stopper, validate_on_its_python
-from bugsweep.mining.verdict import Verdict, allow_warnings, deselect, disable_plugins, ignore
+from bugsweep.mining.verdict import Verdict, allow_warnings, deselect, disable_plugins, ignore, without_ini
 from bugsweep.runconfig import AgentLimits
 from bugsweep.sandbox.base import SandboxProvider
 from bugsweep.spec import TaskSpec, dump_tasks
@@ -150,6 +150,8 @@ def mine(
         spec.FAIL_TO_FAIL = verdict.fail_to_fail
         if verdict.disabled_plugins:
             spec.test_command = disable_plugins(spec.test_command, verdict.disabled_plugins)
+        if verdict.no_ini:
+            spec.test_command = without_ini(spec.test_command)
         if verdict.allowed_warnings:
             spec.test_command = allow_warnings(spec.test_command, verdict.allowed_warnings)
         if verdict.relaxed and spec.setup_command:
@@ -179,6 +181,8 @@ def mine(
             note += f", on {verdict.python} (its environment failed on this Python)"
         if verdict.disabled_plugins:
             note += f", pytest plugin(s) today's pytest will not load disabled ({', '.join(verdict.disabled_plugins)})"
+        if verdict.no_ini:
+            note += ", the configuration today's pytest will not read (setup.cfg's [pytest]) left unread"
         if verdict.allowed_warnings:
             note += f", pytest's {', '.join(verdict.allowed_warnings)} not an error"
         if verdict.relaxed:

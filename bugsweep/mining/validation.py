@@ -25,6 +25,8 @@ from bugsweep.mining.verdict import (
     judge,
     pytest_warnings_as_errors,
     refused_plugins,
+    setup_cfg_refused,
+    without_ini,
 )
 from bugsweep.sandbox.base import Sandbox, SandboxProvider
 from bugsweep.spec import TaskSpec
@@ -277,7 +279,7 @@ def _validate(
     def noted(verdict: Verdict) -> Verdict:
         """The verdict with what the runs below changed in the task's commands (the task does the same)."""
         verdict.ignored, verdict.allowed_warnings, verdict.relaxed = ignored, warned, relaxed
-        verdict.disabled_plugins = refused
+        verdict.disabled_plugins, verdict.no_ini = refused, no_ini
         return verdict
 
     try:
@@ -297,6 +299,11 @@ def _validate(
             # a plugin the setup installed that today's pytest will not load stopped every run at start-up: it is
             # not loaded, and the runs start again
             spec.test_command = disable_plugins(spec.test_command, refused)
+            before = state(spec, still_failing)
+        if no_ini := setup_cfg_refused(before):
+            # a configuration today's pytest will not read (a `[pytest]` section in setup.cfg) stopped every run at
+            # start-up: the command reads none, and the runs start again
+            spec.test_command = without_ini(spec.test_command)
             before = state(spec, still_failing)
         if warned := pytest_warnings_as_errors(before):
             # the project's `filterwarnings = error` made a warning of today's pytest a collection error (a mark

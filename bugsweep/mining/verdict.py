@@ -64,6 +64,10 @@ class Verdict:
     disabled_plugins: list[str] = field(default_factory=list)
     """Installed pytest plugins that today's pytest refused to load at the task state, stopping every run before
     its first test (pytest-flake8's py.path hook, refused by pytest 9): the task's command disables them (`-p no:`)."""
+    no_ini: bool = False
+    """True when today's pytest refused the project's configuration at start-up at the task state (a `[pytest]`
+    section in setup.cfg, which pytest 4 stopped reading), stopping every run before its first test: the task's
+    command reads no configuration file (bugsweep.mining.verdict.without_ini)."""
     crashed: list[str] = field(default_factory=list)
     """Tests whose process died while they ran, in any run (normalised ids): failed there, and the rest of that run
     ran again without them (bugsweep.grading.runs.run_tests)."""
@@ -361,6 +365,22 @@ def refused_plugins(runs: Sequence[TestRun]) -> list[str]:
     start-up): about the environment mining made, not about the commit's code."""
     found = {m for run in runs if not run.tests for m in _REFUSED_PLUGIN.findall(run.log)}
     return sorted(found)
+
+
+#: What pytest 4 and later say at start-up of a `[pytest]` section in setup.cfg, and stop: every run of such a
+#: commit has no test result (cssselect's 2012-2017 setup.cfg, six's 2014).
+_REFUSED_SETUP_CFG = "[pytest] section in setup.cfg files is no longer supported"
+
+
+def setup_cfg_refused(runs: Sequence[TestRun]) -> bool:
+    """Whether pytest refused the project's setup.cfg at start-up in a run with no test result."""
+    return any(not run.tests and _REFUSED_SETUP_CFG in run.log for run in runs)
+
+
+def without_ini(test_command: str) -> str:
+    """The pytest command reading no configuration file (`-c /dev/null`: its options are the ones the command
+    gives), rooted where it runs, the repository's root, so that its test ids stay the same (`--rootdir .`)."""
+    return test_command + " -c /dev/null --rootdir ."
 
 
 def disable_plugins(test_command: str, plugins: Sequence[str]) -> str:
