@@ -32,7 +32,7 @@ from bugsweep.mining import (
     scan_history,
     screen,
 )
-from bugsweep.mining.building import BUILD_CONSTRAINTS
+from bugsweep.mining.building import BUILD_CONSTRAINTS, constrain_builds
 from bugsweep.settings import SandboxSettings
 from bugsweep.spec import TaskSpec, load_tasks
 from tests.support.repos import commit_all, git, make_repo, write_files
@@ -389,6 +389,14 @@ def test_detected_commands_for_common_layouts(tmp_path: Path) -> None:
     )
     cmds = detect_commands(pinned, commit_all(pinned, "metadata pin"), ["tests/test_y.py"])
     assert cmds.setup is not None and cmds.setup.startswith("printf 'cython<3")
+    # a build constraint learnt from a failed setup (setuptools < 58 for a package asking for 2to3) joins the file
+    # the setup writes already, or comes with its own
+    both = constrain_builds(cmds.setup, "setuptools<58")
+    assert both == cmds.setup.replace("printf 'cython<3\\n'", "printf 'cython<3\\nsetuptools<58\\n'", 1)
+    assert constrain_builds("pip install -e .", "setuptools<58") == (
+        f"printf 'setuptools<58\\n' > {BUILD_CONSTRAINTS} && export UV_BUILD_CONSTRAINT={BUILD_CONSTRAINTS} "
+        f"PIP_BUILD_CONSTRAINT={BUILD_CONSTRAINTS} && pip install -e ."
+    )
 
     # a setup.py that has setuptools run 2to3 (simpleeval 2013-2018: `use_2to3 = True`; parsimonious:
     # `use_2to3=version_info >= (3,)`), which setuptools 58 removed: setuptools < 58 for builds, and a copy installed
@@ -1204,6 +1212,28 @@ def test_a_pytest_warning_that_stops_pytest_at_its_start_is_not_an_error_of_its_
     (task,) = result.tasks
     assert task.FAIL_TO_PASS == ["tests/test_add.py::test_add"]
     assert task.test_command.endswith(" -W ignore::pytest.PytestRemovedIn9Warning")
+
+
+@needs_bwrap
+def test_a_dependency_built_with_2to3_is_built_with_the_setuptools_that_could(tmp_path: Path) -> None:
+    """End to end (real sandbox, real package index): the test requirements name a package whose setup.py asks
+    setuptools to run 2to3 (python-nameparser's 2014-2019 dev-requirements.txt pins ipdb==0.9.0; here a package of
+    the repository), which every setuptools since 58 refuses ("use_2to3 is invalid"): the setup failed. The setup
+    runs again with setuptools < 58 for its builds, the task's setup does the same, and the fix is kept."""
+    from bugsweep.sandbox import get_provider
+
+    legacy = "from setuptools import setup\n\nsetup(name='legacy', version='0.9', py_modules=['legacy'], use_2to3=True)\n"
+    repo = make_repo(tmp_path / "repo", {
+        "calc.py": CALC, "tests/test_calc.py": TEST_MUL, "pyproject.toml": PYPROJECT,
+        "vendor/legacy/setup.py": legacy, "vendor/legacy/legacy.py": "VALUE = 1\n",
+        "requirements-dev.txt": "./vendor/legacy\npytest\n",
+    })  # fmt: skip
+    commit_add_fix(repo)
+    result = mine(str(repo), provider=get_provider("local"), runs=1, older_python=False)
+    (task,) = result.tasks
+    assert task.FAIL_TO_PASS == ["tests/test_add.py::test_add"]
+    assert task.setup_command is not None
+    assert task.setup_command.startswith(f"printf 'setuptools<58\\n' > {BUILD_CONSTRAINTS} && export ")
 
 
 @needs_bwrap

@@ -180,6 +180,23 @@ def relax_pins(setup: str, pins: Sequence[str]) -> str:
     return f"printf '{body}\\n' > {OVERRIDES} && export UV_OVERRIDE={OVERRIDES} && {setup}"
 
 
+#: What setuptools 58 and later say of a setup.py that asks for 2to3 (`use_2to3`), the project's or a pinned
+#: dependency's (python-nameparser's 2014-2019 dev-requirements.txt: ipdb==0.9.0).
+USES_2TO3_REFUSED = "use_2to3 is invalid"
+
+
+def constrain_builds(setup: str, requirement: str) -> str:
+    """`setup` with `requirement` (`setuptools<58`) among the build constraints of the packages it builds: in the
+    constraints file the setup writes already (BUILD_CONSTRAINTS), or in one it now writes first."""
+    written = re.compile(rf"printf '([^']*)' > {re.escape(BUILD_CONSTRAINTS)}")
+    if written.search(setup):
+        return written.sub(lambda m: f"printf '{m[1]}{requirement}\\n' > {BUILD_CONSTRAINTS}", setup, count=1)
+    return (
+        f"printf '{requirement}\\n' > {BUILD_CONSTRAINTS} && "
+        f"export UV_BUILD_CONSTRAINT={BUILD_CONSTRAINTS} PIP_BUILD_CONSTRAINT={BUILD_CONSTRAINTS} && {setup}"
+    )
+
+
 _INCLUDE = re.compile(r"^\s*(-r|-c|--requirement|--constraint)[\s=]*(\S+)", re.M)
 
 

@@ -8,7 +8,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
 
 from bugsweep.errors import ConfigError, Terminated
-from bugsweep.mining.building import build_task, relax_pins
+from bugsweep.mining.building import build_task, constrain_builds, relax_pins
 from bugsweep.mining.history import list_history, local_clone, repo_name, scan_history
 from bugsweep.mining.records import (
     Commit,
@@ -154,6 +154,9 @@ def mine(
             spec.test_command = without_ini(spec.test_command)
         if verdict.allowed_warnings:
             spec.test_command = allow_warnings(spec.test_command, verdict.allowed_warnings)
+        if verdict.build_constraints and spec.setup_command:
+            for constraint in verdict.build_constraints:
+                spec.setup_command = constrain_builds(spec.setup_command, constraint)
         if verdict.relaxed and spec.setup_command:
             spec.setup_command = relax_pins(spec.setup_command, verdict.relaxed)
         if verdict.ignored:
@@ -185,6 +188,8 @@ def mine(
             note += ", the configuration today's pytest will not read (setup.cfg's [pytest]) left unread"
         if verdict.allowed_warnings:
             note += f", pytest's {', '.join(verdict.allowed_warnings)} not an error"
+        if verdict.build_constraints:
+            note += f", built with {', '.join(verdict.build_constraints)} (a package asks for 2to3)"
         if verdict.relaxed:
             note += f", pins the package index does not have relaxed ({', '.join(verdict.relaxed)})"
         if verdict.ignored:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 import threading
 from collections.abc import Callable, Sequence
@@ -10,7 +11,7 @@ from typing import Any
 
 from bugsweep.errors import BugsweepError, ConfigError, SetupFailed
 from bugsweep.grading.runs import TestRun, missing_module, run_tests, why_cannot_run
-from bugsweep.mining.building import relax_pins, unavailable_pins
+from bugsweep.mining.building import USES_2TO3_REFUSED, constrain_builds, relax_pins, unavailable_pins
 from bugsweep.mining.interpreters import older_python
 from bugsweep.mining.records import Commit, RejectReason
 from bugsweep.mining.verdict import (
@@ -274,11 +275,12 @@ def _validate(
             environments=environments,
         )
 
-    setup, relaxed = spec.setup_command, list[str]()
+    setup, relaxed, constraints = spec.setup_command, list[str](), list[str]()
 
     def noted(verdict: Verdict) -> Verdict:
         """The verdict with what the runs below changed in the task's commands (the task does the same)."""
         verdict.ignored, verdict.allowed_warnings, verdict.relaxed = ignored, warned, relaxed
+        verdict.build_constraints = constraints
         verdict.disabled_plugins, verdict.no_ini = refused, no_ini
         return verdict
 
@@ -291,10 +293,14 @@ def _validate(
                 # a pin the package index does not have (never published, or none for this Python): relaxed to
                 # the nearest releases it has (bugsweep.mining.building.relax_pins), and the setup runs again
                 more = [pin for pin in unavailable_pins(str(exc)) if pin not in relaxed]
-                if not setup or not more or len(relaxed) >= 5:
+                # a package it builds asks for 2to3, which setuptools 58 removed: built with an older one
+                old_build = USES_2TO3_REFUSED in str(exc) and "setuptools<58" not in constraints
+                if not setup or not (more or old_build) or len(relaxed) >= 5:
                     raise
                 relaxed += more
-                spec.setup_command = relax_pins(setup, relaxed)
+                constraints += ["setuptools<58"] if old_build else []
+                constrained = functools.reduce(constrain_builds, constraints, setup)
+                spec.setup_command = relax_pins(constrained, relaxed) if relaxed else constrained
         if refused := refused_plugins(before):
             # a plugin the setup installed that today's pytest will not load stopped every run at start-up: it is
             # not loaded, and the runs start again

@@ -61,6 +61,9 @@ class Verdict:
     relaxed: list[str] = field(default_factory=list)
     """Pins (NAME==VERSION) of the setup that the package index has no distribution for, relaxed to the releases of
     their major version from there on (bugsweep.mining.building.relax_pins): the task's setup does the same."""
+    build_constraints: list[str] = field(default_factory=list)
+    """Build constraints the setup failed without (`setuptools<58` where a package it builds asks for 2to3, which
+    setuptools 58 removed): the task's setup constrains its builds so too (building.constrain_builds)."""
     disabled_plugins: list[str] = field(default_factory=list)
     """Installed pytest plugins that today's pytest refused to load at the task state, stopping every run before
     its first test (pytest-flake8's py.path hook, refused by pytest 9): the task's command disables them (`-p no:`)."""
