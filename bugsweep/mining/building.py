@@ -185,6 +185,13 @@ def relax_pins(setup: str, pins: Sequence[str]) -> str:
 USES_2TO3_REFUSED = "use_2to3 is invalid"
 
 
+def adapted_setup(setup: str, constraints: Sequence[str], relaxed: Sequence[str]) -> str:
+    """`setup` as a validation ran it last: its builds constrained (`constrain_builds`), then the pins the index
+    does not have relaxed (`relax_pins`)."""
+    constrained = functools.reduce(constrain_builds, constraints, setup)
+    return relax_pins(constrained, relaxed) if relaxed else constrained
+
+
 def constrain_builds(setup: str, requirement: str) -> str:
     """`setup` with `requirement` (`setuptools<58`) among the build constraints of the packages it builds: in the
     constraints file the setup writes already (BUILD_CONSTRAINTS), or in one it now writes first."""
@@ -309,13 +316,6 @@ def detect_commands(repo: Path, commit: str, test_files: Sequence[str]) -> Comma
         why.append(
             "a PyYAML older than 6.0.1 is pinned, whose source does not build with Cython 3: Cython < 3 for builds"
         )
-    if build_constraints:
-        lines = "".join(f"{c}\\n" for c in build_constraints)
-        steps.insert(
-            0,
-            f"printf '{lines}' > {BUILD_CONSTRAINTS} && "
-            f"export UV_BUILD_CONSTRAINT={BUILD_CONSTRAINTS} PIP_BUILD_CONSTRAINT={BUILD_CONSTRAINTS}",
-        )
     # the requirement strings of setup.py's, setup.cfg's and pyproject.toml's lists (a test extra's), one a line
     listed = re.sub(r"[\"'\[\]]", "\n", metadata)
     old_pytest = bool(_OLD_PYTEST_PIN.search(pinned) or _OLD_PYTEST_PIN.search(listed))
@@ -343,7 +343,10 @@ def detect_commands(repo: Path, commit: str, test_files: Sequence[str]) -> Comma
                 "pip install pytest"
             )  # the task's own environment has no test runner until its setup
         why.append("pytest on the changed test modules")
-    return Commands(setup=" && ".join(steps) or None, test=test, why=why)
+    setup = " && ".join(steps)
+    if setup:
+        setup = functools.reduce(constrain_builds, build_constraints, setup)
+    return Commands(setup=setup or None, test=test, why=why)
 
 
 def runner_config_changes(repo: Path, commit: Commit) -> list[str]:

@@ -8,7 +8,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
 
 from bugsweep.errors import ConfigError, Terminated
-from bugsweep.mining.building import build_task, constrain_builds, relax_pins
+from bugsweep.mining.building import adapted_setup, build_task
 from bugsweep.mining.history import list_history, local_clone, repo_name, scan_history
 from bugsweep.mining.records import (
     Commit,
@@ -154,11 +154,8 @@ def mine(
             spec.test_command = without_ini(spec.test_command)
         if verdict.allowed_warnings:
             spec.test_command = allow_warnings(spec.test_command, verdict.allowed_warnings)
-        if verdict.build_constraints and spec.setup_command:
-            for constraint in verdict.build_constraints:
-                spec.setup_command = constrain_builds(spec.setup_command, constraint)
-        if verdict.relaxed and spec.setup_command:
-            spec.setup_command = relax_pins(spec.setup_command, verdict.relaxed)
+        if spec.setup_command:
+            spec.setup_command = adapted_setup(spec.setup_command, verdict.build_constraints, verdict.relaxed)
         if verdict.ignored:
             spec.test_command = ignore(spec.test_command, verdict.ignored)
         if verdict.deselect:

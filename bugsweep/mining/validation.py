@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import re
 import threading
 from collections.abc import Callable, Sequence
@@ -11,7 +10,7 @@ from typing import Any
 
 from bugsweep.errors import BugsweepError, ConfigError, SetupFailed
 from bugsweep.grading.runs import TestRun, missing_module, run_tests, why_cannot_run
-from bugsweep.mining.building import USES_2TO3_REFUSED, constrain_builds, relax_pins, unavailable_pins
+from bugsweep.mining.building import USES_2TO3_REFUSED, adapted_setup, unavailable_pins
 from bugsweep.mining.interpreters import older_python
 from bugsweep.mining.records import Commit, RejectReason
 from bugsweep.mining.verdict import (
@@ -299,8 +298,7 @@ def _validate(
                     raise
                 relaxed += more
                 constraints += ["setuptools<58"] if old_build else []
-                constrained = functools.reduce(constrain_builds, constraints, setup)
-                spec.setup_command = relax_pins(constrained, relaxed) if relaxed else constrained
+                spec.setup_command = adapted_setup(setup, constraints, relaxed)
         if refused := refused_plugins(before):
             # a plugin the setup installed that today's pytest will not load stopped every run at start-up: it is
             # not loaded, and the runs start again
