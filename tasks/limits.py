@@ -40,12 +40,19 @@ SERVER_BUSY_S = 300.0
 T = TypeVar("T")
 
 
-def _server_busy(exc: BaseException) -> bool:
+def _server_busy(exc: BaseException | None) -> bool:
+    """Whether `exc`, or the error it was raised from, is the Prefect server being busy: Prefect's `concurrency()`
+    raises ConcurrencySlotAcquisitionError from the server's 503 ("Unable to acquire concurrency slots ...: 503
+    Service Unavailable"; seen failing a night's run under load)."""
     import httpx
 
-    if isinstance(exc, httpx.HTTPStatusError):
-        return exc.response.status_code in (408, 429, 502, 503, 504)
-    return isinstance(exc, httpx.TransportError)
+    while exc is not None:
+        if isinstance(exc, httpx.HTTPStatusError):
+            return exc.response.status_code in (408, 429, 502, 503, 504)
+        if isinstance(exc, httpx.TransportError):
+            return True
+        exc = exc.__cause__
+    return False
 
 
 def patiently(call: Callable[[], T]) -> T:

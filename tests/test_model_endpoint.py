@@ -130,9 +130,11 @@ def test_a_caller_that_knows_the_endpoint_answered_makes_a_refusal_an_outage() -
 
 
 def test_a_slot_is_asked_for_again_while_the_prefect_server_is_busy_and_a_real_refusal_is_not() -> None:
-    """tasks.limits.patiently: a 503 from the Prefect server (SQLite busy under a night's load) is waited out; a
-    400 is the caller's mistake and raised at once."""
+    """tasks.limits.patiently: a 503 from the Prefect server (SQLite busy under a night's load) is waited out, also
+    as Prefect's `concurrency()` raises it (ConcurrencySlotAcquisitionError from the 503); a 400 is the caller's
+    mistake and raised at once, wrapped or not."""
     import httpx
+    from prefect.concurrency._asyncio import ConcurrencySlotAcquisitionError
 
     from tasks.limits import patiently
 
@@ -159,4 +161,30 @@ def test_a_slot_is_asked_for_again_while_the_prefect_server_is_busy_and_a_real_r
     calls.clear()
     with pytest.raises(httpx.HTTPStatusError):
         patiently(refused)
+    assert len(calls) == 1
+
+    def wrapped(code: int) -> ConcurrencySlotAcquisitionError:
+        try:
+            raise ConcurrencySlotAcquisitionError(
+                f"Unable to acquire concurrency slots on ['llm']: {code}"
+            ) from (answer(code))
+        except ConcurrencySlotAcquisitionError as exc:
+            return exc
+
+    def busy_once_in_prefect() -> str:
+        calls.append(1)
+        if len(calls) == 1:
+            raise wrapped(503)
+        return "slot"
+
+    calls.clear()
+    assert patiently(busy_once_in_prefect) == "slot" and len(calls) == 2
+
+    def refused_in_prefect() -> str:
+        calls.append(1)
+        raise wrapped(400)
+
+    calls.clear()
+    with pytest.raises(ConcurrencySlotAcquisitionError):
+        patiently(refused_in_prefect)
     assert len(calls) == 1
