@@ -488,6 +488,41 @@ def test_changes_that_change_no_code_and_changes_it_cannot_read_say_so(tmp_path:
     )
 
 
+def table(terms: int) -> str:
+    """A generated table as idna's 2013 idnadata.py was: one expression of `terms` lists joined by `+`, which the
+    ast module walks a level deeper for each term."""
+    joined = " +\n    ".join(f"list(range({i}, {i + 2}))" for i in range(0, 2 * terms, 2))
+    return f"scripts = {{\n    'Latin': frozenset(\n    {joined}),\n}}\n"
+
+
+@pytest.mark.parametrize("terms", [1500, 3000], ids=["parsed-too-deep-to-walk", "too-deep-to-parse"])
+def test_a_table_nested_deeper_than_the_recursion_limit_is_words_only_not_a_crash(
+    tmp_path: Path, terms: int
+) -> None:
+    """A change holding code nested deeper than Python's recursion limit lets the ast module walk (a generated
+    table of joined lists: 1,500 parse, and the walk of the tree fails, as idna's 2013 idnadata.py did; 3,000 do
+    not parse) is read by its words, and the reason names the file; mining idna's history crashed on it with
+    RecursionError. The same table, short, is read as code."""
+    repo = numbers_repo(tmp_path / "repo")
+    write_files(repo, {"tables.py": table(3)})
+    commit_all(repo, "Add the tables")
+    result = screened(
+        repo, {"tables.py": table(4), **SMALL_FIX}, "Fix total of a generator, regenerate the tables"
+    )
+    assert isinstance(result, Screened) and result.why_fix == "the subject says 'Fix'", result
+    result = screened(
+        repo,
+        {"tables.py": table(terms), "numbers_.py": NUMBERS.replace("return sum(values)", "return sum([*values])"),
+         "tests/test_numbers.py": TEST_NUMBERS + "\n\ndef test_total_four():\n    assert total([4]) == 4\n"},
+        "Fix total of a tuple, regenerate the tables",
+    )  # fmt: skip
+    assert isinstance(result, Screened)
+    assert result.why_fix == (
+        "the subject says 'Fix' (words only: the change has files the screen cannot read: tables.py (nested too "
+        "deeply to read))"
+    )
+
+
 def test_a_changelog_fragment_says_what_the_change_is(tmp_path: Path) -> None:
     repo = numbers_repo(tmp_path / "repo")
     change = {

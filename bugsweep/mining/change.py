@@ -440,7 +440,11 @@ def read_change(
     for path in [*py_sources, *stubs, *py_tests]:
         texts = _git_show(repo, base, path), _git_show(repo, commit.sha, path)
         lines[path] = ((texts[0] or "").splitlines(), (texts[1] or "").splitlines())
-        before, after = _parse(texts[0]), _parse(texts[1])
+        try:
+            before, after = _parse(texts[0]), _parse(texts[1])
+        except (RecursionError, MemoryError):  # a generated table deeper than the parser builds
+            shape.unreadable.append(f"{path} (nested too deeply to read)")
+            continue
         if before is None or after is None:
             shape.unreadable.append(f"{path} (does not parse)")
             continue
@@ -450,18 +454,32 @@ def read_change(
 
     added, removed = _numstat(repo, base, commit.sha, py_sources)
     shape.source_lines = added + removed
-    _read_sources(shape, {p: trees[p] for p in py_sources}, {p: trees[p] for p in stubs}, lines)
-    data = [p for p, role in roles.items() if role == "data"]
-    if not shape.changed_functions and not shape.added_names and not data:
-        source_trees = [trees[p] for p in py_sources]
-        shape.code_changed = any(ast.dump(_stripped(b)) != ast.dump(_stripped(a)) for b, a in source_trees)
-        shape.only_annotations = not shape.code_changed and any(
-            ast.dump(_stripped(b, annotations=False)) != ast.dump(_stripped(a, annotations=False))
-            for b, a in source_trees
+    try:
+        _read_sources(shape, {p: trees[p] for p in py_sources}, {p: trees[p] for p in stubs}, lines)
+        data = [p for p, role in roles.items() if role == "data"]
+        if not shape.changed_functions and not shape.added_names and not data:
+            pairs = [trees[p] for p in py_sources]
+            shape.code_changed = any(ast.dump(_stripped(b)) != ast.dump(_stripped(a)) for b, a in pairs)
+            shape.only_annotations = not shape.code_changed and any(
+                ast.dump(_stripped(b, annotations=False)) != ast.dump(_stripped(a, annotations=False))
+                for b, a in pairs
+            )
+        _read_tests(shape, {p: (*trees[p], *lines[p]) for p in py_tests})
+    except RecursionError:  # parsed, but deeper than the ast module walks (idna's 2013 generated idnadata.py)
+        deep = [path for path, pair in trees.items() if not _walkable(pair)] or list(trees)
+        return ChangeShape(
+            changelog=shape.changelog, unreadable=[f"{p} (nested too deeply to read)" for p in deep]
         )
-    _read_tests(shape, {p: (*trees[p], *lines[p]) for p in py_tests})
     shape.unread_exceptions = [tree for pair in trees.values() for tree in pair]
     return shape
+
+
+def _walkable(trees: tuple[ast.Module, ...]) -> bool:
+    """Whether the ast module walks these trees within Python's recursion limit."""
+    try:
+        return all(ast.dump(tree) for tree in trees)
+    except RecursionError:
+        return False
 
 
 def _read_sources(
