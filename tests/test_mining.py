@@ -278,6 +278,20 @@ def test_detected_commands_for_common_layouts(tmp_path: Path) -> None:
         "tests/test_t.py": "def test_x():\n    pass\n",
     }, ["tests/test_t.py"])  # fmt: skip
     assert cmds.setup == "pip install -e . && pip install pytest freezegun"
+    # or only in setup.py's tests_require (`setup.py test`'s, which pip never installs: python-fire's mock), a
+    # literal list or a name bound to one; a computed one is left alone
+    tests_require = "from setuptools import setup\nTEST_DEPENDENCIES = ['mock', 'hypothesis>=3']\n"
+    required, cmds = _detected(tmp_path / "required", {
+        "setup.py": tests_require + "setup(name='r', tests_require=TEST_DEPENDENCIES)\n",
+        "r_test.py": "def test_x():\n    pass\n",
+    }, ["r_test.py"])  # fmt: skip
+    assert cmds.setup == "pip install -e . && pip install mock 'hypothesis>=3' && pip install pytest"
+    assert "setup.py's tests_require" in cmds.why
+    write_files(
+        required, {"setup.py": tests_require + "setup(name='r', tests_require=TEST_DEPENDENCIES[:1])\n"}
+    )
+    head = commit_all(required, "computed")
+    assert detect_commands(required, head, ["r_test.py"]).setup == "pip install -e . && pip install pytest"
 
     # the test extra named by tox.ini, or only in setup.py's extras_require
     extras, cmds = _detected(tmp_path / "extras", {

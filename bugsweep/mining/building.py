@@ -3,6 +3,7 @@ the TaskSpec."""
 
 from __future__ import annotations
 
+import ast
 import configparser
 import functools
 import re
@@ -87,6 +88,33 @@ def _tox_extra(text: str) -> str | None:
 
 #: A test extra declared as a literal in setup.py: `"tests": [` inside extras_require or a dict built for it.
 _SETUP_PY_EXTRA = re.compile(r"""["'](tests|test|testing)["']\s*:\s*\[""")
+
+
+def _setup_py_tests_require(text: str) -> list[str]:
+    """The requirements of setup.py's `tests_require` (for `setup.py test`, which pip never installs): a literal
+    list, or a module-level name bound to one (python-fire's `tests_require=TEST_DEPENDENCIES`: mock, hypothesis);
+    [] when setup.py does not parse or computes them."""
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return []
+    bound = {
+        target.id: node.value
+        for node in tree.body
+        if isinstance(node, ast.Assign)
+        for target in node.targets
+        if isinstance(target, ast.Name)
+    }
+    for node in ast.walk(tree):
+        if isinstance(node, ast.keyword) and node.arg == "tests_require":
+            value = bound.get(node.value.id, node.value) if isinstance(node.value, ast.Name) else node.value
+            try:
+                found = ast.literal_eval(value)
+            except ValueError:
+                return []
+            if isinstance(found, list | tuple) and all(isinstance(r, str) for r in found):
+                return list(found)
+    return []
 
 
 def _tree_matches(repo: Path, commit: str, *patterns: str) -> bool:
@@ -241,7 +269,8 @@ def detect_commands(repo: Path, commit: str, test_files: Sequence[str]) -> Comma
       `tests`/`test`/`testing` extra when pyproject.toml, setup.cfg or a literal in setup.py's extras_require
       names one, else the extras tox.ini's [testenv] installs, whatever their names;
     - then the test dependencies where the project keeps them: a requirements file (TEST_REQUIREMENTS), a
-      `tests`/`test`/`testing` dependency group in pyproject.toml, or tox.ini's [testenv] deps;
+      `tests`/`test`/`testing` dependency group in pyproject.toml, tox.ini's [testenv] deps, or (without a test
+      extra) setup.py's `tests_require`, a literal list or a name bound to one;
     - `setuptools<82` when the code imports pkg_resources (setuptools 82 removed it; older environments had it);
     - setuptools < 58 for the builds of the setup, and `pip install .` for `pip install -e .` (those have no editable
       install), when setup.py asks setuptools to run 2to3 (`use_2to3`, removed in setuptools 58) and keeps no
@@ -309,6 +338,10 @@ def detect_commands(repo: Path, commit: str, test_files: Sequence[str]) -> Comma
     elif "tox.ini" in names and (deps := _tox_deps(text("tox.ini"))):
         steps.append("pip install " + " ".join(shlex.quote(r) for r in deps))
         why.append("tox.ini [testenv] deps")
+        pinned = "\n".join(deps)
+    elif installable and not extra and (deps := _setup_py_tests_require(setup_py)):
+        steps.append("pip install " + " ".join(shlex.quote(r) for r in deps))
+        why.append("setup.py's tests_require")
         pinned = "\n".join(deps)
     metadata = "\n".join(text(name) for name in ("setup.py", "setup.cfg", "pyproject.toml"))
     if _CYTHON_3_BREAKS.search(pinned) or _CYTHON_3_BREAKS.search(re.sub(r"[\"',\[\]]", "\n", metadata)):
