@@ -93,11 +93,16 @@ TOOLING = (
     r"violations?|warnings?|import\s+order|readme|changelog|annotation|packaging|setup|tox|builds?|jobs?"
 )
 TOOLING_WORD = re.compile(rf"\b({TOOLING_SUBJECT})\b", re.IGNORECASE)
+#: Where a fix is when it is "in" them ("fix unicode in tests", "fix errors in docs found with doctest"): only
+#: places no library's own behaviour is called (a parser's comments, a scheduler's jobs are).
+IN_TOOLING = r"tests?|test\s+suite|docs|documentation|docstrings?|readme|changelog"
 #: A fix word whose object is tooling ("fix typos", "fix the failing tests", "fix pep8 error", "lint fixes",
-#: "auto-fix codebase", "fixing code style errors", "trivial grammar fix"): it says nothing about a bug.
+#: "auto-fix codebase", "fixing code style errors", "trivial grammar fix", "fix unicode in tests"): it says nothing
+#: about a bug.
 TOOLING_FIX = re.compile(
     rf"\b(fix(es|ed|ing)?|correct(s|ed)?)\s+((a\s+few|a\s+couple\s+of|some|several|many|more|minor|small|all|the)\s+)?"
     rf"(\w[\w-]*\s+)?({TOOLING})\b|"
+    rf"\b(fix(es|ed|ing)?|correct(s|ed)?)\s+(\w[\w-]*\s+){{1,3}}in\s+(the\s+)?({IN_TOOLING})\b|"
     rf"\b({TOOLING}|auto|typo|grammar|wording)[- ]fix(es|ed)?\b|\bautofix\w*",
     re.IGNORECASE,
 )
