@@ -331,18 +331,16 @@ def detect_commands(repo: Path, commit: str, test_files: Sequence[str]) -> Comma
         steps.append(f"pip install -r {reqs}")
         why.append(f"test requirements in {reqs}")
         pinned = _requirements_text(repo, commit, reqs)
-    elif group:
-        steps.append("pip install " + " ".join(shlex.quote(r) for r in group))
-        why.append("the test dependency group in pyproject.toml")
-        pinned = "\n".join(group)
-    elif "tox.ini" in names and (deps := _tox_deps(text("tox.ini"))):
-        steps.append("pip install " + " ".join(shlex.quote(r) for r in deps))
-        why.append("tox.ini [testenv] deps")
-        pinned = "\n".join(deps)
-    elif installable and not extra and (deps := _setup_py_tests_require(setup_py)):
-        steps.append("pip install " + " ".join(shlex.quote(r) for r in deps))
-        why.append("setup.py's tests_require")
-        pinned = "\n".join(deps)
+    else:  # the first place that lists them, read only until one does
+        deps, where = group, "the test dependency group in pyproject.toml"
+        if not deps and "tox.ini" in names:
+            deps, where = _tox_deps(text("tox.ini")), "tox.ini [testenv] deps"
+        if not deps and installable and not extra:
+            deps, where = _setup_py_tests_require(setup_py), "setup.py's tests_require"
+        if deps:
+            steps.append("pip install " + " ".join(shlex.quote(r) for r in deps))
+            why.append(where)
+            pinned = "\n".join(deps)
     metadata = "\n".join(text(name) for name in ("setup.py", "setup.cfg", "pyproject.toml"))
     if _CYTHON_3_BREAKS.search(pinned) or _CYTHON_3_BREAKS.search(re.sub(r"[\"',\[\]]", "\n", metadata)):
         build_constraints.append("cython<3")
