@@ -113,17 +113,6 @@ def mine_command(
             "commit names. Kept there, its task names that interpreter ('python'). Local sandbox only.",
         ),
     ] = True,
-    release_check: Annotated[
-        bool,
-        typer.Option(
-            "--release-check/--no-release-check",
-            help="A validated commit most of whose changed source lines (blamed at its parent) came after the last "
-            "release tag before it (a version number in the tag) is kept only if its failing tests pass on that "
-            "release's code, with the commit's test files: the behaviour worked there, so the commit fixes a "
-            "regression. Else it fixes code no release had, and is rejected ('fixes unreleased code'). Costs one "
-            "more setup and test run for such commits.",
-        ),
-    ] = True,
     out_format: Annotated[
         str,
         typer.Option(
@@ -224,7 +213,6 @@ def mine_command(
                 concurrency=concurrency,
                 per_test_timeout=per_test_timeout_s or None,
                 older_python=older_python,
-                release_check=release_check,
                 result=result,
                 write=write,
             )

@@ -19,8 +19,8 @@ from bugsweep.mining.records import (
     Rejection,
     Unfinished,
 )
-from bugsweep.mining.screening import MINING_TEST_GLOBS, screen
-from bugsweep.mining.validation import Stopper, against_release, validate_on_its_python
+from bugsweep.mining.screening import screen
+from bugsweep.mining.validation import Stopper, validate_on_its_python
 from bugsweep.mining.verdict import Verdict, allow_warnings, deselect, disable_plugins, ignore, without_ini
 from bugsweep.runconfig import AgentLimits
 from bugsweep.sandbox.base import SandboxProvider
@@ -54,7 +54,6 @@ def mine(
     exclude: str | None = None,
     result: MiningResult | None = None,
     older_python: bool = True,
-    release_check: bool = True,
 ) -> MiningResult:
     """Scan `repo`'s history newest first and keep up to `limit` validated tasks (`merges`: see scan_history).
 
@@ -71,9 +70,6 @@ def mine(
     `older_python`: a candidate older than the running Python whose environment failed on it is validated again on
     an older interpreter of this machine (bugsweep.mining.validation.validate_on_its_python); kept there, its task
     names that interpreter (`python`).
-    `release_check`: a kept candidate most of whose changed source lines came after the last release tag before it
-    is kept only if its failing tests pass on that release's code, a regression (bugsweep.mining.validation.
-    against_release); else it is rejected as a fix of code no release had.
 
     A run stops early on Ctrl-C (KeyboardInterrupt), SIGTERM (Terminated) or when the test or setup command cannot
     run at all (CommandNotFound): the candidates in flight are not judged (their sandboxes are released at once
@@ -107,7 +103,7 @@ def mine(
             environments=environments,
         )
 
-    def next_candidate(history: Iterator[Commit]) -> tuple[Commit, TaskSpec, str, list[str]] | None:
+    def next_candidate(history: Iterator[Commit]) -> tuple[Commit, TaskSpec, str] | None:
         """Scan and screen until a commit needs the sandbox; None when the history is used up."""
         for commit in history:
             result.scanned += 1
@@ -126,25 +122,8 @@ def mine(
                 setup_command=setup_command,
                 task_prefix=task_prefix,
             )
-            return (
-                commit,
-                spec,
-                _what_runs(spec, screened.runnable_tests, test_command),
-                screened.source_files,
-            )
+            return commit, spec, _what_runs(spec, screened.runnable_tests, test_command)
         return None
-
-    def validate_candidate(spec: TaskSpec, commit: Commit, sources: list[str]) -> Verdict:
-        verdict = validate_on_its_python(
-            spec, provider, commit, repo=git_dir, older=older_python, runs=runs, timeout=test_timeout,
-            per_test_timeout=per_test_timeout, stopper=stopper,
-        )  # fmt: skip
-        if not release_check:
-            return verdict
-        return against_release(
-            verdict, spec, provider, commit, repo=git_dir, source_files=sources, test_globs=MINING_TEST_GLOBS,
-            timeout=test_timeout, per_test_timeout=per_test_timeout, stopper=stopper,
-        )  # fmt: skip
 
     def record(commit: Commit, spec: TaskSpec, verdict: Verdict) -> None:
         if verdict.flaky:
@@ -166,8 +145,6 @@ def mine(
         if verdict.python:
             spec.python = verdict.python
             result.older_python[commit.sha] = verdict.python
-        if verdict.release_note:
-            spec.screen_reason = "; ".join(filter(None, [spec.screen_reason, verdict.release_note]))
         spec.FAIL_TO_PASS = verdict.fail_to_pass
         spec.PASS_TO_PASS = verdict.pass_to_pass
         spec.FAIL_TO_FAIL = verdict.fail_to_fail
@@ -249,12 +226,23 @@ def mine(
                 if found is None:
                     exhausted = True
                     break
-                commit, spec, what_runs, sources = found
+                commit, spec, what_runs = found
                 # Validate against the local clone (fast); the task file names the repository as the user gave it.
                 in_sandbox = spec.model_copy(update={"repo": str(git_dir)})
                 progress(event("validate", commit, f"{what_runs}, {runs} run(s) per state"))
                 result.validated += 1
-                future = pool.submit(validate_candidate, in_sandbox, commit, sources)
+                future = pool.submit(
+                    validate_on_its_python,
+                    in_sandbox,
+                    provider,
+                    commit,
+                    repo=git_dir,
+                    older=older_python,
+                    runs=runs,
+                    timeout=test_timeout,
+                    per_test_timeout=per_test_timeout,
+                    stopper=stopper,
+                )
                 pending[future] = (commit, spec)
             if not pending:
                 break

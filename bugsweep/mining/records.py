@@ -30,7 +30,6 @@ class RejectReason(StrEnum):
     SETUP_FAILED = "setup failed"
     TESTS_PASS_AT_PARENT = "tests pass at parent"
     TESTS_FAIL_AT_FIX = "tests fail at fix"
-    UNRELEASED = "fixes unreleased code"
     FLAKY = "flaky"
     TIMED_OUT = "tests timed out"
     NO_TEST_RESULTS = "no test results"

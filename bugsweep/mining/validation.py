@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import subprocess
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -14,7 +13,6 @@ from bugsweep.grading.runs import TestRun, missing_module, run_tests, why_cannot
 from bugsweep.mining.building import USES_2TO3_REFUSED, adapted_setup, unavailable_pins
 from bugsweep.mining.interpreters import older_python
 from bugsweep.mining.records import Commit, RejectReason
-from bugsweep.mining.releases import tests_at_release, unreleased
 from bugsweep.mining.verdict import (
     Verdict,
     _all_ids,
@@ -238,86 +236,6 @@ def validate_on_its_python(
     verdict.detail += f" (and on {python}: {again.reason.value}: {again.detail[:200]})"
     verdict.environments += again.environments
     return verdict
-
-
-def against_release(
-    verdict: Verdict,
-    spec: TaskSpec,
-    provider: SandboxProvider,
-    commit: Commit,
-    *,
-    repo: Path,
-    source_files: Sequence[str],
-    test_globs: Sequence[str],
-    timeout: float = 900.0,
-    setup_timeout: float = 1800.0,
-    per_test_timeout: float | None = None,
-    stopper: Stopper | None = None,
-) -> Verdict:
-    """A kept candidate most of whose changed source lines came after the last release (bugsweep.mining.releases)
-    fixes code no release had, unless its failing tests pass on that release's code: then the behaviour worked in
-    the release and the commit fixes a regression. One run of the task's test command on the release's tree with
-    the fix's test files; kept when every FAIL_TO_PASS test passes there, rejected (`fixes unreleased code`) when
-    one does not. A release state that cannot be set up or run says nothing: the verdict stands, and says so."""
-    if verdict.reason is not None or not commit.parents:
-        return verdict
-    try:
-        found = unreleased(repo, commit.parents[0], commit.sha, source_files)
-    except (ConfigError, OSError, subprocess.SubprocessError) as exc:
-        verdict.release_note = f"not checked against the last release: {str(exc)[:200]}"
-        return verdict
-    if found is None or not found.mostly:
-        return verdict
-    at_release = spec.model_copy(
-        update={
-            "base_commit": found.release.sha,
-            "test_patch": tests_at_release(repo, found.release, commit.sha, test_globs) or None,
-            "python": verdict.python or spec.python,
-            # another of the fix's test modules that does not import on the release's code (it tests what came
-            # after) must not stop pytest before the failing tests run
-            "test_command": ignore(spec.test_command, [])
-            if "pytest" in spec.test_command
-            else spec.test_command,
-        }
-    )
-    environments: list[str] = []
-    try:
-        runs = _run_state(
-            at_release,
-            provider,
-            1,
-            keep_going=lambda r: False,
-            timeout=timeout,
-            setup_timeout=setup_timeout,
-            per_test_timeout=per_test_timeout,
-            stopper=stopper,
-            environments=environments,
-        )
-    except (MiningStopped, CommandNotFound):
-        raise
-    except BugsweepError as exc:
-        if stopper is not None and stopper.stopped:
-            raise MiningStopped("mining was stopped") from exc
-        first = (str(exc).strip().splitlines() or [""])[-1][:200]
-        verdict.release_note = f"{found.describe()}; its tests could not run there ({first}): kept"
-        return verdict
-    finally:
-        verdict.environments += environments
-    outcomes = _outcomes(runs[0])
-    failing = [t for t in verdict.fail_to_pass if outcomes.get(t) != "passed"]
-    if not failing:
-        verdict.release_note = (
-            f"{found.describe()}, and its failing tests pass there: a regression since then"
-        )
-        return verdict
-    ran = [t for t in failing if t in outcomes] or failing
-    shown = ", ".join(ran[:3]) + (f" and {len(ran) - 3} more" if len(ran) > 3 else "")
-    how = "fail there too" if ran[0] in outcomes else "do not run there (their module does not import)"
-    return Verdict(
-        RejectReason.UNRELEASED,
-        f"{found.describe()}, and its failing tests {how} ({shown}): a fix of code no release had",
-        environments=verdict.environments,
-    )
 
 
 def _validate(

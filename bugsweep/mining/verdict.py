@@ -77,9 +77,6 @@ class Verdict:
     python: str | None = None
     """The older interpreter the candidate was validated on again, and kept on, after its environment failed on
     the running Python (bugsweep.mining.interpreters); None: the running one."""
-    release_note: str = ""
-    """What the check against the last release found for a kept candidate most of whose changed lines came after
-    it (bugsweep.mining.validation.against_release): its tests pass there (a regression), or could not run there."""
     environments: list[str] = field(default_factory=list)
     """How each state's task environment came about, in the order they ran (the task state, then the fix commit):
     'built' (the setup ran), 'reused' (a finished setup was reused), 'no setup'."""
