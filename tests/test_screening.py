@@ -629,6 +629,33 @@ def test_an_issue_reference_is_no_bug(tmp_path: Path, message: str, detail: str)
     assert isinstance(result, Rejection) and result.detail == detail
 
 
+@pytest.mark.parametrize(
+    ("message", "fix", "reason"),
+    [
+        # mdformat's squashed pull requests: the subject's prefix files the change as new, the body lists its
+        # steps ("* fix(#50): add --no-validate"), and the change reads like a fix
+        ("add: `skip_none` behaviour for total() (#496)\n\n* fix(#50): skip None\n\n* docs: say so", False,
+         "a 'add' commit whose subject does not say fix"),
+        ("NEW: total() skips None (#345)\n\nFix #344", False, "a 'new' commit whose subject does not say fix"),
+        ("IMPROVE: skip None in total()\n\nfixes a crash", False, "a 'improve' commit whose subject does not say fix"),
+        ("Added: None skipped by total()", False, "a 'added' commit whose subject does not say fix"),
+        ("improve: fix the crash of total() on None", True, "a 'improve' commit whose subject says 'fix'"),
+    ],
+)  # fmt: skip
+def test_a_subject_filed_under_a_changelog_kind_other_than_fixes_is_read_as_that_kind(
+    tmp_path: Path, message: str, fix: bool, reason: str
+) -> None:
+    """A prefix naming a changelog's kind of change other than a fix (tomli's and mdformat's "NEW:", "add:",
+    "improve:", Keep a Changelog's "Added:") is read as a conventional-commit type: no fix unless the subject
+    itself says fix, whatever the body's list of squashed steps says."""
+    repo = numbers_repo(tmp_path / "repo")
+    skip_none = NUMBERS.replace("return sum(values)", "return sum(v for v in values if v is not None)")
+    tests = TEST_NUMBERS + "\n\ndef test_total_none():\n    assert total([1, None]) == 1\n"
+    result = screened(repo, {"numbers_.py": skip_none, "tests/test_numbers.py": tests}, message)
+    assert isinstance(result, Screened if fix else Rejection)
+    assert (result.why_fix if isinstance(result, Screened) else result.detail) == reason
+
+
 def test_a_subject_fixing_only_an_issue_with_a_features_change_is_a_feature(tmp_path: Path) -> None:
     """hyperlink's "add value kwarg to filter for specific query parameters to remove, fixes #40": the subject's only
     fix word names the issue that asked for the feature, and the change and its tests are a feature's. A subject

@@ -135,21 +135,15 @@ ISSUE_REFERENCE = re.compile(r"\s*:?\s*(#|gh-?|issue\s*#?)\d+", re.IGNORECASE)
 #: ..."): what the commit does comes after it. A prefix of several words counts only when none of them is a fix
 #: word or opens a feature or other work ("Fix regression: ..." is no module).
 MODULE_PREFIX = re.compile(r"^\s*(?P<module>[\w./-]+(?:\s[\w./-]+){0,2}):\s+(?=\S)")
-#: Conventional-commit types that are not bug fixes (`feat: ...`, `refactor(core)!: ...`).
-NOT_A_FIX_TYPES = (
-    "feat",
-    "feature",
-    "refactor",
-    "chore",
-    "docs",
-    "doc",
-    "test",
-    "tests",
-    "perf",
-    "style",
-    "build",
-    "ci",
-)
+#: Conventional-commit types that are not bug fixes (`feat: ...`, `refactor(core)!: ...`), and the kinds of change a
+#: changelog files apart from fixes, used the same way ("NEW: tomli.load()", "add: `--no-validate` option",
+#: "improve: warn when ...", "deprecate: ...", "BREAKING: ...", "Added: `Selector.re_first`": Keep a Changelog's
+#: section names, tomli's and mdformat's prefixes).
+NOT_A_FIX_TYPES = frozenset({
+    "feat", "feature", "refactor", "chore", "docs", "doc", "test", "tests", "perf", "style", "build", "ci",
+    "new", "add", "added", "improve", "improved", "improvement", "enhance", "enhancement", "deprecate", "deprecated",
+    "deprecation", "breaking", "removed",
+})  # fmt: skip
 CONVENTIONAL_SUBJECT = re.compile(r"^\s*(?P<type>[A-Za-z]+)(\([^)]*\))?!?:\s*(?P<rest>.*)$")
 #: A gitmoji (or its `:shortcode:`) opening a subject ("🐛 fix(api): ...", "🧪 test: ...", ":bug: fix ..."): set
 #: aside, so that the conventional type after it is read.
@@ -354,7 +348,8 @@ def read_commit(message: str, subject: str | None = None, shape: ChangeShape | N
        also fixes something ("Bump version to 1.5.6 and fix setitem ..."): then the subject is read from that
        fix on;
     2. a conventional-commit subject of a type other than fix (feat, refactor, chore, docs, test, perf, style,
-       build, ci) is no fix unless the subject itself says fix (fix, bug, hotfix, regression, crash) about
+       build, ci; or a changelog's kind of change other than a fix: new, add, improve, deprecate, breaking, ...)
+       is no fix unless the subject itself says fix (fix, bug, hotfix, regression, crash) about
        something other than tooling and not as an issue reference ("feat: add X (fixes #510)") and its change
        changes code (rule 3: "chore: fix a lot of typos" changing comments only is no fix);
     then the subject's prefixes are set aside (a conventional `fix:`, a `module:`, a leading issue reference such
