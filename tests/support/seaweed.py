@@ -82,8 +82,10 @@ class SeaweedServer:
                 }]
             })
         )  # fmt: skip
+        # its log files and the S3 gateway's local socket in its own folder, not /tmp (left behind there)
         args = [
-            weed, "mini", f"-dir={self.data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", f"-s3.config={config}",
+            weed, f"-logdir={self.root}", "mini", f"-dir={self.data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+            f"-s3.config={config}", f"-s3.localSocket={self.root / 's3.sock'}",
             *_OFF, *(f"-{flag}={port}" for flag, port in self.ports.items()),
         ]  # fmt: skip
         log = self.log_path.open("ab")
