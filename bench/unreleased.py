@@ -30,6 +30,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from screen import NOT_FIX, load_sets, passes  # noqa: E402
 
 from bugsweep.mining import Screened, scan_history, screen  # noqa: E402
+from bugsweep.mining.history import is_ancestor  # noqa: E402
 
 VERSION_TAG = re.compile(r"\d+\.\d+|^v?\d+$")
 HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+", re.M)
@@ -81,17 +82,13 @@ def readings(repo: Path, screened: Screened, share: float, days: float) -> tuple
     lines = blamed_lines(repo, parent, commit.sha, screened.source_files)
     if not lines:
         return "nothing blamed", False
-    when = int(git(repo, "log", "-1", "--format=%ct", commit.sha).strip())
-    author = git(repo, "log", "-1", "--format=<%ae>", commit.sha).strip()
+    when_text, author = git(repo, "log", "-1", "--format=%ct%n<%ae>", commit.sha).split()
+    when = int(when_text)
     young = sum(when - t < days * 86400 and mail == author for _, mail, t in lines) / len(lines) >= share
     release = last_release(repo, parent)
     if release is None:
         return "no release", young
-    contained = {
-        sha: subprocess.run(["git", "-C", str(repo), "merge-base", "--is-ancestor", sha, release]).returncode
-        == 0
-        for sha in {sha for sha, _, _ in lines}
-    }
+    contained = {sha: is_ancestor(repo, sha, release) for sha in {sha for sha, _, _ in lines}}
     newer = sum(not contained[sha] for sha, _, _ in lines) / len(lines)
     return ("after release" if newer > share else "released"), young
 
