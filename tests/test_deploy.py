@@ -1,6 +1,6 @@
 """Deployment end to end, as a team runs it (the deployed project: tests/support/deployed.py), on one deployed
 project and four workers on three machines:
-- a night: two sweeps at once (12 tasks, and the nightly deployed with its task file) spread over the workers while a
+- a night: two sweeps at once (8 tasks, and the nightly deployed with its task file) spread over the workers while a
   worker and a sweep are killed and the model server stops for 30 s, the endpoint's limit held over both; the
   reviewer's morning in a browser after it;
 - then a run from the UI's form on a worker, the run form filled in a browser, and a sweep on workers cancelled from
@@ -63,6 +63,10 @@ WORKERS = {
     "worker-3a": "machine-3",
     "worker-3b": "machine-3",
 }
+#: Tasks of the night's first sweep: as many as the four workers' slots (4 x --limit 2), so that with the nightly's
+#: one task each worker is needed for the first wave (every worker takes a share: asserted). 12 cost 4 more runs of a
+#: whole task (a Prefect flow run process, its sandbox and tests) and tested nothing more (the suite is bound by CPU).
+NIGHT_A = 8
 
 
 @pytest.fixture(scope="module")
@@ -231,7 +235,7 @@ def night_task(repo: Path, sweep: str, i: int) -> TaskSpec:
 
 @pytest.fixture(scope="module")
 def night(deployed: Deployed, nightly_file: Path, tmp_path_factory: pytest.TempPathFactory) -> Night:
-    """Two sweeps at once on workers, as the UI or a schedule starts them: 12 tasks, and the nightly (one task)
+    """Two sweeps at once on workers, as the UI or a schedule starts them: NIGHT_A tasks, and the nightly (one task)
     after `bugsweep deploy --tasks FILE`, run as its schedule runs it (no parameters); every task a solve-bug
     run, spread over the machines' workers. Mid-night, worker-3a is killed with SIGKILL with everything it runs
     (a worker lost with its runs), the first sweep's own process is killed, and the model server stops for 30 s."""
@@ -239,9 +243,9 @@ def night(deployed: Deployed, nightly_file: Path, tmp_path_factory: pytest.TempP
 
     tmp = tmp_path_factory.mktemp("night")
     repo = make_repo(tmp / "calc")
-    record = Night(tasks={"night-a": [f"night-a-{i}" for i in range(12)], "nightly": ["calc-nightly"]})
+    record = Night(tasks={"night-a": [f"night-a-{i}" for i in range(NIGHT_A)], "nightly": ["calc-nightly"]})
     record.nightly_file, record.nightly_out = nightly_file, deployed.deploy_out
-    dump_tasks([night_task(repo, "night-a", i) for i in range(12)], tmp / "night-a.jsonl")
+    dump_tasks([night_task(repo, "night-a", i) for i in range(NIGHT_A)], tmp / "night-a.jsonl")
     # A run a worker took and was lost with before the run's process started (seen once when worker-3a was killed
     # just after taking one): Pending, as a worker sets a run it takes, with no process behind it. Made first (for
     # an hour from now, so no worker takes it before it is Pending), so that its two minutes pass during the night.
