@@ -17,21 +17,54 @@ os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_STREAM", "ext://sys.__st
 os.environ.setdefault("PREFECT_LOGGING_HANDLERS_DEBUG_STREAM", "ext://sys.__stderr__")
 
 #: Seconds each of the longest test files took in a whole-suite run (`--durations=0`, setup + call + teardown summed
-#: per file, 2026-12-04, loaded machine). A file runs whole in one process (`--dist loadfile`) and the processes take
-#: files in collection order, so the longest go first: started last (xdist's default order is by number of tests,
-#: which put test_deploy, test_blocks and test_first_night at the end), one of them ends the suite minutes after the
-#: other processes are done. Files not listed keep their order after these. Refresh when a file grows or shrinks.
+#: per file, 2026-12-06, quiet machine, 12 minutes 54 s in all). The processes take their work in collection order, so
+#: the longest go first: started last (xdist's default order is by number of tests), one of them ends the suite
+#: minutes after the other processes are done. Files not listed keep their order after these. Refresh when a file
+#: grows or shrinks.
 LONGEST_FILES_S = {
-    "test_deploy.py": 650, "test_first_night.py": 266, "test_flows.py": 218, "test_sandbox_runtime.py": 213,
-    "test_blocks.py": 201, "test_cleanroom.py": 199, "test_cli_solve.py": 181, "test_agent_loop.py": 157,
-    "test_sandbox_local.py": 113, "test_env_reuse.py": 99, "test_review.py": 93, "test_runconfig.py": 75,
-    "test_mining_limits.py": 63, "test_mining.py": 59, "test_branches.py": 57, "test_embedded_model.py": 56,
+    "test_deploy.py": 437, "test_flows.py": 205, "test_sandbox_runtime.py": 201, "test_first_night.py": 186,
+    "test_mining.py": 147, "test_blocks.py": 114, "test_cleanroom.py": 113, "test_runconfig.py": 97,
+    "test_cli_solve.py": 80, "test_embedded_model.py": 69, "test_agent_loop.py": 58, "test_mirror.py": 41,
+    "test_review.py": 40, "test_grading.py": 38, "test_attempts.py": 37, "test_env_reuse.py": 36, "test_grow.py": 36,
+    "test_sandbox_local.py": 35, "test_mining_limits.py": 34, "test_branches.py": 33, "test_compare.py": 31,
+}  # fmt: skip
+
+#: Files that run in one process because they use the same session server (`--dist loadgroup`; any other file is a
+#: group of its own, so its module fixtures are made once). The suite is bound by CPU on two cores, and a Prefect
+#: server costs ~14 s of CPU to start (more under load): one `prefect server start` for the two deployment files
+#: (test_blocks cleans up what it saves, and test_deploy removes its blocks, for the other), one test harness for
+#: the files whose flows report to it, instead of one of each in every process that runs such a file.
+SHARED_SERVER = {
+    "test_deploy.py": "prefect-server", "test_blocks.py": "prefect-server",
+    **dict.fromkeys(("test_flows.py", "test_runconfig.py", "test_review.py", "test_grow.py", "test_branches.py",
+                     "test_compare.py", "test_swebench.py"), "prefect-harness"),
 }  # fmt: skip
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The longest test files first (LONGEST_FILES_S); the order of the tests within a file is kept."""
-    items.sort(key=lambda item: -LONGEST_FILES_S.get(item.path.name, 0))
+def _group(item: pytest.Item) -> str:
+    return SHARED_SERVER.get(item.path.name, item.path.stem)
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook, which reads the groups
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Each file in its group (SHARED_SERVER, else its own), the longest groups first (LONGEST_FILES_S summed), the
+    longest files first within a group; the order of the tests within a file is kept."""
+    group_s: dict[str, int] = {}
+    for path in {item.path for item in items}:
+        group = SHARED_SERVER.get(path.name, path.stem)
+        group_s[group] = group_s.get(group, 0) + LONGEST_FILES_S.get(path.name, 0)
+    items.sort(
+        key=lambda item: (
+            -group_s[_group(item)],
+            _group(item),
+            -LONGEST_FILES_S.get(item.path.name, 0),
+            item.path.name,
+        )
+    )
+    # the marker is xdist's, unknown without it (--strict-markers)
+    if config.pluginmanager.hasplugin("xdist"):
+        for item in items:
+            item.add_marker(pytest.mark.xdist_group(_group(item)))
 
 
 @pytest.fixture
