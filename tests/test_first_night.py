@@ -123,6 +123,9 @@ def test_the_first_night_walkthrough_runs_as_written_and_the_nightly_completes(t
     script = replace(script, "https://github.com/your-org/your-app.git", str(repo))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "AWS_", "LLM_", "BUGSWEEP_"))}
     env.update(HOME=str(tmp_path), COLUMNS="200", PATH=f"{Path(sys.executable).parent}:{env['PATH']}")
+    # the temporary folders the worker's flow runs make (Prefect's), and SeaweedFS's log files, in the test's folder
+    (tmp_path / "tmp").mkdir()
+    env.update(TMPDIR=str(tmp_path / "tmp"))
     env.update(
         S3_PORT=str(s3_port), PREFECT_PORT=str(prefect_port), WEED_PORT=str(weed_port), NIGHT_DIR=str(night)
     )

@@ -80,6 +80,11 @@ class PrefectServer:
         self.processes: list[subprocess.Popen[bytes]] = []
         self.logs = home / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
+        # Prefect's process worker makes a temporary folder for each flow run it starts (and its runner one more),
+        # removed as the run ends: a worker the tests kill, or stop at the end, leaves them. In this server's
+        # folder (pytest's, rotated), not in /tmp.
+        self.tmp = home / "tmp"
+        self.tmp.mkdir(exist_ok=True)
 
     @property
     def api_url(self) -> str:
@@ -106,6 +111,7 @@ class PrefectServer:
             PREFECT_API_DATABASE_CONNECTION_URL=f"sqlite+aiosqlite:///{self.home / 'prefect.db'}",
             PREFECT_UI_ENABLED="true",  # the browser tests open its pages
             PREFECT_LOGGING_LEVEL="INFO",
+            TMPDIR=str(self.tmp),
         )
         env.update(extra)
         return env
