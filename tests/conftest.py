@@ -17,7 +17,7 @@ os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_STREAM", "ext://sys.__st
 os.environ.setdefault("PREFECT_LOGGING_HANDLERS_DEBUG_STREAM", "ext://sys.__stderr__")
 
 #: Seconds each of the longest test files took in a whole-suite run (`--durations=0`, setup + call + teardown summed
-#: per file, 2026-12-06, quiet machine, 12 minutes 54 s in all). The processes take their work in collection order, so
+#: per file, 2026-12-06, quiet machine, 13 min 14 s in all). The processes take their work in collection order, so
 #: the longest go first: started last (xdist's default order is by number of tests), one of them ends the suite
 #: minutes after the other processes are done. Files not listed keep their order after these. Refresh when a file
 #: grows or shrinks.
