@@ -150,6 +150,9 @@ def test_the_first_night_walkthrough_runs_as_written_and_the_nightly_completes(t
         weed = pid_of("weed", str(night))
         named = {s3_port, *range(weed_port, weed_port + WEED_PORTS)}
         assert listening_ports(weed) == named, (sorted(listening_ports(weed)), sorted(named))
+        # and keeps its files in the night's folder: its S3 gateway's socket is not left in /tmp when it stops
+        assert (night / "s3" / "s3.sock").is_socket()
+        assert not Path(f"/tmp/seaweedfs-s3-{s3_port}.sock").exists()
         # `bugsweep run --watch`: the run's page, its states, and the night in one line; nothing else
         started = re.search(
             r"^flow run \S+ of sweep/nightly-sweep: http://127\.0\.0\.1:\d+/runs/", output, re.M
