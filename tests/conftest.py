@@ -35,6 +35,7 @@ LONGEST_FILES_S = {
 #: (test_blocks cleans up what it saves, and test_deploy removes its blocks, for the other), and two test harnesses
 #: for the seven files whose flows report to one, instead of one of each in every process that runs such a file.
 #: Two harnesses, not one: the seven files in one process made the longest chain of the run (~10 minutes under load).
+#: pytest-xdist adds `@GROUP` to each test's id in what it prints: leave it out to run that one test.
 SHARED_SERVER = {
     "test_deploy.py": "prefect-server", "test_blocks.py": "prefect-server",
     **dict.fromkeys(("test_flows.py", "test_grow.py", "test_swebench.py", "test_compare.py"), "prefect-harness"),
