@@ -19,8 +19,8 @@ os.environ.setdefault("PREFECT_LOGGING_HANDLERS_DEBUG_STREAM", "ext://sys.__stde
 #: Seconds each of the longest test files took in a whole-suite run (`--durations=0`, setup + call + teardown summed
 #: per file, 2026-12-06, quiet machine, 13 min 14 s in all). The processes take their work in collection order, so
 #: the longest go first: started last (xdist's default order is by number of tests), one of them ends the suite
-#: minutes after the other processes are done. Files not listed keep their order after these. Refresh when a file
-#: grows or shrinks.
+#: minutes after the other processes are done. Files not listed come after these (by group, then name). Refresh when
+#: a file grows or shrinks.
 LONGEST_FILES_S = {
     "test_deploy.py": 437, "test_flows.py": 205, "test_sandbox_runtime.py": 201, "test_first_night.py": 186,
     "test_mining.py": 147, "test_blocks.py": 114, "test_cleanroom.py": 113, "test_runconfig.py": 97,
@@ -43,8 +43,9 @@ SHARED_SERVER = {
 }  # fmt: skip
 
 
-def _group(item: pytest.Item) -> str:
-    return SHARED_SERVER.get(item.path.name, item.path.stem)
+def _group(path: Path) -> str:
+    """The group of a test file: its shared server's, else its own."""
+    return SHARED_SERVER.get(path.name, path.stem)
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook, which reads the groups
@@ -53,12 +54,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     longest files first within a group; the order of the tests within a file is kept."""
     group_s: dict[str, int] = {}
     for path in {item.path for item in items}:
-        group = SHARED_SERVER.get(path.name, path.stem)
-        group_s[group] = group_s.get(group, 0) + LONGEST_FILES_S.get(path.name, 0)
+        group_s[_group(path)] = group_s.get(_group(path), 0) + LONGEST_FILES_S.get(path.name, 0)
     items.sort(
         key=lambda item: (
-            -group_s[_group(item)],
-            _group(item),
+            -group_s[_group(item.path)],
+            _group(item.path),
             -LONGEST_FILES_S.get(item.path.name, 0),
             item.path.name,
         )
@@ -66,7 +66,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     # the marker is xdist's, unknown without it (--strict-markers)
     if config.pluginmanager.hasplugin("xdist"):
         for item in items:
-            item.add_marker(pytest.mark.xdist_group(_group(item)))
+            item.add_marker(pytest.mark.xdist_group(_group(item.path)))
 
 
 @pytest.fixture
