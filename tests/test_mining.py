@@ -1031,7 +1031,7 @@ TESTS_SPINNING = (
     "from calc import mul\nfrom spin import spin\n\n\n"
     + "".join(
         f"def test_spin_{name}():\n    assert spin({n}) == {n}\n\n\n"
-        for name, n in (("a", 1), ("b", 2), ("c", 3))
+        for n, name in enumerate("abcde", start=1)
     )
     + "def test_mul():\n    assert mul(2, 3) == 6\n"
 )
@@ -1049,17 +1049,20 @@ def _spin_fixed(root: Path, tests_at_fix: str) -> tuple[Path, str]:
 
 @needs_bwrap
 def test_a_run_whose_tests_each_run_to_their_limit_goes_on_past_its_timeout(tmp_path: Path) -> None:
-    """End to end (real sandbox, real pytest): at the task state three changed tests each loop until the per-test
-    limit (2 s), so the whole run reaches its timeout (5 s) before the last ones ran. The tests that ran to their
+    """End to end (real sandbox, real pytest): at the task state five changed tests each loop until the per-test
+    limit (2 s), so the whole run reaches its timeout (8 s) before the last ones ran. The tests that ran to their
     limit failed, and the run goes on without them, with a timeout of its own, as it does for a test whose process
-    died: the fix is kept with the three in FAIL_TO_PASS and the test after them in PASS_TO_PASS. Before, the
-    candidate was rejected ("tests timed out"), as dpath's "Fix bug with multiple stars in glob" was."""
+    died: the fix is kept with the five in FAIL_TO_PASS and the test after them in PASS_TO_PASS. Before, the
+    candidate was rejected ("tests timed out"), as dpath's "Fix bug with multiple stars in glob" was.
+    The run's timeout leaves room for pytest's start in the sandbox (seconds under load): a run again in which no
+    test reached its limit before the timeout is not run once more (TIMEOUT_ROUNDS), and with a 5 s timeout it once
+    was not, under the load of four test processes on two cores."""
 
     repo, _ = _spin_fixed(tmp_path / "repo", TESTS_SPINNING)
     task, _ = _mine_small(
-        repo, tmp_path / "tasks.mining.json", "python -m pytest -q tests", per_test_timeout=2, test_timeout=5
+        repo, tmp_path / "tasks.mining.json", "python -m pytest -q tests", per_test_timeout=2, test_timeout=8
     )
-    assert [f"tests/test_calc.py::test_spin_{name}" for name in "abc"] == task.FAIL_TO_PASS
+    assert [f"tests/test_calc.py::test_spin_{name}" for name in "abcde"] == task.FAIL_TO_PASS
     assert task.PASS_TO_PASS == ["tests/test_calc.py::test_mul"]
 
 
