@@ -15,7 +15,8 @@ layer is never written once made.
   build configuration declares (`version_files`: setuptools_scm, hatch-vcs). They go into the layer (an editable
   install's package imports its version file), which is reused only where none of them would hide a file of the
   sandbox's tree; at another commit they name the version of the commit the layer was built at, as the venv's own
-  metadata does (an editable install after `git pull`). Bytecode (`BYTECODE`) is never kept in a layer.
+  metadata does (an editable install after `git pull`). Bytecode of the repository's files (`BYTECODE`) is never
+  kept in a layer; the installed packages' is (made by the setup: their files never change).
   Old layers go first when the cache outgrows `env_max_gib`, and any unused for `env_max_age_days`; a layer in use
   (a shared lock held by each sandbox on it) is never removed.
 - **Snapshots** (`LocalSnapshot`): a sandbox's writable layers frozen at one moment (the task state after setup),
@@ -70,7 +71,7 @@ BYTECODE = re.compile(r"(^|/)__pycache__(/|$)|\.py[co]$")
 #: only paths the sandbox sees too (its /etc is a copy of the host's /etc/ssl and /etc/pki).
 TLS_VARIABLES = ("SSL_CERT_FILE", "SSL_CERT_DIR", "PIP_CERT", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE")
 #: Version of the layer format; part of every key so that a change here never reuses an old layer.
-LAYER_FORMAT = "2"
+LAYER_FORMAT = "3"  # 3: the installed packages' bytecode is in the layer (taskenv.setup_environment)
 
 
 # -------------------------------------------------------------------------------------------------------------

@@ -80,8 +80,10 @@ def setup_environment(
         with contextlib.suppress(SandboxError):  # then a layer bound to its tree is not kept
             tree = _tree(sbx)
     repo_before = manifest(res.repo.upper) if res.repo.mounted else None
+    # UV_COMPILE_BYTECODE: the installed packages' bytecode is made once here and kept with them in the layer (pip
+    # makes it unasked); graded runs write none, and would compile pytest and the task's dependencies every run.
     env = {"UV_CACHE_DIR": "/opt/bugsweep/cache/uv", "PIP_CACHE_DIR": "/opt/bugsweep/cache/pip",
-           "UV_LINK_MODE": "copy", "UV_PYTHON_DOWNLOADS": "never", **tls_environment()}  # fmt: skip
+           "UV_LINK_MODE": "copy", "UV_PYTHON_DOWNLOADS": "never", "UV_COMPILE_BYTECODE": "1", **tls_environment()}  # fmt: skip
     if installer == "uv":
         env["PATH"] = f"/opt/bugsweep/shims:{sbx._base_env['PATH']}"
     result = sbx.exec(command, timeout=timeout, env=env, network=network, full_output=True, setup=True)
