@@ -94,23 +94,6 @@ def test_focused_output_keeps_the_failure_and_drops_the_dots() -> None:
     assert focus_test_output("3 passed in 0.1s\n") is None  # nothing failed: the output stays as it is
 
 
-def test_focused_output_reads_the_same_whatever_the_run_took() -> None:
-    """The same failures on a quiet and a loaded machine are the same text: at temperature 0 the embedded model's
-    first reply to the demo's first prompt changed with pytest's "in 0.03s" becoming "in 0.05s" (a run of the tests
-    first, then a fix: resolved; a reply with code and no tool call, then finish: not resolved)."""
-    slow = PYTEST_OUTPUT.replace("in 0.20s", "in 61.25s (0:01:01)")
-    assert focus_test_output(PYTEST_OUTPUT) == focus_test_output(slow)
-    assert focus_test_output(PYTEST_OUTPUT).endswith(
-        "FAILED tests/test_b.py::test_add - assert -1 == 5\n1 failed, 111 passed"
-    )
-    framed = PYTEST_OUTPUT.replace("1 failed, 111 passed in 0.20s", "==== 1 failed, 1 warning in 3.02s ====")
-    assert focus_test_output(framed).endswith("==== 1 failed, 1 warning ====")
-    kept = PYTEST_OUTPUT.replace("assert -1 == 5\n", "assert 'ran in 2s' == 'ran in 3s'\n", 1)
-    assert "assert 'ran in 2s' == 'ran in 3s'" in focus_test_output(
-        kept
-    )  # a failure's own text is left as it is
-
-
 def test_the_failure_digest_is_each_failing_statement_and_its_explanation_once() -> None:
     assert failure_digest(PYTEST_OUTPUT) == "assert add(2, 3) == 5\nassert -1 == 5"
     twice = PYTEST_OUTPUT.replace(

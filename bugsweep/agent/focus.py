@@ -25,12 +25,6 @@ _SUMMARY = re.compile(r"^=+ short test summary info =+$", re.MULTILINE)
 _FAILED_ID = re.compile(r"^(?:FAILED|ERROR) (\S+)", re.MULTILINE)
 _PROGRESS = re.compile(r"^(\S+\.py )?[.sxXEF]+\s*(\[\s*\d+%\])?$")
 _FILE_IN_TRACEBACK = re.compile(r"^([\w./-]+\.py):\d+", re.MULTILINE)
-#: The time pytest's last line gives the run ("5 failed, 5 passed in 0.05s"): it varies with the machine's load.
-_RUN_DURATION = re.compile(
-    r"^(=* ?\d+ (?:failed|passed|errors?|skipped|xfailed|xpassed|deselected|warnings?)\b[^\n]*?)"
-    r" in \d+(?:\.\d+)?s(?: \(\d+:\d{2}:\d{2}\))?( =+)?$",
-    re.MULTILINE,
-)
 
 
 def failing_tests(output: str) -> list[str]:
@@ -40,8 +34,7 @@ def failing_tests(output: str) -> list[str]:
 
 def focus_test_output(output: str, limit: int = FOCUSED_OUTPUT_MAX_CHARS) -> str | None:
     """pytest output cut down to its failures: the FAILURES/ERRORS sections and the short summary, without the
-    progress lines of passing tests and without the run's duration (the same run reads the same on a loaded
-    machine). None when the output has no failure section (nothing to focus on)."""
+    progress lines of passing tests. None when the output has no failure section (nothing to focus on)."""
     section = _SECTION.search(output)
     if section is None:
         return None
@@ -55,7 +48,6 @@ def focus_test_output(output: str, limit: int = FOCUSED_OUTPUT_MAX_CHARS) -> str
     room = max(limit - len(tail) - 60, limit // 2)
     if len(failures) > room:
         failures = failures[:room].rstrip() + "\n[... more of the failures left out ...]\n"
-    tail = _RUN_DURATION.sub(r"\1\2", tail)
     return (failures + ("\n" if not failures.endswith("\n") else "") + tail[: limit // 2]).strip("\n")
 
 
