@@ -33,8 +33,6 @@ import pytest
 
 from bugsweep.spec import TaskSpec, dump_tasks
 from tests.support.deployed import (
-    ASKED,
-    ASKED_CHANGED,
     CHROMIUM,
     ENDPOINT_LIMIT,
     HELD,
@@ -333,12 +331,6 @@ def night(deployed: Deployed, nightly_file: Path, tmp_path_factory: pytest.TempP
 
     reaping = threading.Thread(target=watch_reaping, daemon=True)
     reaping.start()
-    # Both sweeps have asked before the outage: the first request of each waits for the other's (fixer), and a stop
-    # while one waits ends its span at the stop: the two sweeps might then never be seen asking at once (a CI run
-    # once found no overlap; such a stop is the way the rendezvous can miss short of its 5 minutes).
-    with ASKED_CHANGED:
-        both = ASKED_CHANGED.wait_for(lambda: min(ASKED.values()) > 0, timeout=300)
-    assert both, f"the two sweeps did not both ask the model within 5 minutes of the kill: {ASKED}"
     # The model server stops just after a live run's request came in (the killed runs' last ones have ended by
     # then), so that request is cut off mid-answer. On a loaded machine the next request can be a minute away (the
     # live runs are between turns, the next ones in their setup): wait for it.
