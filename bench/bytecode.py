@@ -7,8 +7,9 @@ the installed packages' bytecode once (UV_COMPILE_BYTECODE) and it goes with the
 For each repository, `bugsweep mine REPO ...` runs with the code of `--before` (a commit of this repository,
 exported to a temporary folder) and with this tree, alternately, `--rounds` times each, every run with an empty
 environment folder (cold: each layer is built, its bytecode included, within the run), and the download cache
-shared (warmed by an untimed first run). Printed per run: wall time, CPU time of the process and what it reaped
-(sandboxes included), tasks kept; then the medians and their ratio.
+shared (warmed by an untimed first run). Printed per run: wall time, the CPU time of the
+processes it waited for (the sandboxes' commands are not all among them: read the wall time), tasks kept; then the
+medians and their ratio.
 
 Usage: python bench/bytecode.py --before b9271ae --rounds 2 \\
            --repo /work/.mirror/Kozea+tinycss2/repo --repo /work/.mirror/tox-dev+platformdirs/repo
@@ -27,18 +28,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from _tree import export
+
 ROOT = Path(__file__).resolve().parents[1]
 TEST_COMMAND = "python -m pytest -q -p no:cacheprovider -o addopts= {test_files}"
-
-
-def export(commit: str, folder: Path) -> Path:
-    """This repository's tree at `commit`, as files in `folder`."""
-    folder.mkdir(parents=True)
-    archive = subprocess.run(
-        ["git", "-C", str(ROOT), "archive", commit], check=True, capture_output=True
-    ).stdout
-    subprocess.run(["tar", "-x", "-C", str(folder)], input=archive, check=True)
-    return folder
 
 
 def children_cpu() -> float:

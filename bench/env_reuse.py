@@ -22,6 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from _tree import export
+
 ROOT = Path(__file__).resolve().parents[1]
 
 #: Runs `bugsweep mine` with the setup step's log lines on stderr.
@@ -80,12 +82,7 @@ def main() -> None:
     parser.add_argument("--only", choices=["before", "after"])
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-env-reuse-"))
-    before = work / "before-code"
-    before.mkdir()
-    archive = subprocess.run(
-        ["git", "-C", str(ROOT), "archive", args.before], capture_output=True, check=True
-    )
-    subprocess.run(["tar", "-x", "-C", str(before)], input=archive.stdout, check=True)
+    before = export(args.before, work / "before-code")
     results: dict[str, object] = {
         "repo": args.repo,
         "before": args.before,

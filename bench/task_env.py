@@ -26,6 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from _tree import export
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -89,12 +91,7 @@ def main() -> None:
     args = parser.parse_args()
     extra = ["--since", args.since] if args.since else []
     work = Path(tempfile.mkdtemp(prefix="bench-task-env-"))
-    before_code = work / "before"
-    before_code.mkdir()
-    archive = subprocess.run(
-        ["git", "-C", str(ROOT), "archive", args.before], capture_output=True, check=True
-    )
-    subprocess.run(["tar", "-x", "-C", str(before_code)], input=archive.stdout, check=True)
+    before_code = export(args.before, work / "before")
 
     results: dict[str, object] = {"repo": args.repo, "limit": args.limit, "before": args.before}
     runs = (("before", before_code), ("after", ROOT))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -52,9 +53,9 @@ def _group(path: Path) -> str:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Each file in its group (SHARED_SERVER, else its own), the longest groups first (LONGEST_FILES_S summed), the
     longest files first within a group; the order of the tests within a file is kept."""
-    group_s: dict[str, int] = {}
+    group_s: Counter[str] = Counter()
     for path in {item.path for item in items}:
-        group_s[_group(path)] = group_s.get(_group(path), 0) + LONGEST_FILES_S.get(path.name, 0)
+        group_s[_group(path)] += LONGEST_FILES_S.get(path.name, 0)
     items.sort(
         key=lambda item: (
             -group_s[_group(item.path)],
