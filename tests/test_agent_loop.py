@@ -955,3 +955,60 @@ def test_under_the_plain_policy_nothing_is_sampled(scripted_model, sandbox: Sand
     solve(server, sandbox, tmp_path, settings=AgentSettings(policy="plain"))
     assert all("seed" not in r for r in server.requests)
     assert "return a - b" in sandbox.files.read_text(f"{sandbox.workdir}/calc.py")
+
+
+# -- a finish with nothing changed (policy small-model) ---------------------------------------------------------
+
+
+def test_a_finish_with_no_file_changed_is_refused_once_with_what_the_tests_say(
+    scripted_model, sandbox: Sandbox, tmp_path: Path
+) -> None:
+    """Seen on the embedded model (the demo): the fix written in the reply's text and finish called in the same
+    reply, no file changed. That finish cannot resolve anything: the first one is answered with the failing tests;
+    the edit then made counts, and the finish after it ends the work."""
+    server = scripted_model(
+        [
+            tool_call("finish", summary="is_leap_year fixed"),
+            tool_call("edit_file", path="calc.py", old="return a - b", new="return a + b"),
+            tool_call("finish", summary="add adds"),
+        ]
+    )
+    result, events = solve(server, sandbox, tmp_path, settings=WHOLE)
+
+    refused = server.requests[1]["messages"][-1]
+    assert refused["role"] == "tool"
+    assert refused["content"] == prompts.finish_unchanged(TEST_COMMAND, CALC_FAILURES)
+    assert result.stop_reason == "finished" and result.summary == "add adds" and result.turns == 3
+    assert "return a + b" in sandbox.files.read_text(f"{sandbox.workdir}/calc.py")
+    finishes = [e.ok for e in events if e.kind == "tool" and e.tool == "finish"]
+    assert finishes == [False, True]
+    trajectory = load(tmp_path / "run" / "trajectory.json")
+    assert [(e["turn"], e["reason"]) for e in trajectory if e["type"] == "finish_refused"] == [
+        (1, "nothing changed")
+    ]
+
+
+def test_a_second_finish_with_nothing_changed_ends_the_work_and_a_changed_repository_finishes_at_once(
+    scripted_model, sandbox: Sandbox, buggy_repo: Path, tmp_path: Path
+) -> None:
+    server = scripted_model([tool_call("finish", summary="a"), tool_call("finish", summary="b")])
+    result, _ = solve(server, sandbox, tmp_path, settings=WHOLE)
+    assert (result.stop_reason, result.summary, result.turns) == ("finished", "b", 2)
+
+    # A change made by a command (not edit_file), even a wrong one, is a change: its finish is not refused.
+    with with_pytest(get_provider("local").create(RepoSource(str(buggy_repo)))) as other:
+        server = scripted_model(
+            [tool_call("run", command="echo '# note' >> calc.py"), tool_call("finish", summary="c")]
+        )
+        result, _ = solve(server, other, tmp_path / "other", settings=WHOLE)
+    assert (result.stop_reason, result.summary, result.turns) == ("finished", "c", 2)
+    trajectory = load(tmp_path / "other" / "run" / "trajectory.json")
+    assert not [e for e in trajectory if e["type"] == "finish_refused"]
+
+
+def test_under_the_plain_policy_a_finish_with_nothing_changed_ends_the_work(
+    scripted_model, sandbox: Sandbox, tmp_path: Path
+) -> None:
+    server = scripted_model([tool_call("finish", summary="a")])
+    result, _ = solve(server, sandbox, tmp_path, settings=AgentSettings(policy="plain"))
+    assert (result.stop_reason, result.summary, result.turns) == ("finished", "a", 1)
