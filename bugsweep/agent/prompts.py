@@ -438,18 +438,6 @@ REPEAT_SAME = (
 REPEAT_CHANGED = (
     "Note: this is the same command as in turn {turn}. What is new in its output since then:\n{lines}"
 )
-
-
-def finish_unchanged(test_command: str, failures: str | None) -> str:
-    """A first finish call with no file changed (small_model/unchanged.py)."""
-    says = f" They say:\n```\n{failures}\n```\n" if failures else " "
-    return (
-        f"Not finished: no file of the repository has changed, so the tests still fail ({test_command.strip()})."
-        f"{says}Code written in a reply changes no file. Make the change with edit_file, run the tests, and call "
-        "finish when they pass. A second finish call ends the work as it is."
-    )
-
-
 UNREAD_FILE = (
     "Error: The text in old was not found in {path}, so nothing was changed. You have not read {path}: edit only "
     "text you have read. The part of {path} most like your old is at {closest}\n"

@@ -15,7 +15,6 @@ from bugsweep.agent.small_model.lookups import code_under_test
 from bugsweep.agent.small_model.repeats import Repeats
 from bugsweep.agent.small_model.tool_help import help_with_edit, read_help
 from bugsweep.agent.small_model.tried import edit_passes_tests
-from bugsweep.agent.small_model.unchanged import fingerprint, refuse_unchanged_finish
 from bugsweep.agent.small_model.whole_function import WholeFunctions, function_to_rewrite
 from bugsweep.agent.tools import ToolOutcome
 
@@ -32,9 +31,6 @@ class SmallModelPolicy(Policy):
         """What the policy has learned of the task: the failing tests' digest, the code files, what it asked for."""
         self.repeats = Repeats(self.notes)
         self.functions = WholeFunctions(self.notes)
-        self.at_start: str | None = None
-        """The repository's changes when the work began (unchanged.fingerprint); None once a finish was refused
-        for nothing having changed (only the first such call is)."""
 
     def start(self, run: AgentRun) -> None:
         """Replace the first message's file list with the failing tests and how they fail (see focus.first_prompt)."""
@@ -44,8 +40,6 @@ class SmallModelPolicy(Policy):
         tests = run.toolbox.run(run.test_command)
         output = tests.content
         self.notes.failures = failure_digest(output)
-        if tests.exit_code:
-            self.at_start = fingerprint(run.toolbox)
         files, _ = run.toolbox.list_files(limit=100_000)
         failing = failing_tests(output)
         named = files_in_traceback(output, set(files))
@@ -107,8 +101,6 @@ class SmallModelPolicy(Policy):
 
     def after_tool(self, run: AgentRun, call: ToolCall, outcome: ToolOutcome) -> ToolOutcome:
         if outcome.finished:
-            if refuse_unchanged_finish(run, outcome, self.at_start, self.notes.failures):
-                self.at_start = None
             return outcome
         if call.name == "run":
             outcome = self.repeats.focus_run(run, call, outcome)
