@@ -260,17 +260,22 @@ def night(deployed: Deployed, nightly_file: Path, tmp_path_factory: pytest.TempP
         state={"type": "SCHEDULED", "state_details": {"scheduled_time": later}},
     )
     deployed.api("POST", f"/flow_runs/{lost}/set_state", json={"state": {"type": "PENDING"}, "force": True})
-    ids = {
-        "night-a": deployed.run_deployment(
-            "sweep/nightly-sweep",
-            {
-                "source": {"kind": "file", "path": str(tmp / "night-a.jsonl")},
-                "name": "night-a",
-                "run_on": "workers",
-            },
-        ),
-        "nightly": deployed.run_deployment("sweep/nightly-sweep", {}),
-    }
+    # The nightly first, its one task made before night-a's: night-a's tasks fill every slot of the four workers,
+    # and a nightly task queued behind them asked only after the kill and the outage (seen in CI: the two sweeps
+    # never asking at once, and once not at all 5 minutes after the kill).
+    ids = {"nightly": deployed.run_deployment("sweep/nightly-sweep", {})}
+    deadline = time.monotonic() + 300
+    while not deployed.runs_tagged("sweep:nightly"):
+        assert time.monotonic() < deadline, "the nightly made no task run in 5 minutes"
+        time.sleep(0.5)
+    ids["night-a"] = deployed.run_deployment(
+        "sweep/nightly-sweep",
+        {
+            "source": {"kind": "file", "path": str(tmp / "night-a.jsonl")},
+            "name": "night-a",
+            "run_on": "workers",
+        },
+    )
 
     # Mid-night: once a task of the first sweep running on worker-3a waits for its last answer (held: HOLD).
     deadline = time.monotonic() + 300
