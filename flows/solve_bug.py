@@ -219,7 +219,8 @@ class TaskNotRun(BugsweepError):
     """Ends the flow Failed when the task could not be run; carries the kind of failure the grade records."""
 
     def __init__(self, verdict: Grade) -> None:
-        super().__init__(f"{verdict.failure_kind} failure: {verdict.error}")
+        # failed_state names the kind ("config failure: ..."): the message is the error alone, said once
+        super().__init__(verdict.error or "the task could not be run")
         self.kind = verdict.failure_kind or "crash"
 
 

@@ -246,9 +246,19 @@ def night(deployed: Deployed, nightly_file: Path, tmp_path_factory: pytest.TempP
     record = Night(tasks={"night-a": [f"night-a-{i}" for i in range(NIGHT_A)], "nightly": ["calc-nightly"]})
     record.nightly_file, record.nightly_out = nightly_file, deployed.deploy_out
     dump_tasks([night_task(repo, "night-a", i) for i in range(NIGHT_A)], tmp / "night-a.jsonl")
+    # The nightly first, its one task made before night-a's: night-a's tasks fill every slot of the four workers,
+    # and a nightly task queued behind them asked only after the kill and the outage (seen in CI: the two sweeps
+    # never asking at once, and once not at all 5 minutes after the kill).
+    ids = {"nightly": deployed.run_deployment("sweep/nightly-sweep", {})}
+    deadline = time.monotonic() + 300
+    while not deployed.runs_tagged("sweep:nightly"):
+        assert time.monotonic() < deadline, "the nightly made no task run in 5 minutes"
+        time.sleep(0.5)
     # A run a worker took and was lost with before the run's process started (seen once when worker-3a was killed
-    # just after taking one): Pending, as a worker sets a run it takes, with no process behind it. Made first (for
-    # an hour from now, so no worker takes it before it is Pending), so that its two minutes pass during the night.
+    # just after taking one): Pending, as a worker sets a run it takes, with no process behind it. Made (for an hour
+    # from now, so no worker takes it before it is Pending) just before night-a, so that its two minutes pass during
+    # the night, after the model's outage: a process started in the outage finds nothing answering at its first
+    # check of the endpoint and fails (seen when it was made before the nightly, ~30 s earlier).
     later = (datetime.now(UTC) + timedelta(hours=1)).isoformat()
     lost = deployed.run_deployment(
         "solve-bug/solve-bug",
@@ -260,14 +270,6 @@ def night(deployed: Deployed, nightly_file: Path, tmp_path_factory: pytest.TempP
         state={"type": "SCHEDULED", "state_details": {"scheduled_time": later}},
     )
     deployed.api("POST", f"/flow_runs/{lost}/set_state", json={"state": {"type": "PENDING"}, "force": True})
-    # The nightly first, its one task made before night-a's: night-a's tasks fill every slot of the four workers,
-    # and a nightly task queued behind them asked only after the kill and the outage (seen in CI: the two sweeps
-    # never asking at once, and once not at all 5 minutes after the kill).
-    ids = {"nightly": deployed.run_deployment("sweep/nightly-sweep", {})}
-    deadline = time.monotonic() + 300
-    while not deployed.runs_tagged("sweep:nightly"):
-        assert time.monotonic() < deadline, "the nightly made no task run in 5 minutes"
-        time.sleep(0.5)
     ids["night-a"] = deployed.run_deployment(
         "sweep/nightly-sweep",
         {

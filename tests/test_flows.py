@@ -585,6 +585,7 @@ def test_a_model_url_that_refuses_connections_fails_the_run_at_once_naming_the_u
         "no step ran: the endpoint was checked before the setup"
     )
     assert state.message.startswith("config failure: ") and url in state.message, state.message
+    assert state.message.count("failure:") == 1, f"the kind said once: {state.message}"
     assert "Traceback" not in run_logs(state.state_details.flow_run_id), (
         "an outcome bugsweep expects: one line"
     )
