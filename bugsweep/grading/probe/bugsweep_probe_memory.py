@@ -14,6 +14,11 @@ test that was running) and 1 when the test was stopped at the bound.
 
 Its state is module attributes that code under test could read or change: it can only make a test fail (stopped, or
 killed at the sandbox's limit without the bound), which any code can do; nothing here decides that a test passed.
+
+An interrupt is never taken back with PyThreadState_SetAsyncExc(id, NULL): on CPython 3.11 that leaves the eval
+breaker set for good, and under a trace function (coverage's, pytest-cov's, hypothesis') every Python call then
+loops at its first line without end (zipp's runs under pytest-enabler's coverage hung at their first test). One sent
+and not yet raised is raised at the end of the test's phase instead, and dropped there (`end`).
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ class _Memory:
     high: Any = None  # the last test recorded at half the bound
     stopped: Any = None  # the last test stopped at the bound
     raised = 0.0  # when it was last interrupted (again once a second while it holds more: as the alarm)
+    sent = False  # an interrupt was sent during the test's phase: it may not have been raised yet
     overdue: Any = None  # the probe's: the test its alarm should have stopped and could not, or None
     exit_code = 70  # the probe's HARD_STOP_EXIT
     lock = threading.Lock()
@@ -78,8 +84,8 @@ def start(bound, record, overdue=None, exit_code=70):
         set_async = ctypes.pythonapi.PyThreadState_SetAsyncExc
 
         def interrupt(ident, exc):
-            """Raise `exc` in the thread `ident` at its next bytecode; None takes back one not raised yet."""
-            set_async(ctypes.c_ulong(ident), None if exc is None else ctypes.py_object(exc))
+            """Raise `exc` in the thread `ident` at its next bytecode (never None: see the module's docstring)."""
+            set_async(ctypes.c_ulong(ident), ctypes.py_object(exc))
     except Exception as exc:  # not CPython
         record("probe-error", repr(exc)[:300])
         return False
@@ -98,9 +104,16 @@ def begin(test_id):
 def end(test_id):
     if _memory.test is None or _memory.test != test_id:
         return
-    with _memory.lock:  # an interrupt set but not yet raised is taken back: it never lands after the test
-        _memory.test = None
-        _memory.interrupt(_memory.main, None)
+    while True:  # an interrupt sent and not yet raised lands here, never after the test
+        try:
+            with _memory.lock:  # the watcher sends none once the test is over
+                _memory.test = None
+                sent, _memory.sent = _memory.sent, False
+            for _ in range(3 if sent else 0):
+                pass  # a loop's jump back raises an exception sent to this thread
+            break
+        except TestOutOfMemory:
+            continue
     if _memory.stopped == test_id:
         gc.collect()  # what the stopped test held goes before the next test starts
 
@@ -127,7 +140,7 @@ def _watch():
             if _memory.stopped != test:
                 _memory.stopped = test
                 _memory.record("memory", test, rss, 1)
-            _memory.raised = time.monotonic()
+            _memory.raised, _memory.sent = time.monotonic(), True
             _memory.interrupt(_memory.main, TestOutOfMemory)
 
 
