@@ -1025,7 +1025,7 @@ def test_tests_whose_process_dies_at_the_task_state_fail_and_the_run_goes_on(tmp
     assert report["crashed"] == {sha: dying}
 
 
-#: At the task state spin() loops without end, as dpath's glob code did under its hypothesis tests (d14a4d7f2f).
+#: At the task state spin() loops without end.
 SPIN = "def spin(n):\n    while n:\n        pass\n    return n\n"
 TESTS_SPINNING = (
     "from calc import mul\nfrom spin import spin\n\n\n"
@@ -1053,7 +1053,7 @@ def test_a_run_whose_tests_each_run_to_their_limit_goes_on_past_its_timeout(tmp_
     limit (2 s), so the whole run reaches its timeout (8 s) before the last ones ran. The tests that ran to their
     limit failed, and the run goes on without them, with a timeout of its own, as it does for a test whose process
     died: the fix is kept with the five in FAIL_TO_PASS and the test after them in PASS_TO_PASS. Before, the
-    candidate was rejected ("tests timed out"), as dpath's "Fix bug with multiple stars in glob" was.
+    candidate was rejected ("tests timed out").
     The run's timeout leaves room for pytest's start in the sandbox (seconds under load): a run again in which no
     test reached its limit before the timeout is not run once more (TIMEOUT_ROUNDS), and with a 5 s timeout it once
     was not, under the load of four test processes on two cores."""
@@ -1069,8 +1069,7 @@ def test_a_run_whose_tests_each_run_to_their_limit_goes_on_past_its_timeout(tmp_
 @needs_bwrap
 def test_a_test_its_alarm_cannot_stop_is_ended_by_the_watcher_and_the_run_goes_on(tmp_path: Path) -> None:
     """End to end (real sandbox, real pytest): at the task state a changed test ignores SIGALRM and then loops, so the
-    per-test limit's alarm never reaches it (dpath's hypothesis tests on Python 3.11: the alarm's handler never got
-    past its first line). The probe's watcher thread ends the process once the test is past its limit and as long
+    per-test limit's alarm never reaches it. The probe's watcher thread ends the process once the test is past its limit and as long
     again, recording a hard stop; the test failed, and the run goes on without it: the fix is kept with it in
     FAIL_TO_PASS, the test after it in PASS_TO_PASS, and the report names it."""
 

@@ -128,8 +128,8 @@ def run_tests(
         # A test process that died half way (a test that would not stop at its limit, or was killed for its
         # memory or by a crash) gave no per-test results. As pytest-xdist does with a crashed worker, the test
         # that was running failed, and the rest run again without it, within what is left of the run's time.
-        # A run that reached its timeout because tests ran on to their per-test limit one after another (dpath's
-        # hypothesis tests at its task state, each looping in the code under test) goes on the same way: those
+        # A run that reached its timeout because tests ran on to their per-test limit one after another (each
+        # looping in the code under test at the task state) goes on the same way: those
         # tests failed, and the rest run again without them, with a timeout of their own (TIMEOUT_ROUNDS at most).
         skipped: list[str] = []  # runner ids (pytest node ids, unittest test ids) the runs again leave out
         spent, allowed, reruns, given_at = run.duration_s, timeout, 0, 0

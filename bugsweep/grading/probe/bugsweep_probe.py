@@ -189,9 +189,9 @@ def _fire(signum, frame):
 
 
 def _overdue():
-    """The running test, when its alarm should have stopped it a while ago and has not begun to (its handler never
-    got past its first line: dpath's hypothesis tests under hypothesis' tracer, Python 3.11); else None. The memory
-    watcher's thread then ends the process as the alarm's hard stop would (bugsweep_probe_memory.py)."""
+    """The running test, when its alarm should have stopped it a while ago and has not begun to (code under test
+    that took over SIGALRM); else None. The memory watcher's thread then ends the process as the alarm's hard stop
+    would (bugsweep_probe_memory.py)."""
     test = _clock.test
     if test is None or not _clock.armed or _clock.fired or not _state.limit:
         return None
