@@ -433,6 +433,29 @@ def test_detected_commands_for_common_layouts(tmp_path: Path) -> None:
         assert cmds.setup is not None and f"{expected} && pip install pytest" in cmds.setup, setup_py
 
 
+def test_pytest_cov_is_installed_when_the_pytest_configuration_passes_its_options(tmp_path: Path) -> None:
+    """arrow's 2020 commits: tox.ini's [pytest] addopts pass --cov options, and pytest-cov came from a requirements
+    file tox's deps name (not installed: old pins), so pytest stopped at a usage error ("tests cannot run") for 14
+    of its fixes. pytest-cov is installed when the configuration pytest reads (its first file with a pytest
+    section) passes them; not for a section pytest does not read."""
+    setup_py = "from setuptools import setup\nsetup(name='a')\n"
+    repo, cmds = _detected(tmp_path / "arrow", {
+        "setup.py": setup_py,
+        "tox.ini": "[testenv]\ndeps = -rrequirements.txt\n\n[pytest]\naddopts = -v --cov-branch --cov=arrow\n",
+        "tests/test_a.py": "def test_x():\n    pass\n",
+    }, ["tests/test_a.py"])  # fmt: skip
+    assert cmds.setup == "pip install -e . && pip install pytest-cov && pip install pytest"
+    assert "the pytest configuration passes pytest-cov's options (--cov) in addopts" in cmds.why
+    # pyproject.toml's list form
+    write_files(repo, {"pyproject.toml": '[tool.pytest.ini_options]\naddopts = ["-ra", "--cov", "pkg"]\n'})
+    cmds = detect_commands(repo, commit_all(repo, "pyproject"), ["tests/test_a.py"])
+    assert cmds.setup == "pip install -e . && pip install pytest-cov && pip install pytest"
+    # pytest.ini comes first, and it passes none; a coverage section is not pytest's
+    write_files(repo, {"pytest.ini": "[pytest]\naddopts = -ra\n[coverage:run]\nbranch = --cov\n"})
+    cmds = detect_commands(repo, commit_all(repo, "pytest.ini"), ["tests/test_a.py"])
+    assert cmds.setup == "pip install -e . && pip install pytest"
+
+
 def _run(tests: dict[str, str] | None, exit_code: int = 1) -> TestRun:
     return TestRun(
         command="pytest", exit_code=exit_code, timed_out=False, log="", duration_s=0.1, tests=tests

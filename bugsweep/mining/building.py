@@ -10,7 +10,7 @@ import re
 import shlex
 import subprocess
 import tomllib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -262,6 +262,40 @@ def _tox_deps(text: str) -> list[str]:
     return [line for line in lines if line and "{" not in line and _PLAIN_REQUIREMENT.match(line)]
 
 
+#: The pytest configuration files in the order pytest looks for them, with the section that holds its options.
+_PYTEST_CONFIGS = (
+    ("pytest.ini", "pytest"),
+    ("pyproject.toml", ""),
+    ("tox.ini", "pytest"),
+    ("setup.cfg", "tool:pytest"),
+)
+#: A pytest-cov option (`--cov`, `--cov=pkg`, `--cov-report ...`, `--no-cov`).
+_COV_OPTION = re.compile(r"(^|\s|[\"'])--(no-)?cov(\b|-)")
+
+
+def _pytest_addopts(text: Callable[[str], str]) -> str:
+    """The `addopts` of the pytest configuration pytest would read (the first file that has a pytest section),
+    from `text(name)` (a file of the tree, "" when absent); "" when none has it."""
+    for name, section in _PYTEST_CONFIGS:
+        data = text(name)
+        if not data:
+            continue
+        try:
+            if name == "pyproject.toml":
+                options = tomllib.loads(data).get("tool", {}).get("pytest", {}).get("ini_options")
+                if options is None:
+                    continue
+                addopts = options.get("addopts", "")
+                return " ".join(addopts) if isinstance(addopts, list) else str(addopts)
+            cfg = configparser.RawConfigParser(strict=False, interpolation=None)
+            cfg.read_string(data)
+        except (tomllib.TOMLDecodeError, configparser.Error, AttributeError):
+            continue
+        if cfg.has_section(section):
+            return cfg.get(section, "addopts", fallback="")
+    return ""
+
+
 def detect_commands(repo: Path, commit: str, test_files: Sequence[str]) -> Commands:
     """Setup and test commands for common Python layouts, read from the tree at `commit`.
 
@@ -282,6 +316,8 @@ def detect_commands(repo: Path, commit: str, test_files: Sequence[str]) -> Comma
       when a pytest hook of the tree takes a py.path argument (pytest 9 will not load it);
     - py 1.11 when a Python file imports py and uses more of it than pytest's stand-in for it has (py.test, py.std:
       pytest installed the py library until 7.2);
+    - pytest-cov when the project's pytest configuration passes its options (`addopts = --cov=pkg ...`): without it
+      pytest stops at a usage error (arrow's 2020 commits, whose pytest-cov came from a requirements file);
     - tests run with `python -m pytest -q <changed test modules>` (pytest also runs unittest-style tests, and
       gives per-test results the grader reads), so the setup ends with `pip install pytest`.
     """
@@ -364,6 +400,9 @@ def detect_commands(repo: Path, commit: str, test_files: Sequence[str]) -> Comma
     if not old_pytest and _tree_matches(repo, commit, *_USES_PYLIB):
         steps.append("pip install 'py>=1.11'")
         why.append("the code uses the py library (py.test, ...), which pytest installed until 7.2")
+    if _COV_OPTION.search(_pytest_addopts(text)):
+        steps.append("pip install pytest-cov")
+        why.append("the pytest configuration passes pytest-cov's options (--cov) in addopts")
     if _tree_matches(repo, commit, _IMPORTS_PKG_RESOURCES):
         steps.append("pip install 'setuptools<82'")
         why.append("the code imports pkg_resources, which setuptools 82 removed")
