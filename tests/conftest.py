@@ -32,13 +32,13 @@ LONGEST_FILES_S = {
 
 #: Files that run in one process because they use the same session server (`--dist loadgroup`; any other file is a
 #: group of its own, so its module fixtures are made once). The suite is bound by CPU on two cores, and a Prefect
-#: server costs ~14 s of CPU to start (more under load): two test harnesses for the seven files whose flows report
-#: to one, instead of one of each in every process that runs such a file. Two harnesses, not one: the seven files in
-#: one process made the longest chain of the run (~10 minutes under load). test_deploy and test_blocks (each
-#: starts its own `prefect server start`) are not grouped: together they were the run's longest chain (~640 s of a
-#: 644 s pytest run, ci86), test_deploy's night alone ~530 s.
+#: server costs ~14 s of CPU to start (more under load): one `prefect server start` for the two deployment files
+#: (test_blocks cleans up what it saves, and test_deploy removes its blocks, for the other), and two test harnesses
+#: for the seven files whose flows report to one, instead of one of each in every process that runs such a file.
+#: Two harnesses, not one: the seven files in one process made the longest chain of the run (~10 minutes under load).
 #: pytest-xdist adds `@GROUP` to each test's id in what it prints: leave it out to run that one test.
 SHARED_SERVER = {
+    "test_deploy.py": "prefect-server", "test_blocks.py": "prefect-server",
     **dict.fromkeys(("test_flows.py", "test_grow.py", "test_swebench.py", "test_compare.py"), "prefect-harness"),
     **dict.fromkeys(("test_runconfig.py", "test_review.py", "test_branches.py"), "prefect-harness-2"),
 }  # fmt: skip
