@@ -1092,9 +1092,9 @@ def test_a_run_whose_tests_each_run_to_their_limit_goes_on_past_its_timeout(tmp_
 @needs_bwrap
 def test_a_test_its_alarm_cannot_stop_is_ended_by_the_watcher_and_the_run_goes_on(tmp_path: Path) -> None:
     """End to end (real sandbox, real pytest): at the task state a changed test ignores SIGALRM and then loops, so the
-    per-test limit's alarm never reaches it. The probe's watcher thread ends the process once the test is past its limit and as long
-    again, recording a hard stop; the test failed, and the run goes on without it: the fix is kept with it in
-    FAIL_TO_PASS, the test after it in PASS_TO_PASS, and the report names it."""
+    per-test limit's alarm never reaches it. The probe's watcher thread ends the process once the test is past its
+    limit and as long again, recording a hard stop; the test failed, and the run goes on without it: the fix is kept
+    with it in FAIL_TO_PASS, the test after it in PASS_TO_PASS, and the report names it."""
 
     blocked = (
         "import signal\n\nfrom calc import mul\nfrom spin import spin\n\n\ndef test_blocked():\n"
