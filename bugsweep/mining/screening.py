@@ -12,6 +12,7 @@ from typing import NamedTuple
 from bugsweep.grading.testfiles import is_test_file
 from bugsweep.mining.change import BUILTIN_EXCEPTIONS, ChangeShape, read_change
 from bugsweep.mining.records import Commit, Rejection, RejectReason, Screened
+from bugsweep.mining.releases import own_work
 from bugsweep.mining.shapes import feature_shape, fix_shape, listed
 from bugsweep.settings import DEFAULT_TEST_GLOBS
 
@@ -206,6 +207,7 @@ class Rule(StrEnum):
     EXCEPTION = "exception named"
     ISSUE_FIXED = "issue named as fixed"
     NO_FIX_WORD = "no fix word"
+    OWN_UNRELEASED = "own unreleased work"
 
 
 class Reading(NamedTuple):
@@ -553,8 +555,9 @@ def screen(
     """The cheap checks, in order: a runnable test changed, a source file changed, the commit reads like a fix.
 
     With `repo` (the git directory holding the commit), the whole change is read too (read_change: its Python
-    code and stubs, its tests, its changelog entries) and judged with the words (read_commit); without it, the
-    words alone decide."""
+    code and stubs, its tests, its changelog entries) and judged with the words (read_commit), and a commit read
+    as a fix is no fix when it mends its author's own work that no release had yet (releases.own_work: most of
+    the lines it changes came after the last version tag, by its author); without it, the words alone decide."""
     tests = [path for _, path in commit.changes if is_test_file(path, test_globs)]
     runnable = [
         path for status, path in commit.changes if status != "D" and path in tests and is_runnable_test(path)
@@ -576,6 +579,8 @@ def screen(
     reading = read_commit(commit.text_to_match, commit.subject, shape)
     if not reading.fix:
         return reject(RejectReason.NOT_A_FIX, reading.reason, reading.rule.value)
+    if repo is not None and (own := own_work(repo, commit, sources)) is not None and own.unreleased:
+        return reject(RejectReason.NOT_A_FIX, own.describe(), Rule.OWN_UNRELEASED.value)
     return Screened(
         commit=commit,
         test_files=tests,

@@ -1,0 +1,115 @@
+"""Whether a fix mends its own author's work that no release had yet, read from the history (issue 37).
+
+A commit that corrects lines written after the last release, by the same author, is an iteration on work in
+progress: no user of a release met the behaviour it changes. The labels of issue 37's held-out sets call such
+commits not fixes (bench/README.md, "Fixes of code no release had"), and they were the largest class of not-fixes
+that `bugsweep mine` kept. The reading: blame the lines the commit changes in its source files, at its parent; it
+is own unreleased work when more than half of them came from commits that the last release (the newest version tag
+reachable from the parent) does not contain, and at least half were written by the commit's own author. A history
+with no version tag before the commit says nothing, and neither does a commit whose changed lines cannot be blamed.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from bugsweep.errors import ConfigError
+from bugsweep.mining.history import _git
+from bugsweep.mining.records import Commit
+
+#: A tag naming a version: "v1.2.3", "1.4", "pyflakes-2.1.0", "rel_1_3_5" (mako), "7"; not "1.x" or "sprint".
+VERSION_TAG = re.compile(r"\d+[._]\d+|^v?\d+$")
+#: A hunk header of `git diff -U0`: where the lines the commit changes start in the old file, and how many.
+HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+", re.M)
+#: More than this share of the changed lines newer than the last release, ...
+NEWER_SHARE = 0.5
+#: ... and at least this share written by the commit's own author.
+OWN_SHARE = 0.5
+#: Source files blamed per commit, at most.
+MAX_FILES = 20
+
+
+@dataclass(frozen=True)
+class OwnWork:
+    """What the blame found: the last release before the commit and the shares of the lines it changes."""
+
+    release: str
+    """The version tag of the last release before the commit."""
+    lines: int
+    newer: float
+    """Share of the changed lines that came from commits after `release`."""
+    own: float
+    """Share of the changed lines written by the commit's own author."""
+
+    @property
+    def unreleased(self) -> bool:
+        return self.newer > NEWER_SHARE and self.own >= OWN_SHARE
+
+    def describe(self) -> str:
+        return (
+            f"it mends its author's own work that no release had: {self.newer:.0%} of the {self.lines} lines it "
+            f"changes came after {self.release}, {self.own:.0%} written by its author"
+        )
+
+
+def last_release(repo: Path, rev: str) -> tuple[str, str] | None:
+    """(name, commit) of the newest version tag (by its date) reachable from `rev`; None when there is none."""
+    refs = _git(repo, "for-each-ref", f"--merged={rev}", "--sort=-creatordate",
+                "--format=%(refname:short)%09%(objectname)%09%(*objectname)", "refs/tags")  # fmt: skip
+    for line in refs.splitlines():
+        name, obj, peeled = [*line.split("\t"), "", ""][:3]
+        if VERSION_TAG.search(name):
+            return name, peeled or obj
+    return None
+
+
+def _authors(repo: Path, parent: str, sha: str, path: str) -> list[tuple[str, str, str]]:
+    """(commit, author e-mail, author name) of each line `sha` changes in `path`, blamed at `parent` (a pure
+    insertion blames the line it follows)."""
+    ranges: list[str] = []
+    for hunk in HUNK.finditer(_git(repo, "diff", "-U0", parent, sha, "--", path)):
+        start, count = int(hunk.group(1)), int(hunk.group(2) if hunk.group(2) is not None else 1)
+        if start:
+            ranges += ["-L", f"{start},{start + max(count, 1) - 1}"]
+    if not ranges:
+        return []
+    lines: list[tuple[str, str, str]] = []
+    current: dict[str, str] = {}
+    for line in _git(repo, "blame", "--line-porcelain", *ranges, parent, "--", path).splitlines():
+        if re.match(r"^[0-9a-f]{40} ", line):
+            current = {"sha": line[:40]}
+        elif line.startswith(("author-mail ", "author ")):
+            key, _, value = line.partition(" ")
+            current[key] = value
+        elif line.startswith("\t"):
+            lines.append((current["sha"], current.get("author-mail", ""), current.get("author", "")))
+    return lines
+
+
+def own_work(repo: Path, commit: Commit, source_files: Sequence[str]) -> OwnWork | None:
+    """The blame of the source lines `commit` changes, against the last release before it; None when the history
+    cannot say (no version tag before the commit, nothing blamed, a git error)."""
+    parent = commit.parents[0]
+    try:
+        release = last_release(repo, parent)
+        if release is None:
+            return None
+        lines = [
+            line for path in source_files[:MAX_FILES] for line in _authors(repo, parent, commit.sha, path)
+        ]
+        if not lines:
+            return None
+        after = set(_git(repo, "rev-list", f"{release[1]}..{parent}").split())
+        mail, name = _git(repo, "log", "-1", "--format=<%ae>%n%an", commit.sha).splitlines()[:2]
+    except (ConfigError, subprocess.SubprocessError, ValueError):
+        return None
+    return OwnWork(
+        release=release[0],
+        lines=len(lines),
+        newer=sum(sha in after for sha, _, _ in lines) / len(lines),
+        own=sum(m == mail or n == name for _, m, n in lines) / len(lines),
+    )
