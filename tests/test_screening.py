@@ -958,3 +958,45 @@ def test_a_fix_of_its_authors_own_unreleased_work_is_not_a_fix(tmp_path: Path) -
     git(repo, "tag", "rel_1_0", "HEAD~1")
     result = screened(repo, mended, "Fix mean() of an empty list")
     assert isinstance(result, Rejection) and "came after rel_1_0" in result.detail
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="the local sandbox needs bubblewrap")
+def test_mine_rejects_own_unreleased_work_unless_asked_and_says_so_in_its_report(tmp_path: Path) -> None:
+    """`bugsweep mine` as a user runs it (real local sandbox, real pytest): the fix of unreleased mean() is rejected
+    with the rule's reason, before any sandbox; with --unreleased-fixes it is validated and kept. The report says
+    which way the run was made."""
+    import os
+    import subprocess
+    import sys
+
+    repo = numbers_repo(tmp_path / "repo")
+    git(repo, "tag", "v1.0")
+    write_files(repo, {"numbers_.py": NUMBERS + MEAN, "tests/test_mean.py": TEST_MEAN})
+    commit_all(repo, "Add mean()")
+    write_files(repo, {
+        "numbers_.py": NUMBERS + MEAN.replace("return total", "return 0.0 if not values else total"),
+        "tests/test_mean.py": TEST_MEAN + "\n\ndef test_mean_of_nothing():\n    assert mean([]) == 0.0\n",
+    })  # fmt: skip
+    fix = commit_all(repo, "Fix mean() of an empty list")
+    env = {**os.environ, "COLUMNS": "250"}
+
+    def mine(*args: str) -> tuple[subprocess.CompletedProcess[str], dict]:
+        out = tmp_path / f"tasks{len(args)}.jsonl"
+        cmd = [sys.executable, "-m", "bugsweep.cli", "mine", str(repo), "--runs", "1", "--max-candidates", "1",
+               "--setup-command", "pip install pytest", "--out", str(out), *args]  # fmt: skip
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+        return proc, json.loads(out.with_suffix(".mining.json").read_text())
+
+    proc, report = mine()
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert (
+        f"skip     {fix[:10]} Fix mean() of an empty list: not a fix: it mends its author's own work"
+        in proc.stdout
+    )
+    assert report["unreleased_fixes"] is False and report["validated"] == 0
+    assert [(r["commit"], r["rule"]) for r in report["rejected"]] == [(fix, "own unreleased work")]
+
+    proc, report = mine("--unreleased-fixes")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert report["unreleased_fixes"] is True
+    assert [(k["commit"], k["screen_rule"]) for k in report["kept"]] == [(fix, "fix word in the subject")]

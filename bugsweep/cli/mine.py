@@ -113,6 +113,16 @@ def mine_command(
             "commit names. Kept there, its task names that interpreter ('python'). Local sandbox only.",
         ),
     ] = True,
+    unreleased_fixes: Annotated[
+        bool,
+        typer.Option(
+            "--unreleased-fixes/--no-unreleased-fixes",
+            help="Also take commits that mend their author's own work since the last release (more than half of "
+            "the lines they change came after the newest version tag before them, at least half written by their "
+            "author). By default they are no fix ('own unreleased work'): iterations on work in progress, whose "
+            "behaviour no user of a release met. Recorded in the report (unreleased_fixes).",
+        ),
+    ] = False,
     out_format: Annotated[
         str,
         typer.Option(
@@ -133,8 +143,8 @@ def mine_command(
 
     A candidate is a commit (newest first, no merges) that changes a test module and a source file and whose message
     reads like a fix by its words and its whole change (docs/tasks-jsonl.md, "Screening"; a feat:, refactor:,
-    chore: ... subject only if it says fix; not one mending its author's own work since the last release tag).
-    Its task starts at the parent commit with the commit's test files copied
+    chore: ... subject only if it says fix; not one mending its author's own work since the last release tag,
+    unless --unreleased-fixes). Its task starts at the parent commit with the commit's test files copied
     in; it is kept when the changed tests fail there and pass at the commit, in every one of --runs runs. Flaky
     tests, and tests that fail at both states, are reported and left out of the task's test command. Each kept
     task says why the screen took it for a fix (screen_rule, screen_reason), in its line here and in the files. Each validated candidate's line says whether its
@@ -214,6 +224,7 @@ def mine_command(
                 concurrency=concurrency,
                 per_test_timeout=per_test_timeout_s or None,
                 older_python=older_python,
+                unreleased_fixes=unreleased_fixes,
                 result=result,
                 write=write,
             )

@@ -54,6 +54,7 @@ def mine(
     exclude: str | None = None,
     result: MiningResult | None = None,
     older_python: bool = True,
+    unreleased_fixes: bool = False,
 ) -> MiningResult:
     """Scan `repo`'s history newest first and keep up to `limit` validated tasks (`merges`: see scan_history).
 
@@ -70,6 +71,8 @@ def mine(
     `older_python`: a candidate older than the running Python whose environment failed on it is validated again on
     an older interpreter of this machine (bugsweep.mining.validation.validate_on_its_python); kept there, its task
     names that interpreter (`python`).
+    `unreleased_fixes`: keep commits that mend their author's own work since the last release, which the screen
+    otherwise reads as no fix (bugsweep.mining.releases).
 
     A run stops early on Ctrl-C (KeyboardInterrupt), SIGTERM (Terminated) or when the test or setup command cannot
     run at all (CommandNotFound): the candidates in flight are not judged (their sandboxes are released at once
@@ -82,6 +85,7 @@ def mine(
     name = repo_name(repo)
     result = result if result is not None else MiningResult(repo=name)
     result.repo, result.per_test_timeout_s = name, per_test_timeout
+    result.unreleased_fixes = unreleased_fixes
     shas = list_history(
         git_dir, branch=branch, since=since, until=until, max_commits=max_candidates, merges=merges,
         exclude=exclude,
@@ -109,7 +113,7 @@ def mine(
             result.scanned += 1
             position[commit.sha] = result.scanned
             progress(event("scan", commit))
-            screened = screen(commit, repo=git_dir)
+            screened = screen(commit, repo=git_dir, unreleased_fixes=unreleased_fixes)
             if isinstance(screened, Rejection):
                 result.rejected.append(screened)
                 progress(_rejected_event(screened, result))

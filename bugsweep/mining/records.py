@@ -148,6 +148,9 @@ class MiningResult(BaseModel):
     """This report's own path, once the run writes it (None: not written)."""
     per_test_timeout_s: float | None = None
     """The per-test time limit of the validation runs (None: none, only the whole run's timeout)."""
+    unreleased_fixes: bool = False
+    """Whether the screen kept commits mending their author's own work since the last release (`bugsweep mine
+    --unreleased-fixes`); by default they are no fix (the rule 'own unreleased work')."""
     environments_built: int = 0
     """Task environments the validations built (their setup ran)."""
     environments_reused: int = 0

@@ -550,14 +550,19 @@ def looks_like_fix(message: str, subject: str | None = None, shape: ChangeShape 
 
 
 def screen(
-    commit: Commit, test_globs: Sequence[str] = MINING_TEST_GLOBS, repo: Path | None = None
+    commit: Commit,
+    test_globs: Sequence[str] = MINING_TEST_GLOBS,
+    repo: Path | None = None,
+    *,
+    unreleased_fixes: bool = False,
 ) -> Screened | Rejection:
     """The cheap checks, in order: a runnable test changed, a source file changed, the commit reads like a fix.
 
     With `repo` (the git directory holding the commit), the whole change is read too (read_change: its Python
     code and stubs, its tests, its changelog entries) and judged with the words (read_commit), and a commit read
     as a fix is no fix when it mends its author's own work that no release had yet (releases.own_work: most of
-    the lines it changes came after the last version tag, by its author); without it, the words alone decide."""
+    the lines it changes came after the last version tag, by its author; kept with `unreleased_fixes`); without
+    it, the words alone decide."""
     tests = [path for _, path in commit.changes if is_test_file(path, test_globs)]
     runnable = [
         path for status, path in commit.changes if status != "D" and path in tests and is_runnable_test(path)
@@ -579,7 +584,12 @@ def screen(
     reading = read_commit(commit.text_to_match, commit.subject, shape)
     if not reading.fix:
         return reject(RejectReason.NOT_A_FIX, reading.reason, reading.rule.value)
-    if repo is not None and (own := own_work(repo, commit, sources)) is not None and own.unreleased:
+    if (
+        not unreleased_fixes
+        and repo is not None
+        and (own := own_work(repo, commit, sources))
+        and own.unreleased
+    ):
         return reject(RejectReason.NOT_A_FIX, own.describe(), Rule.OWN_UNRELEASED.value)
     return Screened(
         commit=commit,
