@@ -1,8 +1,9 @@
 """Can the history tell a fix of code no release had from a fix of released code? (issue 37)
 
-For every labelled candidate of the given sets (bench/screen_labels_outside.tsv) that today's screen passes, the lines
-its commit changes in its source files are blamed at its parent (a pure insertion: the line it follows), and two
-readings of them are counted against the labels:
+For every labelled candidate of the given sets (bench/screen_labels_outside.tsv) that today's screen passes with its
+rule `own unreleased work` off (`unreleased_fixes`, which is built on the first reading below), the lines its commit
+changes in its source files are blamed at its parent (bugsweep.mining.releases.blame_changes), and two readings of
+them are counted against the labels:
 - `after release`: more than `--share` of those lines came from commits that the last release tag before the commit
   (the newest tag reachable from its parent with a version number in its name) does not contain;
 - `young`: at least `--share` of them were written less than `--days` days before the commit, by its author.
@@ -17,8 +18,6 @@ Needs: bare clones at MIRROR/OWNER+NAME/repo of the labelled repositories (the `
 from __future__ import annotations
 
 import argparse
-import re
-import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
@@ -30,66 +29,31 @@ sys.path.insert(0, str(ROOT / "bench"))
 from screen import NOT_FIX, load_sets, passes  # noqa: E402
 
 from bugsweep.mining import Screened, scan_history, screen  # noqa: E402
-from bugsweep.mining.history import is_ancestor  # noqa: E402
-
-VERSION_TAG = re.compile(r"\d+\.\d+|^v?\d+$")
-HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+", re.M)
-
-
-def git(repo: Path, *args: str) -> str:
-    return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True).stdout
-
-
-def last_release(repo: Path, rev: str) -> str | None:
-    """The commit of the newest version tag reachable from `rev`, by the tag's date."""
-    out = git(repo, "for-each-ref", f"--merged={rev}", "--sort=-creatordate",
-              "--format=%(refname:short)%09%(objectname)%09%(*objectname)", "refs/tags")  # fmt: skip
-    for line in out.splitlines():
-        name, obj, peeled = [*line.split("\t"), "", ""][:3]
-        if VERSION_TAG.search(name):
-            return peeled or obj
-    return None
-
-
-def blamed_lines(repo: Path, parent: str, sha: str, files: list[str]) -> list[tuple[str, str, int]]:
-    """(commit, author e-mail, commit time) of each line `sha` changes in `files`, blamed at `parent`."""
-    lines: list[tuple[str, str, int]] = []
-    for path in files[:20]:
-        ranges: list[str] = []
-        for hunk in HUNK.finditer(git(repo, "diff", "-U0", parent, sha, "--", path)):
-            start, count = int(hunk.group(1)), int(hunk.group(2) if hunk.group(2) is not None else 1)
-            if count or start:
-                ranges += ["-L", f"{start},{start + max(count, 1) - 1}"]
-        if not ranges:
-            continue
-        current: dict[str, str] = {}
-        for line in git(repo, "blame", "--line-porcelain", *ranges, parent, "--", path).splitlines():
-            if re.match(r"^[0-9a-f]{40} ", line):
-                current = {"sha": line[:40]}
-            elif line.startswith("author-mail "):
-                current["mail"] = line.removeprefix("author-mail ")
-            elif line.startswith("committer-time "):
-                current["time"] = line.removeprefix("committer-time ")
-            elif line.startswith("\t"):
-                lines.append((current["sha"], current.get("mail", ""), int(current.get("time", "0"))))
-    return lines
+from bugsweep.mining.history import _git, is_ancestor  # noqa: E402
+from bugsweep.mining.releases import MAX_FILES, blame_changes, last_release  # noqa: E402
 
 
 def readings(repo: Path, screened: Screened, share: float, days: float) -> tuple[str, bool]:
     """('no release' | 'after release' | 'released', young) for one screened commit."""
     commit = screened.commit
     parent = commit.parents[0]
-    lines = blamed_lines(repo, parent, commit.sha, screened.source_files)
+    lines = [
+        line
+        for path in screened.source_files[:MAX_FILES]
+        for line in blame_changes(repo, parent, commit.sha, path)
+    ]
     if not lines:
         return "nothing blamed", False
-    when_text, author = git(repo, "log", "-1", "--format=%ct%n<%ae>", commit.sha).split()
+    when_text, author = _git(repo, "log", "-1", "--format=%ct%n<%ae>", commit.sha).split()
     when = int(when_text)
-    young = sum(when - t < days * 86400 and mail == author for _, mail, t in lines) / len(lines) >= share
+    young = (
+        sum(when - line.time < days * 86400 and line.mail == author for line in lines) / len(lines) >= share
+    )
     release = last_release(repo, parent)
     if release is None:
         return "no release", young
-    contained = {sha: is_ancestor(repo, sha, release) for sha in {sha for sha, _, _ in lines}}
-    newer = sum(not contained[sha] for sha, _, _ in lines) / len(lines)
+    contained = {sha: is_ancestor(repo, sha, release[1]) for sha in {line.sha for line in lines}}
+    newer = sum(not contained[line.sha] for line in lines) / len(lines)
     return ("after release" if newer > share else "released"), young
 
 
@@ -108,7 +72,7 @@ def main() -> None:
         git_dir = Path(args.mirror) / repo.replace("/", "+") / "repo"
         for commit in scan_history(git_dir, since=since, until=until):
             label = labels.get(repo, {}).get(commit.sha[:10], ("unlabelled", ""))[0]
-            screened = screen(commit, repo=git_dir)
+            screened = screen(commit, repo=git_dir, unreleased_fixes=True)  # the other rules
             if label == "unlabelled" or not passes(screened):
                 continue
             assert isinstance(screened, Screened)

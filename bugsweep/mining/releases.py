@@ -16,6 +16,7 @@ import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from bugsweep.errors import ConfigError
 from bugsweep.mining.history import _git
@@ -67,9 +68,19 @@ def last_release(repo: Path, rev: str) -> tuple[str, str] | None:
     return None
 
 
-def _authors(repo: Path, parent: str, sha: str, path: str) -> list[tuple[str, str, str]]:
-    """(commit, author e-mail, author name) of each line `sha` changes in `path`, blamed at `parent` (a pure
-    insertion blames the line it follows)."""
+class Blamed(NamedTuple):
+    """Where a line a commit changes came from."""
+
+    sha: str
+    mail: str
+    """The author's e-mail, in angle brackets as git prints it."""
+    name: str
+    time: int
+    """When the line's commit was made (committer time, seconds since the epoch)."""
+
+
+def blame_changes(repo: Path, parent: str, sha: str, path: str) -> list[Blamed]:
+    """Each line `sha` changes in `path`, blamed at `parent` (a pure insertion blames the line it follows)."""
     ranges: list[str] = []
     for hunk in HUNK.finditer(_git(repo, "diff", "-U0", parent, sha, "--", path)):
         start, count = int(hunk.group(1)), int(hunk.group(2) if hunk.group(2) is not None else 1)
@@ -77,16 +88,21 @@ def _authors(repo: Path, parent: str, sha: str, path: str) -> list[tuple[str, st
             ranges += ["-L", f"{start},{start + max(count, 1) - 1}"]
     if not ranges:
         return []
-    lines: list[tuple[str, str, str]] = []
+    lines: list[Blamed] = []
     current: dict[str, str] = {}
     for line in _git(repo, "blame", "--line-porcelain", *ranges, parent, "--", path).splitlines():
         if re.match(r"^[0-9a-f]{40} ", line):
             current = {"sha": line[:40]}
-        elif line.startswith(("author-mail ", "author ")):
+        elif line.startswith(("author-mail ", "author ", "committer-time ")):
             key, _, value = line.partition(" ")
             current[key] = value
         elif line.startswith("\t"):
-            lines.append((current["sha"], current.get("author-mail", ""), current.get("author", "")))
+            get = current.get
+            lines.append(
+                Blamed(
+                    current["sha"], get("author-mail", ""), get("author", ""), int(get("committer-time", 0))
+                )
+            )
     return lines
 
 
@@ -99,7 +115,9 @@ def own_work(repo: Path, commit: Commit, source_files: Sequence[str]) -> OwnWork
         if release is None:
             return None
         lines = [
-            line for path in source_files[:MAX_FILES] for line in _authors(repo, parent, commit.sha, path)
+            line
+            for path in source_files[:MAX_FILES]
+            for line in blame_changes(repo, parent, commit.sha, path)
         ]
         if not lines:
             return None
@@ -110,6 +128,6 @@ def own_work(repo: Path, commit: Commit, source_files: Sequence[str]) -> OwnWork
     return OwnWork(
         release=release[0],
         lines=len(lines),
-        newer=sum(sha in after for sha, _, _ in lines) / len(lines),
-        own=sum(m == mail or n == name for _, m, n in lines) / len(lines),
+        newer=sum(line.sha in after for line in lines) / len(lines),
+        own=sum(line.mail == mail or line.name == name for line in lines) / len(lines),
     )
