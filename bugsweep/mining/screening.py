@@ -559,10 +559,9 @@ def screen(
     """The cheap checks, in order: a runnable test changed, a source file changed, the commit reads like a fix.
 
     With `repo` (the git directory holding the commit), the whole change is read too (read_change: its Python
-    code and stubs, its tests, its changelog entries) and judged with the words (read_commit), and a commit read
-    as a fix is no fix when it mends its author's own work that no release had yet (releases.own_work: most of
-    the lines it changes came after the last version tag, by its author; kept with `unreleased_fixes`); without
-    it, the words alone decide."""
+    code and stubs, its tests, its changelog entries) and judged with the words (read_commit); a fix mending its
+    author's own work since the last release is then no fix, unless `unreleased_fixes` (releases.own_work).
+    Without `repo`, the words alone decide."""
     tests = [path for _, path in commit.changes if is_test_file(path, test_globs)]
     runnable = [
         path for status, path in commit.changes if status != "D" and path in tests and is_runnable_test(path)
