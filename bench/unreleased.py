@@ -2,7 +2,7 @@
 
 For every labelled candidate of the given sets (bench/screen_labels_outside.tsv) that today's screen passes with its
 rule `own unreleased work` off (`unreleased_fixes`, which is built on the first reading below), the lines its commit
-changes in its source files are blamed at its parent (bugsweep.mining.releases.blame_changes), and two readings of
+changes in its source files are blamed at its parent (bugsweep.mining.releases.blame_commit), and two readings of
 them are counted against the labels:
 - `after release`: more than `--share` of those lines came from commits that the last release tag before the commit
   (the newest tag reachable from its parent with a version number in its name) does not contain;
@@ -29,19 +29,15 @@ sys.path.insert(0, str(ROOT / "bench"))
 from screen import NOT_FIX, load_sets, passes  # noqa: E402
 
 from bugsweep.mining import Screened, scan_history, screen  # noqa: E402
-from bugsweep.mining.history import _git, is_ancestor  # noqa: E402
-from bugsweep.mining.releases import MAX_FILES, blame_changes, last_release  # noqa: E402
+from bugsweep.mining.history import _git  # noqa: E402
+from bugsweep.mining.releases import blame_commit, last_release, newer_share  # noqa: E402
 
 
 def readings(repo: Path, screened: Screened, share: float, days: float) -> tuple[str, bool]:
     """('no release' | 'after release' | 'released', young) for one screened commit."""
     commit = screened.commit
     parent = commit.parents[0]
-    lines = [
-        line
-        for path in screened.source_files[:MAX_FILES]
-        for line in blame_changes(repo, parent, commit.sha, path)
-    ]
+    lines = blame_commit(repo, commit, screened.source_files)
     if not lines:
         return "nothing blamed", False
     when_text, author = _git(repo, "log", "-1", "--format=%ct%n<%ae>", commit.sha).split()
@@ -52,8 +48,7 @@ def readings(repo: Path, screened: Screened, share: float, days: float) -> tuple
     release = last_release(repo, parent)
     if release is None:
         return "no release", young
-    contained = {sha: is_ancestor(repo, sha, release[1]) for sha in {line.sha for line in lines}}
-    newer = sum(not contained[line.sha] for line in lines) / len(lines)
+    newer = newer_share(repo, release[1], parent, lines)
     return ("after release" if newer > share else "released"), young
 
 

@@ -106,6 +106,20 @@ def blame_changes(repo: Path, parent: str, sha: str, path: str) -> list[Blamed]:
     return lines
 
 
+def blame_commit(repo: Path, commit: Commit, source_files: Sequence[str]) -> list[Blamed]:
+    """Each line `commit` changes in (the first MAX_FILES of) `source_files`, blamed at its first parent."""
+    parent = commit.parents[0]
+    return [
+        line for path in source_files[:MAX_FILES] for line in blame_changes(repo, parent, commit.sha, path)
+    ]
+
+
+def newer_share(repo: Path, release: str, rev: str, lines: Sequence[Blamed]) -> float:
+    """The share of `lines` that came from commits reachable from `rev` but not from the commit `release`."""
+    after = set(_git(repo, "rev-list", f"{release}..{rev}").split())
+    return sum(line.sha in after for line in lines) / len(lines)
+
+
 def own_work(repo: Path, commit: Commit, source_files: Sequence[str]) -> OwnWork | None:
     """The blame of the source lines `commit` changes, against the last release before it; None when the history
     cannot say (no version tag before the commit, nothing blamed, a git error)."""
@@ -114,20 +128,16 @@ def own_work(repo: Path, commit: Commit, source_files: Sequence[str]) -> OwnWork
         release = last_release(repo, parent)
         if release is None:
             return None
-        lines = [
-            line
-            for path in source_files[:MAX_FILES]
-            for line in blame_changes(repo, parent, commit.sha, path)
-        ]
+        lines = blame_commit(repo, commit, source_files)
         if not lines:
             return None
-        after = set(_git(repo, "rev-list", f"{release[1]}..{parent}").split())
+        newer = newer_share(repo, release[1], parent, lines)
         mail, name = _git(repo, "log", "-1", "--format=<%ae>%n%an", commit.sha).splitlines()[:2]
     except (ConfigError, subprocess.SubprocessError, ValueError):
         return None
     return OwnWork(
         release=release[0],
         lines=len(lines),
-        newer=sum(line.sha in after for line in lines) / len(lines),
+        newer=newer,
         own=sum(line.mail == mail or line.name == name for line in lines) / len(lines),
     )

@@ -191,7 +191,7 @@ NOT_SOURCE_NAMES = {"setup.py", "noxfile.py", "tasks.py", "fabfile.py", "conftes
 
 class Rule(StrEnum):
     """The rule of the screen that decided, as recorded with every decision (`Screened.rule`, a task's
-    `screen_rule`): the first that applies, in read_commit's order."""
+    `screen_rule`): the first that applies, in read_commit's order, then screen's OWN_UNRELEASED."""
 
     NOT_A_FIX_SUBJECT = "revert, merge, release or bump"
     CONVENTIONAL = "conventional-commit type"
