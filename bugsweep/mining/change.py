@@ -29,7 +29,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from bugsweep.mining.cases import Definition, assignments
+from bugsweep.mining.cases import Definition, assignments, grown_cases, tables
 from bugsweep.mining.changelog import changelog_kinds, is_changelog
 from bugsweep.mining.records import Commit
 
@@ -84,6 +84,8 @@ class ChangeShape:
     """Test functions the commit added."""
     changed_tests: list[str] = field(default_factory=list)
     """Test functions that existed before and whose code (decorators included) changed."""
+    grown_tests: list[str] = field(default_factory=list)
+    """Of the changed tests, those that only gained cases (new test nodes for pytest: bugsweep/mining/cases.py)."""
     tests_on_new_names: list[str] = field(default_factory=list)
     """Of the new and changed tests, those that use a name the commit added."""
     asserting_tests: list[str] = field(default_factory=list)
@@ -571,6 +573,7 @@ def _read_tests(
         # `@pytest.mark.parametrize(..., CASES)` or a loop): a test reading a changed one is a changed test
         old_tables, new_tables = _attributes(before), _attributes(after)
         changed_tables = {n.rsplit(".", 1)[-1] for n, code in new_tables.items() if old_tables.get(n) != code}
+        case_tables: tuple[dict[str, ast.expr], dict[str, ast.expr]] | None = None  # read once a test changed
         for name, node in _functions(after):
             short = name.rsplit(".", 1)[-1]
             if not short.startswith("test") or isinstance(node, ast.ClassDef):
@@ -586,6 +589,10 @@ def _read_tests(
             else:
                 continue
             used = _names_used(node)
+            if name in old:  # a changed test: did it only gain cases?
+                case_tables = case_tables or (tables(before), tables(after))
+                if grown_cases(old[name], node, used, *case_tables):
+                    shape.grown_tests.append(name)
             if used & added_short:
                 shape.tests_on_new_names.append(name)
             if _asserts(node, helpers):

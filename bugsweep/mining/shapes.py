@@ -30,13 +30,12 @@ def feature_shape(shape: ChangeShape) -> str | None:
     )
 
 
-def fix_shape(shape: ChangeShape) -> tuple[str | None, str]:
+def fix_shape(shape: ChangeShape, *, new_test: bool = False) -> tuple[str | None, str]:
     """(why the change reads as a fix, or None; else why not): existing functions changed, no new public names,
-    tests asserting on existing names, and a small source change (MAX_FIX_FUNCTIONS functions, MAX_FIX_LINES
-    lines). It backs an issue reference that leads the subject; alone it makes no fix (issue 37's round 17: over
-    eight held-out sets, the wordless changes `bugsweep mine` kept were 32 fixes, 9 not-fixes and 10 borderline),
-    nor does it back a weak word (issue 37, eighth session: the screen passed 39 fixes, 13 not-fixes and 24 borderline
-    commits over every labelled set on that backing alone)."""
+    tests asserting on existing names (with `new_test`, one the commit adds: a changed expectation of an existing
+    test is what a deliberate change of behaviour makes too), and a small source change (MAX_FIX_FUNCTIONS
+    functions, MAX_FIX_LINES lines). The shape backs words; alone it makes no fix (issue 37's round 17: over
+    eight held-out sets, the wordless changes `bugsweep mine` kept were 32 fixes, 9 not-fixes and 10 borderline)."""
     if shape.added_names:
         return None, f"it adds new public names ({listed(shape.added_names)})"
     if not shape.changed_functions:
@@ -50,8 +49,13 @@ def fix_shape(shape: ChangeShape) -> tuple[str | None, str]:
         return None, f"its source change is large ({shape.source_lines} lines, over {MAX_FIX_LINES})"
     if not shape.tests_on_existing_names:
         return None, "no test it adds or changes asserts anything"
+    new = {*shape.new_tests, *shape.grown_tests}  # a case added to a test's table is a new test for pytest
+    tests = [t for t in shape.tests_on_existing_names if t in new] if new_test else []
+    if new_test and not tests:
+        return None, "it adds no test of existing code (it only changes what existing tests expect)"
     return (
         f"it changes existing code ({listed(shape.changed_functions)}, {shape.source_lines} "
-        f"line{'' if shape.source_lines == 1 else 's'}, no new public names) and tests assert on it "
-        f"({listed(shape.tests_on_existing_names)})"
+        f"line{'' if shape.source_lines == 1 else 's'}, no new public "
+        f"names) and {'new ' if new_test else ''}tests assert on it "
+        f"({listed(tests or shape.tests_on_existing_names)})"
     ), ""
