@@ -90,13 +90,13 @@ TOOLING_SUBJECT = (
     r"(?<=[(,\s])[A-Z]{1,3}\d{3,4}(?=[,)])"  # a linter's rule code in parentheses: "(B017)", "(E501, W503)"
 )
 TOOLING = (
-    rf"{TOOLING_SUBJECT}|spelling|docs|documentation|docstrings?|comments?|tests?|test\s+suite|review(\s+comments?)?|(pr|review|pull\s+request)\s+(remarks?|feedback)|"
+    rf"{TOOLING_SUBJECT}|spelling|docs|documentation|docstrings?|comments?|tests?|test\s*suite|review(\s+comments?)?|(pr|review|pull\s+request)\s+(remarks?|feedback)|"
     r"violations?|warnings?|import\s+order|readme|changelog|annotation|packaging|setup|tox|builds?|jobs?"
 )
 TOOLING_WORD = re.compile(rf"\b({TOOLING_SUBJECT})\b", re.IGNORECASE)
 #: Where a fix is when it is "in" them ("fix unicode in tests", "fix errors in docs found with doctest"): only
 #: places no library's own behaviour is called (a parser's comments, a scheduler's jobs are).
-IN_TOOLING = r"tests?|test\s+suite|docs|documentation|docstrings?|readme|changelog"
+IN_TOOLING = r"tests?|test\s*suite|docs|documentation|docstrings?|readme|changelog"
 #: A fix word whose object is tooling ("fix typos", "fix the failing tests", "fix pep8 error", "lint fixes",
 #: "auto-fix codebase", "fixing code style errors", "trivial grammar fix", "fix unicode in tests"): it says nothing
 #: about a bug.
