@@ -382,13 +382,10 @@ def read_commit(message: str, subject: str | None = None, shape: ChangeShape | N
         instead of warnings ... users don't know what to do with that"), a real exception's name (not one the
         subject says the code now raises: "Make viewkeys raise AttributeError"), or an issue named as fixed in
         the subject ("closes #12") make a fix; with a readable change, a weak word in the subject (but
-        "correct(ly)", which says the code was not) counts only when backed by a strong word in the body
-        ("Handle kwargs in strings ..." names what a feature does as well, with or without a new test of the
-        code it changes: over every labelled set, the screen passed 33 fixes, 11 not-fixes and 14 borderline
-        commits on that backing alone until issue 37's eighth session), and an exception's name only when backed
-        by a strong word in the body or a change that reads like a fix (`fix_shape`: 1 to MAX_FIX_FUNCTIONS
-        functions, up to MAX_FIX_LINES lines) and adds a test asserting on existing code (changing what existing
-        tests expect is not enough: deliberate changes of behaviour do that too);
+        "correct(ly)", which says the code was not) needs a strong word in the body ("Handle kwargs ..." names a
+        feature too, new test or not: issue 37's eighth session); an exception's name needs that or a change that
+        reads like a fix (`fix_shape`: 1 to MAX_FIX_FUNCTIONS functions, up to MAX_FIX_LINES lines) adding a test
+        of existing code (a changed expectation is no new test: deliberate changes make those too);
     11. anything else is no fix: a change that reads like a fix but says nothing of one is not taken (until issue
         37's round 17 it was, when small: over eight held-out sets those `bugsweep mine` kept were 32 fixes, 9
         not-fixes and 10 borderline).
@@ -510,9 +507,8 @@ def read_commit(message: str, subject: str | None = None, shape: ChangeShape | N
         and known is not None
         and (EXCEPTION_WORD.fullmatch(word) or (word == in_subject and not CORRECTED.search(rest)))
     ):
-        # a weak word in the subject (handle, error, avoid, ...) or an exception's name says what the commit is
-        # about, a feature's too: a strong word in the body must back it, or, for an exception's name, a change
-        # that reads like a fix and adds a test of existing code
+        # a weak word in the subject (handle, error, avoid, ...) or an exception's name says what a feature is
+        # about too: a strong word in the body backs either, a fix-shaped change with a new test the exception
         if strong := _fix_word(body, known, weak=False, exceptions=False):
             word = strong
         elif not EXCEPTION_WORD.fullmatch(word):
