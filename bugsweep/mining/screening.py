@@ -502,21 +502,18 @@ def read_commit(message: str, subject: str | None = None, shape: ChangeShape | N
     in_subject = _fix_word(rest, known, raised=raised)
     word = in_subject or _fix_word(body, known, weak=False, exceptions=True)
     named = ""
-    if (
-        word
-        and known is not None
-        and (EXCEPTION_WORD.fullmatch(word) or (word == in_subject and not CORRECTED.search(rest)))
-    ):
+    exception = bool(word and EXCEPTION_WORD.fullmatch(word))
+    if word and known is not None and (exception or (word == in_subject and not CORRECTED.search(rest))):
         # a weak word in the subject (handle, error, avoid, ...) or an exception's name says what a feature is
         # about too: a strong word in the body backs either, a fix-shaped change with a new test the exception
         if strong := _fix_word(body, known, weak=False, exceptions=False):
             word = strong
-        elif not EXCEPTION_WORD.fullmatch(word):
+        elif not exception:
             word, named = None, f" but only a weak word ({word!r}) and no strong word in the body"
         else:
             why, why_not = fix_shape(known, new_test=True)
             if why is not None:
-                return decide(True, f"the message says {word!r} and {why}", _word_rule(word))
+                return decide(True, f"the message says {word!r} and {why}", Rule.EXCEPTION)
             word, named = None, f" but an exception's name ({word!r}), and {why_not}"
     if word:
         return decide(True, f"the message says {word!r}", _word_rule(word))
