@@ -306,6 +306,22 @@ def test_detected_commands_for_common_layouts(tmp_path: Path) -> None:
         detect_commands(extras, head, ["tests/test_e.py"]).setup
         == "pip install -e '.[testing]' && pip install pytest"
     )
+    _, cmds = _detected(tmp_path / "extras-set", {
+        "setup.py": "from setuptools import setup\nEXTRAS = {'tests_no_zope': ['pytest']}\n"
+        "EXTRAS['tests'] = EXTRAS['tests_no_zope'] + ['zope.interface']\nsetup(name='e', extras_require=EXTRAS)\n",
+        "tests/test_e.py": "def test_x():\n    pass\n",
+    }, ["tests/test_e.py"])  # fmt: skip
+    assert cmds.setup == "pip install -e '.[tests]' && pip install pytest"
+    # tox's environment substitution, with the extras it installs when the variable is unset (attrs 2021:
+    # `{env:TOX_AP_TEST_EXTRAS:tests}`, its setup.py building that extra in code)
+    write_files(
+        extras, {"tox.ini": "[testenv]\nextras = {env:TEST_EXTRAS:dev}, {env:MORE}\ncommands = pytest\n"}
+    )
+    head = commit_all(extras, "tox with a substitution")
+    assert (
+        detect_commands(extras, head, ["tests/test_e.py"]).setup
+        == "pip install -e '.[dev]' && pip install pytest"
+    )
 
     # the extras tox installs whatever their names (loguru: extras = dev), and setuptools < 82 for code importing
     # pkg_resources (cerberus); not the requirements files tox's deps name (old pins that today's Python cannot run)

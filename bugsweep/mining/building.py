@@ -72,6 +72,11 @@ def _setup_cfg_extra(text: str) -> str | None:
     return next((g for g in TEST_GROUP_NAMES if cfg.has_option("options.extras_require", g)), None)
 
 
+#: tox's substitution of an environment variable, with the value it takes when the variable is unset: attrs' 2021
+#: `extras = {env:TOX_AP_TEST_EXTRAS:tests}` installs the `tests` extra.
+_TOX_ENV = re.compile(r"\{env:[^:{}]+(?::(?P<default>[^{}]*))?\}")
+
+
 def _tox_extra(text: str) -> str | None:
     """The extras tox installs for its tests ([testenv] extras = tests, or dev, or several: "dev,docs"), whatever
     their names: tox's test environment is the project's own statement of what its tests need."""
@@ -82,12 +87,14 @@ def _tox_extra(text: str) -> str | None:
         return None
     if not cfg.has_option("testenv", "extras"):
         return None
-    listed = [e for e in re.split(r"[\s,]+", cfg.get("testenv", "extras")) if re.fullmatch(r"[\w.-]+", e)]
+    extras = _TOX_ENV.sub(lambda found: found["default"] or "", cfg.get("testenv", "extras"))
+    listed = [e for e in re.split(r"[\s,]+", extras) if re.fullmatch(r"[\w.-]+", e)]
     return ",".join(listed) or None
 
 
-#: A test extra declared as a literal in setup.py: `"tests": [` inside extras_require or a dict built for it.
-_SETUP_PY_EXTRA = re.compile(r"""["'](tests|test|testing)["']\s*:\s*\[""")
+#: A test extra declared as a literal in setup.py: `"tests": [` inside extras_require or a dict built for it, or
+#: set in one (`EXTRAS_REQUIRE["tests"] = EXTRAS_REQUIRE["tests_no_zope"] + [...]`: attrs).
+_SETUP_PY_EXTRA = re.compile(r"""["'](tests|test|testing)["']\s*(:\s*\[|\]\s*=[^=])""")
 
 
 def _setup_py_tests_require(text: str) -> list[str]:
@@ -300,8 +307,9 @@ def detect_commands(repo: Path, commit: str, test_files: Sequence[str]) -> Comma
     """Setup and test commands for common Python layouts, read from the tree at `commit`.
 
     - pyproject.toml with [project] or [build-system], or setup.py: `pip install -e .`, with the
-      `tests`/`test`/`testing` extra when pyproject.toml, setup.cfg or a literal in setup.py's extras_require
-      names one, else the extras tox.ini's [testenv] installs, whatever their names;
+      `tests`/`test`/`testing` extra when pyproject.toml or setup.cfg names one, else the extras tox.ini's
+      [testenv] installs, whatever their names (`{env:VAR:default}` read as its default), else such an extra
+      setup.py's extras_require names or sets;
     - then the test dependencies where the project keeps them: a requirements file (TEST_REQUIREMENTS), a
       `tests`/`test`/`testing` dependency group in pyproject.toml, tox.ini's [testenv] deps, or (without a test
       extra) setup.py's `tests_require`, a literal list or a name bound to one;
