@@ -271,6 +271,22 @@ def test_detected_commands_for_common_layouts(tmp_path: Path) -> None:
         "tests/test_g.py": "def test_x():\n    pass\n",
     }, ["tests/test_g.py"])  # fmt: skip
     assert cmds.setup == "pip install -e . && pip install 'pytest>=8' freezegun"
+    # or in PDM's or Poetry's own tables of development dependencies (cattrs: hypothesis), Poetry's constraints,
+    # which pip cannot read, and its path dependencies left out
+    _, cmds = _detected(tmp_path / "pdm", {
+        "pyproject.toml": '[project]\nname = "d"\n\n[tool.pdm.dev-dependencies]\nlint = ["ruff"]\n'
+        'test = ["hypothesis>=6.79.4", "pytest"]\n',
+        "tests/test_d.py": "def test_x():\n    pass\n",
+    }, ["tests/test_d.py"])  # fmt: skip
+    assert cmds.setup == "pip install -e . && pip install 'hypothesis>=6.79.4' pytest"
+    assert "the 'test' development dependencies in pyproject.toml" in cmds.why
+    _, cmds = _detected(tmp_path / "poetry", {
+        "pyproject.toml": '[tool.poetry]\nname = "p"\n\n[tool.poetry.dev-dependencies]\npython = "^3.7"\n'
+        'hypothesis = "^6.9.2"\ncoverage = {version = "^5", extras = ["toml"]}\nlocal = {path = "../local"}\n\n'
+        '[build-system]\nrequires = ["poetry-core"]\nbuild-backend = "poetry.core.masonry.api"\n',
+        "tests/test_p.py": "def test_x():\n    pass\n",
+    }, ["tests/test_p.py"])  # fmt: skip
+    assert cmds.setup == "pip install -e . && pip install hypothesis 'coverage[toml]' && pip install pytest"
     _, cmds = _detected(tmp_path / "toxed", {
         "setup.py": "from setuptools import setup\nsetup(name='t')\n",
         "tox.ini": "[tox]\nenvlist = py3\n\n[testenv]\ndeps =\n    pytest\n    freezegun\n    py38: mock\n"

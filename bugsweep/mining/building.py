@@ -13,6 +13,7 @@ import tomllib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from bugsweep.grading.testfiles import RUNNER_CONFIG_NAMES, SECTIONED_CONFIG_NAMES, runner_sections_changed
 from bugsweep.mining.history import _git
@@ -48,17 +49,52 @@ _PLAIN_REQUIREMENT = re.compile(
 )
 
 
-def _pyproject_test_deps(text: str) -> tuple[str | None, list[str]]:
-    """(the test extra's name, the test dependency group's requirements) from pyproject.toml."""
+def _pyproject_test_deps(text: str) -> tuple[str | None, list[str], str]:
+    """(the test extra's name, the test dependency group's requirements, where that group is) from pyproject.toml:
+    a PEP 735 group, else one of PDM's or Poetry's own tables (_tool_groups)."""
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError:
-        return None, []
+        return None, [], ""
     extras = data.get("project", {}).get("optional-dependencies", {}) or {}
     extra = next((g for g in TEST_GROUP_NAMES if g in extras), None)
     groups = data.get("dependency-groups", {}) or {}
-    group: list[object] = next((groups[g] for g in TEST_GROUP_NAMES if g in groups), [])
-    return extra, [r for r in group if isinstance(r, str)]  # {include-group = ...} tables are left out
+    if name := next((g for g in TEST_GROUP_NAMES if g in groups), None):
+        group = [r for r in groups[name] if isinstance(r, str)]  # {include-group = ...} tables are left out
+        return extra, group, "the test dependency group in pyproject.toml"
+    tool_groups = _tool_groups(data.get("tool", {}) or {})
+    name = next((g for g in (*TEST_GROUP_NAMES, "dev") if tool_groups.get(g)), None)
+    return (
+        extra,
+        tool_groups[name] if name else [],
+        f"the {name!r} development dependencies in pyproject.toml",
+    )
+
+
+def _tool_groups(tool: dict[str, Any]) -> dict[str, list[str]]:
+    """The development dependencies PDM (`[tool.pdm.dev-dependencies] test = [...]`) and Poetry
+    (`[tool.poetry.group.test.dependencies]`, before 1.2 `[tool.poetry.dev-dependencies]`, its `dev` group) keep
+    in tables of their own, by group (cattrs kept hypothesis there, 2021-2024). Poetry's version constraints
+    (`^6.9`, which pip does not read) are left out, and so are its path, git and URL dependencies."""
+    groups: dict[str, list[str]] = {}
+    pdm = (tool.get("pdm", {}) or {}).get("dev-dependencies", {}) or {}
+    for name, listed in pdm.items():
+        if isinstance(listed, list):
+            groups[name] = [r for r in listed if isinstance(r, str) and _PLAIN_REQUIREMENT.match(r)]
+    poetry = tool.get("poetry", {}) or {}
+    tables = {name: (g or {}).get("dependencies", {}) for name, g in (poetry.get("group", {}) or {}).items()}
+    if isinstance(poetry.get("dev-dependencies"), dict):
+        tables.setdefault("dev", poetry["dev-dependencies"])
+    for name, table in tables.items():
+        if name in groups or not isinstance(table, dict):
+            continue
+        groups[name] = []
+        for package, spec in table.items():
+            if package == "python" or (isinstance(spec, dict) and {"path", "git", "url"} & spec.keys()):
+                continue
+            wanted = spec.get("extras", []) if isinstance(spec, dict) else []
+            groups[name].append(f"{package}[{','.join(wanted)}]" if wanted else package)
+    return groups
 
 
 def _setup_cfg_extra(text: str) -> str | None:
@@ -311,7 +347,8 @@ def detect_commands(repo: Path, commit: str, test_files: Sequence[str]) -> Comma
       [testenv] installs, whatever their names (`{env:VAR:default}` read as its default), else such an extra
       setup.py's extras_require names or sets;
     - then the test dependencies where the project keeps them: a requirements file (TEST_REQUIREMENTS), a
-      `tests`/`test`/`testing` dependency group in pyproject.toml, tox.ini's [testenv] deps, or (without a test
+      `tests`/`test`/`testing` dependency group in pyproject.toml (PEP 735's, else PDM's or Poetry's: _tool_groups),
+      tox.ini's [testenv] deps, or (without a test
       extra) setup.py's `tests_require`, a literal list or a name bound to one;
     - `setuptools<82` when the code imports pkg_resources (setuptools 82 removed it; older environments had it);
     - setuptools < 58 for the builds of the setup, and `pip install .` for `pip install -e .` (those have no editable
@@ -339,7 +376,7 @@ def detect_commands(repo: Path, commit: str, test_files: Sequence[str]) -> Comma
     why: list[str] = []
     steps: list[str] = []
     pyproject = text("pyproject.toml")
-    extra, group = _pyproject_test_deps(pyproject) if pyproject else (None, [])
+    extra, group, group_where = _pyproject_test_deps(pyproject) if pyproject else (None, [], "")
     if extra is None and "setup.cfg" in names:
         extra = _setup_cfg_extra(text("setup.cfg"))
     if extra is None and "tox.ini" in names:
@@ -376,7 +413,7 @@ def detect_commands(repo: Path, commit: str, test_files: Sequence[str]) -> Comma
         why.append(f"test requirements in {reqs}")
         pinned = _requirements_text(repo, commit, reqs)
     else:  # the first place that lists them, read only until one does
-        deps, where = group, "the test dependency group in pyproject.toml"
+        deps, where = group, group_where
         if not deps and "tox.ini" in names:
             deps, where = _tox_deps(text("tox.ini")), "tox.ini [testenv] deps"
         if not deps and installable and not extra:
