@@ -271,6 +271,14 @@ def test_detected_commands_for_common_layouts(tmp_path: Path) -> None:
         "tests/test_g.py": "def test_x():\n    pass\n",
     }, ["tests/test_g.py"])  # fmt: skip
     assert cmds.setup == "pip install -e . && pip install 'pytest>=8' freezegun"
+    # with the extras whose libraries the changed tests import (cattrs' preconf tests: bson, pyyaml, ...)
+    _, cmds = _detected(tmp_path / "imports-extras", {
+        "pyproject.toml": '[project]\nname = "c"\n\n[project.optional-dependencies]\ntests = ["pytest"]\n'
+        'ujson = ["ujson>=5"]\npyyaml = ["PyYAML"]\nbson = ["pymongo"]\ndocs = ["sphinx"]\n',
+        "tests/test_c.py": "import ujson\nfrom c.preconf.pyyaml import make_converter\n\n\ndef test_x():\n    pass\n",
+    }, ["tests/test_c.py"])  # fmt: skip
+    assert cmds.setup == "pip install -e '.[tests,ujson,pyyaml]' && pip install pytest"
+    assert "the changed tests import what the extras ujson, pyyaml install" in cmds.why
     # or in PDM's or Poetry's own tables of development dependencies (cattrs: hypothesis), Poetry's constraints,
     # which pip cannot read, and its path dependencies left out
     _, cmds = _detected(tmp_path / "pdm", {

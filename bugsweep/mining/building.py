@@ -108,6 +108,58 @@ def _setup_cfg_extra(text: str) -> str | None:
     return next((g for g in TEST_GROUP_NAMES if cfg.has_option("options.extras_require", g)), None)
 
 
+def _declared_extras(pyproject: str, setup_cfg: str) -> dict[str, list[str]]:
+    """The project's extras and their requirements, from pyproject.toml's [project.optional-dependencies] or
+    setup.cfg's [options.extras_require]."""
+    try:
+        listed = tomllib.loads(pyproject).get("project", {}).get("optional-dependencies", {}) or {}
+    except tomllib.TOMLDecodeError:
+        listed = {}
+    extras = {
+        name: [r for r in reqs if isinstance(r, str)]
+        for name, reqs in listed.items()
+        if isinstance(reqs, list)
+    }
+    cfg = configparser.ConfigParser(interpolation=None)
+    try:
+        cfg.read_string(setup_cfg)
+    except configparser.Error:
+        return extras
+    if cfg.has_section("options.extras_require"):
+        for name, value in cfg.items("options.extras_require"):
+            extras.setdefault(name, [line.strip() for line in value.splitlines() if line.strip()])
+    return extras
+
+
+def _normal(name: str) -> str:
+    return re.sub(r"[-_.]+", "_", name).lower()
+
+
+def imported_extras(extras: dict[str, list[str]], tests: Sequence[str]) -> list[str]:
+    """The extras whose name, or one of whose requirements' names, is a module the test modules import (a part of
+    a dotted name counts): cattrs' tests import `bson` and `cattrs.preconf.pyyaml`, libraries its extras of those
+    names install, and do not import without them."""
+    modules: set[str] = set()
+    for source in tests:
+        try:
+            tree = ast.parse(source)
+        except (SyntaxError, ValueError):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                modules.update(_normal(part) for alias in node.names for part in alias.name.split("."))
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                modules.update(_normal(part) for part in node.module.split("."))
+    wanted = []
+    for name, requirements in extras.items():
+        packages = {_normal(name)} | {
+            _normal(m[0]) for r in requirements if (m := re.match(r"[A-Za-z0-9._-]+", r))
+        }
+        if packages & modules:
+            wanted.append(name)
+    return wanted
+
+
 #: tox's substitution of an environment variable, with the value it takes when the variable is unset: attrs' 2021
 #: `extras = {env:TOX_AP_TEST_EXTRAS:tests}` installs the `tests` extra.
 _TOX_ENV = re.compile(r"\{env:[^:{}]+(?::(?P<default>[^{}]*))?\}")
@@ -345,7 +397,7 @@ def detect_commands(repo: Path, commit: str, test_files: Sequence[str]) -> Comma
     - pyproject.toml with [project] or [build-system], or setup.py: `pip install -e .`, with the
       `tests`/`test`/`testing` extra when pyproject.toml or setup.cfg names one, else the extras tox.ini's
       [testenv] installs, whatever their names (`{env:VAR:default}` read as its default), else such an extra
-      setup.py's extras_require names or sets;
+      setup.py's extras_require names or sets; and the extras the changed tests import (imported_extras);
     - then the test dependencies where the project keeps them: a requirements file (TEST_REQUIREMENTS), a
       `tests`/`test`/`testing` dependency group in pyproject.toml (PEP 735's, else PDM's or Poetry's: _tool_groups),
       tox.ini's [testenv] deps, or (without a test
@@ -385,6 +437,16 @@ def detect_commands(repo: Path, commit: str, test_files: Sequence[str]) -> Comma
         setup_py = text("setup.py")
         found = _SETUP_PY_EXTRA.search(setup_py) if "extras_require" in setup_py else None
         extra = found[1] if found else None
+    imported = [
+        name
+        for name in imported_extras(
+            _declared_extras(pyproject, text("setup.cfg")), [text(f) for f in test_files]
+        )
+        if name not in (extra or "").split(",")
+    ]
+    if imported:
+        why.append(f"the changed tests import what the extras {', '.join(imported)} install")
+    extras = ",".join([extra, *imported] if extra else imported)  # the test extra's name, then those
     installable = "setup.py" in names or bool(
         pyproject and re.search(r"^\[(project|build-system)\]", pyproject, re.M)
     )
@@ -394,7 +456,7 @@ def detect_commands(repo: Path, commit: str, test_files: Sequence[str]) -> Comma
         # setuptools < 58 builds it, but has no editable install (PEP 660 came with setuptools 64): a copy is
         # installed, for its dependencies; `python -m pytest` in the repository imports the code from the
         # repository's root, before that copy (not so for a src/ layout, `package_dir`: left as it was)
-        steps.append(f"pip install '.[{extra}]'" if extra else "pip install .")
+        steps.append(f"pip install '.[{extras}]'" if extras else "pip install .")
         build_constraints.append("setuptools<58")
         why.append(
             "setup.py has setuptools run 2to3 (use_2to3), which setuptools 58 removed: setuptools < 58 for "
@@ -402,9 +464,9 @@ def detect_commands(repo: Path, commit: str, test_files: Sequence[str]) -> Comma
             "repository's root"
         )
     elif installable:
-        steps.append(f"pip install -e '.[{extra}]'" if extra else "pip install -e .")
+        steps.append(f"pip install -e '.[{extras}]'" if extras else "pip install -e .")
         why.append(
-            "setup.py/pyproject.toml: pip install -e ." + (f" with the [{extra}] extra" if extra else "")
+            "setup.py/pyproject.toml: pip install -e ." + (f" with the [{extras}] extra" if extras else "")
         )
     reqs = next((r for r in TEST_REQUIREMENTS if r in names), None)
     pinned = ""  # the test requirements installed, as text
