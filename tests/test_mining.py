@@ -274,8 +274,9 @@ def test_detected_commands_for_common_layouts(tmp_path: Path) -> None:
     # with the extras whose libraries the changed tests import (cattrs' preconf tests: bson, pyyaml, ...)
     _, cmds = _detected(tmp_path / "imports-extras", {
         "pyproject.toml": '[project]\nname = "c"\n\n[project.optional-dependencies]\ntests = ["pytest"]\n'
-        'ujson = ["ujson>=5"]\npyyaml = ["PyYAML"]\nbson = ["pymongo"]\ndocs = ["sphinx"]\n',
-        "tests/test_c.py": "import ujson\nfrom c.preconf.pyyaml import make_converter\n\n\ndef test_x():\n    pass\n",
+        'ujson = ["ujson>=5"]\npyyaml = ["PyYAML"]\nbson = ["pymongo"]\ndev = ["pytest", "black"]\n',
+        "tests/test_c.py": "import pytest\nimport ujson\nfrom c.preconf.pyyaml import make_converter\n\n\n"
+        "def test_x():\n    pass\n",
     }, ["tests/test_c.py"])  # fmt: skip
     assert cmds.setup == "pip install -e '.[tests,ujson,pyyaml]' && pip install pytest"
     assert "the changed tests import what the extras ujson, pyyaml install" in cmds.why

@@ -150,6 +150,7 @@ def imported_extras(extras: dict[str, list[str]], tests: Sequence[str]) -> list[
                 modules.update(_normal(part) for alias in node.names for part in alias.name.split("."))
             elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
                 modules.update(_normal(part) for part in node.module.split("."))
+    modules -= {"pytest"}  # installed anyway: a `dev` extra listing it is not what the tests need
     wanted = []
     for name, requirements in extras.items():
         packages = {_normal(name)} | {
