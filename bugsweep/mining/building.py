@@ -49,26 +49,21 @@ _PLAIN_REQUIREMENT = re.compile(
 )
 
 
-def _pyproject_test_deps(text: str) -> tuple[str | None, list[str], str]:
-    """(the test extra's name, the test dependency group's requirements, where that group is) from pyproject.toml:
-    a PEP 735 group, else one of PDM's or Poetry's own tables (_tool_groups)."""
+def _pyproject_test_group(text: str) -> tuple[list[str], str]:
+    """(the test dependency group's requirements, where that group is) from pyproject.toml: a PEP 735 group, else
+    one of PDM's or Poetry's own tables (_tool_groups)."""
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError:
-        return None, [], ""
-    extras = data.get("project", {}).get("optional-dependencies", {}) or {}
-    extra = next((g for g in TEST_GROUP_NAMES if g in extras), None)
+        return [], ""
     groups = data.get("dependency-groups", {}) or {}
     if name := next((g for g in TEST_GROUP_NAMES if g in groups), None):
         group = [r for r in groups[name] if isinstance(r, str)]  # {include-group = ...} tables are left out
-        return extra, group, "the test dependency group in pyproject.toml"
+        return group, "the test dependency group in pyproject.toml"
     tool_groups = _tool_groups(data.get("tool", {}) or {})
-    name = next((g for g in (*TEST_GROUP_NAMES, "dev") if tool_groups.get(g)), None)
-    return (
-        extra,
-        tool_groups[name] if name else [],
-        f"the {name!r} development dependencies in pyproject.toml",
-    )
+    if name := next((g for g in (*TEST_GROUP_NAMES, "dev") if tool_groups.get(g)), None):
+        return tool_groups[name], f"the {name!r} development dependencies in pyproject.toml"
+    return [], ""
 
 
 def _tool_groups(tool: dict[str, Any]) -> dict[str, list[str]]:
@@ -95,17 +90,6 @@ def _tool_groups(tool: dict[str, Any]) -> dict[str, list[str]]:
             wanted = spec.get("extras", []) if isinstance(spec, dict) else []
             groups[name].append(f"{package}[{','.join(wanted)}]" if wanted else package)
     return groups
-
-
-def _setup_cfg_extra(text: str) -> str | None:
-    cfg = configparser.ConfigParser(interpolation=None)
-    try:
-        cfg.read_string(text)
-    except configparser.Error:
-        return None
-    if not cfg.has_section("options.extras_require"):
-        return None
-    return next((g for g in TEST_GROUP_NAMES if cfg.has_option("options.extras_require", g)), None)
 
 
 def _declared_extras(pyproject: str, setup_cfg: str) -> dict[str, list[str]]:
@@ -429,9 +413,9 @@ def detect_commands(repo: Path, commit: str, test_files: Sequence[str]) -> Comma
     why: list[str] = []
     steps: list[str] = []
     pyproject = text("pyproject.toml")
-    extra, group, group_where = _pyproject_test_deps(pyproject) if pyproject else (None, [], "")
-    if extra is None and "setup.cfg" in names:
-        extra = _setup_cfg_extra(text("setup.cfg"))
+    group, group_where = _pyproject_test_group(pyproject) if pyproject else ([], "")
+    declared = _declared_extras(pyproject, text("setup.cfg"))
+    extra = next((g for g in TEST_GROUP_NAMES if g in declared), None)
     if extra is None and "tox.ini" in names:
         extra = _tox_extra(text("tox.ini"))
     if extra is None and "setup.py" in names:
@@ -440,9 +424,7 @@ def detect_commands(repo: Path, commit: str, test_files: Sequence[str]) -> Comma
         extra = found[1] if found else None
     imported = [
         name
-        for name in imported_extras(
-            _declared_extras(pyproject, text("setup.cfg")), [text(f) for f in test_files]
-        )
+        for name in imported_extras(declared, [text(f) for f in test_files])
         if name not in (extra or "").split(",")
     ]
     if imported:
