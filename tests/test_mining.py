@@ -271,10 +271,11 @@ def test_detected_commands_for_common_layouts(tmp_path: Path) -> None:
         "tests/test_g.py": "def test_x():\n    pass\n",
     }, ["tests/test_g.py"])  # fmt: skip
     assert cmds.setup == "pip install -e . && pip install 'pytest>=8' freezegun"
-    # with the extras whose libraries the changed tests import (cattrs' preconf tests: bson, pyyaml, ...)
+    # with the extras named as what the changed tests import (cattrs' preconf tests: bson, pyyaml, ...), not those
+    # whose requirements they import (pytest, or the project itself)
     _, cmds = _detected(tmp_path / "imports-extras", {
         "pyproject.toml": '[project]\nname = "c"\n\n[project.optional-dependencies]\ntests = ["pytest"]\n'
-        'ujson = ["ujson>=5"]\npyyaml = ["PyYAML"]\nbson = ["pymongo"]\ndev = ["pytest", "black"]\n',
+        'ujson = ["ujson>=5"]\npyyaml = ["PyYAML"]\nbson = ["pymongo"]\ndev = ["pytest", "black"]\ncov = ["c[tests]"]\n',
         "tests/test_c.py": "import pytest\nimport ujson\nfrom c.preconf.pyyaml import make_converter\n\n\n"
         "def test_x():\n    pass\n",
     }, ["tests/test_c.py"])  # fmt: skip

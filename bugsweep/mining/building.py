@@ -10,7 +10,7 @@ import re
 import shlex
 import subprocess
 import tomllib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -92,37 +92,32 @@ def _tool_groups(tool: dict[str, Any]) -> dict[str, list[str]]:
     return groups
 
 
-def _declared_extras(pyproject: str, setup_cfg: str) -> dict[str, list[str]]:
-    """The project's extras and their requirements, from pyproject.toml's [project.optional-dependencies] or
-    setup.cfg's [options.extras_require]."""
+def _declared_extras(pyproject: str, setup_cfg: str) -> list[str]:
+    """The names of the project's extras: pyproject.toml's [project.optional-dependencies], then setup.cfg's
+    [options.extras_require]."""
     try:
-        listed = tomllib.loads(pyproject).get("project", {}).get("optional-dependencies", {}) or {}
+        names = list(tomllib.loads(pyproject).get("project", {}).get("optional-dependencies", {}) or {})
     except tomllib.TOMLDecodeError:
-        listed = {}
-    extras = {
-        name: [r for r in reqs if isinstance(r, str)]
-        for name, reqs in listed.items()
-        if isinstance(reqs, list)
-    }
+        names = []
     cfg = configparser.ConfigParser(interpolation=None)
     try:
         cfg.read_string(setup_cfg)
     except configparser.Error:
-        return extras
+        return names
     if cfg.has_section("options.extras_require"):
-        for name, value in cfg.items("options.extras_require"):
-            extras.setdefault(name, [line.strip() for line in value.splitlines() if line.strip()])
-    return extras
+        names += [name for name in cfg.options("options.extras_require") if name not in names]
+    return names
 
 
 def _normal(name: str) -> str:
     return re.sub(r"[-_.]+", "_", name).lower()
 
 
-def imported_extras(extras: dict[str, list[str]], tests: Sequence[str]) -> list[str]:
-    """The extras whose name, or one of whose requirements' names, is a module the test modules import (a part of
-    a dotted name counts): cattrs' tests import `bson` and `cattrs.preconf.pyyaml`, libraries its extras of those
-    names install, and do not import without them."""
+def imported_extras(extras: Iterable[str], tests: Sequence[str]) -> list[str]:
+    """The extras named as a module the test modules import (a part of a dotted name counts): cattrs' tests import
+    `bson` and `cattrs.preconf.pyyaml`, libraries its extras of those names install, and do not import without
+    them. By name only: an extra's requirements name the project itself (`cov = ["attrs[tests]", ...]`), or pytest
+    and hypothesis, which every test module imports."""
     modules: set[str] = set()
     for source in tests:
         try:
@@ -134,15 +129,7 @@ def imported_extras(extras: dict[str, list[str]], tests: Sequence[str]) -> list[
                 modules.update(_normal(part) for alias in node.names for part in alias.name.split("."))
             elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
                 modules.update(_normal(part) for part in node.module.split("."))
-    modules -= {"pytest"}  # installed anyway: a `dev` extra listing it is not what the tests need
-    wanted = []
-    for name, requirements in extras.items():
-        packages = {_normal(name)} | {
-            _normal(m[0]) for r in requirements if (m := re.match(r"[A-Za-z0-9._-]+", r))
-        }
-        if packages & modules:
-            wanted.append(name)
-    return wanted
+    return [name for name in extras if _normal(name) in modules]
 
 
 #: tox's substitution of an environment variable, with the value it takes when the variable is unset: attrs' 2021
