@@ -49,13 +49,17 @@ _PLAIN_REQUIREMENT = re.compile(
 )
 
 
-def _pyproject_test_group(text: str) -> tuple[list[str], str]:
-    """(the test dependency group's requirements, where that group is) from pyproject.toml: a PEP 735 group, else
-    one of PDM's or Poetry's own tables (_tool_groups)."""
+def _toml(text: str) -> dict[str, Any]:
+    """pyproject.toml's tables ({} when there is none or it does not parse)."""
     try:
-        data = tomllib.loads(text)
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError:
-        return [], ""
+        return {}
+
+
+def _pyproject_test_group(data: dict[str, Any]) -> tuple[list[str], str]:
+    """(the test dependency group's requirements, where that group is) from pyproject.toml's tables: a PEP 735
+    group, else one of PDM's or Poetry's own tables (_tool_groups)."""
     groups = data.get("dependency-groups", {}) or {}
     if name := next((g for g in TEST_GROUP_NAMES if g in groups), None):
         group = [r for r in groups[name] if isinstance(r, str)]  # {include-group = ...} tables are left out
@@ -92,13 +96,10 @@ def _tool_groups(tool: dict[str, Any]) -> dict[str, list[str]]:
     return groups
 
 
-def _declared_extras(pyproject: str, setup_cfg: str) -> list[str]:
-    """The names of the project's extras: pyproject.toml's [project.optional-dependencies], then setup.cfg's
-    [options.extras_require]."""
-    try:
-        names = list(tomllib.loads(pyproject).get("project", {}).get("optional-dependencies", {}) or {})
-    except tomllib.TOMLDecodeError:
-        names = []
+def _declared_extras(pyproject: dict[str, Any], setup_cfg: str) -> list[str]:
+    """The names of the project's extras: pyproject.toml's [project.optional-dependencies] (its tables), then
+    setup.cfg's [options.extras_require]."""
+    names = list(pyproject.get("project", {}).get("optional-dependencies", {}) or {})
     cfg = configparser.ConfigParser(interpolation=None)
     try:
         cfg.read_string(setup_cfg)
@@ -400,8 +401,9 @@ def detect_commands(repo: Path, commit: str, test_files: Sequence[str]) -> Comma
     why: list[str] = []
     steps: list[str] = []
     pyproject = text("pyproject.toml")
-    group, group_where = _pyproject_test_group(pyproject) if pyproject else ([], "")
-    declared = _declared_extras(pyproject, text("setup.cfg"))
+    pyproject_data = _toml(pyproject)  # read once, for the test group and the extras
+    group, group_where = _pyproject_test_group(pyproject_data)
+    declared = _declared_extras(pyproject_data, text("setup.cfg"))
     extra = next((g for g in TEST_GROUP_NAMES if g in declared), None)
     if extra is None and "tox.ini" in names:
         extra = _tox_extra(text("tox.ini"))
