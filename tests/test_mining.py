@@ -382,12 +382,13 @@ def test_detected_commands_for_common_layouts(tmp_path: Path) -> None:
         "pip install -e . && pip install -r requirements-test.txt && pip install 'pytest>=7.4,<9' 'py>=1.11'"
     )
     # pytest plugins pinned beside that pytest are releases made for it (hyperlink 2017: pytest-cov==2.3.0, whose
-    # options today's pytest cannot parse): newer releases of them are installed with pytest 7.4-8
-    pins = "pytest==2.9.2\npytest-cov==2.3.0\npytest-xdist<1.20\ntox==2.6.0\n"
+    # options today's pytest cannot parse): their newest releases are installed with pytest 7.4-8, or the pinned one
+    # where none came later (pydocstyle 2016-2019: pytest-pep8==1.0.6, its last release; `>1.0.6` found nothing)
+    pins = "pytest==2.9.2\npytest-cov==2.3.0\npytest-pep8==1.0.6\npytest-xdist<1.20\ntox==2.6.0\n"
     write_files(py_path, {"requirements-test.txt": pins})
     cmds = detect_commands(py_path, commit_all(py_path, "old plugin pins"), ["tests/test_p.py"])
     assert cmds.setup is not None and cmds.setup.endswith(
-        "pip install 'pytest>=7.4,<9' 'py>=1.11' 'pytest-cov>2.3.0' 'pytest-xdist>=1.20'"
+        "pip install --upgrade 'pytest>=7.4,<9' 'py>=1.11' 'pytest-cov>=2.3.0' 'pytest-pep8>=1.0.6' 'pytest-xdist>=1.20'"
     )
 
     # tests using the py library beyond pytest's stand-in for it (six 2013-2019: `import py` and `py.test.raises`):
@@ -416,7 +417,7 @@ def test_detected_commands_for_common_layouts(tmp_path: Path) -> None:
         "tests/test_m.py": "def test_x():\n    pass\n",
     }, ["tests/test_m.py"])  # fmt: skip
     assert cmds.setup == (
-        "pip install -e '.[testing]' && pip install 'pytest>=7.4,<9' 'py>=1.11' 'pytest-benchmark>3.2'"
+        "pip install -e '.[testing]' && pip install --upgrade 'pytest>=7.4,<9' 'py>=1.11' 'pytest-benchmark>=3.2'"
     )
     write_files(extra_pin, {"setup.py": "from setuptools import setup\nsetup(name='m', extras_require={\n"
                                         "    'testing': ['pytest>=6.2,<8'],\n})\n"})  # fmt: skip

@@ -225,13 +225,10 @@ _PINNED_PLUGIN = re.compile(r"^\s*(pytest-[A-Za-z0-9_.-]+)\s*(==|<=|<|~=)\s*([\w
 
 
 def _newer_plugins(pinned: str) -> list[str]:
-    """Requirements for the pytest plugins `pinned` pins, for a release after what the pin allows (uv and pip take
-    the newest that fits the pytest installed with them)."""
-    newer = []
-    for name, op, version in _PINNED_PLUGIN.findall(pinned):
-        version = version.removesuffix(".*")
-        newer.append(f"{name}{'>=' if op == '<' else '>'}{version}")
-    return newer
+    """Requirements for the pytest plugins `pinned` pins, from the pinned release on: installed with `--upgrade`,
+    uv and pip take the newest that fits the pytest installed with them, and the pinned one where no later release
+    was made (pydocstyle's 2016-2019 requirements/tests.txt: pytest-pep8==1.0.6, its last)."""
+    return [f"{name}>={version.removesuffix('.*')}" for name, _op, version in _PINNED_PLUGIN.findall(pinned)]
 
 
 #: A pytest hook that takes a py.path argument (`path`, `startdir`): deprecated in pytest 7, an error in pytest 9,
@@ -467,11 +464,14 @@ def detect_commands(repo: Path, commit: str, test_files: Sequence[str]) -> Comma
     old_pytest = bool(_OLD_PYTEST_PIN.search(pinned) or _OLD_PYTEST_PIN.search(listed))
     if old_pytest:
         plugins = _newer_plugins(f"{pinned}\n{listed}")
-        steps.append("pip install 'pytest>=7.4,<9' 'py>=1.11'" + "".join(f" '{p}'" for p in plugins))
+        upgrade = "--upgrade " if plugins else ""  # a plugin's pinned release, installed already, is upgraded
+        steps.append(
+            f"pip install {upgrade}'pytest>=7.4,<9' 'py>=1.11'" + "".join(f" '{p}'" for p in plugins)
+        )
         why.append(
             "the test requirements (or the project's metadata) pin a pytest (or py) that does not run on today's "
             "Python: pytest 7.4-8"
-            + (", and newer releases of the pytest plugins pinned with it" if plugins else "")
+            + (", and the newest releases of the pytest plugins pinned with it" if plugins else "")
         )
     elif _tree_matches(repo, commit, _PY_PATH_HOOK):
         steps.append("pip install 'pytest<9'")
