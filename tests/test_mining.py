@@ -1397,8 +1397,8 @@ def test_the_python_a_commit_names_decides_whether_an_older_one_is_tried(tmp_pat
     })  # fmt: skip
     head = git(repo, "rev-parse", "HEAD").strip()
     assert declared_versions(repo, head) == {5, 6, 7, 8, 9}
-    older = machine_interpreters()
-    assert all(8 <= minor < running for minor in older)
+    assert all(8 <= minor != running for minor in machine_interpreters())
+    older = {minor: path for minor, path in machine_interpreters().items() if minor < running}
     fitting = [m for m in older if m <= 9]
     expected = older[max(fitting)] if fitting else older[min(older)] if older else None
     assert older_python(repo, head, "2020-06-01T00:00:00+00:00") == expected
@@ -1415,6 +1415,42 @@ def test_the_python_a_commit_names_decides_whether_an_older_one_is_tried(tmp_pat
         assert older_python(bare, first, "2019-01-01T00:00:00+00:00") == older[min(older)]  # before 3.8
 
 
+def test_a_package_that_requires_a_newer_python_is_tried_on_the_oldest_newer_one_it_allows(
+    tmp_path: Path,
+) -> None:
+    """pint's 2025-2026 commits say `requires-python = ">=3.12"`: their setup fails on 3.11 ("requires a different
+    Python"). Such a commit gets the oldest interpreter of this machine, newer than the running one, that its
+    package allows (pyproject.toml's requires-python, else setup.cfg's or setup.py's python_requires); a package
+    that allows the running Python, or says nothing, gets none."""
+    import sys
+
+    from bugsweep.mining.interpreters import machine_interpreters, newer_python, required_python
+
+    running = sys.version_info[1]
+    newer = sorted(m for m in machine_interpreters() if m > running)
+    repo = make_repo(tmp_path / "repo", {
+        "pyproject.toml": f'[project]\nname = "p"\nrequires-python = ">=3.{running + 1}"\n', "calc.py": CALC,
+    })  # fmt: skip
+    head = git(repo, "rev-parse", "HEAD").strip()
+    assert str(required_python(repo, head)) == f">=3.{running + 1}"
+    assert newer_python(repo, head) == (machine_interpreters()[newer[0]] if newer else None)
+    write_files(repo, {"pyproject.toml": '[project]\nname = "p"\nrequires-python = ">=3.8"\n'})
+    assert newer_python(repo, commit_all(repo, "allows this Python")) is None
+    write_files(
+        repo,
+        {"pyproject.toml": '[project]\nname = "p"\n', "setup.cfg": "[options]\npython_requires = >=3.99\n"},
+    )
+    only_later = commit_all(repo, "setup.cfg asks for a Python no machine has")
+    assert str(required_python(repo, only_later)) == ">=3.99" and newer_python(repo, only_later) is None
+    write_files(
+        repo, {"setup.cfg": "", "setup.py": f"setup(name='p', python_requires='>=3.{running + 1}')\n"}
+    )
+    in_setup_py = commit_all(repo, "setup.py asks for a newer Python")
+    assert newer_python(repo, in_setup_py) == newer_python(repo, head)
+    write_files(repo, {"setup.py": "setup(name='p')\n"})
+    assert required_python(repo, commit_all(repo, "says nothing")) is None
+
+
 @needs_bwrap
 def test_a_commit_whose_code_the_running_python_cannot_run_is_kept_on_the_older_python_it_names(
     tmp_path: Path,
@@ -1429,7 +1465,7 @@ def test_a_commit_whose_code_the_running_python_cannot_run_is_kept_on_the_older_
     from bugsweep.mining.interpreters import machine_interpreters
     from bugsweep.sandbox import get_provider
 
-    older = machine_interpreters()
+    older = {minor: path for minor, path in machine_interpreters().items() if minor < sys.version_info[1]}
     if not older:
         pytest.skip("this machine has no Python older than the one running the tests")
     minor = max(older)

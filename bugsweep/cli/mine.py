@@ -110,7 +110,9 @@ def mine_command(
             "environments name is older; naming none, it predates that Python's release) whose environment failed "
             "(setup failed, its tests could not run or failed at the commit) is validated again on an older "
             "interpreter of this machine (python3.X on PATH, pyenv's, uv's; 3.8 and newer): the newest that the "
-            "commit names. Kept there, its task names that interpreter ('python'). Local sandbox only.",
+            "commit names. One whose package requires a newer Python (requires-python, python_requires) is "
+            "validated again on the oldest newer interpreter it allows. Kept there, its task names that interpreter "
+            "('python'). Local sandbox only.",
         ),
     ] = True,
     unreleased_fixes: Annotated[

@@ -9,6 +9,9 @@ bugsweep runs on (a 2017 commit whose code imports `collections.MutableMapping`,
   running Python (the newest version it names is older; naming none, it was made before that Python's release),
   and this machine has an older interpreter (`python3.X` on PATH, pyenv's, uv's). The newest one not newer than
   what the commit names (or than the Python of its date) is taken, else the oldest found.
+- `newer_python(repo, commit)`: for a commit whose package requires a newer Python than the running one
+  (`requires-python = ">=3.12"`: pint's 2025-2026 commits, whose setup fails on 3.11), the oldest interpreter of
+  this machine it allows, or None.
 """
 
 from __future__ import annotations
@@ -20,8 +23,11 @@ import re
 import shutil
 import subprocess
 import sys
+import tomllib
 from datetime import UTC, datetime
 from pathlib import Path
+
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
 from bugsweep.mining.building import _show
 
@@ -40,6 +46,9 @@ RELEASED = {
 _CLASSIFIER = re.compile(r"Programming Language :: Python :: 3\.(\d+)\b")
 _TOX_ENV = re.compile(r"\bpy3\.?(\d+)\b")
 _TOX_BRACES = re.compile(r"\bpy\{([\d,\s]+)\}")
+#: The Python versions a package allows, as setup.cfg's `python_requires = >=3.8` or setup.py's
+#: `python_requires=">=3.8"` write it.
+_PYTHON_REQUIRES = re.compile(r"""\bpython_requires\s*=\s*["']?([^"'\n]+)""")
 
 
 def declared_versions(repo: Path, commit: str) -> set[int]:
@@ -74,14 +83,31 @@ def _minor_of(path: str) -> int | None:
     return int(parts[1])
 
 
+def required_python(repo: Path, commit: str) -> SpecifierSet | None:
+    """The Python versions the commit's package allows (pyproject.toml's `requires-python`, else setup.cfg's or
+    setup.py's `python_requires`), or None where it says none (or nothing readable)."""
+    try:
+        project = tomllib.loads(_show(repo, commit, "pyproject.toml") or "").get("project", {})
+    except tomllib.TOMLDecodeError:
+        project = {}
+    found = project.get("requires-python") if isinstance(project, dict) else None
+    for path in ("setup.cfg", "setup.py"):
+        if not isinstance(found, str) and (match := _PYTHON_REQUIRES.search(_show(repo, commit, path) or "")):
+            found = match.group(1).strip()
+    try:
+        return SpecifierSet(found) if isinstance(found, str) else None
+    except InvalidSpecifier:
+        return None
+
+
 @functools.cache
 def machine_interpreters() -> dict[int, str]:
-    """Python 3 minor version -> an interpreter of it on this machine, for the versions older than the running one
-    (from 3.8): `python3.X` on PATH, then pyenv's (`$PYENV_ROOT` or ~/.pyenv) and uv's installed Pythons."""
+    """Python 3 minor version -> an interpreter of it on this machine, for the versions from 3.8 other than the
+    running one: `python3.X` on PATH, then pyenv's (`$PYENV_ROOT` or ~/.pyenv) and uv's installed Pythons."""
     pyenv = os.environ.get("PYENV_ROOT") or os.path.expanduser("~/.pyenv")
     uv = os.environ.get("UV_PYTHON_INSTALL_DIR") or os.path.expanduser("~/.local/share/uv/python")
     found: dict[int, str] = {}
-    for minor in range(OLDEST_MINOR, sys.version_info[1]):
+    for minor in (m for m in range(OLDEST_MINOR, max(RELEASED) + 2) if m != sys.version_info[1]):
         candidates = [shutil.which(f"python3.{minor}") or ""]
         candidates += sorted(glob.glob(f"{pyenv}/versions/3.{minor}.*/bin/python3.{minor}"), reverse=True)
         candidates += sorted(glob.glob(f"{uv}/cpython-3.{minor}.*/bin/python3.{minor}"), reverse=True)
@@ -106,8 +132,19 @@ def older_python(repo: Path, commit: str, date: str) -> str | None:
     newest = max(declared) if declared else _minor_at(date)
     if newest >= running:
         return None  # it says it runs on this Python (or came after it): its failure is not the Python's
-    older = machine_interpreters()
+    older = {m: path for m, path in machine_interpreters().items() if m < running}
     if not older:
         return None
     fitting = [m for m in older if m <= newest]
     return older[max(fitting)] if fitting else older[min(older)]
+
+
+def newer_python(repo: Path, commit: str) -> str | None:
+    """The oldest interpreter of this machine newer than the running Python that the commit's package allows, where
+    it does not allow the running one; None otherwise."""
+    allowed = required_python(repo, commit)
+    running = sys.version_info
+    if allowed is None or allowed.contains(f"{running[0]}.{running[1]}.{running[2]}", prereleases=True):
+        return None
+    newer = sorted(m for m in machine_interpreters() if m > running[1] and allowed.contains(f"3.{m}"))
+    return machine_interpreters()[newer[0]] if newer else None

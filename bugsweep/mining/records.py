@@ -129,8 +129,8 @@ class MiningResult(BaseModel):
     the per-test time limit though told to stop, one killed for its memory, a crash), failed there, the rest of the
     run run again without them."""
     older_python: dict[str, str] = Field(default_factory=dict)
-    """Of kept tasks, by commit sha: the older interpreter the task was kept on, its environment having failed on
-    the running Python (the task's `python`)."""
+    """Of kept tasks, by commit sha: the other interpreter the task was kept on (older, or newer where its package
+    requires one), its environment having failed on the running Python (the task's `python`)."""
     scanned: int = 0
     """Commits looked at."""
     validated: int = 0

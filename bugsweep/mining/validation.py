@@ -11,7 +11,7 @@ from typing import Any
 from bugsweep.errors import BugsweepError, ConfigError, SetupFailed
 from bugsweep.grading.runs import TestRun, missing_module, run_tests, why_cannot_run
 from bugsweep.mining.building import USES_2TO3_REFUSED, adapted_setup, unavailable_pins
-from bugsweep.mining.interpreters import older_python
+from bugsweep.mining.interpreters import newer_python, older_python
 from bugsweep.mining.records import Commit, RejectReason
 from bugsweep.mining.verdict import (
     Verdict,
@@ -192,7 +192,7 @@ def validate(
     return verdict
 
 
-#: Rejections that an older Python can undo: the commit's environment could not be made, or its tests not
+#: Rejections that another Python can undo: the commit's environment could not be made, or its tests not
 #: imported, on the running one.
 ENVIRONMENT_FAILURES = (
     RejectReason.SETUP_FAILED,
@@ -210,15 +210,16 @@ def validate_on_its_python(
     older: bool = True,
     **options: Any,
 ) -> Verdict:
-    """`validate`, and (`older`) for a commit older than the running Python whose environment failed on it (setup
-    failed, the tests could not run or failed at the fix), `validate` again on the older interpreter of this machine
-    that `older_python` picks: kept there, the verdict names it (`python`). Only with the local sandbox (a Runtime
-    sandbox's interpreters are the image's)."""
+    """`validate`, and (`older`) for a commit whose environment failed on the running Python (setup failed, the
+    tests could not run or failed at the fix), `validate` again on another interpreter of this machine: the older
+    one `older_python` picks for a commit older than the running Python, else the newer one `newer_python` picks
+    for a commit whose package requires a newer Python. Kept there, the verdict names it (`python`). Only with the
+    local sandbox (a Runtime sandbox's interpreters are the image's)."""
     command, setup = spec.test_command, spec.setup_command  # as given: `validate` may add to both
     verdict = validate(spec, provider, **options)
     if not older or verdict.reason not in ENVIRONMENT_FAILURES or spec.python or provider.name != "local":
         return verdict
-    python = older_python(repo, commit.sha, commit.date)
+    python = older_python(repo, commit.sha, commit.date) or newer_python(repo, commit.sha)
     if python is None:
         return verdict
     try:
