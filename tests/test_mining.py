@@ -1494,6 +1494,38 @@ def test_a_commit_whose_code_the_running_python_cannot_run_is_kept_on_the_older_
 
 
 @needs_bwrap
+def test_a_commit_that_todays_releases_break_is_kept_with_the_releases_of_its_date(tmp_path: Path) -> None:
+    """End to end (real sandbox, the real package index): the code stops importing under a release of a dependency
+    made after the commit (it stands in for pint's June 2024 code, which flexparser 0.4 of November 2024 broke at
+    import). The test repository's commits are dated 2026-01-01, and pytest 9.1 came out after it. On today's
+    releases the candidate fails (its tests do not import); validated again with the releases of its date (the
+    only retry: it names no Python, and its date is after every Python's release), it is kept, its task's setup
+    installs those releases, and the report names the date."""
+    from bugsweep.sandbox import get_provider
+
+    guard = (
+        "from importlib.metadata import version\n\nif tuple(map(int, version('pytest').split('.')[:2])) >= (9, 1):\n"
+        "    raise ImportError('pytest 9.1 changed what this code uses')\n\n\n"
+    )
+    repo = make_repo(tmp_path / "repo", {
+        "calc.py": guard + CALC, "tests/test_calc.py": TEST_MUL, "pyproject.toml": PYPROJECT,
+    })  # fmt: skip
+    test_add = "\n\ndef test_add():\n    from calc import add\n\n    assert add(2, 3) == 5\n"
+    write_files(
+        repo, {"calc.py": guard + CALC.replace("a - b", "a + b"), "tests/test_calc.py": TEST_MUL + test_add}
+    )
+    sha = commit_all(repo, "Fix add() returning the difference")
+    report = tmp_path / "tasks.mining.json"
+    setup = "pip install pytest"
+    (task,) = mine(
+        str(repo), provider=get_provider("local"), runs=1, setup_command=setup, report=report
+    ).tasks
+    assert task.FAIL_TO_PASS == ["tests/test_calc.py::test_add"] and task.python is None
+    assert task.setup_command == f"export UV_EXCLUDE_NEWER=2026-01-01T00:00:00Z && {setup}"
+    assert json.loads(report.read_text())["dated"] == {sha: "2026-01-01T00:00:00+00:00"}
+
+
+@needs_bwrap
 def test_ctrl_c_writes_the_report_and_judges_nothing_half_way(tmp_path: Path) -> None:
     import os
     import signal

@@ -12,6 +12,7 @@ import subprocess
 import tomllib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -271,6 +272,15 @@ def relax_pins(setup: str, pins: Sequence[str]) -> str:
         lines.append(f"{name}>={version},<{int(version.split('.')[0]) + 1}")
     body = "\\n".join(lines)  # printf's newlines: names and versions hold no quote, backslash or %
     return f"printf '{body}\\n' > {OVERRIDES} && export UV_OVERRIDE={OVERRIDES} && {setup}"
+
+
+def dated_setup(setup: str, date: str) -> str:
+    """`setup` installing only what the package index had at `date` (a commit's ISO 8601 time): uv's
+    UV_EXCLUDE_NEWER, read by the `uv pip install` the setup's `pip install` runs as. Today's releases of a
+    dependency can break a commit's code (pint's June 2024 commits and flexparser 0.4 of November 2024: "cannot
+    inherit frozen dataclass from a non-frozen one" at import)."""
+    when = datetime.fromisoformat(date).astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return f"export UV_EXCLUDE_NEWER={when} && {setup}"
 
 
 #: What setuptools 58 and later say of a setup.py that asks for 2to3 (`use_2to3`), the project's or a pinned

@@ -8,7 +8,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
 
 from bugsweep.errors import ConfigError, Terminated
-from bugsweep.mining.building import adapted_setup, build_task
+from bugsweep.mining.building import adapted_setup, build_task, dated_setup
 from bugsweep.mining.history import list_history, local_clone, repo_name, scan_history
 from bugsweep.mining.records import (
     Commit,
@@ -68,9 +68,10 @@ def mine(
     `write` writes the task file (bugsweep's, or e.g. bugsweep.swebench.dump_records).
     `report`, when given, gets the rejections and counts (MiningResult without the tasks) however the run ends.
     `result`, when given, is the result filled in (so that a caller still has it when the run ends by an exception).
-    `older_python`: a candidate older than the running Python whose environment failed on it is validated again on
-    an older interpreter of this machine (bugsweep.mining.validation.validate_on_its_python); kept there, its task
-    names that interpreter (`python`).
+    `older_python`: a candidate whose environment failed on the running Python is validated again in the
+    environment of its time (bugsweep.mining.validation.validate_on_its_python): on an older interpreter of this
+    machine (or a newer one its package requires), then with the releases of its date; kept there, its task names
+    that interpreter (`python`) or its setup installs those releases.
     `unreleased_fixes`: keep commits that mend their author's own work since the last release, which the screen
     otherwise reads as no fix (bugsweep.mining.releases).
 
@@ -158,6 +159,9 @@ def mine(
             spec.test_command = without_ini(spec.test_command)
         if verdict.allowed_warnings:
             spec.test_command = allow_warnings(spec.test_command, verdict.allowed_warnings)
+        if spec.setup_command and verdict.dated:
+            spec.setup_command = dated_setup(spec.setup_command, verdict.dated)
+            result.dated[commit.sha] = verdict.dated
         if spec.setup_command:
             spec.setup_command = adapted_setup(spec.setup_command, verdict.build_constraints, verdict.relaxed)
         if verdict.ignored:
@@ -183,6 +187,8 @@ def mine(
         note = f"{len(verdict.fail_to_pass)} fail->pass, {len(verdict.pass_to_pass)} pass->pass"
         if verdict.python:
             note += f", on {verdict.python} (its environment failed on this Python)"
+        if verdict.dated:
+            note += f", with the releases of {verdict.dated[:10]} (its environment failed with today's)"
         if verdict.disabled_plugins:
             note += f", pytest plugin(s) today's pytest will not load disabled ({', '.join(verdict.disabled_plugins)})"
         if verdict.no_ini:

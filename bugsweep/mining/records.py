@@ -131,6 +131,9 @@ class MiningResult(BaseModel):
     older_python: dict[str, str] = Field(default_factory=dict)
     """Of kept tasks, by commit sha: the other interpreter the task was kept on (older, or newer where its package
     requires one), its environment having failed on the running Python (the task's `python`)."""
+    dated: dict[str, str] = Field(default_factory=dict)
+    """Of kept tasks, by commit sha: the commit's time, where the task was kept with the releases of that time
+    installed (its setup sets UV_EXCLUDE_NEWER), its environment having failed with today's."""
     scanned: int = 0
     """Commits looked at."""
     validated: int = 0

@@ -10,7 +10,7 @@ from typing import Any
 
 from bugsweep.errors import BugsweepError, ConfigError, SetupFailed
 from bugsweep.grading.runs import TestRun, missing_module, run_tests, why_cannot_run
-from bugsweep.mining.building import USES_2TO3_REFUSED, adapted_setup, unavailable_pins
+from bugsweep.mining.building import USES_2TO3_REFUSED, adapted_setup, dated_setup, unavailable_pins
 from bugsweep.mining.interpreters import newer_python, older_python
 from bugsweep.mining.records import Commit, RejectReason
 from bugsweep.mining.verdict import (
@@ -211,31 +211,33 @@ def validate_on_its_python(
     **options: Any,
 ) -> Verdict:
     """`validate`, and (`older`) for a commit whose environment failed on the running Python (setup failed, the
-    tests could not run or failed at the fix), `validate` again on another interpreter of this machine: the older
-    one `older_python` picks for a commit older than the running Python, else the newer one `newer_python` picks
-    for a commit whose package requires a newer Python. Kept there, the verdict names it (`python`). Only with the
-    local sandbox (a Runtime sandbox's interpreters are the image's)."""
+    tests could not run or failed at the fix), `validate` again in the environment of its time: first on another
+    interpreter of this machine (the older one `older_python` picks for a commit older than the running Python,
+    else the newer one `newer_python` picks for a commit whose package requires a newer Python), then, if it
+    failed there too or there was none, on the running Python with the releases of the commit's date
+    (`dated_setup`). Kept in one of them, the verdict names it (`python`, `dated`). Only with the local sandbox (a
+    Runtime sandbox's interpreters and installer are the image's)."""
     command, setup = spec.test_command, spec.setup_command  # as given: `validate` may add to both
     verdict = validate(spec, provider, **options)
     if not older or verdict.reason not in ENVIRONMENT_FAILURES or spec.python or provider.name != "local":
         return verdict
     python = older_python(repo, commit.sha, commit.date) or newer_python(repo, commit.sha)
-    if python is None:
-        return verdict
-    try:
-        again = validate(
-            spec.model_copy(update={"python": python, "test_command": command, "setup_command": setup}),
-            provider,
-            **options,
-        )
-    except CommandNotFound as exc:  # its commands do not run there: the first verdict stands
-        again = Verdict(RejectReason.TESTS_CANNOT_RUN, str(exc))
-    if again.reason is None:
-        again.python = python
-        again.environments = [*verdict.environments, *again.environments]
-        return again
-    verdict.detail += f" (and on {python}: {again.reason.value}: {again.detail[:200]})"
-    verdict.environments += again.environments
+    attempts: list[tuple[str | None, str | None, str]] = [(python, setup, f"on {python}")] if python else []
+    if setup:
+        attempts.append((None, dated_setup(setup, commit.date), f"with the releases of {commit.date[:10]}"))
+    for interpreter, setup_command, where in attempts:
+        update = {"python": interpreter, "test_command": command, "setup_command": setup_command}
+        try:
+            again = validate(spec.model_copy(update=update), provider, **options)
+        except CommandNotFound as exc:  # its commands do not run there: the first verdict stands
+            again = Verdict(RejectReason.TESTS_CANNOT_RUN, str(exc))
+        if again.reason is None:
+            again.python = interpreter
+            again.dated = "" if interpreter else commit.date
+            again.environments = [*verdict.environments, *again.environments]
+            return again
+        verdict.detail += f" (and {where}: {again.reason.value}: {again.detail[:200]})"
+        verdict.environments += again.environments
     return verdict
 
 

@@ -75,8 +75,12 @@ class Verdict:
     """Tests whose process died while they ran, in any run (normalised ids): failed there, and the rest of that run
     ran again without them (bugsweep.grading.runs.run_tests)."""
     python: str | None = None
-    """The older interpreter the candidate was validated on again, and kept on, after its environment failed on
-    the running Python (bugsweep.mining.interpreters); None: the running one."""
+    """The other interpreter (older, or newer where the package requires one) the candidate was validated on again,
+    and kept on, after its environment failed on the running Python (bugsweep.mining.interpreters); None: the
+    running one."""
+    dated: str = ""
+    """The commit's time (UTC, RFC 3339) when the candidate was kept with the releases of that time installed
+    (bugsweep.mining.building.dated_setup), its environment having failed with today's; empty otherwise."""
     environments: list[str] = field(default_factory=list)
     """How each state's task environment came about, in the order they ran (the task state, then the fix commit):
     'built' (the setup ran), 'reused' (a finished setup was reused), 'no setup'."""
