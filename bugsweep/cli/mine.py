@@ -112,8 +112,9 @@ def mine_command(
             "interpreter of this machine (python3.X on PATH, pyenv's, uv's; 3.8 and newer): the newest that the "
             "commit names. One whose package requires a newer Python (requires-python, python_requires) is "
             "validated again on the oldest newer interpreter it allows. Kept there, its task names that interpreter "
-            "('python'). Failing there too (or with none to try), it is validated once more with only the "
-            "releases the package index had at its time (UV_EXCLUDE_NEWER in its setup). Local sandbox only.",
+            "('python'). Failing there too (or with none to try), it is validated once more there (or on the running "
+            "Python) with only the releases the package index had at its time (UV_EXCLUDE_NEWER in its setup). "
+            "Local sandbox only.",
         ),
     ] = True,
     unreleased_fixes: Annotated[

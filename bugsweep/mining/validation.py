@@ -211,10 +211,10 @@ def validate_on_its_python(
     **options: Any,
 ) -> Verdict:
     """`validate`, and (`older`) for a commit whose environment failed on the running Python (setup failed, the
-    tests could not run or failed at the fix), `validate` again in the environment of its time: first on another
-    interpreter of this machine (the older one `older_python` picks for a commit older than the running Python,
-    else the newer one `newer_python` picks for a commit whose package requires a newer Python), then, if it
-    failed there too or there was none, on the running Python with the releases of the commit's date
+    tests could not run or failed at the fix), `validate` again in the environment of its time: on its Python (the
+    older interpreter of this machine that `older_python` picks for a commit older than the running Python, else
+    the newer one `newer_python` picks for a commit whose package requires a newer Python), then, failing there
+    too, on that Python (or the running one where there is none) with only the releases of the commit's time
     (`dated_setup`). Kept in one of them, the verdict names it (`python`, `dated`). Only with the local sandbox (a
     Runtime sandbox's interpreters and installer are the image's)."""
     command, setup = spec.test_command, spec.setup_command  # as given: `validate` may add to both
@@ -222,20 +222,20 @@ def validate_on_its_python(
     if not older or verdict.reason not in ENVIRONMENT_FAILURES or spec.python or provider.name != "local":
         return verdict
     python = older_python(repo, commit.sha, commit.date) or newer_python(repo, commit.sha)
-    attempts: list[tuple[str | None, str | None, str]] = [(python, setup, f"on {python}")] if python else []
+    attempts = [(setup, "")] if python else []
     if setup:
-        attempts.append((None, dated_setup(setup, commit.date), f"with the releases of {commit.date[:10]}"))
-    for interpreter, setup_command, where in attempts:
-        update = {"python": interpreter, "test_command": command, "setup_command": setup_command}
+        attempts.append((dated_setup(setup, commit.date), commit.date))
+    for setup_command, dated in attempts:
+        update = {"python": python, "test_command": command, "setup_command": setup_command}
         try:
             again = validate(spec.model_copy(update=update), provider, **options)
         except CommandNotFound as exc:  # its commands do not run there: the first verdict stands
             again = Verdict(RejectReason.TESTS_CANNOT_RUN, str(exc))
         if again.reason is None:
-            again.python = interpreter
-            again.dated = "" if interpreter else commit.date
+            again.python, again.dated = python, dated
             again.environments = [*verdict.environments, *again.environments]
             return again
+        where = f"on {python or 'this Python'}" + (f" with the releases of {dated[:10]}" if dated else "")
         verdict.detail += f" (and {where}: {again.reason.value}: {again.detail[:200]})"
         verdict.environments += again.environments
     return verdict
