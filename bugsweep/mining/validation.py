@@ -192,8 +192,8 @@ def validate(
     return verdict
 
 
-#: Rejections that another Python can undo: the commit's environment could not be made, or its tests not
-#: imported, on the running one.
+#: Rejections that the environment of the commit's time can undo (another Python, the releases of its date): its
+#: environment could not be made, or its tests not imported, on the running Python with today's releases.
 ENVIRONMENT_FAILURES = (
     RejectReason.SETUP_FAILED,
     RejectReason.TESTS_CANNOT_RUN,
