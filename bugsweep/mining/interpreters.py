@@ -23,13 +23,12 @@ import re
 import shutil
 import subprocess
 import sys
-import tomllib
 from datetime import UTC, datetime
 from pathlib import Path
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
-from bugsweep.mining.building import _show
+from bugsweep.mining.building import _show, _toml
 
 #: The oldest Python a task environment is made from: bugsweep's probe runs in the test process (3.8 and newer).
 OLDEST_MINOR = 8
@@ -86,10 +85,7 @@ def _minor_of(path: str) -> int | None:
 def required_python(repo: Path, commit: str) -> SpecifierSet | None:
     """The Python versions the commit's package allows (pyproject.toml's `requires-python`, else setup.cfg's or
     setup.py's `python_requires`), or None where it says none (or nothing readable)."""
-    try:
-        project = tomllib.loads(_show(repo, commit, "pyproject.toml") or "").get("project", {})
-    except tomllib.TOMLDecodeError:
-        project = {}
+    project = _toml(_show(repo, commit, "pyproject.toml") or "").get("project", {})
     found = project.get("requires-python") if isinstance(project, dict) else None
     for path in ("setup.cfg", "setup.py"):
         if not isinstance(found, str) and (match := _PYTHON_REQUIRES.search(_show(repo, commit, path) or "")):

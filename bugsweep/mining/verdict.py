@@ -79,8 +79,8 @@ class Verdict:
     and kept on, after its environment failed on the running Python (bugsweep.mining.interpreters); None: the
     running one."""
     dated: str = ""
-    """The commit's time (UTC, RFC 3339) when the candidate was kept with the releases of that time installed
-    (bugsweep.mining.building.dated_setup), its environment having failed with today's; empty otherwise."""
+    """The commit's time (ISO 8601, as git gives it) when the candidate was kept with the releases of that time
+    installed (bugsweep.mining.building.dated_setup), its environment having failed with today's; empty otherwise."""
     environments: list[str] = field(default_factory=list)
     """How each state's task environment came about, in the order they ran (the task state, then the fix commit):
     'built' (the setup ran), 'reused' (a finished setup was reused), 'no setup'."""
