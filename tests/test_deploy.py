@@ -37,14 +37,15 @@ from tests.support.deployed import (
     ENDPOINT_LIMIT,
     HELD,
     HOLD,
-    HOLD_LOCK,
-    KILLED,
+    HOLD_CHANGED,
+    RELEASED,
     Deployed,
     calc_task,
     cgroups_of,
     deploy_project,
     pid_of,
     processes_of,
+    release,
     sandbox_leftovers,
     sandboxes_in,
     task_of,
@@ -271,6 +272,7 @@ def night(deployed: Deployed, nightly_file: Path, tmp_path_factory: pytest.TempP
         state={"type": "SCHEDULED", "state_details": {"scheduled_time": later}},
     )
     deployed.api("POST", f"/flow_runs/{lost}/set_state", json={"state": {"type": "PENDING"}, "force": True})
+    HOLD.update(record.tasks["night-a"])
     ids["night-a"] = deployed.run_deployment(
         "sweep/nightly-sweep",
         {
@@ -280,15 +282,17 @@ def night(deployed: Deployed, nightly_file: Path, tmp_path_factory: pytest.TempP
         },
     )
 
-    # Mid-night: once a task of the first sweep running on worker-3a waits for its last answer (held: HOLD).
+    # Mid-night: once a task of the first sweep running on worker-3a waits for its last answer. Every task of
+    # night-a is held there (HOLD), and those held on another worker are let go as they are seen (`release`).
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
-        on_3a = [r for r in deployed.runs_tagged("sweep:night-a")
-                 if r["state"]["type"] == "RUNNING" and pid_of(r) in processes_of("worker-3a")]  # fmt: skip
-        with HOLD_LOCK:
-            HOLD.update(r["parameters"]["task"]["instance_id"] for r in on_3a)
-            if any(r["parameters"]["task"]["instance_id"] in HELD for r in on_3a):
-                break
+        with HOLD_CHANGED:
+            waiting = HELD - RELEASED
+        running = [r for r in deployed.runs_tagged("sweep:night-a") if r["state"]["type"] == "RUNNING"]
+        on_3a = [r for r in running if pid_of(r) in processes_of("worker-3a")]
+        if {r["parameters"]["task"]["instance_id"] for r in on_3a} & waiting:
+            break
+        release(*(r["parameters"]["task"]["instance_id"] for r in running if pid_of(r) and r not in on_3a))
         time.sleep(0.5)
     else:
         ran = {
@@ -320,7 +324,7 @@ def night(deployed: Deployed, nightly_file: Path, tmp_path_factory: pytest.TempP
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, sig)
     record.killed_at = time.monotonic()
-    KILLED.set()  # the held requests answer now, to connections nobody reads (a rerun's is not held)
+    release(killed=True)  # the held requests answer now, the killed runs' to connections nobody reads
     # another user's bugsweep, with the powers to unmount and delete them, pointed at the machine's folder while the
     # killed runs' sandboxes are still there
     uid, gid = other_user(tmp / "other-home")

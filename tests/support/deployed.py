@@ -46,13 +46,25 @@ SAVED_BLOCKS = (
 #: Requests of the night's two sweeps answered so far, by sweep (each sweep's first request waits for the other's).
 ASKED = {"night-a": 0, "nightly": 0}
 ASKED_CHANGED = threading.Condition()
-#: Tasks whose last answer (`finish`) is held until `KILLED` is set (or 2 minutes): the night's test adds the tasks
-#: it sees running on the worker it will kill, so that one of them is surely mid-task, its request waiting in
-#: `HELD`, when the kill lands (without it, seen twice: the kill landed after the run had finished).
+#: Tasks whose last answer (`finish`) is held until the night's test releases them, KILLED is set, or 2 minutes
+#: pass. The test holds every task of night-a, then, as each waits (`HELD`: still RUNNING, so no poll can miss it),
+#: releases those running on a worker it will not kill; one running on the worker it kills is surely mid-task when
+#: the kill lands. (Holding only the tasks seen running on that worker lost the race under load: a task went from
+#: its start to its finish between two polls, seen in CI with all seven finished and none ever seen there.)
 HOLD: set[str] = set()
 HELD: set[str] = set()
+RELEASED: set[str] = set()
+HOLD_CHANGED = threading.Condition()
 KILLED = threading.Event()
-HOLD_LOCK = threading.Lock()
+
+
+def release(*tasks: str, killed: bool = False) -> None:
+    """Let held tasks answer (or all of them, and every later one, once the worker is killed)."""
+    with HOLD_CHANGED:
+        RELEASED.update(tasks)
+        if killed:
+            KILLED.set()
+        HOLD_CHANGED.notify_all()
 
 
 def task_of(text: str) -> str:
@@ -67,7 +79,7 @@ def fixer(body: dict[str, Any]) -> dict[str, Any]:
     once the other sweep has asked too (up to 5 minutes): whichever asks first is still being answered when the
     other's first request comes, so both sweeps ask at once however the machine's load spaces their runs (seen: on
     a loaded machine the nightly's requests all came between night-a's, and on a quiet one after all of them).
-    The `finish` of a task in HOLD waits for KILLED.
+    The `finish` of a task in HOLD waits until it is released (`release`).
 
     A task whose text says CANCEL-ME instead runs a command, then stalls the next reply (a run mid-task, waiting
     for the model); one that says STALL-ME runs a command that sleeps in its sandbox."""
@@ -95,12 +107,11 @@ def fixer(body: dict[str, Any]) -> dict[str, Any]:
         return tool_call("edit_file", path="calc.py", old="return a - b", new="return a + b")
     if answered:
         task = task_of(asked)
-        with HOLD_LOCK:
-            hold = bool(task) and task in HOLD and not KILLED.is_set()
-            if hold:
+        with HOLD_CHANGED:
+            if task and task in HOLD and not KILLED.is_set():
                 HELD.add(task)
-        if hold:
-            KILLED.wait(120)
+                HOLD_CHANGED.wait_for(lambda: task in RELEASED or KILLED.is_set(), timeout=120)
+                HELD.discard(task)
         return tool_call("finish", summary="add() now adds")
     return tool_call("edit_file", path="calc.py", old="return a - b", new="return a + b")
 
