@@ -500,6 +500,56 @@ def test_changes_that_change_no_code_and_changes_it_cannot_read_say_so(tmp_path:
     )
 
 
+#: A module of a project that requires Python 3.12: type parameters (PEP 695), which Python 3.11 cannot parse.
+GENERIC = """type Pair[T] = tuple[T, T]
+
+
+def first[T](
+    items: list[T],
+) -> T:
+    return items[0]
+
+
+class Box[T: (int, str)]:
+    def __init__(self, value: T) -> None:
+        self.value = value
+"""
+TEST_GENERIC = "from generic import first\n\n\ndef test_first():\n    assert first([1, 2]) == 1\n"
+
+
+def test_python_3_12_type_parameters_are_read_not_words_only(tmp_path: Path) -> None:
+    """hgrecco/pint's newer code (issue 37's held-out-32) was read by its words alone on Python 3.11, where an
+    "Issue N: <a noun>" subject counts as a fix: such a feature, adding generic functions, was kept. Its type
+    parameters are read now, and a fix of its code is read too."""
+    repo = make_repo(
+        tmp_path / "repo",
+        {"generic.py": GENERIC, "tests/test_generic.py": TEST_GENERIC, "pyproject.toml": PYPROJECT},
+    )
+    feature = (
+        GENERIC
+        + "\n\ndef last[T](items: list[T]) -> T:\n    return items[-1]\n\n\ntype Trio[T] = tuple[T, T, T]\n"
+    )
+    result = screened(
+        repo,
+        {"generic.py": feature, "tests/test_last.py": "from generic import last\n\n\n"
+         "def test_last():\n    assert last([1, 2]) == 2\n"},
+        "Issue 12: last() of a list",
+    )  # fmt: skip
+    assert isinstance(result, Rejection) and result.reason == RejectReason.NOT_A_FIX
+    assert result.detail == (
+        "a feature or refactor: it adds new public names (last) and its tests (test_last) assert nothing about "
+        "code that existed before"
+    )
+    result = screened(
+        repo,
+        {"generic.py": GENERIC.replace("return items[0]", "return items[0] if items else None"),
+         "tests/test_generic.py": TEST_GENERIC + "\n\ndef test_first_of_none():\n    assert first([]) is None\n"},
+        "Fix IndexError in first() of an empty list",
+    )  # fmt: skip
+    assert isinstance(result, Screened)
+    assert "words only" not in result.why_fix
+
+
 def table(terms: int) -> str:
     """A generated table as idna's 2013 idnadata.py was: one expression of `terms` lists joined by `+`, which the
     ast module walks a level deeper for each term."""

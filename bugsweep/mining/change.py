@@ -2,11 +2,11 @@
 
 A fix changes existing functions and adds or changes tests that check them; a feature adds new public names and
 tests that call those. `read_change` reads every file of a commit at its parent and at the commit:
-- Python source files and stubs (`.pyi`), parsed with the standard library's `ast`: new public names (functions,
-  classes, methods, class and module attributes, parameters of existing functions, a public class's `__init__`
-  included), existing functions whose
-  code changed (docstrings, comments, formatting, type annotations and statements that serve type checkers only
-  set aside: typing imports, TypeVars, type aliases, `if TYPE_CHECKING:` blocks), the lines changed;
+- Python source files and stubs (`.pyi`), parsed with the standard library's `ast` (Python 3.12's type parameters
+  too: bugsweep.mining.syntax): new public names (functions, classes, methods, class and module attributes,
+  parameters of existing functions, a public class's `__init__` included), existing functions whose code changed
+  (docstrings, comments, formatting, type annotations and statements that serve type checkers only set aside:
+  typing imports, TypeVars, type aliases, `if TYPE_CHECKING:` blocks), the lines changed;
 - test files: the tests added or changed (a test reading a table of cases its module or class changed, as
   `@pytest.mark.parametrize(..., CASES)` does, is changed), which of them assert (directly or through a helper of
   their module) and which use a new name;
@@ -32,6 +32,7 @@ from pathlib import Path, PurePosixPath
 from bugsweep.mining.cases import Definition, assignments, grown_cases, tables
 from bugsweep.mining.changelog import changelog_kinds, is_changelog
 from bugsweep.mining.records import Commit
+from bugsweep.mining.syntax import parse_newer
 
 #: Python files read per commit at most; a commit touching more is a sweeping change whose shape says little.
 MAX_FILES = 40
@@ -169,9 +170,7 @@ def _functions(tree: ast.Module) -> Iterator[tuple[str, Definition]]:
                 yield prefix + node.name, node
                 if isinstance(node, ast.ClassDef):
                     yield from walk(node.body, f"{prefix}{node.name}.")
-            elif isinstance(
-                node, ast.If | ast.Try
-            ):  # definitions under `if sys.version_info ...` / `try: import`
+            elif isinstance(node, ast.If | ast.Try):  # under `if sys.version_info ...` / `try: import`
                 yield from walk(node.body, prefix)
                 yield from walk(node.orelse, prefix)
 
@@ -279,8 +278,10 @@ def _own_code(node: ast.AST) -> str:
 
 
 def _assigned(body: list[ast.stmt]) -> dict[str, str]:
-    """Names a body's assignments set (constants, compiled patterns, tables, attributes) -> the value's code."""
-    return {name: ast.dump(value) for name, value in assignments(body).items() if name != "__all__"}
+    """Names a body's assignments set (constants, compiled patterns, tables, attributes) -> the value's code; type
+    aliases and TypeVars (`_typing_only`) serve type checkers, and `type X = ...` is no assignment on Python 3.12."""
+    kept = assignments([node for node in body if not _typing_only(node)])
+    return {name: ast.dump(value) for name, value in kept.items() if name != "__all__"}
 
 
 def _is_metadata(name: str) -> bool:
@@ -373,7 +374,7 @@ def _parse(text: str | None) -> ast.Module | None:
     if text is None:
         return ast.Module(body=[], type_ignores=[])  # the file did not exist on this side
     try:
-        return ast.parse(text)
+        return parse_newer(text)
     except (SyntaxError, ValueError):
         return None
 
