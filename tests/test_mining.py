@@ -8,7 +8,10 @@ values: they check the decision rules on outcomes a sandbox would report.
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -584,7 +587,7 @@ def test_judge_per_test_outcomes() -> None:
     assert judge([_run(None)], [_run(None, 1)]).reason == RejectReason.TESTS_FAIL_AT_FIX
 
 
-def test_tests_failing_in_both_states_are_left_out_and_deselected() -> None:
+def test_tests_failing_in_both_states_are_left_out_and_deselected(tmp_path: Path) -> None:
     """An unrelated test failing at the task state and at the fix is not the candidate's fault (issue 37): it is
     FAIL_TO_FAIL, in neither list, deselected; a test the fix broke still rejects it."""
     before = [_run({"t.py::a": "failed", "t.py::b": "passed", "t.py::old": "failed"})] * 2
@@ -606,6 +609,16 @@ def test_tests_failing_in_both_states_are_left_out_and_deselected() -> None:
     after4 = [_run({"tests/test_x.py::test_a": "passed", "tests/test_y.py::test_b": "passed"})] * 2
     v = judge(not_imported, after4)
     assert v.reason == RejectReason.TESTS_CANNOT_RUN and "tests/test_x.py could not be imported" in v.detail
+    # and what pytest said of it, from the run's log (pytest's own report of a module it could not import)
+    write_files(tmp_path, {"calc.py": "def add(a, b):\n    return a + b\n",
+                           "tests/test_x.py": "from calc import lenient_add\n"})  # fmt: skip
+    pytest_said = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "pythonpath=.", "tests/test_x.py"],
+        cwd=tmp_path, capture_output=True, text=True, env={**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"},
+    ).stdout  # fmt: skip
+    v = judge([replace(r, log=pytest_said) for r in not_imported], after4)
+    assert v.detail.endswith("; tests/test_x.py: ImportError: cannot import name 'lenient_add' from 'calc' "
+                             f"({tmp_path / 'calc.py'})"), v.detail  # fmt: skip
     # a test function named like its module is no pseudo-test: it is there at the fix (schema's test_schema)
     named_like = [_run({"test_schema.py::test_schema": "failed"})] * 2
     v = judge(named_like, [_run({"test_schema.py::test_schema": "passed"})] * 2)

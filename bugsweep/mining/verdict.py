@@ -128,6 +128,9 @@ def judge(before: Sequence[TestRun], after: Sequence[TestRun], unrelated: Collec
     Per test when JUnit results exist (pytest); by exit code otherwise.
     """
     verdict = _judge(before, after, unrelated)
+    if NOT_IMPORTED in verdict.detail:  # what pytest said of each such module: why, without running it again
+        errors = [f"{path}: {error}" for path, error in collection_errors([*after, *before]).items()]
+        verdict.detail += "".join(f"; {error}" for error in errors if error.split(": ")[0] in verdict.detail)
     verdict.out_of_memory = sorted({normalise(t) for r in (*before, *after) for t in r.tests_out_of_memory})
     verdict.crashed = sorted({normalise(t) for r in (*before, *after) for t in r.tests_crashed})
     return verdict
@@ -289,10 +292,29 @@ def _is_collection_error(test_id: str) -> bool:
     return bool(name) and name.replace(".", "/") == path.removesuffix(".py")
 
 
+#: What a verdict says of test modules pytest could not import (`_ids`).
+NOT_IMPORTED = "could not be imported or collected"
+#: pytest's report of a module it could not import, "___ ERROR collecting tests/test_x.py ___", and its traceback,
+#: whose `E   ` lines end with the exception ("E   ModuleNotFoundError: No module named 'numpy'").
+_COLLECTING = re.compile(r"^_+ ERROR collecting (\S+) _+$(.*?)(?=^_{3,} |^={3,} |\Z)", re.M | re.S)
+_EXCEPTION_LINE = re.compile(r"^E\s+((?:\w+\.)*\w*(?:Error|Exception|Exit|Interrupt)\b.*)$", re.M)
+
+
+def collection_errors(runs: Sequence[TestRun]) -> dict[str, str]:
+    """Test module path -> the exception pytest reported when it could not import it (the first run's that has one;
+    the modules in the order pytest reported them)."""
+    found: dict[str, str] = {}
+    for run in runs:
+        for path, block in _COLLECTING.findall(run.log):
+            if path not in found and (raised := _EXCEPTION_LINE.findall(block)):
+                found[path] = raised[-1].strip()[:200]
+    return found
+
+
 def _ids(what: str, ids: set[str], limit: int = 4) -> str:
     broken = sorted(t for t in ids if _is_collection_error(t))
     if broken:
-        what += f" ({', '.join(t.partition('::')[0] for t in broken)} could not be imported or collected)"
+        what += f" ({', '.join(t.partition('::')[0] for t in broken)} {NOT_IMPORTED})"
     shown = sorted(ids)[:limit]
     more = f" and {len(ids) - limit} more" if len(ids) > limit else ""
     return f"{what}: {', '.join(shown)}{more}"
