@@ -1539,6 +1539,38 @@ def test_a_commit_that_todays_releases_break_is_kept_with_the_releases_of_its_da
 
 
 @needs_bwrap
+def test_a_module_the_tests_import_from_an_extra_of_the_project_is_installed_with_it(tmp_path: Path) -> None:
+    """End to end (real sandbox, the real package index): the project's tests import a library that only one of its
+    extras installs (construct's `extras` extra: arrow, numpy, lz4), which the setup does not install. Both states
+    fail to import the test module ("No module named 'six'"); validated again with that extra installed, the fix is
+    kept, its task's setup installs it too, and the report names it."""
+    from bugsweep.sandbox import get_provider
+
+    project = (
+        '[build-system]\nrequires = ["setuptools>=61"]\nbuild-backend = "setuptools.build_meta"\n\n'
+        '[project]\nname = "calc"\nversion = "0.1"\n\n[project.optional-dependencies]\nextras = ["six"]\n\n'
+        '[tool.setuptools]\npy-modules = ["calc"]\n\n' + PYPROJECT
+    )
+    tests = "import six\n\n" + TEST_MUL.replace(
+        "def test_mul", "def test_mul_on_text():\n    assert six.text_type\n\n\ndef test_mul"
+    )
+    repo = make_repo(
+        tmp_path / "repo", {"calc.py": CALC, "tests/test_calc.py": tests, "pyproject.toml": project}
+    )
+    test_add = "\n\ndef test_add():\n    from calc import add\n\n    assert add(2, 3) == 5\n"
+    write_files(repo, {"calc.py": CALC.replace("a - b", "a + b"), "tests/test_calc.py": tests + test_add})
+    sha = commit_all(repo, "Fix add() returning the difference")
+    report = tmp_path / "tasks.mining.json"
+    setup = "pip install pytest"
+    (task,) = mine(
+        str(repo), provider=get_provider("local"), runs=1, setup_command=setup, report=report
+    ).tasks
+    assert task.FAIL_TO_PASS == ["tests/test_calc.py::test_add"]
+    assert task.setup_command == f"{setup} && pip install -e '.[extras]'"
+    assert json.loads(report.read_text())["extras"] == {sha: ["extras"]}
+
+
+@needs_bwrap
 def test_ctrl_c_writes_the_report_and_judges_nothing_half_way(tmp_path: Path) -> None:
     import os
     import signal

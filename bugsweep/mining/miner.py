@@ -9,6 +9,7 @@ from pathlib import Path
 
 from bugsweep.errors import ConfigError, Terminated
 from bugsweep.mining.building import adapted_setup, build_task, dated_setup
+from bugsweep.mining.extras import with_extras
 from bugsweep.mining.history import list_history, local_clone, repo_name, scan_history
 from bugsweep.mining.records import (
     Commit,
@@ -159,6 +160,9 @@ def mine(
             spec.test_command = without_ini(spec.test_command)
         if verdict.allowed_warnings:
             spec.test_command = allow_warnings(spec.test_command, verdict.allowed_warnings)
+        if spec.setup_command and verdict.extras:
+            spec.setup_command = with_extras(spec.setup_command, verdict.extras)
+            result.extras[commit.sha] = verdict.extras
         if spec.setup_command and verdict.dated:
             spec.setup_command = dated_setup(spec.setup_command, verdict.dated)
             result.dated[commit.sha] = verdict.dated
@@ -187,6 +191,8 @@ def mine(
         note = f"{len(verdict.fail_to_pass)} fail->pass, {len(verdict.pass_to_pass)} pass->pass"
         if verdict.python:
             note += f", on {verdict.python} (its environment failed on this Python)"
+        if verdict.extras:
+            note += f", with the project's extras {', '.join(verdict.extras)} (its tests import what they install)"
         if verdict.dated:
             note += f", with the releases of {verdict.dated[:10]} (its environment failed with today's)"
         if verdict.disabled_plugins:

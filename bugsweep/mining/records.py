@@ -134,6 +134,9 @@ class MiningResult(BaseModel):
     dated: dict[str, str] = Field(default_factory=dict)
     """Of kept tasks, by commit sha: the commit's time, where the task was kept with the releases of that time
     installed (its setup sets UV_EXCLUDE_NEWER), its environment having failed with today's."""
+    extras: dict[str, list[str]] = Field(default_factory=dict)
+    """Of kept tasks, by commit sha: the project's extras the task was kept with (its setup installs them), its
+    tests having failed to import a module they install without them."""
     scanned: int = 0
     """Commits looked at."""
     validated: int = 0

@@ -11,6 +11,7 @@ from typing import Any
 from bugsweep.errors import BugsweepError, ConfigError, SetupFailed
 from bugsweep.grading.runs import TestRun, missing_module, run_tests, why_cannot_run
 from bugsweep.mining.building import USES_2TO3_REFUSED, adapted_setup, dated_setup, unavailable_pins
+from bugsweep.mining.extras import declared_extras, extras_providing, with_extras
 from bugsweep.mining.interpreters import newer_python, older_python
 from bugsweep.mining.records import Commit, RejectReason
 from bugsweep.mining.verdict import (
@@ -210,32 +211,40 @@ def validate_on_its_python(
     older: bool = True,
     **options: Any,
 ) -> Verdict:
-    """`validate`, and (`older`) for a commit whose environment failed on the running Python (setup failed, the
-    tests could not run or failed at the fix), `validate` again in the environment of its time: on its Python (the
+    """`validate`, and for a commit whose environment failed on the running Python (setup failed, the tests could
+    not run or failed at the fix), `validate` again: with the project's extras that install a module its tests
+    could not import (bugsweep.mining.extras), then (`older`) in the environment of its time: on its Python (the
     older interpreter of this machine that `older_python` picks for a commit older than the running Python, else
     the newer one `newer_python` picks for a commit whose package requires a newer Python), then, failing there
     too, on that Python (or the running one where there is none) with only the releases of the commit's time
-    (`dated_setup`). Kept in one of them, the verdict names it (`python`, `dated`). Only with the local sandbox (a
-    Runtime sandbox's interpreters and installer are the image's)."""
+    (`dated_setup`). Kept in one of them, the verdict names it (`extras`, `python`, `dated`). Other Pythons and
+    dates only with the local sandbox (a Runtime sandbox's interpreters and installer are the image's)."""
     command, setup = spec.test_command, spec.setup_command  # as given: `validate` may add to both
     verdict = validate(spec, provider, **options)
-    if not older or verdict.reason not in ENVIRONMENT_FAILURES or spec.python or provider.name != "local":
+    if verdict.reason not in ENVIRONMENT_FAILURES:
         return verdict
-    python = older_python(repo, commit.sha, commit.date) or newer_python(repo, commit.sha)
-    attempts = [(setup, "")] if python else []
-    if setup:
-        attempts.append((dated_setup(setup, commit.date), commit.date))
-    for setup_command, dated in attempts:
+    attempts: list[tuple[str | None, str | None, str]] = []  # (Python, setup, the commit's time or "")
+    extras = extras_providing(declared_extras(repo, commit.sha), verdict.missing_modules) if setup else []
+    if setup and extras:
+        setup = with_extras(setup, extras)
+        attempts.append((spec.python, setup, ""))
+    if older and not spec.python and provider.name == "local":
+        python = older_python(repo, commit.sha, commit.date) or newer_python(repo, commit.sha)
+        attempts += [(python, setup, "")] if python else []
+        attempts += [(python, dated_setup(setup, commit.date), commit.date)] if setup else []
+    for python, setup_command, dated in attempts:
         update = {"python": python, "test_command": command, "setup_command": setup_command}
         try:
             again = validate(spec.model_copy(update=update), provider, **options)
         except CommandNotFound as exc:  # its commands do not run there: the first verdict stands
             again = Verdict(RejectReason.TESTS_CANNOT_RUN, str(exc))
         if again.reason is None:
-            again.python, again.dated = python, dated
+            again.python = python if python != spec.python else None
+            again.dated, again.extras = dated, extras
             again.environments = [*verdict.environments, *again.environments]
             return again
         where = f"on {python or 'this Python'}" + (f" with the releases of {dated[:10]}" if dated else "")
+        where += f" with the extras {', '.join(extras)}" if extras else ""
         verdict.detail += f" (and {where}: {again.reason.value}: {again.detail[:200]})"
         verdict.environments += again.environments
     return verdict

@@ -8,6 +8,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
 from bugsweep.grading import TestRun
+from bugsweep.mining.extras import missing_modules
 from bugsweep.mining.records import RejectReason
 
 #: A memory address in a test id (`test_repr[<object object at 0x7f3a1c2b5e90>]`): it changes from run to run, so
@@ -81,6 +82,11 @@ class Verdict:
     dated: str = ""
     """The commit's time (ISO 8601, as git gives it) when the candidate was kept with the releases of that time
     installed (bugsweep.mining.building.dated_setup), its environment having failed with today's; empty otherwise."""
+    extras: list[str] = field(default_factory=list)
+    """The project's extras the candidate was validated on again with, and kept with, after its tests could not
+    import a module one of them installs (bugsweep.mining.extras); the task's setup installs them too."""
+    missing_modules: list[str] = field(default_factory=list)
+    """Top-level modules a test run could not import ("No module named 'arrow'"), in any run, at either state."""
     environments: list[str] = field(default_factory=list)
     """How each state's task environment came about, in the order they ran (the task state, then the fix commit):
     'built' (the setup ran), 'reused' (a finished setup was reused), 'no setup'."""
@@ -131,6 +137,7 @@ def judge(before: Sequence[TestRun], after: Sequence[TestRun], unrelated: Collec
     if NOT_IMPORTED in verdict.detail:  # what pytest said of each such module: why, without running it again
         errors = [f"{path}: {error}" for path, error in collection_errors([*after, *before]).items()]
         verdict.detail += "".join(f"; {error}" for error in errors if error.split(": ")[0] in verdict.detail)
+    verdict.missing_modules = missing_modules([*before, *after])
     verdict.out_of_memory = sorted({normalise(t) for r in (*before, *after) for t in r.tests_out_of_memory})
     verdict.crashed = sorted({normalise(t) for r in (*before, *after) for t in r.tests_crashed})
     return verdict

@@ -1,0 +1,113 @@
+"""The project's extras that its tests need: a module a test could not import, which one of its extras installs.
+
+Some projects keep what their tests import in an extra of any name, and install it in their CI by hand:
+construct's tests import `arrow`, `numpy`, `lz4` and `cryptography`, which its `extras` extra lists
+(`pip install -e .[extras]`), and without them a test module does not import ("No module named 'arrow'"), at the
+fix as at its parent (issue 37's held-out-33: four of construct's ten fixes lost so). A candidate whose
+environment failed so is validated again with those extras installed (bugsweep.mining.validation), and kept so,
+its task's setup command installs them too.
+
+The extras are read at the commit: pyproject.toml's `[project.optional-dependencies]`, setup.cfg's
+`[options.extras_require]`, setup.py's `extras_require=` (a literal dict, or a name bound to one). An extra
+provides a module when one of its requirements is named like it (`arrow`, `ruamel.yaml` for `ruamel`).
+"""
+
+from __future__ import annotations
+
+import ast
+import configparser
+import contextlib
+import re
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+
+from bugsweep.grading import TestRun
+
+#: What Python says of a module it could not find, in a test run's log.
+_MISSING = re.compile(r"No module named '([\w.]+)'")
+#: A requirement's distribution name: what comes before its extras, version or marker.
+_NAME = re.compile(r"^\s*([A-Za-z0-9][\w.-]*)")
+
+
+def missing_modules(runs: Sequence[TestRun]) -> list[str]:
+    """The top-level modules the runs could not import, sorted."""
+    return sorted({name.split(".")[0] for run in runs for name in _MISSING.findall(run.log)})
+
+
+def _normal(name: str) -> str:
+    return re.sub(r"[-_.]+", "_", name).lower()
+
+
+def _show(repo: Path, sha: str, path: str) -> str:
+    done = subprocess.run(["git", "-C", str(repo), "show", f"{sha}:{path}"], capture_output=True, text=True)
+    return done.stdout if done.returncode == 0 else ""
+
+
+def declared_extras(repo: Path, sha: str) -> dict[str, list[str]]:
+    """The project's extras at commit `sha`: name -> its requirements, as declared."""
+    import tomllib
+
+    extras: dict[str, list[str]] = {}
+    try:
+        pyproject = tomllib.loads(_show(repo, sha, "pyproject.toml"))
+    except tomllib.TOMLDecodeError:
+        pyproject = {}
+    optional = pyproject.get("project", {}).get("optional-dependencies", {})
+    if isinstance(optional, dict):
+        extras |= {str(k): [str(r) for r in v] for k, v in optional.items() if isinstance(v, list)}
+    cfg = configparser.ConfigParser(interpolation=None)
+    with contextlib.suppress(configparser.Error):
+        cfg.read_string(_show(repo, sha, "setup.cfg"))
+    if cfg.has_section("options.extras_require"):
+        for name, value in cfg.items("options.extras_require"):
+            extras.setdefault(name, [line for line in re.split(r"[\n;]", value) if line.strip()])
+    for name, requirements in _setup_py_extras(_show(repo, sha, "setup.py")).items():
+        extras.setdefault(name, requirements)
+    return extras
+
+
+def _setup_py_extras(source: str) -> dict[str, list[str]]:
+    """setup.py's `extras_require=`: a dict literal, or a module-level name bound to one."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return {}
+    bound = {
+        target.id: node.value
+        for node in tree.body
+        if isinstance(node, ast.Assign)
+        for target in node.targets
+        if isinstance(target, ast.Name)
+    }
+    for node in ast.walk(tree):
+        if isinstance(node, ast.keyword) and node.arg == "extras_require":
+            value = bound.get(node.value.id) if isinstance(node.value, ast.Name) else node.value
+            if isinstance(value, ast.Dict):
+                return {
+                    key.value: [
+                        e.value for e in item.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)
+                    ]
+                    for key, item in zip(value.keys, value.values, strict=True)
+                    if isinstance(key, ast.Constant)
+                    and isinstance(key.value, str)
+                    and isinstance(item, ast.List | ast.Tuple)
+                }
+    return {}
+
+
+def extras_providing(extras: dict[str, list[str]], modules: Sequence[str]) -> list[str]:
+    """The extras one of whose requirements is named like one of `modules` (its whole name, or the part before its
+    first dot: `ruamel.yaml` provides `ruamel`), in their declared order."""
+    wanted = {_normal(module) for module in modules}
+    found = []
+    for extra, requirements in extras.items():
+        names = [m.group(1) for r in requirements if (m := _NAME.match(r))]
+        if any(_normal(n) in wanted or _normal(n.split(".")[0]) in wanted for n in names):
+            found.append(extra)
+    return found
+
+
+def with_extras(setup: str, extras: Sequence[str]) -> str:
+    """The setup command, then the project installed (editable, as the setups bugsweep writes do) with `extras`."""
+    return f"{setup} && pip install -e '.[{','.join(extras)}]'"
