@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from bugsweep.grading.testfiles import RUNNER_CONFIG_NAMES, SECTIONED_CONFIG_NAMES, runner_sections_changed
+from bugsweep.mining.extras import declared_extras, setup_py_keyword
 from bugsweep.mining.history import _git
 from bugsweep.mining.records import Commit, Screened
 from bugsweep.spec import TaskSpec
@@ -97,20 +98,6 @@ def _tool_groups(tool: dict[str, Any]) -> dict[str, list[str]]:
     return groups
 
 
-def _declared_extras(pyproject: dict[str, Any], setup_cfg: str) -> list[str]:
-    """The names of the project's extras: pyproject.toml's [project.optional-dependencies] (its tables), then
-    setup.cfg's [options.extras_require]."""
-    names = list(pyproject.get("project", {}).get("optional-dependencies", {}) or {})
-    cfg = configparser.ConfigParser(interpolation=None)
-    try:
-        cfg.read_string(setup_cfg)
-    except configparser.Error:
-        return names
-    if cfg.has_section("options.extras_require"):
-        names += [name for name in cfg.options("options.extras_require") if name not in names]
-    return names
-
-
 def _normal(name: str) -> str:
     return re.sub(r"[-_.]+", "_", name).lower()
 
@@ -163,27 +150,15 @@ def _setup_py_tests_require(text: str) -> list[str]:
     """The requirements of setup.py's `tests_require` (for `setup.py test`, which pip never installs): a literal
     list, or a module-level name bound to one (python-fire's `tests_require=TEST_DEPENDENCIES`: mock, hypothesis);
     [] when setup.py does not parse or computes them."""
-    try:
-        tree = ast.parse(text)
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return []
-    bound = {
-        target.id: node.value
-        for node in tree.body
-        if isinstance(node, ast.Assign)
-        for target in node.targets
-        if isinstance(target, ast.Name)
-    }
-    for node in ast.walk(tree):
-        if isinstance(node, ast.keyword) and node.arg == "tests_require":
-            value = bound.get(node.value.id, node.value) if isinstance(node.value, ast.Name) else node.value
-            try:
-                found = ast.literal_eval(value)
-            except ValueError:
-                return []
-            if isinstance(found, list | tuple) and all(isinstance(r, str) for r in found):
-                return list(found)
-    return []
+    found = setup_py_keyword(text, "tests_require")
+    return list(found) if isinstance(found, list | tuple) and all(isinstance(r, str) for r in found) else []
+
+
+def project_extras(repo: Path, commit: str) -> dict[str, list[str]]:
+    """The project's extras at `commit`, name -> its requirements (bugsweep.mining.extras.declared_extras)."""
+    files = (_show(repo, commit, name) or "" for name in ("pyproject.toml", "setup.cfg", "setup.py"))
+    pyproject, setup_cfg, setup_py = files
+    return declared_extras(_toml(pyproject), setup_cfg, setup_py)
 
 
 def _tree_matches(repo: Path, commit: str, *patterns: str) -> bool:
@@ -410,7 +385,7 @@ def detect_commands(repo: Path, commit: str, test_files: Sequence[str]) -> Comma
     pyproject = text("pyproject.toml")
     pyproject_data = _toml(pyproject)  # read once, for the test group and the extras
     group, group_where = _pyproject_test_group(pyproject_data)
-    declared = _declared_extras(pyproject_data, text("setup.cfg"))
+    declared = declared_extras(pyproject_data, text("setup.cfg"))  # setup.py's: below, after tox.ini's
     extra = next((g for g in TEST_GROUP_NAMES if g in declared), None)
     if extra is None and "tox.ini" in names:
         extra = _tox_extra(text("tox.ini"))

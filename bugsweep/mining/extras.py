@@ -7,8 +7,9 @@ fix as at its parent (issue 37's held-out-33: four of construct's ten fixes lost
 environment failed so is validated again with those extras installed (bugsweep.mining.validation), and kept so,
 its task's setup command installs them too.
 
-The extras are read at the commit: pyproject.toml's `[project.optional-dependencies]`, setup.cfg's
-`[options.extras_require]`, setup.py's `extras_require=` (a literal dict, or a name bound to one). An extra
+The extras are read at the commit (bugsweep.mining.building.project_extras): pyproject.toml's
+`[project.optional-dependencies]`, setup.cfg's `[options.extras_require]`, setup.py's `extras_require=` (a literal
+dict, or a name bound to one). An extra
 provides a module when one of its requirements is named like it (`arrow`, `ruamel.yaml` for `ruamel`).
 """
 
@@ -18,9 +19,8 @@ import ast
 import configparser
 import contextlib
 import re
-import subprocess
 from collections.abc import Sequence
-from pathlib import Path
+from typing import Any
 
 from bugsweep.grading import TestRun
 
@@ -39,40 +39,35 @@ def _normal(name: str) -> str:
     return re.sub(r"[-_.]+", "_", name).lower()
 
 
-def _show(repo: Path, sha: str, path: str) -> str:
-    done = subprocess.run(["git", "-C", str(repo), "show", f"{sha}:{path}"], capture_output=True, text=True)
-    return done.stdout if done.returncode == 0 else ""
-
-
-def declared_extras(repo: Path, sha: str) -> dict[str, list[str]]:
-    """The project's extras at commit `sha`: name -> its requirements, as declared."""
-    import tomllib
-
+def declared_extras(pyproject: dict[str, Any], setup_cfg: str, setup_py: str = "") -> dict[str, list[str]]:
+    """The project's extras, name -> its requirements as declared: pyproject.toml's (its tables), then setup.cfg's,
+    then setup.py's (`setup_py_keyword`)."""
     extras: dict[str, list[str]] = {}
-    try:
-        pyproject = tomllib.loads(_show(repo, sha, "pyproject.toml"))
-    except tomllib.TOMLDecodeError:
-        pyproject = {}
     optional = pyproject.get("project", {}).get("optional-dependencies", {})
     if isinstance(optional, dict):
         extras |= {str(k): [str(r) for r in v] for k, v in optional.items() if isinstance(v, list)}
     cfg = configparser.ConfigParser(interpolation=None)
     with contextlib.suppress(configparser.Error):
-        cfg.read_string(_show(repo, sha, "setup.cfg"))
+        cfg.read_string(setup_cfg)
     if cfg.has_section("options.extras_require"):
         for name, value in cfg.items("options.extras_require"):
             extras.setdefault(name, [line for line in re.split(r"[\n;]", value) if line.strip()])
-    for name, requirements in _setup_py_extras(_show(repo, sha, "setup.py")).items():
-        extras.setdefault(name, requirements)
+    found = setup_py_keyword(setup_py, "extras_require") if "extras_require" in setup_py else None
+    if isinstance(found, dict):
+        for name, requirements in found.items():
+            if isinstance(name, str) and isinstance(requirements, list | tuple):
+                extras.setdefault(name, [str(r) for r in requirements])
     return extras
 
 
-def _setup_py_extras(source: str) -> dict[str, list[str]]:
-    """setup.py's `extras_require=`: a dict literal, or a module-level name bound to one."""
+def setup_py_keyword(text: str, keyword: str) -> object | None:
+    """The literal value setup.py passes as `keyword=` to a call, or that of the module-level name it passes
+    (python-fire's `tests_require=TEST_DEPENDENCIES`); None when setup.py does not parse, passes none or computes
+    it."""
     try:
-        tree = ast.parse(source)
+        tree = ast.parse(text)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return {}
+        return None
     bound = {
         target.id: node.value
         for node in tree.body
@@ -81,19 +76,13 @@ def _setup_py_extras(source: str) -> dict[str, list[str]]:
         if isinstance(target, ast.Name)
     }
     for node in ast.walk(tree):
-        if isinstance(node, ast.keyword) and node.arg == "extras_require":
-            value = bound.get(node.value.id) if isinstance(node.value, ast.Name) else node.value
-            if isinstance(value, ast.Dict):
-                return {
-                    key.value: [
-                        e.value for e in item.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)
-                    ]
-                    for key, item in zip(value.keys, value.values, strict=True)
-                    if isinstance(key, ast.Constant)
-                    and isinstance(key.value, str)
-                    and isinstance(item, ast.List | ast.Tuple)
-                }
-    return {}
+        if isinstance(node, ast.keyword) and node.arg == keyword:
+            value = bound.get(node.value.id, node.value) if isinstance(node.value, ast.Name) else node.value
+            try:
+                return ast.literal_eval(value)
+            except (ValueError, TypeError, SyntaxError, RecursionError, MemoryError):
+                return None
+    return None
 
 
 def extras_providing(extras: dict[str, list[str]], modules: Sequence[str]) -> list[str]:

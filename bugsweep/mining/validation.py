@@ -10,8 +10,14 @@ from typing import Any
 
 from bugsweep.errors import BugsweepError, ConfigError, SetupFailed
 from bugsweep.grading.runs import TestRun, missing_module, run_tests, why_cannot_run
-from bugsweep.mining.building import USES_2TO3_REFUSED, adapted_setup, dated_setup, unavailable_pins
-from bugsweep.mining.extras import declared_extras, extras_providing, with_extras
+from bugsweep.mining.building import (
+    USES_2TO3_REFUSED,
+    adapted_setup,
+    dated_setup,
+    project_extras,
+    unavailable_pins,
+)
+from bugsweep.mining.extras import extras_providing, with_extras
 from bugsweep.mining.interpreters import newer_python, older_python
 from bugsweep.mining.records import Commit, RejectReason
 from bugsweep.mining.verdict import (
@@ -224,7 +230,7 @@ def validate_on_its_python(
     if verdict.reason not in ENVIRONMENT_FAILURES:
         return verdict
     attempts: list[tuple[str | None, str | None, str]] = []  # (Python, setup, the commit's time or "")
-    extras = extras_providing(declared_extras(repo, commit.sha), verdict.missing_modules) if setup else []
+    extras = extras_providing(project_extras(repo, commit.sha), verdict.missing_modules) if setup else []
     if setup and extras:
         setup = with_extras(setup, extras)
         attempts.append((spec.python, setup, ""))
