@@ -1560,14 +1560,26 @@ def test_a_module_the_tests_import_from_an_extra_of_the_project_is_installed_wit
     test_add = "\n\ndef test_add():\n    from calc import add\n\n    assert add(2, 3) == 5\n"
     write_files(repo, {"calc.py": CALC.replace("a - b", "a + b"), "tests/test_calc.py": tests + test_add})
     sha = commit_all(repo, "Fix add() returning the difference")
+    # and a commit whose new test passes at its parent too, once the extra is installed: no task, and it says so
+    test_mul = "\n\ndef test_mul_by_zero():\n    from calc import mul\n\n    assert mul(0, 3) == 0\n"
+    fixed = CALC.replace("a - b", "a + b")
+    write_files(
+        repo, {"calc.py": fixed.replace("a * b", "b * a"), "tests/test_calc.py": tests + test_add + test_mul}
+    )
+    no_fix = commit_all(repo, "Fix mul() of zero")
     report = tmp_path / "tasks.mining.json"
     setup = "pip install pytest"
-    (task,) = mine(
-        str(repo), provider=get_provider("local"), runs=1, setup_command=setup, report=report
-    ).tasks
+    result = mine(str(repo), provider=get_provider("local"), runs=1, setup_command=setup, report=report)
+    (task,) = result.tasks
     assert task.FAIL_TO_PASS == ["tests/test_calc.py::test_add"]
     assert task.setup_command == f"{setup} && pip install -e '.[extras]'"
     assert json.loads(report.read_text())["extras"] == {sha: ["extras"]}
+    (rejected,) = [r for r in result.rejected if r.commit == no_fix]
+    assert rejected.reason == RejectReason.TESTS_PASS_AT_PARENT
+    assert rejected.detail.startswith(
+        "on this Python with the extras extras: every changed test passed at the task state (before that: tests "
+        "fail at fix: failing at the fix commit (tests/test_calc.py could not be imported or collected)"
+    ), rejected.detail
 
 
 @needs_bwrap

@@ -223,8 +223,10 @@ def validate_on_its_python(
     older interpreter of this machine that `older_python` picks for a commit older than the running Python, else
     the newer one `newer_python` picks for a commit whose package requires a newer Python), then, failing there
     too, on that Python (or the running one where there is none) with only the releases of the commit's time
-    (`dated_setup`). Kept in one of them, the verdict names it (`extras`, `python`, `dated`). Other Pythons and
-    dates only with the local sandbox (a Runtime sandbox's interpreters and installer are the image's)."""
+    (`dated_setup`). The first of them whose environment works decides (a commit whose tests pass at its parent
+    once its extras are installed is no task), and kept there, the verdict names it (`extras`, `python`,
+    `dated`). Other Pythons and dates only with the local sandbox (a Runtime sandbox's interpreters and installer
+    are the image's)."""
     command, setup = spec.test_command, spec.setup_command  # as given: `validate` may add to both
     verdict = validate(spec, provider, **options)
     if verdict.reason not in ENVIRONMENT_FAILURES:
@@ -244,13 +246,16 @@ def validate_on_its_python(
             again = validate(spec.model_copy(update=update), provider, **options)
         except CommandNotFound as exc:  # its commands do not run there: the first verdict stands
             again = Verdict(RejectReason.TESTS_CANNOT_RUN, str(exc))
-        if again.reason is None:
+        where = f"on {python or 'this Python'}" + (f" with the releases of {dated[:10]}" if dated else "")
+        where += f" with the extras {', '.join(extras)}" if extras else ""
+        if again.reason not in ENVIRONMENT_FAILURES:  # its environment worked there: that verdict decides
             again.python = python if python != spec.python else None
             again.dated, again.extras = dated, extras
             again.environments = [*verdict.environments, *again.environments]
+            if again.reason is not None:
+                first = f"{verdict.reason.value}: {verdict.detail[:200]}" if verdict.reason else ""
+                again.detail = f"{where}: {again.detail} (before that: {first})"
             return again
-        where = f"on {python or 'this Python'}" + (f" with the releases of {dated[:10]}" if dated else "")
-        where += f" with the extras {', '.join(extras)}" if extras else ""
         verdict.detail += f" (and {where}: {again.reason.value}: {again.detail[:200]})"
         verdict.environments += again.environments
     return verdict
