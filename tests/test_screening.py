@@ -550,6 +550,25 @@ def test_python_3_12_type_parameters_are_read_not_words_only(tmp_path: Path) -> 
     assert "words only" not in result.why_fix
 
 
+def test_the_parsers_warnings_about_a_projects_code_are_not_shown(tmp_path: Path) -> None:
+    """Python warns of code such as `len(v) > 0else 0` ("invalid decimal literal") as it parses it: the screen
+    printed "<unknown>:80: SyntaxWarning" lines about a project's code over the labelled sets, which read as
+    bugsweep's own. Not shown now; the screen reads on."""
+    import warnings
+
+    repo = numbers_repo(tmp_path / "repo")
+    with warnings.catch_warnings(record=True) as shown:
+        warnings.simplefilter("always")
+        result = screened(
+            repo,
+            {"numbers_.py": NUMBERS.replace("return sum(values)", "return sum(values) if len(values) > 0else 0"),
+             "tests/test_numbers.py": TEST_NUMBERS + "\n\ndef test_total_none():\n    assert total([]) == 0\n"},
+            "Fix total of no values",
+        )  # fmt: skip
+    assert isinstance(result, Screened) and "words only" not in result.why_fix
+    assert [str(w.message) for w in shown] == []
+
+
 def table(terms: int) -> str:
     """A generated table as idna's 2013 idnadata.py was: one expression of `terms` lists joined by `+`, which the
     ast module walks a level deeper for each term."""

@@ -20,6 +20,7 @@ from bugsweep.grading.testfiles import RUNNER_CONFIG_NAMES, SECTIONED_CONFIG_NAM
 from bugsweep.mining.extras import declared_extras, setup_py_keyword
 from bugsweep.mining.history import _git
 from bugsweep.mining.records import Commit, Screened
+from bugsweep.mining.syntax import parse_newer
 from bugsweep.spec import TaskSpec
 
 #: Files that, when present, hold the test dependencies (first match wins).
@@ -110,7 +111,7 @@ def imported_extras(extras: Iterable[str], tests: Sequence[str]) -> list[str]:
     modules: set[str] = set()
     for source in tests:
         try:
-            tree = ast.parse(source)
+            tree = parse_newer(source)
         except (SyntaxError, ValueError):
             continue
         for node in ast.walk(tree):

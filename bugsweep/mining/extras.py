@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from bugsweep.grading import TestRun
+from bugsweep.mining.syntax import parse_newer
 
 #: What Python says of a module it could not find, in a test run's log.
 _MISSING = re.compile(r"No module named '([\w.]+)'")
@@ -65,7 +66,7 @@ def setup_py_keyword(text: str, keyword: str) -> object | None:
     (python-fire's `tests_require=TEST_DEPENDENCIES`); None when setup.py does not parse, passes none or computes
     it."""
     try:
-        tree = ast.parse(text)
+        tree = parse_newer(text)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return None
     bound = {

@@ -13,6 +13,7 @@ from __future__ import annotations
 import ast
 import io
 import tokenize
+import warnings
 
 _OPENING, _CLOSING = "([{", ")]}"
 _STATEMENT_ENDS = (tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT)
@@ -21,17 +22,21 @@ _STATEMENT_ENDS = (tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT)
 def parse_newer(text: str) -> ast.Module:
     """`ast.parse(text)`, or, where the running Python refuses it, the text with its type parameter lists and
     `type` statements written as Python 3.11 reads them (`without_type_parameters`). Raises SyntaxError (or
-    ValueError) when that does not parse either."""
-    try:
-        return ast.parse(text)
-    except SyntaxError as refused:
-        plainer = without_type_parameters(text)
-        if plainer == text:
-            raise
+    ValueError) when that does not parse either. The parser's warnings about the project's code ("invalid escape
+    sequence", "invalid decimal literal") are not printed: they are about the project, not bugsweep."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SyntaxWarning)
+        warnings.simplefilter("ignore", DeprecationWarning)
         try:
-            return ast.parse(plainer)
-        except SyntaxError:
-            raise refused from None
+            return ast.parse(text)
+        except SyntaxError as refused:
+            plainer = without_type_parameters(text)
+            if plainer == text:
+                raise
+            try:
+                return ast.parse(plainer)
+            except SyntaxError:
+                raise refused from None
 
 
 def without_type_parameters(text: str) -> str:
