@@ -400,6 +400,9 @@ def test_a_module_prefix_a_new_parameter_and_a_helper_assertion_are_read(tmp_pat
         # held-out-12 (h11's LF pull request): a fix of a pull request's review or of its speed is no bug fixed
         ("Fixed PR remark", "no fix word in the message, and the subject says 'Fixed PR remark'"),
         ("Fixed some performance issues", "no fix word in the message, and the subject says 'performance'"),
+        # held-out-33 (pipdeptree): speed named in the body only is said as such, not as the subject's
+        ("Handle text in total() (#345)\n\nAlso makes total() a generator for performance.",
+         "no fix word in the message, and the message speaks of speed: 'performance'"),
         # round 14, on every labelled set: a capability, a new default or a pull request's review named anywhere in
         # the subject; code style and grammar as the object of a fix word
         ("Make total() usable as a context manager", "no fix word in the message, and the subject says 'usable as'"),

@@ -484,18 +484,16 @@ def read_commit(message: str, subject: str | None = None, shape: ChangeShape | N
         if why:
             return decide(True, f"the subject opens with an issue reference and the change reads like a fix: {why}",
                           Rule.ISSUE_FIX_SHAPE)  # fmt: skip
-    body = message.replace(first, "", 1)
+    body, says = message.replace(first, "", 1), "the subject says"
     if not announced and (speed := SPEED_PHRASE.search(body)):
-        announced = f"{speed.group(0)} (in the message)"
+        announced, says = speed.group(0), "the message speaks of speed:"
     if announced:
         # the subject says what the commit is; a fix word in the body names the issue that asked for the work
         # ("Fixes #31"), the bug a removed workaround was for, or one step of a squashed pull request
         if strong := _fix_word(body, known, weak=False):
-            return decide(False, f"the subject says {announced!r}; the message's {strong!r} does not make it a fix",
+            return decide(False, f"{says} {announced!r}; the message's {strong!r} does not make it a fix",
                           Rule.OTHER_WORK)  # fmt: skip
-        return decide(
-            False, f"no fix word in the message, and the subject says {announced!r}", Rule.OTHER_WORK
-        )
+        return decide(False, f"no fix word in the message, and {says} {announced!r}", Rule.OTHER_WORK)
     # a weak word (error, handle, don't, ...) is evidence in the subject; in the body it explains whatever was
     # done ("Use logging instead of warnings: users don't know what to do with that"), so there only a strong
     # word or a real exception's name counts
