@@ -729,6 +729,16 @@ def test_mine_stops_at_the_limit_and_reports_setup_failures(tmp_path: Path) -> N
     broken = mine(str(repo), provider=provider, runs=1, limit=1, setup_command="exit 3", max_candidates=1)
     assert [r.reason for r in broken.rejected] == [RejectReason.SETUP_FAILED]
     assert broken.tasks == []
+    # the installer's own error, with what it points to, not its last line ("╰─> typed-ast": pydocstyle's 2016 setup)
+    pip_said = (
+        "printf 'Failed to build typed-ast\\nERROR: Failed to build installable wheels for some pyproject.toml "
+        "based projects\\n╰─> typed-ast\\n' >&2; exit 1"
+    )
+    broken = mine(str(repo), provider=provider, runs=1, limit=1, setup_command=pip_said, max_candidates=1)
+    (rejected,) = broken.rejected
+    assert rejected.detail.startswith(
+        "ERROR: Failed to build installable wheels for some pyproject.toml based projects: typed-ast (and on "
+    ), rejected.detail
 
     first = mine(str(repo), provider=provider, runs=2, limit=1)
     assert [t.fix_commit for t in first.tasks] == [shas["kept_with_flaky"]]

@@ -170,6 +170,25 @@ def uncollectable(runs: Sequence[TestRun], spec: TaskSpec) -> list[str]:
     return sorted(modules - own)
 
 
+#: The installers' error lines (pip's "ERROR: ...", uv's "error: ..." and those it opens with a cross mark, U+00D7),
+#: and what they point to on the next line ("╰─> typed-ast").
+_INSTALL_ERROR = re.compile(r"^\s*(ERROR:|error:|\u00d7)\s*(.+)$")
+_POINTED = re.compile(r"^\s*(╰─[>▶]|├─[>▶])\s*(.+)$")
+
+
+def setup_error(output: str) -> str:
+    """What a failed setup says went wrong: the last error line of its installer, with the line it points to
+    ("ERROR: Failed to build installable wheels for some pyproject.toml based projects: typed-ast"), else its
+    last line (a bare "╰─> typed-ast" or "hint: See above for details." said little)."""
+    lines = [line for line in output.strip().splitlines() if line.strip()]
+    for i in range(len(lines) - 1, -1, -1):
+        if found := _INSTALL_ERROR.match(lines[i]):
+            said = f"{found[1]} {found[2].strip()}" if found[1].endswith(":") else found[2].strip()
+            pointed = _POINTED.match(lines[i + 1]) if i + 1 < len(lines) else None
+            return (f"{said.rstrip(':')}: {pointed[2].strip()}" if pointed else said)[:300]
+    return lines[-1][:300] if lines else "no output"
+
+
 def _last_line(log: str) -> str:
     lines = [line.strip() for line in log.strip().splitlines() if line.strip()]
     return lines[-1][:300] if lines else "no output"
@@ -357,7 +376,7 @@ def _validate(
         if stopper is not None and stopper.stopped:
             raise MiningStopped("mining was stopped") from exc
         if isinstance(exc, SetupFailed):
-            return Verdict(RejectReason.SETUP_FAILED, str(exc).strip().splitlines()[-1][:300])
+            return Verdict(RejectReason.SETUP_FAILED, setup_error(str(exc)))
         text = str(exc)
         if "does not apply" in text:
             return Verdict(RejectReason.PATCH_DOES_NOT_APPLY, text[:300])
