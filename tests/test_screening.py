@@ -572,21 +572,6 @@ def test_the_parsers_warnings_about_a_projects_code_are_not_shown(tmp_path: Path
     assert [str(w.message) for w in shown] == []
 
 
-def test_a_tools_name_in_its_own_history_is_the_project_not_tooling(tmp_path: Path) -> None:
-    """A subject naming pyflakes is about tooling in a project that runs pyflakes, and about the project in
-    pyflakes' own history (issue 37's held-out-34: flake8's "... parse as flake8 configs" was read as tooling)."""
-    message = "Fix pyflakes crash on an empty total"
-    result = screened(numbers_repo(tmp_path / "user"), SMALL_FIX, message)
-    assert isinstance(result, Rejection)
-    assert result.detail == "the subject is about tooling ('pyflakes'), not the code's behaviour"
-    files = {f"src/pyflakes/{name}": text for name, text in SMALL_FIX.items() if name.endswith(".py")}
-    own = make_repo(tmp_path / "pyflakes", {"src/pyflakes/numbers_.py": NUMBERS,
-                                            "tests/test_numbers.py": TEST_NUMBERS, "pyproject.toml": PYPROJECT})  # fmt: skip
-    result = screened(own, {"src/pyflakes/numbers_.py": files["src/pyflakes/numbers_.py"],
-                            "tests/test_numbers.py": SMALL_FIX["tests/test_numbers.py"]}, message)  # fmt: skip
-    assert isinstance(result, Screened) and result.why_fix == "the subject says 'crash'"
-
-
 def table(terms: int) -> str:
     """A generated table as idna's 2013 idnadata.py was: one expression of `terms` lists joined by `+`, which the
     ast module walks a level deeper for each term."""

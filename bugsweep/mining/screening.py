@@ -339,12 +339,7 @@ def _subject_parts(first: str) -> tuple[str, bool, bool]:
             return rest, conventional_fix, issue
 
 
-def read_commit(
-    message: str,
-    subject: str | None = None,
-    shape: ChangeShape | None = None,
-    own: frozenset[str] = frozenset(),
-) -> Reading:
+def read_commit(message: str, subject: str | None = None, shape: ChangeShape | None = None) -> Reading:
     """Whether a commit is a bug fix to learn from, by its message and, when known, its change (read_change).
 
     A gitmoji opening the subject ("🐛 fix(api): ...") is set aside first, and a subject that says nothing of the
@@ -364,8 +359,8 @@ def read_commit(
     3. a change whose Python code does not change once docstrings, comments, formatting, type annotations and
        statements for type checkers only (typing imports, TypeVars, `if TYPE_CHECKING:`) are set aside (and
        that changes no file shipped with the code) is no fix; then a subject naming tooling or
-       housekeeping (typing, lint, mypy, static analysis, chores, ...; not the project's `own` packages:
-       "flake8" in flake8's history) is no fix, whatever its fix words or changelog entry say;
+       housekeeping (typing, lint, mypy, static analysis, chores, ...) is no fix, whatever its fix words or
+       changelog entry say;
     4. changelog entries of one kind (by their first word or the section they are added under) decide: a bug
        fix is a fix, a feature or a removal is not;
     5. a subject announcing something new (Add, Implement, Support, Allow, ...) while the change adds new public
@@ -453,7 +448,7 @@ def read_commit(
     raised = frozenset(found["name"] for found in RAISES_EXCEPTION.finditer(rest))
     if no_code:
         return no_code
-    if tooling := next((t for t in TOOLING_WORD.finditer(rest) if t.group(0).lower() not in own), None):
+    if tooling := TOOLING_WORD.search(rest):
         return decide(False, f"the subject is about tooling ({tooling.group(0)!r}), not the code's behaviour",
                       Rule.OTHER_WORK)  # fmt: skip
     if shape is not None and (kind := shape.changelog_kind):
@@ -579,16 +574,15 @@ def screen(
         return reject(RejectReason.NO_SOURCE_CHANGE, f"changes tests only ({', '.join(runnable[:3])})")
     others = [path for _, path in commit.changes if path not in tests and path not in sources]
     shape = read_change(repo, commit, sources, tests, others) if repo is not None else None
-    packages = frozenset(
-        PurePosixPath(p).parts[p.startswith(("src/", "lib/"))].split(".")[0].lower() for p in sources
-    )
-    reading = read_commit(
-        commit.text_to_match, commit.subject, shape, packages
-    )  # the top-level packages changed
+    reading = read_commit(commit.text_to_match, commit.subject, shape)
     if not reading.fix:
         return reject(RejectReason.NOT_A_FIX, reading.reason, reading.rule.value)
-    own = own_work(repo, commit, sources) if repo is not None and not unreleased_fixes else None
-    if own is not None and own.unreleased:
+    if (
+        not unreleased_fixes
+        and repo is not None
+        and (own := own_work(repo, commit, sources))
+        and own.unreleased
+    ):
         return reject(RejectReason.NOT_A_FIX, own.describe(), Rule.OWN_UNRELEASED.value)
     return Screened(
         commit=commit,
