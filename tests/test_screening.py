@@ -572,6 +572,32 @@ def test_the_parsers_warnings_about_a_projects_code_are_not_shown(tmp_path: Path
     assert [str(w.message) for w in shown] == []
 
 
+def test_an_issue_closed_needs_a_change_shaped_like_a_fix(tmp_path: Path) -> None:
+    """ "closes #561" closes feature requests too: sqlite-utils titles every commit so ("--stop-after option,
+    closes #561"; issue 37's held-out-34: eight of its features kept so). With the change read, an issue named in
+    the subject makes a fix only when the change is shaped like one."""
+    repo = numbers_repo(tmp_path / "repo")
+    option = {
+        "numbers_.py": NUMBERS.replace("def total(values):\n    return sum(values)",
+                                       "def total(values, start=0):\n    return sum(values, start)"),
+        "tests/test_numbers.py": TEST_NUMBERS + "\n\ndef test_total_two():\n    assert total([2]) == 2\n"
+        "\n\ndef test_total_start():\n    assert total([2], start=1) == 3\n",
+    }  # fmt: skip
+    result = screened(repo, option, "--start option for totals, closes #561")
+    assert isinstance(result, Rejection) and result.rule == "no fix word"
+    assert result.detail == (
+        "no fix word in the subject nor a strong one in the message (fix, bug, crash, ...) but only an issue named "
+        "('closes #561'), and it adds new public names (total(start))"
+    )
+    git(repo, "reset", "-q", "--hard", "HEAD~1")
+    result = screened(repo, SMALL_FIX, "Sum any iterable in total(), closes #30")
+    assert isinstance(result, Screened)
+    assert result.why_fix == (
+        "the subject names an issue as fixed and it changes existing code (total, 2 lines, no new public names) and "
+        "tests assert on it (test_total_many)"
+    )
+
+
 def table(terms: int) -> str:
     """A generated table as idna's 2013 idnadata.py was: one expression of `terms` lists joined by `+`, which the
     ast module walks a level deeper for each term."""

@@ -381,11 +381,11 @@ def read_commit(message: str, subject: str | None = None, shape: ChangeShape | N
         don't, ...), a strong one in the body (a weak word there explains whatever the commit did: "Use logging
         instead of warnings ... users don't know what to do with that"), a real exception's name (not one the
         subject says the code now raises: "Make viewkeys raise AttributeError"), or an issue named as fixed in
-        the subject ("closes #12") make a fix; with a readable change, a weak word in the subject (but
-        "correct(ly)", which says the code was not) needs a strong word in the body ("Handle kwargs ..." names a
-        feature too, new test or not: issue 37's eighth session); an exception's name needs that or a change that
-        reads like a fix (`fix_shape`: 1 to MAX_FIX_FUNCTIONS functions, up to MAX_FIX_LINES lines) adding a test
-        of existing code (a changed expectation is no new test: deliberate changes make those too);
+        the subject ("closes #12"; read, shaped like a fix) make a fix; with the change read, a weak word in the
+        subject (but "correct(ly)", which says the code was not) needs a strong word in the body ("Handle kwargs
+        ..." names a feature too, new test or not: issue 37's eighth session); an exception's name needs that or
+        a change that reads like a fix (`fix_shape`: 1 to MAX_FIX_FUNCTIONS functions, up to MAX_FIX_LINES lines)
+        adding a test of existing code (a changed expectation is no new test: deliberate changes make those too);
     11. anything else is no fix: a change that reads like a fix but says nothing of one is not taken (until issue
         37's round 17 it was, when small: over eight held-out sets those `bugsweep mine` kept were 32 fixes, 9
         not-fixes and 10 borderline).
@@ -515,8 +515,14 @@ def read_commit(message: str, subject: str | None = None, shape: ChangeShape | N
             word, named = None, f" but an exception's name ({word!r}), and {why_not}"
     if word:
         return decide(True, f"the message says {word!r}", _word_rule(word))
-    if ISSUE_PATTERN.search(rest if known is not None else first):
-        return decide(True, "the subject names an issue as fixed", Rule.ISSUE_FIXED)
+    if issue_named := ISSUE_PATTERN.search(rest if known is not None else first):
+        # "closes #561" closes feature requests too ("--stop-after option, closes #561"): read, shaped like a fix
+        why, why_not = fix_shape(known) if known is not None else ("", "")
+        if why is not None:
+            return decide(
+                True, f"the subject names an issue as fixed{' and ' + why if why else ''}", Rule.ISSUE_FIXED
+            )
+        named = f" but only an issue named ({issue_named.group(0)!r}), and {why_not}"
     if known is not None:
         return decide(
             False,
