@@ -130,6 +130,11 @@ class SeaweedServer:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(timeout=10)
         self.proc = None
+        # weed's local gRPC sockets are always in /tmp (`seaweedfs-s3-grpc-PORT.sock`, no flag moves them) and
+        # are removed only by a clean exit: one killed at its 20 s left them (seen after a CI run on a loaded machine)
+        for port in self.ports.values():
+            for sock in Path("/tmp").glob(f"seaweedfs-*-grpc-{port}.sock"):
+                sock.unlink(missing_ok=True)
 
     def client(self, endpoint_url: str | None = None, config: Any = None) -> Any:
         """A boto3 S3 client for this server (or `endpoint_url`), made as bugsweep makes its clients (`config`: a
