@@ -289,7 +289,8 @@ def night(deployed: Deployed, nightly_file: Path, tmp_path_factory: pytest.TempP
         with HOLD_CHANGED:
             waiting = HELD - RELEASED
         running = [r for r in deployed.runs_tagged("sweep:night-a") if r["state"]["type"] == "RUNNING"]
-        on_3a = [r for r in running if pid_of(r) in processes_of("worker-3a")]
+        on_3a_pids = set(processes_of("worker-3a"))
+        on_3a = [r for r in running if pid_of(r) in on_3a_pids]
         if {r["parameters"]["task"]["instance_id"] for r in on_3a} & waiting:
             break
         release(*(r["parameters"]["task"]["instance_id"] for r in running if pid_of(r) and r not in on_3a))

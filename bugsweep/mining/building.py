@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from bugsweep.grading.testfiles import RUNNER_CONFIG_NAMES, SECTIONED_CONFIG_NAMES, runner_sections_changed
-from bugsweep.mining.extras import declared_extras, setup_py_keyword
+from bugsweep.mining.extras import declared_extras, normal_name, setup_py_keyword
 from bugsweep.mining.history import _git
 from bugsweep.mining.records import Commit, Screened
 from bugsweep.mining.syntax import parse_newer
@@ -99,10 +99,6 @@ def _tool_groups(tool: dict[str, Any]) -> dict[str, list[str]]:
     return groups
 
 
-def _normal(name: str) -> str:
-    return re.sub(r"[-_.]+", "_", name).lower()
-
-
 def imported_extras(extras: Iterable[str], tests: Sequence[str]) -> list[str]:
     """The extras named as a module the test modules import (a part of a dotted name counts): cattrs' tests import
     `bson` and `cattrs.preconf.pyyaml`, libraries its extras of those names install, and do not import without
@@ -116,10 +112,10 @@ def imported_extras(extras: Iterable[str], tests: Sequence[str]) -> list[str]:
             continue
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
-                modules.update(_normal(part) for alias in node.names for part in alias.name.split("."))
+                modules.update(normal_name(part) for alias in node.names for part in alias.name.split("."))
             elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-                modules.update(_normal(part) for part in node.module.split("."))
-    return [name for name in extras if _normal(name) in modules]
+                modules.update(normal_name(part) for part in node.module.split("."))
+    return [name for name in extras if normal_name(name) in modules]
 
 
 #: tox's substitution of an environment variable, with the value it takes when the variable is unset: attrs' 2021
@@ -157,8 +153,9 @@ def _setup_py_tests_require(text: str) -> list[str]:
 
 def project_extras(repo: Path, commit: str) -> dict[str, list[str]]:
     """The project's extras at `commit`, name -> its requirements (bugsweep.mining.extras.declared_extras)."""
-    files = (_show(repo, commit, name) or "" for name in ("pyproject.toml", "setup.cfg", "setup.py"))
-    pyproject, setup_cfg, setup_py = files
+    pyproject, setup_cfg, setup_py = (
+        _show(repo, commit, n) or "" for n in ("pyproject.toml", "setup.cfg", "setup.py")
+    )
     return declared_extras(_toml(pyproject), setup_cfg, setup_py)
 
 

@@ -9,8 +9,8 @@ its task's setup command installs them too.
 
 The extras are read at the commit (bugsweep.mining.building.project_extras): pyproject.toml's
 `[project.optional-dependencies]`, setup.cfg's `[options.extras_require]`, setup.py's `extras_require=` (a literal
-dict, or a name bound to one). An extra
-provides a module when one of its requirements is named like it (`arrow`, `ruamel.yaml` for `ruamel`).
+dict, or a name bound to one). An extra provides a module when one of its requirements is named like it (`arrow`,
+`ruamel.yaml` for `ruamel`).
 """
 
 from __future__ import annotations
@@ -36,7 +36,8 @@ def missing_modules(runs: Sequence[TestRun]) -> list[str]:
     return sorted({name.split(".")[0] for run in runs for name in _MISSING.findall(run.log)})
 
 
-def _normal(name: str) -> str:
+def normal_name(name: str) -> str:
+    """A distribution or module name as packaging compares them: lower case, runs of `-`, `_` and `.` as one `_`."""
     return re.sub(r"[-_.]+", "_", name).lower()
 
 
@@ -89,11 +90,11 @@ def setup_py_keyword(text: str, keyword: str) -> object | None:
 def extras_providing(extras: dict[str, list[str]], modules: Sequence[str]) -> list[str]:
     """The extras one of whose requirements is named like one of `modules` (its whole name, or the part before its
     first dot: `ruamel.yaml` provides `ruamel`), in their declared order."""
-    wanted = {_normal(module) for module in modules}
+    wanted = {normal_name(module) for module in modules}
     found = []
     for extra, requirements in extras.items():
         names = [m.group(1) for r in requirements if (m := _NAME.match(r))]
-        if any(_normal(n) in wanted or _normal(n.split(".")[0]) in wanted for n in names):
+        if any(normal_name(n) in wanted or normal_name(n.split(".")[0]) in wanted for n in names):
             found.append(extra)
     return found
 

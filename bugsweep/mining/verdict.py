@@ -135,8 +135,8 @@ def judge(before: Sequence[TestRun], after: Sequence[TestRun], unrelated: Collec
     """
     verdict = _judge(before, after, unrelated)
     if NOT_IMPORTED in verdict.detail:  # what pytest said of each such module: why, without running it again
-        errors = [f"{path}: {error}" for path, error in collection_errors([*after, *before]).items()]
-        verdict.detail += "".join(f"; {error}" for error in errors if error.split(": ")[0] in verdict.detail)
+        errors = collection_errors([*after, *before]).items()
+        verdict.detail += "".join(f"; {path}: {error}" for path, error in errors if path in verdict.detail)
     verdict.missing_modules = missing_modules([*before, *after])
     verdict.out_of_memory = sorted({normalise(t) for r in (*before, *after) for t in r.tests_out_of_memory})
     verdict.crashed = sorted({normalise(t) for r in (*before, *after) for t in r.tests_crashed})
