@@ -84,7 +84,7 @@ def parse_specs(text: str, source: str) -> Specs:
 
 def test_files_of(test_patch: str) -> list[str]:
     """The test modules a diff adds or changes (not those it deletes), in its order: what `{test_files}` means."""
-    from bugsweep.mining.screening import is_runnable_test  # mining's rule, so mined tasks round-trip
+    from bugsweep.mining.files import is_runnable_test  # mining's rule, so mined tasks round-trip
 
     files = []
     chunks = _DIFF_HEADER.split(test_patch)  # [before, a, b, body, a, b, body, ...]

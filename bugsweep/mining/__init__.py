@@ -25,6 +25,7 @@ found, `python -m` of a module the environment lacks) stops the run at the first
 """
 
 from bugsweep.mining.building import Commands, build_task, default_prefix, detect_commands, test_patch
+from bugsweep.mining.files import is_runnable_test, is_source_file
 from bugsweep.mining.history import list_history, local_clone, parse_date, scan_history
 from bugsweep.mining.miner import mine
 from bugsweep.mining.records import (
@@ -38,14 +39,7 @@ from bugsweep.mining.records import (
     Screened,
     Unfinished,
 )
-from bugsweep.mining.screening import (
-    FIX_PATTERN,
-    is_runnable_test,
-    is_source_file,
-    looks_like_fix,
-    not_a_fix_reason,
-    screen,
-)
+from bugsweep.mining.screening import FIX_PATTERN, looks_like_fix, not_a_fix_reason, screen
 from bugsweep.mining.validation import CannotRun, CommandNotFound, MiningStopped, Stopper, validate
 from bugsweep.mining.verdict import Verdict, deselect, deselection, judge, normalise
 

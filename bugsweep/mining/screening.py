@@ -6,15 +6,15 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from enum import StrEnum
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import NamedTuple
 
 from bugsweep.grading.testfiles import is_test_file
 from bugsweep.mining.change import BUILTIN_EXCEPTIONS, ChangeShape, read_change
+from bugsweep.mining.files import MINING_TEST_GLOBS, is_runnable_test, is_source_file
 from bugsweep.mining.records import Commit, Rejection, RejectReason, Screened
 from bugsweep.mining.releases import own_work
 from bugsweep.mining.shapes import feature_shape, fix_shape, listed
-from bugsweep.settings import DEFAULT_TEST_GLOBS
 
 #: Words that say a bug was fixed, whatever else the commit does. Matched case-insensitively on whole words.
 STRONG_FIX_WORDS = (
@@ -172,21 +172,6 @@ AND_FIX_CLAUSE = re.compile(r"\b(and|with|plus|[,;])\s+(?=(fix(es|ed)?|correct(s
 #: An exception the subject says the code now raises ("Make viewkeys raise AttributeError", "raise TypeError for
 #: bytes"): behaviour asked for, not a failure fixed; the name is then no fix word ("raised TypeError" is a failure).
 RAISES_EXCEPTION = re.compile(r"\b(raises?|throws?)\s+(an?\s+)?(?P<name>[A-Z]\w*(Error|Exception))\b")
-#: Single-module test suites of older projects (`tests.py`), counted as test files too when mining.
-LONE_TEST_MODULES = {"tests.py", "test.py"}
-#: Test-file patterns used to split a commit: the agent's protected globs plus the lone test modules.
-MINING_TEST_GLOBS = [*DEFAULT_TEST_GLOBS, *sorted(LONE_TEST_MODULES)]
-#: File endings that count as source code (a change to docs, changelogs or CI configuration alone is no fix).
-SOURCE_SUFFIXES = {
-    ".py", ".pyx", ".pxd", ".pyi", ".c", ".h", ".cc", ".cpp", ".hpp", ".rs", ".go", ".js", ".ts", ".java", ".rb",
-}  # fmt: skip
-#: Top-level folders whose files are not the code under test (docs, examples, benchmarks, CI, scripts).
-NOT_SOURCE_DIRS = {
-    "docs", "doc", "examples", "example", "benchmarks", "benchmark", "bench", ".github", "misc", "scripts",
-    "tools", "ci", "ci_tools",
-}  # fmt: skip
-#: Source files that are packaging or tooling, not the code under test.
-NOT_SOURCE_NAMES = {"setup.py", "noxfile.py", "tasks.py", "fabfile.py", "conftest.py", "docs/conf.py"}
 
 
 class Rule(StrEnum):
@@ -217,24 +202,6 @@ class Reading(NamedTuple):
     fix: bool
     reason: str
     rule: Rule = Rule.NO_FIX_WORD
-
-
-def is_source_file(path: str, test_globs: Sequence[str] = MINING_TEST_GLOBS) -> bool:
-    p = PurePosixPath(path)
-    if is_test_file(path, test_globs) or path in NOT_SOURCE_NAMES or p.name in NOT_SOURCE_NAMES:
-        return False
-    if p.parts and p.parts[0] in NOT_SOURCE_DIRS:
-        return False
-    if any(part in {"test", "tests", "testing"} for part in p.parts[:-1]):
-        return False  # test support (`test/common.py`, `testing/helpers.py`), not the code under test
-    return p.suffix in SOURCE_SUFFIXES
-
-
-def is_runnable_test(path: str) -> bool:
-    name = PurePosixPath(path).name
-    return name.endswith(".py") and (
-        name.startswith("test_") or name.endswith("_test.py") or name in LONE_TEST_MODULES
-    )
 
 
 def _about_tooling(text: str, start: int) -> bool:
@@ -367,7 +334,8 @@ def read_commit(message: str, subject: str | None = None, shape: ChangeShape | N
        names is a feature;
     6. a strong fix word (fix, bug, regression, crash, broken, wrong, incorrect, typo, mistake, or a conventional
        `fix:`) in the subject, not about tooling ("fix typos", "fix lint"), makes a fix ("fixed" as an adjective,
-       "a fixed schema", "fixed-point", is no fix word anywhere);
+       "a fixed schema", "fixed-point", is no fix word anywhere); one only naming an issue ("Fixes #24") names
+       it as fixed, as "closes #12" in rule 10: with the change read, it needs a fix's shape (`fix_shape`);
     7. a change that adds new public names and whose new or changed tests test only those is a feature;
     8. a subject with a leading issue reference whose change reads like a fix (existing functions changed, no new
        public names, tests asserting on existing names: `fix_shape`, any size) is a fix, unless the subject
@@ -475,6 +443,12 @@ def read_commit(message: str, subject: str | None = None, shape: ChangeShape | N
             if known is not None and (feature := feature_shape(known)):
                 return decide(False, f"a feature: {feature}; the subject's {strong!r} names the issue that asked "
                               "for it", Rule.FEATURE_SHAPE)  # fmt: skip
+            if known is not None:  # an issue named as fixed, as "closes #N" in rule 10
+                why, why_not = fix_shape(known)
+                if why is None:
+                    return decide(False, f"the subject's {strong!r} only names an issue, and {why_not}",
+                                  Rule.ISSUE_FIXED)  # fmt: skip
+                return decide(True, f"the subject names an issue as fixed and {why}", Rule.ISSUE_FIXED)
         return decide(True, f"the subject says {strong!r}", Rule.SUBJECT_FIX_WORD)
     if known is not None and (feature := feature_shape(known)):
         return decide(False, f"a feature or refactor: {feature}", Rule.FEATURE_SHAPE)
