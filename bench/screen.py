@@ -15,6 +15,7 @@ fixes. Borderline commits are left out of both (and counted apart). The 15 real 
 are screened as well.
 
 Usage: python bench/screen.py [--mirror /work/.mirror] [--before bfd0b0f] [--sets tuning,held-out] [--show]
+    [--errors] [--by-rule]
 Needs: bare clones at MIRROR/OWNER+NAME/repo of the repositories named in the labels (the `fetch` tool).
 """
 
@@ -141,11 +142,17 @@ def main() -> None:
     parser.add_argument("--sets", default="tuning,held-out,issue-27", help="label sets to measure")
     parser.add_argument("--show", action="store_true", help="print every commit whose decision changed")
     parser.add_argument("--errors", action="store_true", help="print every commit the new screen gets wrong")
+    parser.add_argument(
+        "--by-rule",
+        action="store_true",
+        help="count the new screen's passed commits by the rule that passed them",
+    )
     args = parser.parse_args()
     before = old_screen(args.before)
     old_reads_change = "repo" in inspect.signature(before.screen).parameters
     labels, windows = load_sets(set(args.sets.split(",")))
     rows: dict[tuple[str, str], list[tuple[str, str, bool, bool]]] = {}
+    by_rule: dict[str, Counter[str]] = {}
     for (name, repo), (since, until) in windows.items():
         git_dir = Path(args.mirror) / repo.replace("/", "+") / "repo"
         scanned = 0
@@ -157,6 +164,10 @@ def main() -> None:
             new = screen(commit, repo=git_dir)
             label, reason = labels.get(repo, {}).get(commit.sha[:10], ("unlabelled", ""))
             rows.setdefault((name, repo), []).append((commit.sha[:10], label, passes(old), passes(new)))
+            if passes(new):
+                by_rule.setdefault(getattr(new, "rule", ""), Counter())[
+                    "not-fix" if label in NOT_FIX else label
+                ] += 1
             shown = args.show and passes(old) != passes(new)
             wrong = args.errors and label != "borderline" and passes(new) != (label == "fix")
             if shown or wrong:
@@ -203,6 +214,12 @@ def main() -> None:
         "new_passed": sum(n for _, _, n, _ in corpus),
         "new_rejected": {i: r for i, _, n, r in corpus if not n},
     }
+    if args.by_rule:
+        report["passed by rule (new)"] = {
+            rule: dict(counted) | {"precision": figures(rows)["precision"]}
+            for rule, counted in sorted(by_rule.items(), key=lambda item: -item[1].total())
+            for rows in [[(label, True) for label in counted.elements()]]
+        }
     print(json.dumps(report, indent=2))
 
 
