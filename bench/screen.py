@@ -55,7 +55,7 @@ def _source_at(rev: str, path: str) -> str:
 
 
 #: The screen's modules, each loaded only after those it imports.
-SCREEN_MODULES = ("cases", "change", "shapes", "screening")
+SCREEN_MODULES = ("files", "cases", "change", "shapes", "screening")
 
 
 def old_screen(rev: str) -> types.ModuleType:
