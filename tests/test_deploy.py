@@ -257,10 +257,10 @@ def night(deployed: Deployed, nightly_file: Path, tmp_path_factory: pytest.TempP
         assert time.monotonic() < deadline, "the nightly made no task run in 5 minutes"
         time.sleep(0.5)
     # A run a worker took and was lost with before the run's process started (seen once when worker-3a was killed
-    # just after taking one): Pending, as a worker sets a run it takes, with no process behind it. Made (for an hour
-    # from now, so no worker takes it before it is Pending) just before night-a, so that its two minutes pass during
-    # the night, after the model's outage: a process started in the outage finds nothing answering at its first
-    # check of the endpoint and fails (seen when it was made before the nightly, ~30 s earlier).
+    # just after taking one): Pending, as a worker sets a run it takes, with no process behind it. Made now, for an
+    # hour from now so that no worker takes it, and set Pending once the model's outage is over, so that its two
+    # minutes pass after it: a process started in the outage finds nothing answering at its first check of the
+    # endpoint and fails (seen when it was set Pending before the night, its two minutes ending in the outage).
     later = (datetime.now(UTC) + timedelta(hours=1)).isoformat()
     lost = deployed.run_deployment(
         "solve-bug/solve-bug",
@@ -271,7 +271,6 @@ def night(deployed: Deployed, nightly_file: Path, tmp_path_factory: pytest.TempP
         },
         state={"type": "SCHEDULED", "state_details": {"scheduled_time": later}},
     )
-    deployed.api("POST", f"/flow_runs/{lost}/set_state", json={"state": {"type": "PENDING"}, "force": True})
     HOLD.update(record.tasks["night-a"])
     ids["night-a"] = deployed.run_deployment(
         "sweep/nightly-sweep",
@@ -357,6 +356,7 @@ def night(deployed: Deployed, nightly_file: Path, tmp_path_factory: pytest.TempP
     time.sleep(30)
     deployed.model.start()  # on its port again, after 30 s
     record.outage = (stopped_at, time.monotonic())
+    deployed.api("POST", f"/flow_runs/{lost}/set_state", json={"state": {"type": "PENDING"}, "force": True})
     reaping.join()
 
     for sweep, flow_run_id in ids.items():
