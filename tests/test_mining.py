@@ -1238,14 +1238,15 @@ def test_a_mark_the_project_never_registered_is_not_an_error_of_its_tests(tmp_pa
 @needs_bwrap
 def test_a_pin_the_package_index_does_not_have_is_relaxed_to_its_nearest_releases(tmp_path: Path) -> None:
     """End to end (real sandbox, the real package index): the test requirements pin a version never published
-    (deepdiff's 2025 requirements-dev.txt pinned types-setuptools==75.8.0), so their install fails. The pin is
-    relaxed to the releases of its major version from there on, the fix is kept, and its task's setup does the
+    (deepdiff's 2025 requirements-dev.txt pinned types-setuptools==75.8.0), or name a stub package every release of
+    which was yanked (isort's 2023 types-pkg-resources), so their install fails. The pin is relaxed to the releases
+    of its major version from there on, the stub package left out, the fix is kept, and its task's setup does the
     same; a pin with no release of its major version from there on stays a setup failure."""
     from bugsweep.sandbox import get_provider
 
     repo = make_repo(tmp_path / "repo", {
         "calc.py": CALC, "tests/test_calc.py": TEST_MUL, "pyproject.toml": PYPROJECT,
-        "requirements-test.txt": "packaging==24.1.99\n",  # 24.2 is the release after it
+        "requirements-test.txt": "packaging==24.1.99\ntypes-pkg-resources\n",  # 24.2 is the release after it
     })  # fmt: skip
     fixed = commit_add_fix(repo)
     result = mine(str(repo), provider=get_provider("local"), runs=1, older_python=False)
@@ -1254,7 +1255,8 @@ def test_a_pin_the_package_index_does_not_have_is_relaxed_to_its_nearest_release
     assert task.fix_commit == fixed and task.FAIL_TO_PASS == ["tests/test_add.py::test_add"]
     assert task.setup_command is not None
     assert task.setup_command.startswith(
-        "printf 'packaging>=24.1.99,<25\\n' > /tmp/bugsweep-overrides.txt && "
+        "printf 'packaging>=24.1.99,<25\\ntypes-pkg-resources ; sys_platform == \"never\"\\n' > "
+        "/tmp/bugsweep-overrides.txt && "
     )
     assert task.setup_command.endswith("pip install -r requirements-test.txt && pip install pytest")
 

@@ -226,22 +226,35 @@ _UNAVAILABLE_PIN = re.compile(
     r"(?:No matching distribution found for|there is no version of) "
     r"([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[A-Za-z0-9,._-]*\])?==(\d+(?:\.[0-9A-Za-z]+)*)\b"
 )
+#: A type-stub package the index has no release of at all (isort's 2023 Poetry dev dependencies name
+#: types-pkg-resources, every release of which was yanked): stubs only serve type checkers, never a test run.
+#: pip's last line, and uv's resolver message ("... was yanked ... and you require types-pkg-resources, ...").
+_UNAVAILABLE_STUBS = re.compile(
+    r"(?:No matching distribution found for|was yanked .* and you require) (types-[A-Za-z0-9._-]+)(?=[\s,]|$)",
+    re.M,
+)
 #: Where a setup whose pins were relaxed writes uv's overrides (the sandbox's own /tmp).
 OVERRIDES = "/tmp/bugsweep-overrides.txt"
 
 
 def unavailable_pins(setup_output: str) -> list[str]:
-    """The pins (NAME==VERSION) a failed setup's output says the package index has no distribution for."""
-    return sorted({f"{name}=={version}" for name, version in _UNAVAILABLE_PIN.findall(setup_output)})
+    """The pins (NAME==VERSION) a failed setup's output says the package index has no distribution for, and the
+    type-stub packages (NAME) it has no release of."""
+    pins = {f"{name}=={version}" for name, version in _UNAVAILABLE_PIN.findall(setup_output)}
+    return sorted(pins | set(_UNAVAILABLE_STUBS.findall(setup_output)))
 
 
 def relax_pins(setup: str, pins: Sequence[str]) -> str:
     """`setup` with each pin the index does not have (NAME==V) replaced by the releases of V's major version from V
-    on, the nearest the index has to what was meant (types-setuptools==75.8.0 -> >=75.8.0,<76), as overrides of
-    `uv pip install` (UV_OVERRIDE: they replace the project's own requirement on that name)."""
+    on, the nearest the index has to what was meant (types-setuptools==75.8.0 -> >=75.8.0,<76), and each stub
+    package it has no release of (NAME) left out (a marker no platform has), as overrides of `uv pip install`
+    (UV_OVERRIDE: they replace the project's own requirement on that name)."""
     lines = []
     for pin in pins:
         name, _, version = pin.partition("==")
+        if not version:
+            lines.append(f'{name} ; sys_platform == "never"')
+            continue
         lines.append(f"{name}>={version},<{int(version.split('.')[0]) + 1}")
     body = "\\n".join(lines)  # printf's newlines: names and versions hold no quote, backslash or %
     return f"printf '{body}\\n' > {OVERRIDES} && export UV_OVERRIDE={OVERRIDES} && {setup}"

@@ -61,7 +61,8 @@ class Verdict:
     task state (an unregistered mark, which pytest 4.5 began to warn of): the task's command ignores them (`-W`)."""
     relaxed: list[str] = field(default_factory=list)
     """Pins (NAME==VERSION) of the setup that the package index has no distribution for, relaxed to the releases of
-    their major version from there on (bugsweep.mining.building.relax_pins): the task's setup does the same."""
+    their major version from there on, and type-stub packages (NAME) it has no release of, left out
+    (bugsweep.mining.building.relax_pins): the task's setup does the same."""
     build_constraints: list[str] = field(default_factory=list)
     """Build constraints the setup failed without (`setuptools<58` where a package it builds asks for 2to3, which
     setuptools 58 removed): the task's setup constrains its builds so too (building.constrain_builds)."""
