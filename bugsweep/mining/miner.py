@@ -204,7 +204,7 @@ def mine(
         if verdict.build_constraints:
             note += f", built with {', '.join(verdict.build_constraints)} (a package asks for 2to3)"
         if verdict.relaxed:
-            note += f", pins the package index does not have relaxed ({', '.join(verdict.relaxed)})"
+            note += f", pins or stub packages the package index does not have relaxed or left out ({', '.join(verdict.relaxed)})"
         if verdict.ignored:
             note += f", {len(verdict.ignored)} other test module(s) that do not import ignored"
         if verdict.fail_to_fail:
