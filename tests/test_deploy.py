@@ -258,8 +258,8 @@ def night(deployed: Deployed, nightly_file: Path, tmp_path_factory: pytest.TempP
         time.sleep(0.5)
     # A run a worker took and was lost with before the run's process started (seen once when worker-3a was killed
     # just after taking one): Pending, as a worker sets a run it takes, with no process behind it. Made now, for an
-    # hour from now so that no worker takes it, and set Pending once the model's outage is over, so that its two
-    # minutes pass after it: a process started in the outage finds nothing answering at its first check of the
+    # hour from now so that no worker takes it, and set Pending as the model's 30 s outage begins, so that its two
+    # minutes end after it: a process started in the outage finds nothing answering at its first check of the
     # endpoint and fails (seen when it was set Pending before the night, its two minutes ending in the outage).
     later = (datetime.now(UTC) + timedelta(hours=1)).isoformat()
     lost = deployed.run_deployment(
@@ -353,10 +353,10 @@ def night(deployed: Deployed, nightly_file: Path, tmp_path_factory: pytest.TempP
         time.sleep(0.02)
     stopped_at = time.monotonic()  # that request is in flight now: it takes the server's 1 s to answer
     deployed.model.stop()
+    deployed.api("POST", f"/flow_runs/{lost}/set_state", json={"state": {"type": "PENDING"}, "force": True})
     time.sleep(30)
     deployed.model.start()  # on its port again, after 30 s
     record.outage = (stopped_at, time.monotonic())
-    deployed.api("POST", f"/flow_runs/{lost}/set_state", json={"state": {"type": "PENDING"}, "force": True})
     reaping.join()
 
     for sweep, flow_run_id in ids.items():
