@@ -216,9 +216,9 @@ def main() -> None:
     }
     if args.by_rule:
         report["passed by rule (new)"] = {
-            rule: dict(counted) | {"precision": figures(rows)["precision"]}
+            rule: dict(counted)
+            | {"precision": figures([(label, True) for label in counted.elements()])["precision"]}
             for rule, counted in sorted(by_rule.items(), key=lambda item: -item[1].total())
-            for rows in [[(label, True) for label in counted.elements()]]
         }
     print(json.dumps(report, indent=2))
 

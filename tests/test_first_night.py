@@ -105,7 +105,7 @@ def stop_group(pgid: int) -> None:
 def test_the_first_night_walkthrough_runs_as_written_and_the_nightly_completes(tmp_path: Path) -> None:
     import boto3
 
-    from tests.support.seaweed import free_ports
+    from tests.support.seaweed import free_ports, remove_grpc_sockets
     from tests.test_mining import build_history
 
     repo = tmp_path / "your-app"
@@ -185,8 +185,6 @@ def test_the_first_night_walkthrough_runs_as_written_and_the_nightly_completes(t
             shell.kill()
         stop_group(shell.pid)  # the servers and the worker the page left running
         model.stop()
-        # weed's admin server keeps its local gRPC socket in /tmp (`seaweedfs-admin-grpc-PORT.sock`; no flag moves
-        # it, unlike the S3 gateway's), and one stopped by a signal leaves it there (seen after a CI run)
-        for port in range(weed_port, weed_port + WEED_PORTS):
-            for sock in Path("/tmp").glob(f"seaweedfs-*-grpc-{port}.sock"):
-                sock.unlink(missing_ok=True)
+        remove_grpc_sockets(
+            range(weed_port, weed_port + WEED_PORTS)
+        )  # the admin server's, unlike the S3 gateway's

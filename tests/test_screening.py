@@ -812,8 +812,9 @@ def test_a_subject_announcing_a_feature_fixing_only_an_issue_is_a_feature(tmp_pa
         == "a feature: the subject says 'allow', and its 'fixes' names the issue that asked for it"
     )
     kept = screened(numbers_repo(tmp_path / "fix"), change, "add a check for None to total() (fixes #42)")
-    assert isinstance(kept, Screened) and kept.why_fix.startswith(
-        "the subject names an issue as fixed and it "
+    assert isinstance(kept, Screened) and kept.why_fix == (
+        "the subject names an issue as fixed and it changes existing code (total, 2 lines, no new public names) and "
+        "tests assert on it (test_total_none)"
     )
 
 

@@ -19,7 +19,7 @@ import socket
 import subprocess
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +51,15 @@ def free_ports(count: int) -> list[int]:
     finally:
         for s in socks:
             s.close()
+
+
+def remove_grpc_sockets(ports: Iterable[int]) -> None:
+    """Remove the local gRPC sockets a stopped `weed` left for `ports`. weed keeps them in /tmp
+    (`seaweedfs-s3-grpc-PORT.sock`, `seaweedfs-admin-grpc-PORT.sock`; no flag moves them) and removes them only on a
+    clean exit: one killed at its 20 s, or stopped by a signal, left them (seen after CI runs)."""
+    for port in ports:
+        for sock in Path("/tmp").glob(f"seaweedfs-*-grpc-{port}.sock"):
+            sock.unlink(missing_ok=True)
 
 
 class SeaweedServer:
@@ -130,11 +139,7 @@ class SeaweedServer:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(timeout=10)
         self.proc = None
-        # weed's local gRPC sockets are always in /tmp (`seaweedfs-s3-grpc-PORT.sock`, no flag moves them) and
-        # are removed only by a clean exit: one killed at its 20 s left them (seen after a CI run on a loaded machine)
-        for port in self.ports.values():
-            for sock in Path("/tmp").glob(f"seaweedfs-*-grpc-{port}.sock"):
-                sock.unlink(missing_ok=True)
+        remove_grpc_sockets(self.ports.values())
 
     def client(self, endpoint_url: str | None = None, config: Any = None) -> Any:
         """A boto3 S3 client for this server (or `endpoint_url`), made as bugsweep makes its clients (`config`: a
