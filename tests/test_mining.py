@@ -307,6 +307,34 @@ def test_detected_commands_for_common_layouts(tmp_path: Path) -> None:
         "tests/test_t.py": "def test_x():\n    pass\n",
     }, ["tests/test_t.py"])  # fmt: skip
     assert cmds.setup == "pip install -e . && pip install pytest freezegun"
+    # and what the changed tests import from the project's other lists of development requirements (isort and pdoc
+    # keep hypothesis only in a PEP 735 group named `dev`; faker's tox.ini has freezegun, its dev-requirements.txt
+    # lint tools): only those, not the rest of such a list, nor what the setup installs already (the project's own
+    # requirements, the chosen file's) or the project's own modules
+    dev, cmds = _detected(tmp_path / "dev-group", {
+        "pyproject.toml": '[project]\nname = "i"\ndependencies = ["attrs"]\n\n[dependency-groups]\n'
+        'dev = ["ruff", "hypothesis>=6.1", "attrs>=99", "i-plugin", "mypy"]\n',
+        "i/__init__.py": "",
+        "i_plugin.py": "",
+        "tests/test_i.py": "import attrs\nimport pytest\nimport i_plugin\nfrom hypothesis import given\n\n\n"
+        "def test_x():\n    pass\n",
+    }, ["tests/test_i.py"])  # fmt: skip
+    assert cmds.setup == "pip install -e . && pip install 'hypothesis>=6.1' && pip install pytest"
+    assert (
+        "pyproject.toml's dependency group 'dev' lists hypothesis>=6.1, which the changed tests import"
+        in cmds.why
+    )
+    write_files(dev, {
+        "pyproject.toml": '[project]\nname = "i"\n',
+        "dev-requirements.txt": "flake8  # lint\n-r other.txt\npytest>=6\nhypothesis\n",
+        "tox.ini": "[testenv]\ndeps =\n    pytest\n    freezegun\n    hypothesis==1.0\n    mypy\n",
+        "tests/test_i.py": "import freezegun\nimport hypothesis\nimport mypy_extensions\n\n\ndef test_x():\n    pass\n",
+    })  # fmt: skip
+    cmds = detect_commands(dev, commit_all(dev, "dev requirements and tox"), ["tests/test_i.py"])
+    assert cmds.setup == (
+        "pip install -e . && pip install -r dev-requirements.txt && pip install freezegun && pip install pytest"
+    )
+    assert "tox.ini's [testenv] deps lists freezegun, which the changed tests import" in cmds.why
     # or only in setup.py's tests_require (`setup.py test`'s, which pip never installs: python-fire's mock), a
     # literal list or a name bound to one; a computed one is left alone
     tests_require = "from setuptools import setup\nTEST_DEPENDENCIES = ['mock', 'hypothesis>=3']\n"

@@ -3,24 +3,33 @@ the TaskSpec."""
 
 from __future__ import annotations
 
-import ast
 import configparser
 import functools
 import re
 import shlex
 import subprocess
 import tomllib
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from bugsweep.grading.testfiles import RUNNER_CONFIG_NAMES, SECTIONED_CONFIG_NAMES, runner_sections_changed
-from bugsweep.mining.extras import declared_extras, normal_name, setup_py_keyword
+from bugsweep.mining.extras import (
+    PLAIN_REQUIREMENT,
+    TEST_GROUP_NAMES,
+    declared_extras,
+    imported_extras,
+    imported_requirements,
+    pyproject_test_group,
+    requirement_lines,
+    runtime_requirements,
+    setup_py_keyword,
+    tool_groups,
+)
 from bugsweep.mining.history import _git
 from bugsweep.mining.records import Commit, Screened
-from bugsweep.mining.syntax import parse_newer
 from bugsweep.spec import TaskSpec
 
 #: Files that, when present, hold the test dependencies (first match wins).
@@ -45,77 +54,12 @@ def _show(repo: Path, commit: str, path: str) -> str | None:
     return proc.stdout if proc.returncode == 0 else None
 
 
-#: Names of the extra / dependency group / tox section that holds test dependencies.
-TEST_GROUP_NAMES = ("tests", "test", "testing")
-_PLAIN_REQUIREMENT = re.compile(
-    r"^[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9,._-]+\])?\s*([<>=!~]=?\s*[\w.*+!-]+\s*,?\s*)*$"
-)
-
-
 def _toml(text: str) -> dict[str, Any]:
     """pyproject.toml's tables ({} when there is none or it does not parse)."""
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError:
         return {}
-
-
-def _pyproject_test_group(data: dict[str, Any]) -> tuple[list[str], str]:
-    """(the test dependency group's requirements, where that group is) from pyproject.toml's tables: a PEP 735
-    group, else one of PDM's or Poetry's own tables (_tool_groups)."""
-    groups = data.get("dependency-groups", {}) or {}
-    if name := next((g for g in TEST_GROUP_NAMES if g in groups), None):
-        group = [r for r in groups[name] if isinstance(r, str)]  # {include-group = ...} tables are left out
-        return group, "the test dependency group in pyproject.toml"
-    tool_groups = _tool_groups(data.get("tool", {}) or {})
-    if name := next((g for g in (*TEST_GROUP_NAMES, "dev") if tool_groups.get(g)), None):
-        return tool_groups[name], f"the {name!r} development dependencies in pyproject.toml"
-    return [], ""
-
-
-def _tool_groups(tool: dict[str, Any]) -> dict[str, list[str]]:
-    """The development dependencies PDM (`[tool.pdm.dev-dependencies] test = [...]`) and Poetry
-    (`[tool.poetry.group.test.dependencies]`, before 1.2 `[tool.poetry.dev-dependencies]`, its `dev` group) keep
-    in tables of their own, by group (cattrs kept hypothesis there, 2021-2024). Poetry's version constraints
-    (`^6.9`, which pip does not read) are left out, and so are its path, git and URL dependencies."""
-    groups: dict[str, list[str]] = {}
-    pdm = (tool.get("pdm", {}) or {}).get("dev-dependencies", {}) or {}
-    for name, listed in pdm.items():
-        if isinstance(listed, list):
-            groups[name] = [r for r in listed if isinstance(r, str) and _PLAIN_REQUIREMENT.match(r)]
-    poetry = tool.get("poetry", {}) or {}
-    tables = {name: (g or {}).get("dependencies", {}) for name, g in (poetry.get("group", {}) or {}).items()}
-    if isinstance(poetry.get("dev-dependencies"), dict):
-        tables.setdefault("dev", poetry["dev-dependencies"])
-    for name, table in tables.items():
-        if name in groups or not isinstance(table, dict):
-            continue
-        groups[name] = []
-        for package, spec in table.items():
-            if package == "python" or (isinstance(spec, dict) and {"path", "git", "url"} & spec.keys()):
-                continue
-            wanted = spec.get("extras", []) if isinstance(spec, dict) else []
-            groups[name].append(f"{package}[{','.join(wanted)}]" if wanted else package)
-    return groups
-
-
-def imported_extras(extras: Iterable[str], tests: Sequence[str]) -> list[str]:
-    """The extras named as a module the test modules import (a part of a dotted name counts): cattrs' tests import
-    `bson` and `cattrs.preconf.pyyaml`, libraries its extras of those names install, and do not import without
-    them. By name only: an extra's requirements name the project itself (`cov = ["attrs[tests]", ...]`), or pytest
-    and hypothesis, which every test module imports."""
-    modules: set[str] = set()
-    for source in tests:
-        try:
-            tree = parse_newer(source)
-        except (SyntaxError, ValueError):
-            continue
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Import):
-                modules.update(normal_name(part) for alias in node.names for part in alias.name.split("."))
-            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-                modules.update(normal_name(part) for part in node.module.split("."))
-    return [name for name in extras if normal_name(name) in modules]
 
 
 #: tox's substitution of an environment variable, with the value it takes when the variable is unset: attrs' 2021
@@ -320,7 +264,7 @@ def _tox_deps(text: str) -> list[str]:
     if not cfg.has_option("testenv", "deps"):
         return []
     lines = [line.strip() for line in cfg.get("testenv", "deps").splitlines()]
-    return [line for line in lines if line and "{" not in line and _PLAIN_REQUIREMENT.match(line)]
+    return [line for line in lines if line and "{" not in line and PLAIN_REQUIREMENT.match(line)]
 
 
 #: The pytest configuration files in the order pytest looks for them, with the section that holds its options.
@@ -357,6 +301,22 @@ def _pytest_addopts(text: Callable[[str], str]) -> str:
     return ""
 
 
+def _requirement_lists(
+    text: Callable[[str], str], names: set[str], pyproject: dict[str, Any]
+) -> list[tuple[str, list[str]]]:
+    """Every list of development or test requirements the project keeps, (where, its requirements): pyproject.toml's
+    dependency groups (PEP 735's, PDM's, Poetry's), tox.ini's [testenv] deps, the requirements files of
+    TEST_REQUIREMENTS, setup.py's tests_require."""
+    groups = pyproject.get("dependency-groups", {}) or {}
+    lists = [(f"pyproject.toml's dependency group {name!r}", [r for r in listed if isinstance(r, str)])
+             for name, listed in groups.items() if isinstance(listed, list)]  # fmt: skip
+    lists += [(f"pyproject.toml's {name!r} development dependencies", listed)
+              for name, listed in tool_groups(pyproject.get("tool", {}) or {}).items()]  # fmt: skip
+    lists.append(("tox.ini's [testenv] deps", _tox_deps(text("tox.ini"))))
+    lists += [(path, requirement_lines(text(path))) for path in TEST_REQUIREMENTS if path in names]
+    return [*lists, ("setup.py's tests_require", _setup_py_tests_require(text("setup.py")))]
+
+
 def detect_commands(repo: Path, commit: str, test_files: Sequence[str]) -> Commands:
     """Setup and test commands for common Python layouts, read from the tree at `commit`.
 
@@ -365,7 +325,7 @@ def detect_commands(repo: Path, commit: str, test_files: Sequence[str]) -> Comma
       [testenv] installs, whatever their names (`{env:VAR:default}` read as its default), else such an extra
       setup.py's extras_require names or sets; and the extras the changed tests import (imported_extras);
     - then the test dependencies where the project keeps them: a requirements file (TEST_REQUIREMENTS), a
-      `tests`/`test`/`testing` dependency group in pyproject.toml (PEP 735's, else PDM's or Poetry's: _tool_groups),
+      `tests`/`test`/`testing` dependency group in pyproject.toml (PEP 735's, else PDM's or Poetry's: tool_groups),
       tox.ini's [testenv] deps, or (without a test
       extra) setup.py's `tests_require`, a literal list or a name bound to one;
     - `setuptools<82` when the code imports pkg_resources (setuptools 82 removed it; older environments had it);
@@ -395,7 +355,7 @@ def detect_commands(repo: Path, commit: str, test_files: Sequence[str]) -> Comma
     steps: list[str] = []
     pyproject = text("pyproject.toml")
     pyproject_data = _toml(pyproject)  # read once, for the test group and the extras
-    group, group_where = _pyproject_test_group(pyproject_data)
+    group, group_where = pyproject_test_group(pyproject_data)
     declared = declared_extras(pyproject_data, text("setup.cfg"))  # setup.py's: below, after tox.ini's
     extra = next((g for g in TEST_GROUP_NAMES if g in declared), None)
     if extra is None and "tox.ini" in names:
@@ -404,11 +364,8 @@ def detect_commands(repo: Path, commit: str, test_files: Sequence[str]) -> Comma
         setup_py = text("setup.py")
         found = _SETUP_PY_EXTRA.search(setup_py) if "extras_require" in setup_py else None
         extra = found[1] if found else None
-    imported = [
-        name
-        for name in imported_extras(declared, [text(f) for f in test_files])
-        if name not in (extra or "").split(",")
-    ]
+    tests = [text(f) for f in test_files]
+    imported = [name for name in imported_extras(declared, tests) if name not in (extra or "").split(",")]
     if imported:
         why.append(f"the changed tests import what the extras {', '.join(imported)} install")
     extras = ",".join([extra, *imported] if extra else imported)  # the test extra's name, then those
@@ -449,6 +406,19 @@ def detect_commands(repo: Path, commit: str, test_files: Sequence[str]) -> Comma
             steps.append("pip install " + " ".join(shlex.quote(r) for r in deps))
             why.append(where)
             pinned = "\n".join(deps)
+    own = [path.split("/")[-2] if path.endswith("/__init__.py") else path[:-3] for path in names
+           if re.fullmatch(r"(src/)?[\w.-]+/__init__\.py|[\w-]+\.py", path)]  # fmt: skip
+    installed = [
+        *requirement_lines(pinned),
+        *own,
+        *(r for e in extras.split(",") if e for r in declared.get(e, [])),
+    ]
+    installed += runtime_requirements(pyproject_data, text("setup.cfg"), setup_py)
+    if wanted := imported_requirements(_requirement_lists(text, names, pyproject_data), tests, installed):
+        steps.append("pip install " + " ".join(shlex.quote(r) for r, _ in wanted))
+        why += [
+            f"{where} lists {r.split(';')[0].strip()}, which the changed tests import" for r, where in wanted
+        ]
     metadata = "\n".join(text(name) for name in ("setup.py", "setup.cfg", "pyproject.toml"))
     if _CYTHON_3_BREAKS.search(pinned) or _CYTHON_3_BREAKS.search(re.sub(r"[\"',\[\]]", "\n", metadata)):
         build_constraints.append("cython<3")
