@@ -27,6 +27,7 @@ from bugsweep.grading.probe.bugsweep_probe_inject import inject
 from bugsweep.grading.records import junit_id, listed_failures, parse_records, summary_failures
 from bugsweep.grading.runs import run_tests
 from bugsweep.grading.testfiles import import_roots, protected_reason
+from bugsweep.mining.interpreters import machine_interpreters
 from bugsweep.sandbox.base import ExecResult
 
 
@@ -156,6 +157,43 @@ def test_the_probes_pytest_ids_and_outcomes_are_those_of_the_junit_xml(venv: Pat
     assert summary_failures(out, "pytest") == sum(o in ("failed", "error") for o in expected.values())
     listed = listed_failures(out, "pytest", report)
     assert listed == {t for t, o in expected.items() if o in ("failed", "error")}
+
+
+def test_the_probes_ids_are_the_junit_xml_s_under_a_pytest_older_than_6_1(tmp_path: Path) -> None:
+    """pytest before 6.1 wrote its JUnit XML with py.xml, whose escaped names are markup objects, not text: the
+    probe named every test of sh's 2020 test.py "<py._xmlgen.raw object at 0x...>" (a commit validated with the
+    releases of its time, issue 37's held-out-36). Its ids are again those of that pytest's JUnit XML. Real pytest
+    6.0.2 from the package index, on an older Python of this machine."""
+    older = [path for minor, path in sorted(machine_interpreters().items()) if minor in (8, 9)]
+    if not older:
+        pytest.skip("no Python 3.8 or 3.9 on this machine (pytest 6.0 does not run on newer ones)")
+    root = tmp_path / "venv"
+    subprocess.run(["uv", "venv", "-q", "--python", older[0], str(root)], check=True)
+    subprocess.run(["uv", "pip", "install", "-q", "--python", str(root / "bin" / "python"), "pytest==6.0.2"],
+                   check=True)  # fmt: skip
+    site = subprocess.run(
+        [root / "bin" / "python", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    for name, text in harness.probe_files().items():
+        (Path(site) / name).write_text(text.replace("{SITE}", site))
+    work = tmp_path / "work"
+    (work / "tests").mkdir(parents=True)
+    (work / "tests" / "test_old.py").write_text(
+        "import unittest\n\nimport pytest\n\n\n"
+        "class ExecutionContextTests(unittest.TestCase):\n"
+        "    def test_no_interfere1(self):\n        pass\n\n    def test_no_interfere2(self):\n        self.fail()\n\n\n"
+        "@pytest.mark.parametrize('value', ['a&b', '<tag>', 'say \"hi\"', \"it's\"])\n"
+        "def test_escaped(value):\n    assert value != 'a&b'\n"
+    )
+    xml = work / "junit.xml"
+    out, _err = _run(root, work, f"python -m pytest -q --junitxml={xml} -o junit_family=xunit1 tests")
+    expected = parse_junit(xml.read_text())
+    report = parse_records(_err)
+    assert len(expected) == 6 and "2 failed, 4 passed" in out, out
+    assert report.outcomes == expected
+    assert report.outcomes["tests/test_old.py::ExecutionContextTests::test_no_interfere2"] == "failed"
+    assert report.outcomes["tests/test_old.py::test_escaped[a&b]"] == "failed"
 
 
 EATS = """import unittest

@@ -335,7 +335,12 @@ def _junit_names(nodeid):
         from _pytest.junitxml import bin_xml_escape, mangle_test_address
 
         names = mangle_test_address(nodeid)
-        return ".".join(names[:-1]), str(bin_xml_escape(names[-1]))
+        name = bin_xml_escape(names[-1])
+        if hasattr(name, "uniobj"):  # pytest < 6.1: py.xml's raw markup, which a JUnit XML reader unescapes
+            from xml.sax.saxutils import unescape
+
+            name = unescape(name.uniobj, {"&quot;": '"', "&apos;": "'", "&#39;": "'"})
+        return ".".join(names[:-1]), str(name)
     except Exception:
         path, bracket, params = nodeid.partition("[")
         names = path.split("::")
