@@ -31,6 +31,16 @@ from bugsweep.mining.interpreters import machine_interpreters
 from bugsweep.sandbox.base import ExecResult
 
 
+def _install_probe(root: Path) -> None:
+    """The probe's files in the site-packages of the virtual environment at `root`, as a graded run has them."""
+    site = subprocess.run(
+        [root / "bin" / "python", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    for name, text in harness.probe_files().items():
+        (Path(site) / name).write_text(text.replace("{SITE}", site))
+
+
 @pytest.fixture(scope="module")
 def venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A virtual environment over this interpreter's packages (pytest), with the probe in its site-packages."""
@@ -38,12 +48,7 @@ def venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     subprocess.run(
         [sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(root)], check=True
     )
-    site = subprocess.run(
-        [root / "bin" / "python", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        capture_output=True, text=True, check=True,
-    ).stdout.strip()  # fmt: skip
-    for name, text in harness.probe_files().items():
-        (Path(site) / name).write_text(text.replace("{SITE}", site))
+    _install_probe(root)
     return root
 
 
@@ -171,12 +176,7 @@ def test_the_probes_ids_are_the_junit_xml_s_under_a_pytest_older_than_6_1(tmp_pa
     subprocess.run(["uv", "venv", "-q", "--python", older[0], str(root)], check=True)
     subprocess.run(["uv", "pip", "install", "-q", "--python", str(root / "bin" / "python"), "pytest==6.0.2"],
                    check=True)  # fmt: skip
-    site = subprocess.run(
-        [root / "bin" / "python", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        capture_output=True, text=True, check=True,
-    ).stdout.strip()  # fmt: skip
-    for name, text in harness.probe_files().items():
-        (Path(site) / name).write_text(text.replace("{SITE}", site))
+    _install_probe(root)
     work = tmp_path / "work"
     (work / "tests").mkdir(parents=True)
     (work / "tests" / "test_old.py").write_text(

@@ -327,7 +327,8 @@ def detect_commands(repo: Path, commit: str, test_files: Sequence[str]) -> Comma
     - then the test dependencies where the project keeps them: a requirements file (TEST_REQUIREMENTS), a
       `tests`/`test`/`testing` dependency group in pyproject.toml (PEP 735's, else PDM's or Poetry's: tool_groups),
       tox.ini's [testenv] deps, or (without a test
-      extra) setup.py's `tests_require`, a literal list or a name bound to one;
+      extra) setup.py's `tests_require`, a literal list or a name bound to one; and from the project's other such
+      lists, the requirements the changed tests import that the setup does not install (imported_requirements);
     - `setuptools<82` when the code imports pkg_resources (setuptools 82 removed it; older environments had it);
     - setuptools < 58 for the builds of the setup, and `pip install .` for `pip install -e .` (those have no editable
       install), when setup.py asks setuptools to run 2to3 (`use_2to3`, removed in setuptools 58) and keeps no
