@@ -206,7 +206,7 @@ def imported_requirements(
     requirements) names a distribution like it (its whole name, or the part before its first dot). isort's and
     pdoc's tests import `hypothesis`, which they list only in a PEP 735 group named `dev`; faker's import
     `freezegun`, which its tox.ini installs and its dev-requirements.txt (lint tools) does not (issue 37's
-    held-out-35: five fixes lost to "No module named ..."). `installed`: the names the setup installs already (the
+    held-out-35: four fixes lost to "No module named ..."). `installed`: the names the setup installs already (the
     chosen test requirements, the project's own, the project's own modules); pytest is every setup's."""
     modules = imported_modules(tests) - {"pytest", "py"}
     have = {normal_name(m.group(1)) for r in installed if (m := _NAME.match(r))}
