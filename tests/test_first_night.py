@@ -185,6 +185,5 @@ def test_the_first_night_walkthrough_runs_as_written_and_the_nightly_completes(t
             shell.kill()
         stop_group(shell.pid)  # the servers and the worker the page left running
         model.stop()
-        remove_grpc_sockets(
-            range(weed_port, weed_port + WEED_PORTS)
-        )  # the admin server's, unlike the S3 gateway's
+        # the admin server's gRPC sockets, which (unlike the S3 gateway's) the page's servers leave in /tmp
+        remove_grpc_sockets(range(weed_port, weed_port + WEED_PORTS))

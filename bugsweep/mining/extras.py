@@ -91,14 +91,20 @@ def setup_py_keyword(text: str, keyword: str) -> object | None:
     return None
 
 
+def _named_like(name: str, modules: set[str]) -> bool:
+    """Whether a distribution `name` is named like one of `modules` (normal names): its whole name, or the part
+    before its first dot (`ruamel.yaml` provides `ruamel`)."""
+    return normal_name(name) in modules or normal_name(name.split(".")[0]) in modules
+
+
 def extras_providing(extras: dict[str, list[str]], modules: Sequence[str]) -> list[str]:
-    """The extras one of whose requirements is named like one of `modules` (its whole name, or the part before its
-    first dot: `ruamel.yaml` provides `ruamel`), in their declared order."""
+    """The extras one of whose requirements is named like one of `modules` (_named_like), in their declared
+    order."""
     wanted = {normal_name(module) for module in modules}
     found = []
     for extra, requirements in extras.items():
         names = [m.group(1) for r in requirements if (m := _NAME.match(r))]
-        if any(normal_name(n) in wanted or normal_name(n.split(".")[0]) in wanted for n in names):
+        if any(_named_like(n, wanted) for n in names):
             found.append(extra)
     return found
 
@@ -203,7 +209,7 @@ def imported_requirements(
 ) -> list[tuple[str, str]]:
     """(requirement, where the project lists it) for each module the changed tests import that the setup would not
     install, when one of the project's other lists of development or test requirements (`lists`: where, its
-    requirements) names a distribution like it (its whole name, or the part before its first dot). isort's and
+    requirements) names a distribution like it (_named_like). isort's and
     pdoc's tests import `hypothesis`, which they list only in a PEP 735 group named `dev`; faker's import
     `freezegun`, which its tox.ini installs and its dev-requirements.txt (lint tools) does not (issue 37's
     held-out-35: four fixes lost to "No module named ..."). `installed`: the names the setup installs already (the
@@ -214,9 +220,7 @@ def imported_requirements(
     for where, requirements in lists:
         for requirement in requirements:
             name = m.group(1) if (m := _NAME.match(requirement)) else ""
-            if not name or normal_name(name) in have:
-                continue
-            if normal_name(name) in modules or normal_name(name.split(".")[0]) in modules:
+            if name and normal_name(name) not in have and _named_like(name, modules):
                 found.append((requirement.strip(), where))
                 have.add(normal_name(name))
     return found
