@@ -29,7 +29,7 @@ OTHER_PROGRAMS_OPTIONS = {
     "--enable-auto-tool-choice", "--first-parent", "--git", "--host", "--include", "--network", "--predictions",
     "--privileged", "--rm", "--security-opt", "--tool-call-parser", "--type", "--user", "--variant", "--watch",
     "--watch-timeout", "--limit", "--pool", "--name", "--params", "--job-variable", "--prefect-file", "--no-deps",
-    "--ignore", "--continue-on-collection-errors", "--rootdir", "--cov", "--upgrade",
+    "--ignore", "--continue-on-collection-errors", "--rootdir", "--cov", "--upgrade", "--stable",
 }  # fmt: skip
 
 

@@ -874,6 +874,35 @@ def test_merged_pull_requests_are_candidates_with_merges(tmp_path: Path) -> None
 
 
 @needs_bwrap
+def test_a_fix_backported_to_a_maintenance_branch_merged_back_is_one_task(tmp_path: Path) -> None:
+    """End to end (real git, real sandbox): a fix made on main and cherry-picked onto a maintenance branch that is
+    merged back (as astroid's "[Backport maintenance/4.1.x] ..." commits are) is in the history twice. The
+    benchmark has it once, as the commit on main's own line; the other is rejected, naming it."""
+    from bugsweep.sandbox import get_provider
+
+    repo = make_repo(
+        tmp_path / "repo", {"calc.py": CALC, "tests/test_calc.py": TEST_MUL, "pyproject.toml": PYPROJECT}
+    )
+    git(repo, "branch", "maintenance/1.x")
+    write_files(repo, {"README.md": "calc\n"})
+    commit_all(repo, "Add a readme")  # main moves on: the backport applies with other context
+    original = commit_add_fix(repo)
+    git(repo, "checkout", "-q", "maintenance/1.x")
+    git(repo, "cherry-pick", "-x", original)
+    backport = git(repo, "rev-parse", "HEAD")
+    git(repo, "checkout", "-q", "main")
+    git(repo, "merge", "-q", "--no-ff", "maintenance/1.x", "-m", "Merge branch 'maintenance/1.x'")
+
+    result = mine(str(repo), provider=get_provider("local"), runs=1)
+    (task,) = result.tasks
+    assert task.fix_commit == original and task.FAIL_TO_PASS == ["tests/test_add.py::test_add"]
+    (duplicate,) = [r for r in result.rejected if r.commit == backport]
+    assert duplicate.reason == RejectReason.SAME_CHANGE
+    assert original[:10] in duplicate.detail and "backport" in duplicate.detail
+    assert result.validated == 1  # the copy never reached a sandbox
+
+
+@needs_bwrap
 def test_mine_reads_stubs_leaves_out_tests_failing_in_both_states_and_says_why(tmp_path: Path) -> None:
     """End to end (real sandbox, real pytest, one run per state, the whole suite as the test command): an
     "Issue N: Update ..." fix is kept, with the unrelated test that fails at both states left out and deselected,

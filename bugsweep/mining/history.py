@@ -121,6 +121,37 @@ def list_history(
     return _git(repo, *args).split()
 
 
+def same_changes(repo: Path, shas: Sequence[str], branch: str | None = None) -> dict[str, str]:
+    """The listed commits whose change another listed commit also makes (`git patch-id --stable`: the same diff
+    but for line numbers and whitespace), each -> the one that stands for them all. A fix cherry-picked or
+    backported to a maintenance branch that is merged back is in the history twice; a benchmark should have it
+    once: the commit on the branch's own line (`--first-parent`), else the oldest. `shas` newest first, as
+    `list_history` gives them."""
+    if len(shas) < 2:
+        return {}
+    pipeline = "set -o pipefail; git diff-tree --stdin -p --no-renames | git patch-id --stable"
+    proc = subprocess.run(
+        ["bash", "-c", pipeline], cwd=repo, input="\n".join(shas) + "\n", capture_output=True, text=True,
+        timeout=600, errors="replace",
+    )  # fmt: skip
+    if proc.returncode != 0:
+        raise ConfigError(f"git patch-id failed in {repo}: {proc.stderr.strip()[-500:]}")
+    groups: dict[str, list[str]] = {}
+    for line in proc.stdout.splitlines():
+        if len(fields := line.split()) == 2:
+            groups.setdefault(fields[0], []).append(fields[1])
+    groups = {change: commits for change, commits in groups.items() if len(commits) > 1}
+    if not groups:
+        return {}
+    main_line = set(_git(repo, "rev-list", "--first-parent", branch or "HEAD").split())
+    order = {sha: i for i, sha in enumerate(shas)}
+    same = {}
+    for commits in groups.values():
+        first = max(commits, key=lambda sha: (sha in main_line, order[sha]))
+        same.update({sha: first for sha in commits if sha != first})
+    return same
+
+
 def scan_history(
     repo: Path,
     *,

@@ -10,7 +10,7 @@ from pathlib import Path
 from bugsweep.errors import ConfigError, Terminated
 from bugsweep.mining.building import adapted_setup, build_task, dated_setup
 from bugsweep.mining.extras import with_extras
-from bugsweep.mining.history import list_history, local_clone, repo_name, scan_history
+from bugsweep.mining.history import list_history, local_clone, repo_name, same_changes, scan_history
 from bugsweep.mining.records import (
     Commit,
     Kept,
@@ -18,6 +18,7 @@ from bugsweep.mining.records import (
     MiningResult,
     ProgressCallback,
     Rejection,
+    RejectReason,
     Unfinished,
 )
 from bugsweep.mining.screening import screen
@@ -93,6 +94,7 @@ def mine(
         exclude=exclude,
     )  # fmt: skip
     result.total = len(shas)
+    same = {} if merges else same_changes(git_dir, shas, branch)
     # Scan order of each commit, so that results coming back out of order are still kept newest first.
     position: dict[str, int] = {}
 
@@ -115,6 +117,16 @@ def mine(
             result.scanned += 1
             position[commit.sha] = result.scanned
             progress(event("scan", commit))
+            if commit.sha in same:
+                detail = (
+                    f"{same[commit.sha][:10]} makes it too (a backport or cherry-pick): a task of that one"
+                )
+                duplicate = Rejection(
+                    commit=commit.sha, subject=commit.subject, reason=RejectReason.SAME_CHANGE, detail=detail
+                )
+                result.rejected.append(duplicate)
+                progress(_rejected_event(duplicate, result))
+                continue
             screened = screen(commit, repo=git_dir, unreleased_fixes=unreleased_fixes)
             if isinstance(screened, Rejection):
                 result.rejected.append(screened)

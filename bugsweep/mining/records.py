@@ -25,6 +25,7 @@ class RejectReason(StrEnum):
     NO_SOURCE_CHANGE = "no source change"
     NOT_A_FIX = "not a fix"
     NO_PARENT = "no parent commit"
+    SAME_CHANGE = "same change as another commit"
     NO_TEST_COMMAND = "no test command"
     PATCH_DOES_NOT_APPLY = "test patch does not apply"
     SETUP_FAILED = "setup failed"
