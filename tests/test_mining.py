@@ -268,6 +268,22 @@ def test_detected_commands_for_common_layouts(tmp_path: Path) -> None:
     }, ["tests.py"])  # fmt: skip
     assert cmds.setup == "pip install -e . && pip install -r requirements/tests.txt && pip install pytest"
 
+    # a requirements.txt that installs the project itself (starlette's `-e .[full]`, whose httpx its test client
+    # needs) or pytest is a developer's list; one of the code's own requirements only is not
+    _, cmds = _detected(tmp_path / "dev-reqs", {
+        "pyproject.toml": '[project]\nname = "s"\n\n[project.optional-dependencies]\nfull = ["httpx"]\n',
+        "requirements.txt": "# Optionals\n-e .[full]\n\n# Testing\npytest==8.3.5\npytest-cov\n",
+        "tests/test_s.py": "def test_x():\n    pass\n",
+    }, ["tests/test_s.py"])  # fmt: skip
+    assert cmds.setup == "pip install -e . && pip install -r requirements.txt && pip install pytest"
+    assert "test requirements in requirements.txt" in cmds.why
+    for runtime in ("requests>=2\nattrs\n", "pytest-cov\n"):
+        _, cmds = _detected(tmp_path / f"runtime-reqs-{len(runtime)}", {
+            "pyproject.toml": '[project]\nname = "r"\n', "requirements.txt": runtime,
+            "tests/test_r.py": "def test_x():\n    pass\n",
+        }, ["tests/test_r.py"])  # fmt: skip
+        assert cmds.setup == "pip install -e . && pip install pytest"
+
     # test dependencies in a PEP 735 dependency group, or in tox.ini's [testenv] deps
     _, cmds = _detected(tmp_path / "grouped", {
         "pyproject.toml": '[project]\nname = "g"\n\n[dependency-groups]\ntests = ["pytest>=8", "freezegun"]\n',

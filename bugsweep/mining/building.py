@@ -301,6 +301,17 @@ def _pytest_addopts(text: Callable[[str], str]) -> str:
     return ""
 
 
+#: A requirements file's line that installs the project itself (`-e .[full]`, `.`) or pytest.
+_DEVELOPMENT_LINE = re.compile(r"^\s*(-e\s+|--editable[\s=]+)?\.(\[[\w,\s-]*\])?\s*$|^\s*pytest\b(?!-)", re.M)
+
+
+def _dev_requirements(text: Callable[[str], str]) -> str | None:
+    """requirements.txt when it lists what a developer of the project installs: the project itself (`-e .[full]`)
+    or pytest, as starlette's does (with httpx, which its tests need, only in the `full` extra); None when it lists
+    only what the code needs, or there is none."""
+    return "requirements.txt" if _DEVELOPMENT_LINE.search(text("requirements.txt")) else None
+
+
 def _requirement_lists(
     text: Callable[[str], str], names: set[str], pyproject: dict[str, Any]
 ) -> list[tuple[str, list[str]]]:
@@ -313,7 +324,8 @@ def _requirement_lists(
     lists += [(f"pyproject.toml's {name!r} development dependencies", listed)
               for name, listed in tool_groups(pyproject.get("tool", {}) or {}).items()]  # fmt: skip
     lists.append(("tox.ini's [testenv] deps", _tox_deps(text("tox.ini"))))
-    lists += [(path, requirement_lines(text(path))) for path in TEST_REQUIREMENTS if path in names]
+    paths = [*TEST_REQUIREMENTS, *filter(None, [_dev_requirements(text)])]
+    lists += [(path, requirement_lines(text(path))) for path in paths if path in names]
     return [*lists, ("setup.py's tests_require", _setup_py_tests_require(text("setup.py")))]
 
 
@@ -324,7 +336,8 @@ def detect_commands(repo: Path, commit: str, test_files: Sequence[str]) -> Comma
       `tests`/`test`/`testing` extra when pyproject.toml or setup.cfg names one, else the extras tox.ini's
       [testenv] installs, whatever their names (`{env:VAR:default}` read as its default), else such an extra
       setup.py's extras_require names or sets; and the extras the changed tests import (imported_extras);
-    - then the test dependencies where the project keeps them: a requirements file (TEST_REQUIREMENTS), a
+    - then the test dependencies where the project keeps them: a requirements file (TEST_REQUIREMENTS, else a
+      requirements.txt that installs the project itself or pytest: _dev_requirements), a
       `tests`/`test`/`testing` dependency group in pyproject.toml (PEP 735's, else PDM's or Poetry's: tool_groups),
       tox.ini's [testenv] deps, or (without a test
       extra) setup.py's `tests_require`, a literal list or a name bound to one; and from the project's other such
@@ -391,7 +404,7 @@ def detect_commands(repo: Path, commit: str, test_files: Sequence[str]) -> Comma
         why.append(
             "setup.py/pyproject.toml: pip install -e ." + (f" with the [{extras}] extra" if extras else "")
         )
-    reqs = next((r for r in TEST_REQUIREMENTS if r in names), None)
+    reqs = next((r for r in TEST_REQUIREMENTS if r in names), None) or _dev_requirements(text)
     pinned = ""  # the test requirements installed, as text
     if reqs:
         steps.append(f"pip install -r {reqs}")
