@@ -18,7 +18,7 @@ import pytest
 
 from bugsweep.mining.growing import BenchmarkRepo, added_within
 from bugsweep.spec import parse_tasks
-from tests.support.repos import commit_all, make_repo, write_files
+from tests.support.repos import commit_all, git, make_repo, write_files
 
 pytest_plugins = ["tests.support.prefect_server", "tests.support.seaweed"]
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="the local sandbox needs bubblewrap")
@@ -102,6 +102,16 @@ def test_two_nights_with_new_commits_between_append_only_the_new_fixes(bucket: A
     )
     again = grow(repos=sources, store=bucket, runs=1)
     assert again[0].added == [] and sorted(again[0].already_there) == sorted([first, second])
+    assert store.get_bytes("benchmark/tasks.jsonl") == after_night2
+
+    # A night whose only fix is the second one backported to a maintenance branch merged back: the same change,
+    # already in the benchmark, is not added again
+    git(repo, "checkout", "-q", "-b", "maintenance/1.x", first)
+    git(repo, "cherry-pick", "-x", second)
+    git(repo, "checkout", "-q", "main")
+    git(repo, "merge", "-q", "--no-ff", "maintenance/1.x", "-m", "Merge branch 'maintenance/1.x'")
+    night4 = grow(repos=sources, store=bucket, runs=1)
+    assert night4[0].candidates == 1 and night4[0].added == [] and night4[0].stopped is None
     assert store.get_bytes("benchmark/tasks.jsonl") == after_night2
 
     # The comparison of the recent bugs: tasks added in the last N days

@@ -143,6 +143,7 @@ def grow_benchmark(
                 runs=runs,
                 test_timeout=test_timeout,
                 on_progress=on_progress,
+                mined=[t.fix_commit for t in tasks if t.fix_commit and t.repo == source.repo],
             )
         except Exception as exc:  # one repository's failure is reported, the others go on
             growth.stopped = str(exc) or type(exc).__name__

@@ -121,18 +121,27 @@ def list_history(
     return _git(repo, *args).split()
 
 
-def same_changes(repo: Path, shas: Sequence[str], branch: str | None = None) -> dict[str, str]:
-    """The listed commits whose change another listed commit also makes (`git patch-id --stable`: the same diff
-    but for line numbers and whitespace), each -> the one that stands for them all. A fix cherry-picked or
-    backported to a maintenance branch that is merged back is in the history twice; a benchmark should have it
-    once: the commit on the branch's own line (`--first-parent`), else the oldest. `shas` newest first, as
-    `list_history` gives them."""
-    if len(shas) < 2:
+def same_changes(
+    repo: Path, shas: Sequence[str], branch: str | None = None, earlier: Sequence[str] = ()
+) -> dict[str, str]:
+    """The listed commits whose change another commit also makes (`git patch-id --stable`: the same diff but for
+    line numbers and whitespace), each -> the one that stands for them all. A fix cherry-picked or backported to a
+    maintenance branch that is merged back is in the history twice; a benchmark should have it once: an `earlier`
+    commit (a task of an earlier run), else the commit on the branch's own line (`--first-parent`), else the
+    oldest. `shas` newest first, as `list_history` gives them."""
+    if not shas:
         return {}
+    earlier = [sha for sha in earlier if sha not in set(shas)]
+    if earlier:  # only those this clone has
+        check = subprocess.run(
+            ["git", "-C", str(repo), "cat-file", "--batch-check"], input="\n".join(earlier) + "\n",
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        earlier = [line.split()[0] for line in check.stdout.splitlines() if line.split()[1:2] == ["commit"]]
     pipeline = "set -o pipefail; git diff-tree --stdin -p --no-renames | git patch-id --stable"
     proc = subprocess.run(
-        ["bash", "-c", pipeline], cwd=repo, input="\n".join(shas) + "\n", capture_output=True, text=True,
-        timeout=600, errors="replace",
+        ["bash", "-c", pipeline], cwd=repo, input="\n".join([*shas, *earlier]) + "\n", capture_output=True,
+        text=True, timeout=600, errors="replace",
     )  # fmt: skip
     if proc.returncode != 0:
         raise ConfigError(f"git patch-id failed in {repo}: {proc.stderr.strip()[-500:]}")
@@ -144,11 +153,12 @@ def same_changes(repo: Path, shas: Sequence[str], branch: str | None = None) -> 
     if not groups:
         return {}
     main_line = set(_git(repo, "rev-list", "--first-parent", branch or "HEAD").split())
-    order = {sha: i for i, sha in enumerate(shas)}
+    order = {sha: i for i, sha in enumerate([*shas, *earlier])}
+    mined = set(earlier)
     same = {}
     for commits in groups.values():
-        first = max(commits, key=lambda sha: (sha in main_line, order[sha]))
-        same.update({sha: first for sha in commits if sha != first})
+        first = max(commits, key=lambda sha: (sha in mined, sha in main_line, order[sha]))
+        same.update({sha: first for sha in commits if sha != first and sha not in mined})
     return same
 
 

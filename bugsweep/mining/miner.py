@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
 
@@ -57,6 +57,7 @@ def mine(
     result: MiningResult | None = None,
     older_python: bool = True,
     unreleased_fixes: bool = False,
+    mined: Sequence[str] = (),
 ) -> MiningResult:
     """Scan `repo`'s history newest first and keep up to `limit` validated tasks (`merges`: see scan_history).
 
@@ -67,6 +68,8 @@ def mine(
     and once more at the end: empty when the run kept nothing, except that a run stopped early without a kept task
     leaves it as it was (`tasks_file` says whether this run wrote it).
     `exclude`: leave out the commits reachable from this one (what an earlier run already mined).
+    `mined`: the fix commits of the tasks an earlier run kept; a commit making the same change as one of them (or
+    as another commit in range: a backport merged back) is rejected as `same change as another commit`.
     `write` writes the task file (bugsweep's, or e.g. bugsweep.swebench.dump_records).
     `report`, when given, gets the rejections and counts (MiningResult without the tasks) however the run ends.
     `result`, when given, is the result filled in (so that a caller still has it when the run ends by an exception).
@@ -94,7 +97,7 @@ def mine(
         exclude=exclude,
     )  # fmt: skip
     result.total = len(shas)
-    same = {} if merges else same_changes(git_dir, shas, branch)
+    same = {} if merges else same_changes(git_dir, shas, branch, mined)
     # Scan order of each commit, so that results coming back out of order are still kept newest first.
     position: dict[str, int] = {}
 
