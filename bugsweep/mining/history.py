@@ -131,7 +131,8 @@ def same_changes(
     oldest. `shas` newest first, as `list_history` gives them."""
     if not shas:
         return {}
-    earlier = [sha for sha in earlier if sha not in set(shas)]
+    listed = set(shas)
+    earlier = [sha for sha in earlier if sha not in listed]
     if earlier:  # only those this clone has
         check = subprocess.run(
             ["git", "-C", str(repo), "cat-file", "--batch-check"], input="\n".join(earlier) + "\n",

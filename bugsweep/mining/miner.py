@@ -121,8 +121,11 @@ def mine(
             position[commit.sha] = result.scanned
             progress(event("scan", commit))
             if commit.sha in same:
+                other = same[commit.sha]
                 detail = (
-                    f"{same[commit.sha][:10]} makes it too (a backport or cherry-pick): a task of that one"
+                    f"the same change as {other[:10]}, a task of an earlier run"
+                    if other in mined
+                    else f"{other[:10]} makes it too (a backport or cherry-pick merged back): judged once, as that one"
                 )
                 duplicate = Rejection(
                     commit=commit.sha, subject=commit.subject, reason=RejectReason.SAME_CHANGE, detail=detail
