@@ -890,6 +890,37 @@ def test_merged_pull_requests_are_candidates_with_merges(tmp_path: Path) -> None
 
 
 @needs_bwrap
+def test_tests_named_like_mkdocs_tests_are_run_by_name(tmp_path: Path) -> None:
+    """End to end (real sandbox, real pytest): mkdocs names its unittest modules `*_tests.py` in a tests folder
+    (`mkdocs/tests/config/config_tests.py`, found by `unittest discover -p "*tests.py"`), which pytest collects
+    when named. A fix changing one is a candidate, and its task runs it; a `*_tests.py` outside a tests folder is
+    not taken for a test."""
+    from bugsweep.sandbox import get_provider
+
+    unit = "import unittest\n\nfrom calc import {names}\n\n\nclass CalcTests(unittest.TestCase):\n{tests}"
+    mul = "    def test_mul(self):\n        self.assertEqual(mul(2, 3), 6)\n"
+    add = "\n    def test_add(self):\n        self.assertEqual(add(2, 3), 5)\n"
+    repo = make_repo(tmp_path / "repo", {
+        "calc.py": CALC, "pyproject.toml": PYPROJECT, "calc_tests.py": "",
+        "tests/__init__.py": "", "tests/calc_tests.py": unit.format(names="mul", tests=mul),
+    })  # fmt: skip
+    write_files(repo, {
+        "calc.py": CALC.replace("a - b", "a + b"), "tests/calc_tests.py": unit.format(names="add, mul", tests=mul + add),
+    })  # fmt: skip
+    fix = commit_all(repo, "Fix add() returning the difference")
+    write_files(repo, {"calc.py": CALC.replace("a - b", "a + b") + "\n# sums\n", "calc_tests.py": "X = 1\n"})
+    commit_all(repo, "Fix a comment")
+
+    result = mine(str(repo), provider=get_provider("local"), runs=1)
+    (task,) = result.tasks
+    assert task.fix_commit == fix and task.test_files == ["tests/calc_tests.py"]
+    assert task.FAIL_TO_PASS == ["tests/calc_tests.py::CalcTests::test_add"]
+    assert task.PASS_TO_PASS == ["tests/calc_tests.py::CalcTests::test_mul"]
+    (other,) = [r for r in result.rejected if r.subject == "Fix a comment"]
+    assert other.reason == RejectReason.NO_TEST_CHANGE
+
+
+@needs_bwrap
 def test_a_fix_backported_to_a_maintenance_branch_merged_back_is_one_task(tmp_path: Path) -> None:
     """End to end (real git, real sandbox): a fix made on main and cherry-picked onto a maintenance branch that is
     merged back (as astroid's "[Backport maintenance/4.1.x] ..." commits are) is in the history twice. The

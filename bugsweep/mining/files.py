@@ -38,7 +38,15 @@ def is_source_file(path: str, test_globs: Sequence[str] = MINING_TEST_GLOBS) -> 
 
 
 def is_runnable_test(path: str) -> bool:
-    name = PurePosixPath(path).name
+    """A test module pytest runs when named: `test_*.py`, `*_test.py`, a lone `tests.py`, or `*_tests.py` in a
+    tests folder (mkdocs' `mkdocs/tests/config/config_tests.py`, which its unittest discovery finds by `*tests.py`;
+    pytest collects a module named on its command line whatever its name)."""
+    p = PurePosixPath(path)
+    name = p.name
+    in_tests = any(part in {"test", "tests", "testing"} for part in p.parts[:-1])
     return name.endswith(".py") and (
-        name.startswith("test_") or name.endswith("_test.py") or name in LONE_TEST_MODULES
+        name.startswith("test_")
+        or name.endswith("_test.py")
+        or name in LONE_TEST_MODULES
+        or (in_tests and name.endswith("_tests.py"))
     )
