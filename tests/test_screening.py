@@ -420,6 +420,9 @@ def test_a_module_prefix_a_new_parameter_and_a_helper_assertion_are_read(tmp_pat
          "no fix word in the message, and the subject says 'fix errors in docs'"),
         # held-out-25 (pycodestyle): a test suite spelt as one word
         ("Fix up testsuite for W504", "no fix word in the message, and the subject says 'Fix up testsuite'"),
+        # held-out-38 (yapf): a setting's value is a name, not a word
+        ("extend CONTINUATION_ALIGN_STYLE=FIXED to total()",
+         "no fix word in the subject nor a strong one in the message (fix, bug, crash, ...)"),
     ],
 )  # fmt: skip
 def test_words_elsewhere_do_not_outweigh_the_subject(tmp_path: Path, message: str, detail: str) -> None:

@@ -234,6 +234,8 @@ def _fix_word(
             continue
         if not references and ISSUE_REFERENCE.match(text, found.end()):
             continue
+        if text[: found.start()].rstrip().endswith("=") or text[found.end() :].lstrip().startswith("="):
+            continue  # a setting's name or value ("CONTINUATION_ALIGN_STYLE=FIXED", "fix=True"), not a word
         return found.group(0)
     if weak if exceptions is None else exceptions:
         for word in EXCEPTION_WORD.findall(text):
