@@ -143,8 +143,10 @@ MODULE_PREFIX = re.compile(r"^\s*(?P<module>[\w./-]+(?:\s[\w./-]+){0,2}):\s+(?=\
 NOT_A_FIX_TYPES = frozenset({
     "feat", "feature", "refactor", "chore", "docs", "doc", "test", "tests", "perf", "style", "build", "ci",
     "new", "add", "added", "improve", "improved", "improvement", "enhance", "enhancement", "deprecate", "deprecated",
-    "deprecation", "breaking", "removed",
+    "deprecation", "breaking", "removed", "lint",
 })  # fmt: skip
+#: Those whose fixes are of tooling, whatever they name ("lint: fix C4xx comprehension errors").
+TOOLING_TYPES = frozenset({"lint", "style", "ci", "build"})
 CONVENTIONAL_SUBJECT = re.compile(r"^\s*(?P<type>[A-Za-z]+)(\([^)]*\))?!?:\s*(?P<rest>.*)$")
 #: A gitmoji (or its `:shortcode:`) opening a subject ("🐛 fix(api): ...", "🧪 test: ...", ":bug: fix ..."): set
 #: aside, so that the conventional type after it is read.
@@ -406,6 +408,8 @@ def read_commit(message: str, subject: str | None = None, shape: ChangeShape | N
             ),
             None,
         )
+        if said and kind in TOOLING_TYPES:
+            return decide(False, f"a {kind!r} commit: what it fixes is tooling", Rule.CONVENTIONAL)
         if said:  # "chore: fix a lot of typos" with only comments changed: rule 3 decides
             return no_code or decide(
                 True, f"a {kind!r} commit whose subject says {said.group(0)!r}", Rule.CONVENTIONAL
