@@ -22,6 +22,8 @@ NOT_SOURCE_DIRS = {
     "docs", "doc", "examples", "example", "benchmarks", "benchmark", "bench", ".github", "misc", "scripts",
     "tools", "ci", "ci_tools",
 }  # fmt: skip
+#: Folders whose files are tests or test support.
+TEST_FOLDERS = frozenset({"test", "tests", "testing"})
 #: Source files that are packaging or tooling, not the code under test.
 NOT_SOURCE_NAMES = {"setup.py", "noxfile.py", "tasks.py", "fabfile.py", "conftest.py", "docs/conf.py"}
 
@@ -32,7 +34,7 @@ def is_source_file(path: str, test_globs: Sequence[str] = MINING_TEST_GLOBS) -> 
         return False
     if p.parts and p.parts[0] in NOT_SOURCE_DIRS:
         return False
-    if any(part in {"test", "tests", "testing"} for part in p.parts[:-1]):
+    if any(part in TEST_FOLDERS for part in p.parts[:-1]):
         return False  # test support (`test/common.py`, `testing/helpers.py`), not the code under test
     return p.suffix in SOURCE_SUFFIXES
 
@@ -43,7 +45,7 @@ def is_runnable_test(path: str) -> bool:
     pytest collects a module named on its command line whatever its name)."""
     p = PurePosixPath(path)
     name = p.name
-    in_tests = any(part in {"test", "tests", "testing"} for part in p.parts[:-1])
+    in_tests = any(part in TEST_FOLDERS for part in p.parts[:-1])
     return name.endswith(".py") and (
         name.startswith("test_")
         or name.endswith("_test.py")
