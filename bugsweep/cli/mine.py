@@ -148,7 +148,8 @@ def mine_command(
     A candidate is a commit (newest first, no merges) that changes a test module and a source file and whose message
     reads like a fix by its words and its whole change (docs/tasks-jsonl.md, "Screening"; a feat:, refactor:,
     chore: ... subject only if it says fix; not one mending its author's own work since the last release tag,
-    unless --unreleased-fixes). Its task starts at the parent commit with the commit's test files copied
+    unless --unreleased-fixes; one change made by two commits, a fix backported to a branch merged back, is one
+    candidate: the commit on the branch's own line). Its task starts at the parent commit with the commit's test files copied
     in; it is kept when the changed tests fail there and pass at the commit, in every one of --runs runs. Flaky
     tests, and tests that fail at both states, are reported and left out of the task's test command. Each kept
     task says why the screen took it for a fix (screen_rule, screen_reason), in its line here and in the files. Each validated candidate's line says whether its
