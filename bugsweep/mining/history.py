@@ -14,9 +14,10 @@ from bugsweep.mining.records import Commit
 from bugsweep.sandbox.sources import is_git_url
 
 
-def _git(repo: Path, *args: str, timeout: float = 120) -> str:
+def _git(repo: Path, *args: str, timeout: float = 120, input: str | None = None) -> str:
     proc = subprocess.run(
         ["git", "-c", "core.quotepath=off", "-C", str(repo), *args],
+        input=input,
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -134,11 +135,8 @@ def same_changes(
     listed = set(shas)
     earlier = [sha for sha in earlier if sha not in listed]
     if earlier:  # only those this clone has
-        check = subprocess.run(
-            ["git", "-C", str(repo), "cat-file", "--batch-check"], input="\n".join(earlier) + "\n",
-            capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
-        earlier = [line.split()[0] for line in check.stdout.splitlines() if line.split()[1:2] == ["commit"]]
+        check = _git(repo, "cat-file", "--batch-check", input="\n".join(earlier) + "\n")
+        earlier = [line.split()[0] for line in check.splitlines() if line.split()[1:2] == ["commit"]]
     pipeline = "set -o pipefail; git diff-tree --stdin -p --no-renames | git patch-id --stable"
     proc = subprocess.run(
         ["bash", "-c", pipeline], cwd=repo, input="\n".join([*shas, *earlier]) + "\n", capture_output=True,
