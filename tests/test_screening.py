@@ -1107,6 +1107,41 @@ def test_a_fix_of_its_authors_own_unreleased_work_is_not_a_fix(tmp_path: Path) -
     assert isinstance(result, Rejection) and "came after rel_1_0" in result.detail
 
 
+def test_a_release_tagged_off_the_main_line_counts_as_released(tmp_path: Path) -> None:
+    """A project may tag its releases on a branch it never merges back, and a rewritten history leaves its tags on
+    the old line (croniter, held-out-39: five real fixes read as own unreleased work after a 2016 tag). A fix of
+    lines whose text a later version tag off the parent's line holds is a fix of released code; a fix of lines
+    that tag does not hold still mends unreleased work."""
+    repo = numbers_repo(tmp_path / "repo")
+    git(repo, "tag", "v0.9")
+    write_files(repo, {"numbers_.py": NUMBERS + MEAN, "tests/test_mean.py": TEST_MEAN})
+    commit_all(repo, "Add mean()")
+    mended = {
+        "numbers_.py": NUMBERS + MEAN.replace("return total", "return 0.0 if not values else total"),
+        "tests/test_mean.py": TEST_MEAN + "\n\ndef test_mean_of_nothing():\n    assert mean([]) == 0.0\n",
+    }
+    # v1.0 is cut on a release branch from "Add mean()" (a version bump) that main never merges
+    git(repo, "checkout", "-q", "-b", "release-1.0")
+    write_files(repo, {"VERSION": "1.0\n"})
+    commit_all(repo, "Release 1.0")
+    git(repo, "tag", "v1.0")
+    git(repo, "checkout", "-q", "-")
+    fixed = screened(repo, mended, "Fix mean() of an empty list")
+    assert isinstance(fixed, Screened) and fixed.rule == Rule.SUBJECT_FIX_WORD
+    git(repo, "reset", "-q", "--hard", "HEAD~1")
+    # a release branch cut before mean() was written does not hold its lines
+    git(repo, "tag", "-d", "v1.0")
+    git(repo, "branch", "-q", "-f", "release-1.0", "v0.9")
+    git(repo, "checkout", "-q", "release-1.0")
+    write_files(repo, {"VERSION": "1.0\n"})
+    commit_all(repo, "Release 1.0")
+    git(repo, "tag", "v1.0")
+    git(repo, "checkout", "-q", "-")
+    result = screened(repo, mended, "Fix mean() of an empty list")
+    assert isinstance(result, Rejection) and result.rule == Rule.OWN_UNRELEASED
+    assert "came after v0.9" in result.detail
+
+
 @pytest.mark.skipif(shutil.which("bwrap") is None, reason="the local sandbox needs bubblewrap")
 def test_mine_rejects_own_unreleased_work_unless_asked_and_says_so_in_its_report(tmp_path: Path) -> None:
     """`bugsweep mine` as a user runs it (real local sandbox, real pytest): the fix of unreleased mean() is rejected

@@ -7,6 +7,12 @@ that `bugsweep mine` kept. The reading: blame the lines the commit changes in it
 is own unreleased work when more than half of them came from commits that the last release (the newest version tag
 reachable from the parent) does not contain, and at least half were written by the commit's own author. A history
 with no version tag before the commit says nothing, and neither does a commit whose changed lines cannot be blamed.
+
+A release need not be an ancestor: a project may tag releases on a branch it never merges back, and a rewritten
+history leaves its tags on the old line (croniter's 1.0 to 5.0 tags, held-out-39: five of its fixes read as own
+unreleased work after a 2016 tag). So a line counts as released too when its text is in its file at the newest
+version tag made before the commit that the parent does not reach (lines shorter than MIN_TEXT, such as
+`return None`, are not looked up: any file has them).
 """
 
 from __future__ import annotations
@@ -32,6 +38,8 @@ NEWER_SHARE = 0.5
 OWN_SHARE = 0.5
 #: Source files blamed per commit, at most.
 MAX_FILES = 20
+#: Lines shorter than this (stripped) are not looked up by their text in a release off the parent's line.
+MIN_TEXT = 12
 
 
 @dataclass(frozen=True)
@@ -68,6 +76,29 @@ def last_release(repo: Path, rev: str) -> tuple[str, str] | None:
     return None
 
 
+def release_elsewhere(repo: Path, rev: str, when: int) -> tuple[str, str] | None:
+    """(name, commit) of the newest version tag made at or before `when` (seconds since the epoch) that `rev` does
+    not reach: a release cut on a branch never merged back, or left on the old line of a rewritten history."""
+    refs = _git(repo, "for-each-ref", f"--no-merged={rev}", "--sort=-creatordate",
+                "--format=%(refname:short)%09%(objectname)%09%(*objectname)%09%(creatordate:unix)", "refs/tags")  # fmt: skip
+    for line in refs.splitlines():
+        name, obj, peeled, date = [*line.split("\t"), "", "", ""][:4]
+        if VERSION_TAG.search(name) and date.isdigit() and int(date) <= when:
+            return name, peeled or obj
+    return None
+
+
+def shipped_text(repo: Path, release: str, lines: Sequence[Blamed]) -> list[bool]:
+    """For each line, whether its text (MIN_TEXT characters or more, stripped) is in its file at `release`."""
+    texts: dict[str, set[str]] = {}
+    for path in {line.path for line in lines}:
+        try:
+            texts[path] = {text.strip() for text in _git(repo, "show", f"{release}:{path}").splitlines()}
+        except ConfigError:  # the file is not in that release
+            texts[path] = set()
+    return [len(line.text.strip()) >= MIN_TEXT and line.text.strip() in texts[line.path] for line in lines]
+
+
 class Blamed(NamedTuple):
     """Where a line a commit changes came from."""
 
@@ -77,6 +108,9 @@ class Blamed(NamedTuple):
     name: str
     time: int
     """When the line's commit was made (committer time, seconds since the epoch)."""
+    path: str = ""
+    text: str = ""
+    """The line itself, as the parent has it."""
 
 
 def blame_changes(repo: Path, parent: str, sha: str, path: str) -> list[Blamed]:
@@ -98,10 +132,9 @@ def blame_changes(repo: Path, parent: str, sha: str, path: str) -> list[Blamed]:
             current[key] = value
         elif line.startswith("\t"):
             get = current.get
+            time = int(get("committer-time", 0))
             lines.append(
-                Blamed(
-                    current["sha"], get("author-mail", ""), get("author", ""), int(get("committer-time", 0))
-                )
+                Blamed(current["sha"], get("author-mail", ""), get("author", ""), time, path, line[1:])
             )
     return lines
 
@@ -114,10 +147,14 @@ def blame_commit(repo: Path, commit: Commit, source_files: Sequence[str]) -> lis
     ]
 
 
-def newer_share(repo: Path, release: str, rev: str, lines: Sequence[Blamed]) -> float:
-    """The share of `lines` that came from commits reachable from `rev` but not from the commit `release`."""
+def newer_share(
+    repo: Path, release: str, rev: str, lines: Sequence[Blamed], shipped: Sequence[bool] = ()
+) -> float:
+    """The share of `lines` that came from commits reachable from `rev` but not from the commit `release`, leaving
+    out those `shipped` marks (found in a release off `rev`'s line)."""
     after = set(_git(repo, "rev-list", f"{release}..{rev}").split())
-    return sum(line.sha in after for line in lines) / len(lines)
+    found = list(shipped) or [False] * len(lines)
+    return sum(line.sha in after and not off for line, off in zip(lines, found, strict=True)) / len(lines)
 
 
 def own_work(repo: Path, commit: Commit, source_files: Sequence[str]) -> OwnWork | None:
@@ -132,7 +169,9 @@ def own_work(repo: Path, commit: Commit, source_files: Sequence[str]) -> OwnWork
         if not lines:
             return None
         newer = newer_share(repo, release[1], parent, lines)
-        mail, name = _git(repo, "log", "-1", "--format=<%ae>%n%an", commit.sha).splitlines()[:2]
+        mail, name, when = _git(repo, "log", "-1", "--format=<%ae>%n%an%n%ct", commit.sha).splitlines()[:3]
+        if newer > NEWER_SHARE and (elsewhere := release_elsewhere(repo, parent, int(when))):
+            newer = newer_share(repo, release[1], parent, lines, shipped_text(repo, elsewhere[1], lines))
     except (ConfigError, subprocess.SubprocessError, ValueError):
         return None
     return OwnWork(
