@@ -1108,10 +1108,10 @@ def test_a_fix_of_its_authors_own_unreleased_work_is_not_a_fix(tmp_path: Path) -
 
 
 def test_a_release_tagged_off_the_main_line_counts_as_released(tmp_path: Path) -> None:
-    """A project may tag its releases on a branch it never merges back, and a rewritten history leaves its tags on
-    the old line (croniter, held-out-39: five real fixes read as own unreleased work after a 2016 tag). A fix of
-    lines whose text a later version tag off the parent's line holds is a fix of released code; a fix of lines
-    that tag does not hold still mends unreleased work."""
+    """A project may tag its releases on a branch it never merges back (bottle's 0.12 and 0.13, cut from master:
+    seven of its real fixes read as own unreleased work after 0.11.1, the newest tag master reaches). A fix of
+    lines that a later version tag off the parent's line holds is a fix of released code; a fix of lines that tag
+    does not hold still mends unreleased work."""
     repo = numbers_repo(tmp_path / "repo")
     git(repo, "tag", "v0.9")
     write_files(repo, {"numbers_.py": NUMBERS + MEAN, "tests/test_mean.py": TEST_MEAN})
