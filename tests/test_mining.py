@@ -351,6 +351,18 @@ def test_detected_commands_for_common_layouts(tmp_path: Path) -> None:
         "pip install -e . && pip install -r dev-requirements.txt && pip install freezegun && pip install pytest"
     )
     assert "tox.ini's [testenv] deps lists freezegun, which the changed tests import" in cmds.why
+    # an extra of any name counts as such a list (sqlglot's tests import duckdb, which only its `dev` extra in
+    # setup.py installs, with mypy, pandas and pre-commit): only what the changed tests import is installed
+    write_files(dev, {
+        "setup.py": "from setuptools import setup\nsetup(name='s', extras_require={\n"
+        "    'dev': ['duckdb>=0.6', 'mypy; python_version >= \"3.10\"', 'pre-commit'],\n    'c': ['s-c==1.0'],\n})\n",
+        "tests/test_i.py": "import duckdb\n\n\ndef test_x():\n    pass\n",
+    })  # fmt: skip
+    (dev / "tox.ini").unlink()
+    (dev / "dev-requirements.txt").unlink()
+    cmds = detect_commands(dev, commit_all(dev, "a dev extra"), ["tests/test_i.py"])
+    assert cmds.setup == "pip install -e . && pip install 'duckdb>=0.6' && pip install pytest"
+    assert "the extra 'dev' lists duckdb>=0.6, which the changed tests import" in cmds.why
     # or only in setup.py's tests_require (`setup.py test`'s, which pip never installs: python-fire's mock), a
     # literal list or a name bound to one; a computed one is left alone
     tests_require = "from setuptools import setup\nTEST_DEPENDENCIES = ['mock', 'hypothesis>=3']\n"
