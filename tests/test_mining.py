@@ -352,10 +352,12 @@ def test_detected_commands_for_common_layouts(tmp_path: Path) -> None:
     )
     assert "tox.ini's [testenv] deps lists freezegun, which the changed tests import" in cmds.why
     # an extra of any name counts as such a list (sqlglot's tests import duckdb, which only its `dev` extra in
-    # setup.py installs, with mypy, pandas and pre-commit): only what the changed tests import is installed
+    # setup.py installs, with mypy, pandas and pre-commit; another extra of its computes a pin): only what the
+    # changed tests import is installed
     write_files(dev, {
-        "setup.py": "from setuptools import setup\nsetup(name='s', extras_require={\n"
-        "    'dev': ['duckdb>=0.6', 'mypy; python_version >= \"3.10\"', 'pre-commit'],\n    'c': ['s-c==1.0'],\n})\n",
+        "setup.py": "from setuptools import setup\nversion = '1.0'\nsetup(name='s', extras_require={\n"
+        "    'dev': ['duckdb>=0.6', 'mypy; python_version >= \"3.10\"', 'pre-commit'],\n"
+        "    'c': [f's-c=={version}'],\n})\n",
         "tests/test_i.py": "import duckdb\n\n\ndef test_x():\n    pass\n",
     })  # fmt: skip
     (dev / "tox.ini").unlink()

@@ -58,7 +58,9 @@ def declared_extras(pyproject: dict[str, Any], setup_cfg: str, setup_py: str = "
     if cfg.has_section("options.extras_require"):
         for name, value in cfg.items("options.extras_require"):
             extras.setdefault(name, [line for line in re.split(r"[\n;]", value) if line.strip()])
-    found = setup_py_keyword(setup_py, "extras_require") if "extras_require" in setup_py else None
+    found = (
+        setup_py_keyword(setup_py, "extras_require", lenient=True) if "extras_require" in setup_py else None
+    )
     if isinstance(found, dict):
         for name, requirements in found.items():
             if isinstance(name, str) and isinstance(requirements, list | tuple):
@@ -66,10 +68,11 @@ def declared_extras(pyproject: dict[str, Any], setup_cfg: str, setup_py: str = "
     return extras
 
 
-def setup_py_keyword(text: str, keyword: str) -> object | None:
+def setup_py_keyword(text: str, keyword: str, *, lenient: bool = False) -> object | None:
     """The literal value setup.py passes as `keyword=` to a call, or that of the module-level name it passes
     (python-fire's `tests_require=TEST_DEPENDENCIES`); None when setup.py does not parse, passes none or computes
-    it."""
+    it. `lenient`: a dict or list of which only some items are computed keeps its literal items (sqlglot's
+    extras_require holds `f"sqlglotc=={version}"` in one extra, its test requirements in another)."""
     try:
         tree = parse_newer(text)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
@@ -85,10 +88,30 @@ def setup_py_keyword(text: str, keyword: str) -> object | None:
         if isinstance(node, ast.keyword) and node.arg == keyword:
             value = bound.get(node.value.id, node.value) if isinstance(node.value, ast.Name) else node.value
             try:
-                return ast.literal_eval(value)
+                return _literal(value, lenient)
             except (ValueError, TypeError, SyntaxError, RecursionError, MemoryError):
                 return None
     return None
+
+
+def _literal(node: ast.expr, lenient: bool) -> object:
+    """ast.literal_eval of `node`; `lenient`, the literal items of a dict or list that also has computed ones."""
+    try:
+        return ast.literal_eval(node)
+    except ValueError:
+        if not lenient or not isinstance(node, ast.Dict | ast.List | ast.Tuple):
+            raise
+    if isinstance(node, ast.Dict):
+        found: dict[object, object] = {}
+        for key, value in zip(node.keys, node.values, strict=True):
+            with contextlib.suppress(ValueError):
+                found[ast.literal_eval(key) if key is not None else None] = _literal(value, lenient)
+        return {k: v for k, v in found.items() if k is not None}
+    items = []
+    for item in node.elts:
+        with contextlib.suppress(ValueError):
+            items.append(_literal(item, lenient))
+    return items
 
 
 def _named_like(name: str, modules: set[str]) -> bool:
