@@ -1059,6 +1059,29 @@ def test_a_fix_with_a_weak_word_is_kept_by_mine_and_a_feature_is_not(tmp_path: P
 
 MEAN = "\n\ndef mean(values):\n    values = list(values)\n    return total(values) / len(values)\n"
 TEST_MEAN = "from numbers_ import mean\n\n\ndef test_mean():\n    assert mean([1, 2, 3]) == 2\n"
+#: The fix of mean() of an empty list, with its test.
+MENDED = {
+    "numbers_.py": NUMBERS + MEAN.replace("return total", "return 0.0 if not values else total"),
+    "tests/test_mean.py": TEST_MEAN + "\n\ndef test_mean_of_nothing():\n    assert mean([]) == 0.0\n",
+}
+
+
+def mean_repo(root: Path, tag: str) -> Path:
+    """A repository whose release `tag` is followed by its author's "Add mean()"."""
+    repo = numbers_repo(root)
+    git(repo, "tag", tag)
+    write_files(repo, {"numbers_.py": NUMBERS + MEAN, "tests/test_mean.py": TEST_MEAN})
+    commit_all(repo, "Add mean()")
+    return repo
+
+
+def release_branch(repo: Path, start: str, tag: str) -> None:
+    """A release `tag` on a branch from `start` (a version bump) that the current branch never merges."""
+    git(repo, "checkout", "-q", "-B", f"release-{tag}", start)
+    write_files(repo, {"VERSION": f"{tag}\n"})
+    commit_all(repo, f"Release {tag}")
+    git(repo, "tag", tag)
+    git(repo, "checkout", "-q", "-")
 
 
 def test_a_fix_of_its_authors_own_unreleased_work_is_not_a_fix(tmp_path: Path) -> None:
@@ -1067,14 +1090,7 @@ def test_a_fix_of_its_authors_own_unreleased_work_is_not_a_fix(tmp_path: Path) -
     work with tz_offset" minutes after the feature): most of the lines it changes came after the last version tag,
     and its author wrote them. A fix of released lines, of someone else's work, or in a history with no version
     tag is read by its words and change as before."""
-    repo = numbers_repo(tmp_path / "repo")
-    git(repo, "tag", "v1.0")
-    write_files(repo, {"numbers_.py": NUMBERS + MEAN, "tests/test_mean.py": TEST_MEAN})
-    commit_all(repo, "Add mean()")
-    mended = {
-        "numbers_.py": NUMBERS + MEAN.replace("return total", "return 0.0 if not values else total"),
-        "tests/test_mean.py": TEST_MEAN + "\n\ndef test_mean_of_nothing():\n    assert mean([]) == 0.0\n",
-    }
+    repo, mended = mean_repo(tmp_path / "repo", "v1.0"), MENDED
 
     result = screened(repo, mended, "Fix mean() of an empty list")
     assert isinstance(result, Rejection) and result.reason == RejectReason.NOT_A_FIX
@@ -1109,35 +1125,18 @@ def test_a_fix_of_its_authors_own_unreleased_work_is_not_a_fix(tmp_path: Path) -
 
 def test_a_release_tagged_off_the_main_line_counts_as_released(tmp_path: Path) -> None:
     """A project may tag its releases on a branch it never merges back (bottle's 0.12 and 0.13, cut from master:
-    seven of its real fixes read as own unreleased work after 0.11.1, the newest tag master reaches). A fix of
-    lines that a later version tag off the parent's line holds is a fix of released code; a fix of lines that tag
-    does not hold still mends unreleased work."""
-    repo = numbers_repo(tmp_path / "repo")
-    git(repo, "tag", "v0.9")
-    write_files(repo, {"numbers_.py": NUMBERS + MEAN, "tests/test_mean.py": TEST_MEAN})
-    commit_all(repo, "Add mean()")
-    mended = {
-        "numbers_.py": NUMBERS + MEAN.replace("return total", "return 0.0 if not values else total"),
-        "tests/test_mean.py": TEST_MEAN + "\n\ndef test_mean_of_nothing():\n    assert mean([]) == 0.0\n",
-    }
-    # v1.0 is cut on a release branch from "Add mean()" (a version bump) that main never merges
-    git(repo, "checkout", "-q", "-b", "release-1.0")
-    write_files(repo, {"VERSION": "1.0\n"})
-    commit_all(repo, "Release 1.0")
-    git(repo, "tag", "v1.0")
-    git(repo, "checkout", "-q", "-")
-    fixed = screened(repo, mended, "Fix mean() of an empty list")
+    ten of its real fixes read as own unreleased work after 0.11.1, the newest tag master reaches). A fix of lines
+    that a later version tag off the parent's line holds is a fix of released code; a fix of lines that tag does
+    not hold still mends unreleased work."""
+    repo = mean_repo(tmp_path / "repo", "v0.9")
+    release_branch(repo, "HEAD", "v1.0")  # from "Add mean()"
+    fixed = screened(repo, MENDED, "Fix mean() of an empty list")
     assert isinstance(fixed, Screened) and fixed.rule == Rule.SUBJECT_FIX_WORD
     git(repo, "reset", "-q", "--hard", "HEAD~1")
     # a release branch cut before mean() was written does not hold its lines
     git(repo, "tag", "-d", "v1.0")
-    git(repo, "branch", "-q", "-f", "release-1.0", "v0.9")
-    git(repo, "checkout", "-q", "release-1.0")
-    write_files(repo, {"VERSION": "1.0\n"})
-    commit_all(repo, "Release 1.0")
-    git(repo, "tag", "v1.0")
-    git(repo, "checkout", "-q", "-")
-    result = screened(repo, mended, "Fix mean() of an empty list")
+    release_branch(repo, "v0.9", "v1.0")
+    result = screened(repo, MENDED, "Fix mean() of an empty list")
     assert isinstance(result, Rejection) and result.rule == Rule.OWN_UNRELEASED
     assert "came after v0.9" in result.detail
 
@@ -1151,14 +1150,8 @@ def test_mine_rejects_own_unreleased_work_unless_asked_and_says_so_in_its_report
     import subprocess
     import sys
 
-    repo = numbers_repo(tmp_path / "repo")
-    git(repo, "tag", "v1.0")
-    write_files(repo, {"numbers_.py": NUMBERS + MEAN, "tests/test_mean.py": TEST_MEAN})
-    commit_all(repo, "Add mean()")
-    write_files(repo, {
-        "numbers_.py": NUMBERS + MEAN.replace("return total", "return 0.0 if not values else total"),
-        "tests/test_mean.py": TEST_MEAN + "\n\ndef test_mean_of_nothing():\n    assert mean([]) == 0.0\n",
-    })  # fmt: skip
+    repo = mean_repo(tmp_path / "repo", "v1.0")
+    write_files(repo, MENDED)
     fix = commit_all(repo, "Fix mean() of an empty list")
     env = {**os.environ, "COLUMNS": "250"}
 
