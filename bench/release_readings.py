@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import types
 from collections import Counter
 from pathlib import Path
 
@@ -22,21 +21,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from screen import load_sets  # noqa: E402
+from screen import load_sets, old_screen  # noqa: E402
 
 from bugsweep.errors import ConfigError  # noqa: E402
 from bugsweep.mining import Screened, scan_history, screen  # noqa: E402
 from bugsweep.mining import releases as new  # noqa: E402
 from bugsweep.mining.history import _git  # noqa: E402
-
-
-def old_releases(rev: str) -> types.ModuleType:
-    """releases.py as it was at `rev`, as a module of its own."""
-    source = _git(ROOT / ".git", "show", f"{rev}:bugsweep/mining/releases.py")
-    module = types.ModuleType("old_releases")
-    sys.modules["old_releases"] = module  # dataclasses look their module up
-    exec(compile(source, f"releases.py@{rev}", "exec"), module.__dict__)
-    return module
 
 
 def main() -> None:
@@ -47,7 +37,7 @@ def main() -> None:
     parser.add_argument("--sets", required=True)
     parser.add_argument("--mirror", type=Path, default=Path("/work/.mirror"))
     args = parser.parse_args()
-    old = old_releases(args.before)
+    old = old_screen(args.before)  # its own_work is releases.py's of `--before`
     labels, _ = load_sets(set(args.sets.split(",")))
     counts: Counter[tuple[bool, bool, str]] = Counter()
     for repo, labelled in sorted(labels.items()):

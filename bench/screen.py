@@ -55,12 +55,12 @@ def _source_at(rev: str, path: str) -> str:
 
 
 #: The screen's modules, each loaded only after those it imports.
-SCREEN_MODULES = ("files", "cases", "change", "shapes", "screening")
+SCREEN_MODULES = ("files", "cases", "change", "shapes", "releases", "screening")
 
 
 def old_screen(rev: str) -> types.ModuleType:
     """bugsweep/mining/screening.py as it was at `rev`, with the modules of the screen it imports (change.py,
-    cases.py, shapes.py) as they were at `rev` too, where that commit had them: the working tree's may have
+    cases.py, shapes.py, releases.py) as they were at `rev` too, where that commit had them: the working tree's may have
     changed since (a helper's signature)."""
     # Modules that moved since `rev` are found under their old names (issue 32 moved testfiles into grading).
     sys.modules.setdefault("bugsweep.testfiles", importlib.import_module("bugsweep.grading.testfiles"))

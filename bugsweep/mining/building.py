@@ -22,7 +22,6 @@ from bugsweep.mining.extras import (
     declared_extras,
     imported_extras,
     imported_requirements,
-    normal_name,
     pyproject_test_group,
     requirement_lines,
     runtime_requirements,
@@ -330,15 +329,7 @@ def _requirement_lists(
     lists += [(path, requirement_lines(text(path))) for path in paths if path in names]
     lists.append(("setup.py's tests_require", _setup_py_tests_require(text("setup.py"))))
     extras = declared_extras(pyproject, text("setup.cfg"), text("setup.py"))
-    own = pyproject.get("project", {}).get("name") or setup_py_keyword(text("setup.py"), "name")
-    return [*lists, *((f"the extra {name!r}", [r for r in listed if not _names(r, own)]) for name, listed in
-                      extras.items())]  # fmt: skip
-
-
-def _names(requirement: str, project: object) -> bool:
-    """Whether `requirement` names the project itself (`cov = ["attrs[tests]"]`)."""
-    found = re.match(r"\s*([A-Za-z0-9][\w.-]*)", requirement)
-    return isinstance(project, str) and found is not None and normal_name(found[1]) == normal_name(project)
+    return [*lists, *((f"the extra {name!r}", listed) for name, listed in extras.items())]
 
 
 def detect_commands(repo: Path, commit: str, test_files: Sequence[str]) -> Commands:
@@ -440,6 +431,9 @@ def detect_commands(repo: Path, commit: str, test_files: Sequence[str]) -> Comma
         *(r for e in extras.split(",") if e for r in declared.get(e, [])),
     ]
     installed += runtime_requirements(pyproject_data, text("setup.cfg"), setup_py)
+    # and the project itself, by its distribution's name (an extra `cov = ["c[tests]"]` names it)
+    project = pyproject_data.get("project", {}).get("name") or setup_py_keyword(setup_py, "name")
+    installed += [project] if isinstance(project, str) else []
     if wanted := imported_requirements(_requirement_lists(text, names, pyproject_data), tests, installed):
         steps.append("pip install " + " ".join(shlex.quote(r) for r, _ in wanted))
         why += [

@@ -104,9 +104,10 @@ def _literal(node: ast.expr, lenient: bool) -> object:
     if isinstance(node, ast.Dict):
         found: dict[object, object] = {}
         for key, value in zip(node.keys, node.values, strict=True):
-            with contextlib.suppress(ValueError):
-                found[ast.literal_eval(key) if key is not None else None] = _literal(value, lenient)
-        return {k: v for k, v in found.items() if k is not None}
+            if key is not None:  # not a `**mapping`
+                with contextlib.suppress(ValueError):
+                    found[ast.literal_eval(key)] = _literal(value, lenient)
+        return found
     items = []
     for item in node.elts:
         with contextlib.suppress(ValueError):

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import re
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -64,27 +64,27 @@ class OwnWork:
         )
 
 
+def _version_tags(repo: Path, *which: str) -> Iterator[tuple[str, str, int | None]]:
+    """(name, commit, made at: seconds since the epoch) of the version tags `which` selects (`--merged=REV`,
+    `--no-merged=REV`), newest first (by their date)."""
+    refs = _git(repo, "for-each-ref", *which, "--sort=-creatordate",
+                "--format=%(refname:short)%09%(objectname)%09%(*objectname)%09%(creatordate:unix)", "refs/tags")  # fmt: skip
+    for line in refs.splitlines():
+        name, obj, peeled, date = [*line.split("\t"), "", "", ""][:4]
+        if VERSION_TAG.search(name):
+            yield name, peeled or obj, int(date) if date.isdigit() else None
+
+
 def last_release(repo: Path, rev: str) -> tuple[str, str] | None:
     """(name, commit) of the newest version tag (by its date) reachable from `rev`; None when there is none."""
-    refs = _git(repo, "for-each-ref", f"--merged={rev}", "--sort=-creatordate",
-                "--format=%(refname:short)%09%(objectname)%09%(*objectname)", "refs/tags")  # fmt: skip
-    for line in refs.splitlines():
-        name, obj, peeled = [*line.split("\t"), "", ""][:3]
-        if VERSION_TAG.search(name):
-            return name, peeled or obj
-    return None
+    return next(((name, sha) for name, sha, _ in _version_tags(repo, f"--merged={rev}")), None)
 
 
 def release_elsewhere(repo: Path, rev: str, when: int) -> tuple[str, str] | None:
     """(name, commit) of the newest version tag made at or before `when` (seconds since the epoch) that `rev` does
     not reach: a release cut on a branch never merged back."""
-    refs = _git(repo, "for-each-ref", f"--no-merged={rev}", "--sort=-creatordate",
-                "--format=%(refname:short)%09%(objectname)%09%(*objectname)%09%(creatordate:unix)", "refs/tags")  # fmt: skip
-    for line in refs.splitlines():
-        name, obj, peeled, date = [*line.split("\t"), "", "", ""][:4]
-        if VERSION_TAG.search(name) and date.isdigit() and int(date) <= when:
-            return name, peeled or obj
-    return None
+    tags = _version_tags(repo, f"--no-merged={rev}")
+    return next(((name, sha) for name, sha, made in tags if made is not None and made <= when), None)
 
 
 class Blamed(NamedTuple):
