@@ -1142,6 +1142,28 @@ def test_a_release_tagged_off_the_main_line_counts_as_released(tmp_path: Path) -
 
 
 @pytest.mark.skipif(shutil.which("bwrap") is None, reason="the local sandbox needs bubblewrap")
+@pytest.mark.parametrize(
+    "subject",
+    ["Fix total() on Python 3.15", "fix: total() under py315", "Fix total() for CPython 3.15 beta 1"],
+)
+def test_a_fix_for_a_python_to_come_is_not_a_fix(tmp_path: Path, subject: str) -> None:
+    """Support for a Python not yet released when the commit was made is no fix by issue 37's labels, and seven
+    such not-fixes passed the screen over held-out sets ("Fix compatibility with Python 3.14 beta 1", "Fix ABI tag
+    for CPython 3.13 on Windows" a year before 3.13). The same words about a released Python read as before. (The
+    test repositories' commits are dated 2026-01-01: 3.14 was out, 3.15 was not.)"""
+    repo = numbers_repo(tmp_path / "repo")
+
+    result = screened(repo, SMALL_FIX, subject)
+    assert isinstance(result, Rejection) and result.reason == RejectReason.NOT_A_FIX
+    assert result.rule == Rule.PYTHON_TO_COME
+    assert result.detail == (
+        "its subject names Python 3.15, not released until 2026-10-01: work for a Python to come"
+    )
+    git(repo, "reset", "-q", "--hard", "HEAD~1")
+    fixed = screened(repo, SMALL_FIX, subject.replace("15", "14"))
+    assert isinstance(fixed, Screened) and fixed.rule in (Rule.SUBJECT_FIX_WORD, Rule.CONVENTIONAL)
+
+
 def test_mine_rejects_own_unreleased_work_unless_asked_and_says_so_in_its_report(tmp_path: Path) -> None:
     """`bugsweep mine` as a user runs it (real local sandbox, real pytest): the fix of unreleased mean() is rejected
     with the rule's reason, before any sandbox; with --unreleased-fixes it is validated and kept. The report says
@@ -1175,3 +1197,4 @@ def test_mine_rejects_own_unreleased_work_unless_asked_and_says_so_in_its_report
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert report["unreleased_fixes"] is True
     assert [(k["commit"], k["screen_rule"]) for k in report["kept"]] == [(fix, "fix word in the subject")]
+

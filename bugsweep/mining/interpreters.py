@@ -40,7 +40,12 @@ RELEASED = {
     11: "2022-10-24",
     12: "2023-10-02",
     13: "2024-10-07",
+    14: "2025-10-07",
 }
+#: Releases older than the oldest Python a task environment is made from, for dating what a commit names.
+EARLIER = {5: "2015-09-13", 6: "2016-12-23", 7: "2018-06-27"}
+#: A Python 3 version named in words: "Python 3.13", "python3.9", "CPython 3.12", "py3.10", "py310".
+_NAMED_PYTHON = re.compile(r"\b(?:c?python|py)\s*-?\s*3\.(\d{1,2})\b|\bpy3(\d{1,2})\b", re.IGNORECASE)
 
 _CLASSIFIER = re.compile(r"Programming Language :: Python :: 3\.(\d+)\b")
 _TOX_ENV = re.compile(r"\bpy3\.?(\d+)\b")
@@ -118,6 +123,19 @@ def _minor_at(date: str) -> int:
     """The newest Python 3 minor version released before `date` (ISO 8601)."""
     when = datetime.fromisoformat(date).astimezone(UTC).date().isoformat()
     return max((m for m, released in RELEASED.items() if released <= when), default=OLDEST_MINOR)
+
+
+def released_on(minor: int) -> str:
+    """When Python 3.`minor` was released (ISO date), or is to be: October of its year in PEP 602's annual cycle."""
+    return RELEASED.get(minor) or EARLIER.get(minor) or f"{2011 + minor}-10-01"
+
+
+def python_to_come(text: str, date: str) -> int | None:
+    """The Python 3 minor version `text` names that had not been released by `date` (ISO 8601), or None: work
+    for a Python to come ("Fix compatibility with Python 3.14 beta 1", "Fix ABI tag for CPython 3.13")."""
+    when = datetime.fromisoformat(date).astimezone(UTC).date().isoformat()
+    named = (int(found[0] or found[1]) for found in _NAMED_PYTHON.findall(text))
+    return next((minor for minor in named if released_on(minor) > when), None)
 
 
 def older_python(repo: Path, commit: str, date: str) -> str | None:

@@ -12,6 +12,7 @@ from typing import NamedTuple
 from bugsweep.grading.testfiles import is_test_file
 from bugsweep.mining.change import BUILTIN_EXCEPTIONS, ChangeShape, read_change
 from bugsweep.mining.files import MINING_TEST_GLOBS, is_runnable_test, is_source_file
+from bugsweep.mining.interpreters import python_to_come, released_on
 from bugsweep.mining.records import Commit, Rejection, RejectReason, Screened
 from bugsweep.mining.releases import own_work
 from bugsweep.mining.shapes import feature_shape, fix_shape, listed
@@ -178,7 +179,8 @@ RAISES_EXCEPTION = re.compile(r"\b(raises?|throws?)\s+(an?\s+)?(?P<name>[A-Z]\w*
 
 class Rule(StrEnum):
     """The rule of the screen that decided, as recorded with every decision (`Screened.rule`, a task's
-    `screen_rule`): the first that applies, in read_commit's order, then screen's OWN_UNRELEASED."""
+    `screen_rule`): the first that applies, in read_commit's order, then screen's PYTHON_TO_COME and
+    OWN_UNRELEASED."""
 
     NOT_A_FIX_SUBJECT = "revert, merge, release or bump"
     CONVENTIONAL = "conventional-commit type"
@@ -194,6 +196,7 @@ class Rule(StrEnum):
     EXCEPTION = "exception named"
     ISSUE_FIXED = "issue named as fixed"
     NO_FIX_WORD = "no fix word"
+    PYTHON_TO_COME = "a Python to come"
     OWN_UNRELEASED = "own unreleased work"
 
 
@@ -541,7 +544,9 @@ def screen(
     With `repo` (the git directory holding the commit), the whole change is read too (read_change: its Python
     code and stubs, its tests, its changelog entries) and judged with the words (read_commit); a fix mending its
     author's own work since the last release is then no fix, unless `unreleased_fixes` (releases.own_work).
-    Without `repo`, the words alone decide."""
+    Without `repo`, the words alone decide. A subject naming a Python not yet released at the commit's date is
+    support for a new Python, which issue 37's labels call no fix, whatever the words ("Fix compatibility with
+    Python 3.14 beta 1")."""
     tests = [path for _, path in commit.changes if is_test_file(path, test_globs)]
     runnable = [
         path for status, path in commit.changes if status != "D" and path in tests and is_runnable_test(path)
@@ -563,6 +568,9 @@ def screen(
     reading = read_commit(commit.text_to_match, commit.subject, shape)
     if not reading.fix:
         return reject(RejectReason.NOT_A_FIX, reading.reason, reading.rule.value)
+    if (minor := python_to_come(commit.subject, commit.date)) is not None:
+        detail = f"its subject names Python 3.{minor}, not released until {released_on(minor)}: work for a Python to come"
+        return reject(RejectReason.NOT_A_FIX, detail, Rule.PYTHON_TO_COME.value)
     if (
         not unreleased_fixes
         and repo is not None
