@@ -29,8 +29,9 @@ from bugsweep.errors import ConfigError
 from bugsweep.mining.history import _git
 from bugsweep.mining.records import Commit
 
-#: A tag naming a version: "v1.2.3", "1.4", "pyflakes-2.1.0", "rel_1_3_5" (mako), "7"; not "1.x" or "sprint".
-VERSION_TAG = re.compile(r"\d+[._]\d+|^v?\d+$")
+#: A tag naming a version: "v1.2.3", "1.4", "pyflakes-2.1.0", "rel_1_3_5" (mako), "7"; not "1.x", "2.3.x" (the
+#: tags flask made in 2024 of its old maintenance branches' ends) or "sprint".
+VERSION_TAG = re.compile(r"^(?!.*[._]x$).*(\d+[._]\d+|^v?\d+$)")
 #: A hunk header of `git diff -U0`: where the lines the commit changes start in the old file, and how many.
 HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+", re.M)
 #: More than this share of the changed lines newer than the last release, ...
@@ -47,6 +48,7 @@ class OwnWork:
 
     release: str
     """The version tag of the last release before the commit."""
+    release_commit: str
     lines: int
     newer: float
     """Share of the changed lines that came from commits after `release`."""
@@ -56,6 +58,12 @@ class OwnWork:
     @property
     def unreleased(self) -> bool:
         return self.newer > NEWER_SHARE and self.own >= OWN_SHARE
+
+    @property
+    def others_unreleased(self) -> bool:
+        """Most of the lines came after the release, written by others: a fix of a bug the release had, or of a
+        regression since, which only running its tests at the release tells apart."""
+        return self.newer > NEWER_SHARE and self.own < OWN_SHARE
 
     def describe(self) -> str:
         return (
@@ -159,6 +167,7 @@ def own_work(repo: Path, commit: Commit, source_files: Sequence[str]) -> OwnWork
         return None
     return OwnWork(
         release=release[0],
+        release_commit=release[1],
         lines=len(lines),
         newer=newer,
         own=sum(line.mail == mail or line.name == name for line in lines) / len(lines),
