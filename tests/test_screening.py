@@ -1198,3 +1198,68 @@ def test_mine_rejects_own_unreleased_work_unless_asked_and_says_so_in_its_report
     assert report["unreleased_fixes"] is True
     assert [(k["commit"], k["screen_rule"]) for k in report["kept"]] == [(fix, "fix word in the subject")]
 
+
+#: mean() as released in v1.0: the mean of an empty list raises ZeroDivisionError.
+MEAN_V1 = "def mean(values):\n    return sum(values) / len(values)\n"
+TEST_MEAN_V1 = "from stats import mean\n\n\ndef test_mean():\n    assert mean([1, 2, 3]) == 2\n"
+
+
+def rewritten_mean(root: Path, rewrite: str) -> Path:
+    """A repository whose release v1.0 has MEAN_V1, and whose mean() another author rewrote since as `rewrite`."""
+    repo = make_repo(
+        root, {"stats.py": MEAN_V1, "tests/test_stats.py": TEST_MEAN_V1, "pyproject.toml": PYPROJECT}
+    )
+    git(repo, "tag", "v1.0")
+    write_files(repo, {"stats.py": rewrite})
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "--author", "Other <other@example.com>", "-m", "Compute mean() in two steps")
+    return repo
+
+
+def test_a_fix_of_a_regression_no_release_had_is_not_a_task(tmp_path: Path) -> None:
+    """Most of the lines a fix changes came after the last release from another author: the blame cannot tell a bug
+    the release had from one added since (docformatter's "fix: handle multiline string tokens ...", mending its
+    unreleased refactor nine months later, held-out-41). `bugsweep mine` (real local sandbox, real pytest) runs
+    the kept candidate's tests at the release too, with the fix's test files: passing there, the bug came after
+    the release, and it is rejected ("tests pass at the last release"); failing there, it is a task."""
+    import os
+    import subprocess
+    import sys
+
+    def mine(repo: Path) -> dict:
+        out = tmp_path / f"{repo.name}.jsonl"
+        cmd = [sys.executable, "-m", "bugsweep.cli", "mine", str(repo), "--runs", "1", "--max-candidates", "1",
+               "--setup-command", "pip install pytest", "--out", str(out)]  # fmt: skip
+        proc = subprocess.run(
+            cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "COLUMNS": "250"}
+        )
+        assert proc.returncode in (0, 1), proc.stdout + proc.stderr
+        return json.loads(out.with_suffix(".mining.json").read_text())
+
+    # the rewrite divides by one less than the count: v1.0 had no such bug
+    regressed = rewritten_mean(tmp_path / "regressed", MEAN_V1.replace(
+        "return sum(values) / len(values)", "total = sum(values)\n    return total / max(len(values) - 1, 1)"))  # fmt: skip
+    write_files(regressed, {
+        "stats.py": MEAN_V1.replace("return sum(values) / len(values)",
+                                    "total = sum(values)\n    return total / max(len(values), 1)"),
+        "tests/test_stats.py": TEST_MEAN_V1 + "\n\ndef test_mean_of_two():\n    assert mean([2, 4]) == 3\n",
+    })  # fmt: skip
+    fix = commit_all(regressed, "Fix mean() dividing by one less than the count")
+    report = mine(regressed)
+    assert report["kept"] == []
+    assert [(r["commit"], r["reason"]) for r in report["rejected"]] == [
+        (fix, "tests pass at the last release")
+    ]
+    assert "pass at v1.0, the last release" in report["rejected"][0]["detail"]
+
+    # the rewrite keeps v1.0's bug (the mean of nothing divides by zero): the same check keeps the fix
+    kept = rewritten_mean(tmp_path / "kept", MEAN_V1.replace(
+        "return sum(values) / len(values)", "total = sum(values)\n    return total / len(values)"))  # fmt: skip
+    write_files(kept, {
+        "stats.py": MEAN_V1.replace("return sum(values) / len(values)",
+                                    "total = sum(values)\n    return total / len(values) if values else 0.0"),
+        "tests/test_stats.py": TEST_MEAN_V1 + "\n\ndef test_mean_of_nothing():\n    assert mean([]) == 0.0\n",
+    })  # fmt: skip
+    fix = commit_all(kept, "Fix mean() of an empty list")
+    report = mine(kept)
+    assert [k["commit"] for k in report["kept"]] == [fix]

@@ -6,10 +6,10 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
+from typing import Any
 
 from bugsweep.errors import ConfigError, Terminated
-from bugsweep.mining.building import adapted_setup, build_task, dated_setup
-from bugsweep.mining.extras import with_extras
+from bugsweep.mining.building import build_task
 from bugsweep.mining.history import list_history, local_clone, repo_name, same_changes, scan_history
 from bugsweep.mining.records import (
     Commit,
@@ -22,8 +22,8 @@ from bugsweep.mining.records import (
     Unfinished,
 )
 from bugsweep.mining.screening import screen
-from bugsweep.mining.validation import Stopper, validate_on_its_python
-from bugsweep.mining.verdict import Verdict, allow_warnings, deselect, disable_plugins, ignore, without_ini
+from bugsweep.mining.validation import Stopper, passes_at_release, task_commands, validate_on_its_python
+from bugsweep.mining.verdict import Verdict
 from bugsweep.runconfig import AgentLimits
 from bugsweep.sandbox.base import SandboxProvider
 from bugsweep.spec import TaskSpec, dump_tasks
@@ -114,7 +114,9 @@ def mine(
             environments=environments,
         )
 
-    def next_candidate(history: Iterator[Commit]) -> tuple[Commit, TaskSpec, str] | None:
+    def next_candidate(
+        history: Iterator[Commit],
+    ) -> tuple[Commit, TaskSpec, str, tuple[str, str] | None] | None:
         """Scan and screen until a commit needs the sandbox; None when the history is used up."""
         for commit in history:
             result.scanned += 1
@@ -146,7 +148,7 @@ def mine(
                 setup_command=setup_command,
                 task_prefix=task_prefix,
             )
-            return commit, spec, _what_runs(spec, screened.runnable_tests, test_command)
+            return commit, spec, _what_runs(spec, screened.runnable_tests, test_command), screened.release
         return None
 
     def record(commit: Commit, spec: TaskSpec, verdict: Verdict) -> None:
@@ -172,24 +174,11 @@ def mine(
         spec.FAIL_TO_PASS = verdict.fail_to_pass
         spec.PASS_TO_PASS = verdict.pass_to_pass
         spec.FAIL_TO_FAIL = verdict.fail_to_fail
-        if verdict.disabled_plugins:
-            spec.test_command = disable_plugins(spec.test_command, verdict.disabled_plugins)
-        if verdict.no_ini:
-            spec.test_command = without_ini(spec.test_command)
-        if verdict.allowed_warnings:
-            spec.test_command = allow_warnings(spec.test_command, verdict.allowed_warnings)
         if spec.setup_command and verdict.extras:
-            spec.setup_command = with_extras(spec.setup_command, verdict.extras)
             result.extras[commit.sha] = verdict.extras
         if spec.setup_command and verdict.dated:
-            spec.setup_command = dated_setup(spec.setup_command, verdict.dated)
             result.dated[commit.sha] = verdict.dated
-        if spec.setup_command:
-            spec.setup_command = adapted_setup(spec.setup_command, verdict.build_constraints, verdict.relaxed)
-        if verdict.ignored:
-            spec.test_command = ignore(spec.test_command, verdict.ignored)
-        if verdict.deselect:
-            spec.test_command = deselect(spec.test_command, verdict.deselect)
+        spec.setup_command, spec.test_command = task_commands(spec, verdict)
         if verdict.fail_to_fail:
             result.failing_in_both[commit.sha] = verdict.fail_to_fail
         result.kept.append(
@@ -260,17 +249,18 @@ def mine(
                 if found is None:
                     exhausted = True
                     break
-                commit, spec, what_runs = found
+                commit, spec, what_runs, release = found
                 # Validate against the local clone (fast); the task file names the repository as the user gave it.
                 in_sandbox = spec.model_copy(update={"repo": str(git_dir)})
                 progress(event("validate", commit, f"{what_runs}, {runs} run(s) per state"))
                 result.validated += 1
                 future = pool.submit(
-                    validate_on_its_python,
+                    _validate_candidate,
                     in_sandbox,
                     provider,
                     commit,
                     repo=git_dir,
+                    release=release,
                     older=older_python,
                     runs=runs,
                     timeout=test_timeout,
@@ -316,6 +306,35 @@ def mine(
     if write_problem:  # only here, when nothing else went wrong: an exception in flight is the story to tell
         raise ConfigError(write_problem)
     return result
+
+
+def _validate_candidate(
+    spec: TaskSpec,
+    provider: SandboxProvider,
+    commit: Commit,
+    *,
+    repo: Path,
+    release: tuple[str, str] | None,
+    older: bool,
+    runs: int,
+    **options: Any,
+) -> Verdict:
+    """validate_on_its_python; then, for a candidate kept whose changed lines came mostly after the last release,
+    from other authors (`release`, from the screen), its tests at that release: passing there, the bug it fixes is
+    a regression no release had (passes_at_release), and it is no task."""
+    pristine = (
+        spec.model_copy()
+    )  # validation adapts the commands of the spec it runs; the release run adapts its own
+    verdict = validate_on_its_python(spec, provider, commit, repo=repo, older=older, runs=runs, **options)
+    if verdict.reason is not None or release is None:
+        return verdict
+    if not passes_at_release(pristine, provider, verdict, release, repo, **options):
+        return verdict
+    detail = (
+        f"its {len(verdict.fail_to_pass)} fail-to-pass test(s) pass at {release[0]}, the last release: the bug came "
+        "after it, in lines others wrote since (a regression no release had)"
+    )
+    return Verdict(RejectReason.PASS_AT_RELEASE, detail, environments=verdict.environments)
 
 
 def _write_tasks(

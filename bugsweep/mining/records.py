@@ -35,6 +35,7 @@ class RejectReason(StrEnum):
     TIMED_OUT = "tests timed out"
     NO_TEST_RESULTS = "no test results"
     TESTS_CANNOT_RUN = "tests cannot run"
+    PASS_AT_RELEASE = "tests pass at the last release"
     SANDBOX_ERROR = "sandbox error"
 
 
@@ -78,6 +79,9 @@ class Screened:
     """Why the screen took it for a fix, in words a user reads ("the subject says 'fix'")."""
     rule: str = ""
     """The screen's rule that admitted it (bugsweep.mining.screening.Rule: "fix word in the subject", ...)."""
+    release: tuple[str, str] | None = None
+    """(tag, commit) of the last release, when most of the lines it changes came after it, written by others: its
+    tests are run there too (bugsweep.mining.validation.passes_at_release)."""
 
 
 class Rejection(BaseModel):

@@ -571,12 +571,8 @@ def screen(
     if (minor := python_to_come(commit.subject, commit.date)) is not None:
         detail = f"its subject names Python 3.{minor}, not released until {released_on(minor)}: work for a Python to come"
         return reject(RejectReason.NOT_A_FIX, detail, Rule.PYTHON_TO_COME.value)
-    if (
-        not unreleased_fixes
-        and repo is not None
-        and (own := own_work(repo, commit, sources))
-        and own.unreleased
-    ):
+    own = own_work(repo, commit, sources) if not unreleased_fixes and repo is not None else None
+    if own is not None and own.unreleased:
         return reject(RejectReason.NOT_A_FIX, own.describe(), Rule.OWN_UNRELEASED.value)
     return Screened(
         commit=commit,
@@ -585,4 +581,5 @@ def screen(
         source_files=sources,
         why_fix=reading.reason,
         rule=reading.rule.value,
+        release=(own.release, own.release_commit) if own is not None and own.others_unreleased else None,
     )
