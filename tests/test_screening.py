@@ -1204,16 +1204,23 @@ MEAN_V1 = "def mean(values):\n    return sum(values) / len(values)\n"
 TEST_MEAN_V1 = "from stats import mean\n\n\ndef test_mean():\n    assert mean([1, 2, 3]) == 2\n"
 
 
-def rewritten_mean(root: Path, rewrite: str) -> Path:
-    """A repository whose release v1.0 has MEAN_V1, and whose mean() another author rewrote since as `rewrite`."""
+def fixed_after_a_rewrite(
+    root: Path, rewritten: str, fixed: str, test: str, subject: str
+) -> tuple[Path, str]:
+    """A repository whose release v1.0 has MEAN_V1; another author then rewrites mean()'s last line as
+    `rewritten`; the fix (commit `subject`, returned) makes it `fixed` and adds `test`."""
     repo = make_repo(
         root, {"stats.py": MEAN_V1, "tests/test_stats.py": TEST_MEAN_V1, "pyproject.toml": PYPROJECT}
     )
     git(repo, "tag", "v1.0")
-    write_files(repo, {"stats.py": rewrite})
+    write_files(repo, {"stats.py": MEAN_V1.replace("return sum(values) / len(values)", rewritten)})
     git(repo, "add", "-A")
     git(repo, "commit", "-q", "--author", "Other <other@example.com>", "-m", "Compute mean() in two steps")
-    return repo
+    write_files(repo, {
+        "stats.py": MEAN_V1.replace("return sum(values) / len(values)", fixed),
+        "tests/test_stats.py": TEST_MEAN_V1 + test,
+    })  # fmt: skip
+    return repo, commit_all(repo, subject)
 
 
 def test_a_fix_of_a_regression_no_release_had_is_not_a_task(tmp_path: Path) -> None:
@@ -1237,14 +1244,13 @@ def test_a_fix_of_a_regression_no_release_had_is_not_a_task(tmp_path: Path) -> N
         return json.loads(out.with_suffix(".mining.json").read_text())
 
     # the rewrite divides by one less than the count: v1.0 had no such bug
-    regressed = rewritten_mean(tmp_path / "regressed", MEAN_V1.replace(
-        "return sum(values) / len(values)", "total = sum(values)\n    return total / max(len(values) - 1, 1)"))  # fmt: skip
-    write_files(regressed, {
-        "stats.py": MEAN_V1.replace("return sum(values) / len(values)",
-                                    "total = sum(values)\n    return total / max(len(values), 1)"),
-        "tests/test_stats.py": TEST_MEAN_V1 + "\n\ndef test_mean_of_two():\n    assert mean([2, 4]) == 3\n",
-    })  # fmt: skip
-    fix = commit_all(regressed, "Fix mean() dividing by one less than the count")
+    regressed, fix = fixed_after_a_rewrite(
+        tmp_path / "regressed",
+        "total = sum(values)\n    return total / max(len(values) - 1, 1)",
+        "total = sum(values)\n    return total / max(len(values), 1)",
+        "\n\ndef test_mean_of_two():\n    assert mean([2, 4]) == 3\n",
+        "Fix mean() dividing by one less than the count",
+    )
     report = mine(regressed)
     assert report["kept"] == []
     assert [(r["commit"], r["reason"]) for r in report["rejected"]] == [
@@ -1253,13 +1259,12 @@ def test_a_fix_of_a_regression_no_release_had_is_not_a_task(tmp_path: Path) -> N
     assert "pass at v1.0, the last release" in report["rejected"][0]["detail"]
 
     # the rewrite keeps v1.0's bug (the mean of nothing divides by zero): the same check keeps the fix
-    kept = rewritten_mean(tmp_path / "kept", MEAN_V1.replace(
-        "return sum(values) / len(values)", "total = sum(values)\n    return total / len(values)"))  # fmt: skip
-    write_files(kept, {
-        "stats.py": MEAN_V1.replace("return sum(values) / len(values)",
-                                    "total = sum(values)\n    return total / len(values) if values else 0.0"),
-        "tests/test_stats.py": TEST_MEAN_V1 + "\n\ndef test_mean_of_nothing():\n    assert mean([]) == 0.0\n",
-    })  # fmt: skip
-    fix = commit_all(kept, "Fix mean() of an empty list")
+    kept, fix = fixed_after_a_rewrite(
+        tmp_path / "kept",
+        "total = sum(values)\n    return total / len(values)",
+        "total = sum(values)\n    return total / len(values) if values else 0.0",
+        "\n\ndef test_mean_of_nothing():\n    assert mean([]) == 0.0\n",
+        "Fix mean() of an empty list",
+    )
     report = mine(kept)
     assert [k["commit"] for k in report["kept"]] == [fix]
