@@ -322,9 +322,8 @@ def _validate_candidate(
     """validate_on_its_python; then, for a candidate kept whose changed lines came mostly after the last release,
     from other authors (`release`, from the screen), its tests at that release: passing there, the bug it fixes is
     a regression no release had (passes_at_release), and it is no task."""
-    pristine = (
-        spec.model_copy()
-    )  # validation adapts the commands of the spec it runs; the release run adapts its own
+    # validation adapts the commands of the spec it runs; the release run adapts its own from the verdict
+    pristine = spec.model_copy()
     verdict = validate_on_its_python(spec, provider, commit, repo=repo, older=older, runs=runs, **options)
     if verdict.reason is not None or release is None:
         return verdict
