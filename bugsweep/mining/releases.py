@@ -31,7 +31,7 @@ from bugsweep.mining.records import Commit
 
 #: A tag naming a version: "v1.2.3", "1.4", "pyflakes-2.1.0", "rel_1_3_5" (mako), "7"; not "1.x", "2.3.x" (the
 #: tags flask made in 2024 of its old maintenance branches' ends) or "sprint".
-VERSION_TAG = re.compile(r"^(?!.*[._]x$).*(\d+[._]\d+|^v?\d+$)")
+VERSION_TAG = re.compile(r"^(?!.*[._]x$)(.*\d+[._]\d+|v?\d+$)")
 #: A hunk header of `git diff -U0`: where the lines the commit changes start in the old file, and how many.
 HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+", re.M)
 #: More than this share of the changed lines newer than the last release, ...
