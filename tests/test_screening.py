@@ -1106,12 +1106,14 @@ def test_a_fix_of_its_authors_own_unreleased_work_is_not_a_fix(tmp_path: Path) -
     )
     assert isinstance(fixed, Screened) and fixed.rule == Rule.SUBJECT_FIX_WORD
     git(repo, "reset", "-q", "--hard", "HEAD~1")
-    # someone else mends the unreleased mean()
+    # someone else mends the unreleased mean(): no fix either, by the rule of others' unreleased work
     write_files(repo, mended)
     git(repo, "add", "-A")
     git(repo, "commit", "-q", "--author=Other <other@example.com>", "-m", "Fix mean() of an empty list")
     (commit,) = scan_history(repo, shas=[git(repo, "rev-parse", "HEAD")])
-    assert isinstance(screen(commit, repo=repo), Screened)
+    result = screen(commit, repo=repo)
+    assert isinstance(result, Rejection) and result.rule == Rule.OTHERS_UNRELEASED
+    assert isinstance(screen(commit, repo=repo, unreleased_fixes=True), Screened)
     git(repo, "reset", "-q", "--hard", "HEAD~1")
     # a tag that names no version is no release; a version tag with underscores (mako's rel_1_0) is one
     git(repo, "tag", "-d", "v1.0")
@@ -1223,48 +1225,32 @@ def fixed_after_a_rewrite(
     return repo, commit_all(repo, subject)
 
 
-def test_a_fix_of_a_regression_no_release_had_is_not_a_task(tmp_path: Path) -> None:
-    """Most of the lines a fix changes came after the last release from another author: the blame cannot tell a bug
-    the release had from one added since (docformatter's "fix: handle multiline string tokens ...", mending its
-    unreleased refactor nine months later, held-out-41). `bugsweep mine` (real local sandbox, real pytest) runs
-    the kept candidate's tests at the release too, with the fix's test files: passing there, the bug came after
-    the release, and it is rejected ("tests pass at the last release"); failing there, it is a task."""
-    import os
-    import subprocess
-    import sys
-
-    def mine(repo: Path) -> dict:
-        out = tmp_path / f"{repo.name}.jsonl"
-        cmd = [sys.executable, "-m", "bugsweep.cli", "mine", str(repo), "--runs", "1", "--max-candidates", "1",
-               "--setup-command", "pip install pytest", "--out", str(out)]  # fmt: skip
-        proc = subprocess.run(
-            cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "COLUMNS": "250"}
+def test_a_fix_of_lines_others_wrote_since_the_release_is_not_a_fix(tmp_path: Path) -> None:
+    """Most of the lines a fix changes came after the last release from another author: the history cannot tell a
+    bug the release had, carried through the rewrite, from a regression the rewrite added (docformatter's "fix:
+    handle multiline string tokens ...", mending another contributor's refactor no release had, held-out-41).
+    Over held-out-14 to 42 the screen passed 31 fixes and 33 not-fixes of that kind, and their tests at the release
+    did not tell them apart either (bench/README.md, "Others' unreleased work"): both are rejected, by the rule
+    `others' unreleased work`, with nothing run; `--unreleased-fixes` takes them, read by their words and change."""
+    cases = [
+        ("regressed", "total = sum(values)\n    return total / max(len(values) - 1, 1)",
+         "total = sum(values)\n    return total / max(len(values), 1)",
+         "\n\ndef test_mean_of_two():\n    assert mean([2, 4]) == 3\n", "Fix mean() dividing by one less than the count"),
+        ("carried", "total = sum(values)\n    return total / len(values)",
+         "total = sum(values)\n    return total / len(values) if values else 0.0",
+         "\n\ndef test_mean_of_nothing():\n    assert mean([]) == 0.0\n", "Fix mean() of an empty list"),
+    ]  # fmt: skip
+    # the rewrite divides by one less than the count (v1.0 had no such bug) / keeps v1.0's bug (the mean of
+    # nothing divides by zero): the same decision, for the same reason
+    for name, rewritten, fixed, test, subject in cases:
+        repo, fix = fixed_after_a_rewrite(tmp_path / name, rewritten, fixed, test, subject)
+        (commit,) = scan_history(repo, shas=[fix])
+        result = screen(commit, repo=repo)
+        assert isinstance(result, Rejection) and result.reason == RejectReason.NOT_A_FIX, name
+        assert result.rule == Rule.OTHERS_UNRELEASED
+        assert result.detail == (
+            "it mends work of others that no release had: 100% of the 1 lines it changes came after v1.0, "
+            "0% written by its author"
         )
-        assert proc.returncode in (0, 1), proc.stdout + proc.stderr
-        return json.loads(out.with_suffix(".mining.json").read_text())
-
-    # the rewrite divides by one less than the count: v1.0 had no such bug
-    regressed, fix = fixed_after_a_rewrite(
-        tmp_path / "regressed",
-        "total = sum(values)\n    return total / max(len(values) - 1, 1)",
-        "total = sum(values)\n    return total / max(len(values), 1)",
-        "\n\ndef test_mean_of_two():\n    assert mean([2, 4]) == 3\n",
-        "Fix mean() dividing by one less than the count",
-    )
-    report = mine(regressed)
-    assert report["kept"] == []
-    assert [(r["commit"], r["reason"]) for r in report["rejected"]] == [
-        (fix, "tests pass at the last release")
-    ]
-    assert "pass at v1.0, the last release" in report["rejected"][0]["detail"]
-
-    # the rewrite keeps v1.0's bug (the mean of nothing divides by zero): the same check keeps the fix
-    kept, fix = fixed_after_a_rewrite(
-        tmp_path / "kept",
-        "total = sum(values)\n    return total / len(values)",
-        "total = sum(values)\n    return total / len(values) if values else 0.0",
-        "\n\ndef test_mean_of_nothing():\n    assert mean([]) == 0.0\n",
-        "Fix mean() of an empty list",
-    )
-    report = mine(kept)
-    assert [k["commit"] for k in report["kept"]] == [fix]
+        kept = screen(commit, repo=repo, unreleased_fixes=True)
+        assert isinstance(kept, Screened) and kept.rule == Rule.SUBJECT_FIX_WORD

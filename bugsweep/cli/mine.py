@@ -121,12 +121,12 @@ def mine_command(
         bool,
         typer.Option(
             "--unreleased-fixes/--no-unreleased-fixes",
-            help="Also take commits that mend their author's own work since the last release (more than half of "
-            "the lines they change came after the newest version tag before them, at least half written by their "
-            "author). By default they are no fix ('own unreleased work'): iterations on work in progress, whose "
-            "behaviour no user of a release met; and a kept commit whose lines came mostly after that release from "
-            "other authors has its tests run at the release too, and is no task when they pass there ('tests pass "
-            "at the last release': a regression no release had). Recorded in the report (unreleased_fixes).",
+            help="Also take commits that mend work since the last release (more than half of the lines they "
+            "change came after the newest version tag before them). By default they are no fix: 'own unreleased "
+            "work' when their author wrote at least half of those lines (iterations on work in progress, whose "
+            "behaviour no user of a release met), 'others' unreleased work' otherwise (as often a fix of a "
+            "regression or of an unreleased feature as of a bug the release had). Recorded in the report "
+            "(unreleased_fixes).",
         ),
     ] = False,
     out_format: Annotated[
@@ -149,8 +149,8 @@ def mine_command(
 
     A candidate is a commit (newest first, no merges) that changes a test module and a source file and whose message
     reads like a fix by its words and its whole change (docs/tasks-jsonl.md, "Screening"; a feat:, refactor:,
-    chore: ... subject only if it says fix; not one mending its author's own work since the last release tag,
-    nor one whose tests already pass at that release, unless --unreleased-fixes; one change made by two commits, a fix backported to a branch merged back, is one
+    chore: ... subject only if it says fix; not one mending work since the last release tag, unless
+    --unreleased-fixes; one change made by two commits, a fix backported to a branch merged back, is one
     candidate: the commit on the branch's own line). Its task starts at the parent commit with the commit's test files copied
     in; it is kept when the changed tests fail there and pass at the commit, in every one of --runs runs. Flaky
     tests, and tests that fail at both states, are reported and left out of the task's test command. Each kept

@@ -6,7 +6,6 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
-from typing import Any
 
 from bugsweep.errors import ConfigError, Terminated
 from bugsweep.mining.building import build_task
@@ -22,7 +21,7 @@ from bugsweep.mining.records import (
     Unfinished,
 )
 from bugsweep.mining.screening import screen
-from bugsweep.mining.validation import Stopper, passes_at_release, task_commands, validate_on_its_python
+from bugsweep.mining.validation import Stopper, task_commands, validate_on_its_python
 from bugsweep.mining.verdict import Verdict
 from bugsweep.runconfig import AgentLimits
 from bugsweep.sandbox.base import SandboxProvider
@@ -114,9 +113,7 @@ def mine(
             environments=environments,
         )
 
-    def next_candidate(
-        history: Iterator[Commit],
-    ) -> tuple[Commit, TaskSpec, str, tuple[str, str] | None] | None:
+    def next_candidate(history: Iterator[Commit]) -> tuple[Commit, TaskSpec, str] | None:
         """Scan and screen until a commit needs the sandbox; None when the history is used up."""
         for commit in history:
             result.scanned += 1
@@ -148,7 +145,7 @@ def mine(
                 setup_command=setup_command,
                 task_prefix=task_prefix,
             )
-            return commit, spec, _what_runs(spec, screened.runnable_tests, test_command), screened.release
+            return commit, spec, _what_runs(spec, screened.runnable_tests, test_command)
         return None
 
     def record(commit: Commit, spec: TaskSpec, verdict: Verdict) -> None:
@@ -249,18 +246,17 @@ def mine(
                 if found is None:
                     exhausted = True
                     break
-                commit, spec, what_runs, release = found
+                commit, spec, what_runs = found
                 # Validate against the local clone (fast); the task file names the repository as the user gave it.
                 in_sandbox = spec.model_copy(update={"repo": str(git_dir)})
                 progress(event("validate", commit, f"{what_runs}, {runs} run(s) per state"))
                 result.validated += 1
                 future = pool.submit(
-                    _validate_candidate,
+                    validate_on_its_python,
                     in_sandbox,
                     provider,
                     commit,
                     repo=git_dir,
-                    release=release,
                     older=older_python,
                     runs=runs,
                     timeout=test_timeout,
@@ -306,34 +302,6 @@ def mine(
     if write_problem:  # only here, when nothing else went wrong: an exception in flight is the story to tell
         raise ConfigError(write_problem)
     return result
-
-
-def _validate_candidate(
-    spec: TaskSpec,
-    provider: SandboxProvider,
-    commit: Commit,
-    *,
-    repo: Path,
-    release: tuple[str, str] | None,
-    older: bool,
-    runs: int,
-    **options: Any,
-) -> Verdict:
-    """validate_on_its_python; then, for a candidate kept whose changed lines came mostly after the last release,
-    from other authors (`release`, from the screen), its tests at that release: passing there, the bug it fixes is
-    a regression no release had (passes_at_release), and it is no task."""
-    # validation adapts the commands of the spec it runs; the release run adapts its own from the verdict
-    pristine = spec.model_copy()
-    verdict = validate_on_its_python(spec, provider, commit, repo=repo, older=older, runs=runs, **options)
-    if verdict.reason is not None or release is None:
-        return verdict
-    if not passes_at_release(pristine, provider, verdict, release, repo, **options):
-        return verdict
-    detail = (
-        f"its {len(verdict.fail_to_pass)} fail-to-pass test(s) pass at {release[0]}, the last release: the bug came "
-        "after it, in lines others wrote since (a regression no release had)"
-    )
-    return Verdict(RejectReason.PASS_AT_RELEASE, detail, environments=verdict.environments)
 
 
 def _write_tasks(

@@ -35,7 +35,6 @@ class RejectReason(StrEnum):
     TIMED_OUT = "tests timed out"
     NO_TEST_RESULTS = "no test results"
     TESTS_CANNOT_RUN = "tests cannot run"
-    PASS_AT_RELEASE = "tests pass at the last release"
     SANDBOX_ERROR = "sandbox error"
 
 
@@ -79,9 +78,6 @@ class Screened:
     """Why the screen took it for a fix, in words a user reads ("the subject says 'fix'")."""
     rule: str = ""
     """The screen's rule that admitted it (bugsweep.mining.screening.Rule: "fix word in the subject", ...)."""
-    release: tuple[str, str] | None = None
-    """(tag, commit) of the last release, when most of the lines it changes came after it, written by others: its
-    tests are run there too (bugsweep.mining.validation.passes_at_release)."""
 
 
 class Rejection(BaseModel):
@@ -160,8 +156,8 @@ class MiningResult(BaseModel):
     per_test_timeout_s: float | None = None
     """The per-test time limit of the validation runs (None: none, only the whole run's timeout)."""
     unreleased_fixes: bool = False
-    """Whether the screen kept commits mending their author's own work since the last release (`bugsweep mine
-    --unreleased-fixes`); by default they are no fix (the rule 'own unreleased work')."""
+    """Whether the screen kept commits mending work since the last release (`bugsweep mine --unreleased-fixes`);
+    by default they are no fix (the rules 'own unreleased work' and 'others' unreleased work')."""
     environments_built: int = 0
     """Task environments the validations built (their setup ran)."""
     environments_reused: int = 0

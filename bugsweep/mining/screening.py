@@ -179,8 +179,8 @@ RAISES_EXCEPTION = re.compile(r"\b(raises?|throws?)\s+(an?\s+)?(?P<name>[A-Z]\w*
 
 class Rule(StrEnum):
     """The rule of the screen that decided, as recorded with every decision (`Screened.rule`, a task's
-    `screen_rule`): the first that applies, in read_commit's order, then screen's PYTHON_TO_COME and
-    OWN_UNRELEASED."""
+    `screen_rule`): the first that applies, in read_commit's order, then screen's PYTHON_TO_COME,
+    OWN_UNRELEASED and OTHERS_UNRELEASED."""
 
     NOT_A_FIX_SUBJECT = "revert, merge, release or bump"
     CONVENTIONAL = "conventional-commit type"
@@ -198,6 +198,7 @@ class Rule(StrEnum):
     NO_FIX_WORD = "no fix word"
     PYTHON_TO_COME = "a Python to come"
     OWN_UNRELEASED = "own unreleased work"
+    OTHERS_UNRELEASED = "others' unreleased work"
 
 
 class Reading(NamedTuple):
@@ -542,8 +543,9 @@ def screen(
     """The cheap checks, in order: a runnable test changed, a source file changed, the commit reads like a fix.
 
     With `repo` (the git directory holding the commit), the whole change is read too (read_change: its Python
-    code and stubs, its tests, its changelog entries) and judged with the words (read_commit); a fix mending its
-    author's own work since the last release is then no fix, unless `unreleased_fixes` (releases.own_work).
+    code and stubs, its tests, its changelog entries) and judged with the words (read_commit); a fix mending work
+    since the last release (mostly lines no release had, its author's or others') is then no fix, unless
+    `unreleased_fixes` (releases.own_work).
     Without `repo`, the words alone decide. A subject naming a Python not yet released at the commit's date is
     support for a new Python, which issue 37's labels call no fix, whatever the words ("Fix compatibility with
     Python 3.14 beta 1")."""
@@ -574,6 +576,8 @@ def screen(
     own = own_work(repo, commit, sources) if not unreleased_fixes and repo is not None else None
     if own is not None and own.unreleased:
         return reject(RejectReason.NOT_A_FIX, own.describe(), Rule.OWN_UNRELEASED.value)
+    if own is not None and own.others_unreleased:
+        return reject(RejectReason.NOT_A_FIX, own.describe(), Rule.OTHERS_UNRELEASED.value)
     return Screened(
         commit=commit,
         test_files=tests,
@@ -581,5 +585,4 @@ def screen(
         source_files=sources,
         why_fix=reading.reason,
         rule=reading.rule.value,
-        release=(own.release, own.release_commit) if own is not None and own.others_unreleased else None,
     )

@@ -10,7 +10,6 @@ from typing import Any
 
 from bugsweep.errors import BugsweepError, ConfigError, SetupFailed
 from bugsweep.grading.runs import TestRun, missing_module, run_tests, why_cannot_run
-from bugsweep.grading.testfiles import is_test_file
 from bugsweep.mining.building import (
     USES_2TO3_REFUSED,
     adapted_setup,
@@ -19,8 +18,6 @@ from bugsweep.mining.building import (
     unavailable_pins,
 )
 from bugsweep.mining.extras import extras_providing, with_extras
-from bugsweep.mining.files import MINING_TEST_GLOBS
-from bugsweep.mining.history import _git
 from bugsweep.mining.interpreters import newer_python, older_python
 from bugsweep.mining.records import Commit, RejectReason
 from bugsweep.mining.verdict import (
@@ -30,7 +27,6 @@ from bugsweep.mining.verdict import (
     _outcomes,
     _stable,
     allow_warnings,
-    collection_errors,
     deselect,
     disable_plugins,
     ignore,
@@ -306,58 +302,6 @@ def task_commands(spec: TaskSpec, verdict: Verdict) -> tuple[str | None, str]:
     if verdict.deselect:
         command = deselect(command, verdict.deselect)
     return setup, command
-
-
-def passes_at_release(
-    spec: TaskSpec,
-    provider: SandboxProvider,
-    verdict: Verdict,
-    release: tuple[str, str],
-    repo: Path,
-    *,
-    timeout: float = 900.0,
-    setup_timeout: float = 1800.0,
-    per_test_timeout: float | None = None,
-    stopper: Stopper | None = None,
-) -> bool:
-    """Whether every FAIL_TO_PASS test of a kept candidate passes at the last release `release` (tag, commit),
-    with every test file (data and conftest.py included) as the fix commit has them: the bug it fixes came after
-    that release, a regression no release had, which issue 37's labels call no fix. Asked where most lines the
-    fix changes came after the release from other authors (releases.OwnWork.others_unreleased): the blame cannot
-    tell a bug the release had from one added since. Anything else there (the setup fails, the tests do not run
-    or fail) keeps it."""
-    if not verdict.fail_to_pass or not spec.fix_commit:
-        return False
-    setup, command = task_commands(spec, verdict)
-    try:
-        changed = _git(repo, "diff", "--name-only", "--no-renames", release[1], spec.fix_commit).splitlines()
-        files = [path for path in changed if is_test_file(path, MINING_TEST_GLOBS)]
-        if not files:  # (no path at all would be the whole diff: the fix itself)
-            return False
-        patch = _git(repo, "diff", "--binary", "--no-renames", release[1], spec.fix_commit, "--", *files)
-        update = {"base_commit": release[1], "test_patch": patch or None, "setup_command": setup,
-                  "test_command": command, "python": verdict.python or spec.python}  # fmt: skip
-        at_release = spec.model_copy(update=update)
-
-        def run() -> list[TestRun]:
-            return _run_state(at_release, provider, 1, keep_going=lambda _: False, timeout=timeout,
-                              setup_timeout=setup_timeout, per_test_timeout=per_test_timeout, stopper=stopper)  # fmt: skip
-
-        runs = run()
-        # modules holding no FAIL_TO_PASS test that do not import against the release's code (they test names
-        # added since) stop pytest before any test: left out, as the task state's own uncollectable modules are
-        if others := [path for path in collection_errors(runs) if not any(
-                test.startswith(f"{path}::") for test in verdict.fail_to_pass)]:  # fmt: skip
-            at_release.test_command = ignore(command, others)
-            runs = run()
-    except MiningStopped:
-        raise
-    except BugsweepError as exc:
-        if stopper is not None and stopper.stopped:
-            raise MiningStopped("mining was stopped") from exc
-        return False
-    outcomes = _outcomes(runs[0]) if runs and runs[0].tests is not None else {}
-    return all(outcomes.get(test) == "passed" for test in verdict.fail_to_pass)
 
 
 def _validate(
