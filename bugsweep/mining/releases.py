@@ -1,15 +1,15 @@
 """Whether a fix mends work that no release had yet, read from the history (issue 37).
 
 A commit that corrects lines written after the last release, by the same author, is an iteration on work in
-progress: no user of a release met the behaviour it changes. When others wrote those lines, the history cannot tell
-a bug the release had, carried through another author's rewrite, from one that author added since; such commits
-are a coin's toss (over held-out-14 to 42, the screen passed 31 fixes and 33 not-fixes of that kind), and so no
-fix either (`others_unreleased`). The labels of issue 37's held-out sets call such
+progress: no user of a release met the behaviour it changes. The labels of issue 37's held-out sets call such
 commits not fixes (bench/README.md, "Fixes of code no release had"), and they were the largest class of not-fixes
 that `bugsweep mine` kept. The reading: blame the lines the commit changes in its source files, at its parent; it
 is own unreleased work when more than half of them came from commits that the last release (the newest version tag
-reachable from the parent) does not contain, and at least half were written by the commit's own author. A history
-with no version tag before the commit says nothing, and neither does a commit whose changed lines cannot be blamed.
+reachable from the parent) does not contain, and at least half were written by the commit's own author. When
+others wrote most of them (`others_unreleased`), the history cannot tell a bug the release had, carried through
+another author's rewrite, from one that author added since: such commits are a coin's toss (over held-out-14 to
+42 the screen passed 31 fixes and 33 not-fixes of that kind), no fix either. A history with no version tag before
+the commit says nothing, and neither does a commit whose changed lines cannot be blamed.
 
 A release need not be an ancestor of the commit: a project may tag its releases on a branch it never merges back
 (bottle's 0.12 and 0.13 lines, cut from master). So a line also counts as released when its commit is in the
